@@ -1,0 +1,126 @@
+//! Settings userspace writes into the probes' read-only global before loading.
+
+/// Offset value meaning "this field is absent on the running kernel".
+pub const MISSING: u32 = u32::MAX;
+
+/// Byte offsets of tracepoint fields, read at startup from
+/// `/sys/kernel/tracing/events/<group>/<name>/format` (they differ between kernels).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TpOffsets {
+    pub printk_msg: u32,
+    pub oom_pid: u32,
+    pub oom_comm: u32,
+    pub oom_total_vm: u32,
+    pub oom_anon_rss: u32,
+    pub oom_file_rss: u32,
+    pub oom_shmem_rss: u32,
+    pub oom_uid: u32,
+    pub oom_pgtables: u32,
+    pub oom_score_adj: u32,
+    pub bio_issue_dev: u32,
+    pub bio_issue_sector: u32,
+    pub bio_done_dev: u32,
+    pub bio_done_sector: u32,
+    pub bio_done_nr_sector: u32,
+    pub bio_done_error: u32,
+    pub bio_done_rwbs: u32,
+    pub tcp_state: u32,
+    pub tcp_sport: u32,
+    pub tcp_dport: u32,
+    pub tcp_family: u32,
+    pub tcp_saddr: u32,
+    pub tcp_daddr: u32,
+    pub tcp_saddr_v6: u32,
+    pub tcp_daddr_v6: u32,
+    pub fork_parent_pid: u32,
+    pub fork_child_pid: u32,
+    pub fork_child_comm: u32,
+    /// Non-zero when `child_comm` is a `__data_loc` string, zero when it is `char[16]`.
+    pub fork_child_comm_loc: u32,
+    pub exec_filename: u32,
+    pub exec_pid: u32,
+    pub exit_pid: u32,
+    pub exit_group_dead: u32,
+    pub sig_sig: u32,
+    pub sig_code: u32,
+    pub sig_comm: u32,
+    pub sig_pid: u32,
+    pub sig_result: u32,
+    pub exit_group_code: u32,
+    pub aer_dev_name: u32,
+    pub aer_status: u32,
+    pub aer_severity: u32,
+    pub aer_tlp_valid: u32,
+    pub aer_tlp: u32,
+}
+
+impl TpOffsets {
+    pub const fn missing() -> Self {
+        Self {
+            printk_msg: MISSING,
+            oom_pid: MISSING,
+            oom_comm: MISSING,
+            oom_total_vm: MISSING,
+            oom_anon_rss: MISSING,
+            oom_file_rss: MISSING,
+            oom_shmem_rss: MISSING,
+            oom_uid: MISSING,
+            oom_pgtables: MISSING,
+            oom_score_adj: MISSING,
+            bio_issue_dev: MISSING,
+            bio_issue_sector: MISSING,
+            bio_done_dev: MISSING,
+            bio_done_sector: MISSING,
+            bio_done_nr_sector: MISSING,
+            bio_done_error: MISSING,
+            bio_done_rwbs: MISSING,
+            tcp_state: MISSING,
+            tcp_sport: MISSING,
+            tcp_dport: MISSING,
+            tcp_family: MISSING,
+            tcp_saddr: MISSING,
+            tcp_daddr: MISSING,
+            tcp_saddr_v6: MISSING,
+            tcp_daddr_v6: MISSING,
+            fork_parent_pid: MISSING,
+            fork_child_pid: MISSING,
+            fork_child_comm: MISSING,
+            fork_child_comm_loc: 0,
+            exec_filename: MISSING,
+            exec_pid: MISSING,
+            exit_pid: MISSING,
+            exit_group_dead: MISSING,
+            sig_sig: MISSING,
+            sig_code: MISSING,
+            sig_comm: MISSING,
+            sig_pid: MISSING,
+            sig_result: MISSING,
+            exit_group_code: MISSING,
+            aer_dev_name: MISSING,
+            aer_status: MISSING,
+            aer_severity: MISSING,
+            aer_tlp_valid: MISSING,
+            aer_tlp: MISSING,
+        }
+    }
+}
+
+/// The probes' configuration (global `NANTRACE_CONFIG`, read-only after load).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Block requests slower than this are emitted as events (errors always are).
+    pub slow_io_ns: u64,
+    /// 1: no job given, report abnormal exits and fatal signals machine-wide.
+    pub whole_machine: u32,
+    /// Our own tgid, so nantrace does not trace itself.
+    pub self_pid: u32,
+    pub off: TpOffsets,
+}
+
+impl Config {
+    pub const fn zeroed() -> Self {
+        Self { slow_io_ns: 0, whole_machine: 0, self_pid: 0, off: TpOffsets::missing() }
+    }
+}

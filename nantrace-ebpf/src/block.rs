@@ -1,0 +1,142 @@
+//! `block:block_rq_issue` + `block:block_rq_complete` (tested on 6.18): per-request latency
+//! measured in the kernel. Every completion lands in a per-device log2 histogram; only errors
+//! and requests slower than `slow_io_ns` become events, so fast I/O cannot flood the ring.
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    macros::{map, tracepoint},
+    maps::{LruHashMap, PerCpuHashMap},
+    programs::TracePointContext,
+};
+use nantrace_common::{
+    BioHistKey, BioKey, BioStart, BlockEvent, EventKind, BIO_HIST_BUCKETS, FLAG_JOB, MISSING,
+};
+
+use crate::{conf, count_drop, current_pid_tgid, is_job, EVENTS};
+
+#[map]
+static BIO_START: LruHashMap<BioKey, BioStart> = LruHashMap::with_max_entries(16384, 0);
+
+#[map]
+static BIO_HIST: PerCpuHashMap<BioHistKey, u64> = PerCpuHashMap::with_max_entries(4096, 0);
+
+#[inline(always)]
+fn key(ctx: &TracePointContext, dev_off: u32, sector_off: u32) -> Option<BioKey> {
+    if dev_off == MISSING || sector_off == MISSING {
+        return None;
+    }
+    // SAFETY: offsets from the format file; probe_read tolerates faults.
+    let dev = unsafe { ctx.read_at::<u32>(dev_off as usize) }.ok()?;
+    let sector = unsafe { ctx.read_at::<u64>(sector_off as usize) }.ok()?;
+    Some(BioKey { dev, _pad: 0, sector })
+}
+
+#[tracepoint(category = "block", name = "block_rq_issue")]
+pub fn block_rq_issue(ctx: TracePointContext) -> u32 {
+    let Some(k) = key(&ctx, conf!(off.bio_issue_dev), conf!(off.bio_issue_sector)) else {
+        return 0;
+    };
+    let (tgid, _) = current_pid_tgid();
+    let start = BioStart {
+        // SAFETY: helper without arguments.
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        pid: tgid,
+        flags: if is_job(tgid) { FLAG_JOB } else { 0 },
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    };
+    let _ = BIO_START.insert(&k, &start, 0);
+    0
+}
+
+/// floor(log2(v)) for v > 0, without a loop (the verifier dislikes unbounded ones).
+#[inline(always)]
+fn log2(mut v: u64) -> u32 {
+    let mut r = 0;
+    if v >= 1 << 32 { v >>= 32; r += 32; }
+    if v >= 1 << 16 { v >>= 16; r += 16; }
+    if v >= 1 << 8 { v >>= 8; r += 8; }
+    if v >= 1 << 4 { v >>= 4; r += 4; }
+    if v >= 1 << 2 { v >>= 2; r += 2; }
+    if v >= 1 << 1 { r += 1; }
+    r
+}
+
+#[tracepoint(category = "block", name = "block_rq_complete")]
+pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
+    let Some(k) = key(&ctx, conf!(off.bio_done_dev), conf!(off.bio_done_sector)) else {
+        return 0;
+    };
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: the value is copied out before the entry is removed.
+    let start = unsafe { BIO_START.get(&k) }.copied();
+    if start.is_some() {
+        let _ = BIO_START.remove(&k);
+    }
+    let err_off = conf!(off.bio_done_error);
+    // SAFETY: offset from the format file.
+    let error = if err_off == MISSING { 0 } else { unsafe { ctx.read_at::<i32>(err_off as usize) }.unwrap_or(0) };
+    let latency = match start {
+        Some(s) => now.saturating_sub(s.ts_ns),
+        None => 0,
+    };
+    if start.is_some() {
+        let us = latency / 1000;
+        let mut bucket = if us == 0 { 0 } else { log2(us) };
+        if bucket >= BIO_HIST_BUCKETS {
+            bucket = BIO_HIST_BUCKETS - 1;
+        }
+        let hk = BioHistKey { dev: k.dev, bucket };
+        match BIO_HIST.get_ptr_mut(&hk) {
+            // SAFETY: per-CPU value, no concurrent writer on this CPU.
+            Some(c) => unsafe { *c += 1 },
+            None => {
+                let _ = BIO_HIST.insert(&hk, &1, 0);
+            }
+        }
+    }
+    let slow = start.is_some() && latency >= conf!(slow_io_ns);
+    if error == 0 && !slow {
+        return 0;
+    }
+    let Some(mut entry) = EVENTS.reserve::<BlockEvent>(0) else {
+        count_drop(EventKind::Block);
+        return 0;
+    };
+    let p = entry.as_mut_ptr();
+    // SAFETY: fresh reservation.
+    unsafe {
+        (*p).hdr.kind = EventKind::Block as u32;
+        (*p).hdr.ts_ns = now;
+        match start {
+            Some(s) => {
+                (*p).hdr.flags = s.flags;
+                (*p).hdr.pid = s.pid;
+                (*p).hdr.tid = s.pid;
+                (*p).hdr.comm = s.comm;
+            }
+            None => {
+                (*p).hdr.flags = 0;
+                (*p).hdr.pid = 0;
+                (*p).hdr.tid = 0;
+                (*p).hdr.comm = [0; 16];
+            }
+        }
+        (*p).dev = k.dev;
+        (*p).error = error;
+        (*p).sector = k.sector;
+        (*p).latency_ns = latency;
+        let nr_off = conf!(off.bio_done_nr_sector);
+        (*p).nr_sector = if nr_off == MISSING { 0 } else { ctx.read_at::<u32>(nr_off as usize).unwrap_or(0) };
+        (*p)._pad = 0;
+        (*p).rwbs = [0; 16];
+        let rwbs_off = conf!(off.bio_done_rwbs);
+        if rwbs_off != MISSING {
+            let r = ctx.read_at::<[u8; 8]>(rwbs_off as usize).unwrap_or([0; 8]);
+            let mut r16 = [0u8; 16];
+            r16[..8].copy_from_slice(&r);
+            (*p).rwbs = r16;
+        }
+    }
+    entry.submit(0);
+    0
+}

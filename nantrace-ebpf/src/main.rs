@@ -1,0 +1,119 @@
+//! nantrace's kernel side: thin tracepoint programs that copy what matters into one ring buffer.
+//!
+//! Field offsets are not compiled in: userspace reads them from the tracefs `format` files and
+//! writes them into `NANTRACE_CONFIG` before loading. A missing field has offset `MISSING`.
+//! Every ring-buffer reserve failure is counted per CPU and per event kind in `DROPS`.
+#![no_std]
+#![no_main]
+
+mod aer;
+mod block;
+mod oom;
+mod printk;
+mod process;
+mod tcp;
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::map,
+    maps::{HashMap, PerCpuArray, RingBuf},
+};
+use nantrace_common::{Config, EventHeader, EventKind, DROP_SLOTS, FLAG_JOB};
+
+#[unsafe(no_mangle)]
+static NANTRACE_CONFIG: Config = Config::zeroed();
+
+/// Read one field of `NANTRACE_CONFIG` (volatile, so the compiler keeps the load that the
+/// loader's rewrite of the global feeds).
+macro_rules! conf {
+    ($($f:tt)+) => {
+        {
+            #[allow(unused_unsafe, reason = "the macro is used inside and outside unsafe blocks")]
+            // SAFETY: a plain read of an initialised static.
+            let v = unsafe { core::ptr::read_volatile(&$crate::NANTRACE_CONFIG.$($f)+) };
+            v
+        }
+    };
+}
+pub(crate) use conf;
+
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(8 * 1024 * 1024, 0);
+
+/// Reserve failures, per CPU, index = event kind.
+#[map]
+static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_SLOTS, 0);
+
+/// Pids and tids of the watched job, seeded by userspace, grown by fork, shrunk by exit.
+#[map]
+static JOB_PIDS: HashMap<u32, u32> = HashMap::with_max_entries(65536, 0);
+
+#[inline(always)]
+fn count_drop(kind: EventKind) {
+    if let Some(p) = DROPS.get_ptr_mut(kind as u32) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU while the program runs.
+        unsafe { *p += 1 };
+    }
+}
+
+#[inline(always)]
+fn is_job(pid: u32) -> bool {
+    // SAFETY: only presence is checked, the value is not read.
+    unsafe { JOB_PIDS.get(&pid).is_some() }
+}
+
+#[inline(always)]
+fn current_pid_tgid() -> (u32, u32) {
+    let v = bpf_get_current_pid_tgid();
+    ((v >> 32) as u32, v as u32)
+}
+
+/// Fill the common header from the current task.
+///
+/// # Safety
+/// `h` must point to writable memory of an `EventHeader` (a ring-buffer reservation).
+#[inline(always)]
+unsafe fn fill_header(h: *mut EventHeader, kind: EventKind) -> (u32, bool) {
+    let (tgid, tid) = current_pid_tgid();
+    let job = is_job(tgid);
+    unsafe {
+        (*h).kind = kind as u32;
+        (*h).flags = if job { FLAG_JOB } else { 0 };
+        (*h).ts_ns = bpf_ktime_get_ns();
+        (*h).pid = tgid;
+        (*h).tid = tid;
+        (*h).comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    }
+    (tgid, job)
+}
+
+/// Read a `__data_loc` string field at `off` into `dst`; returns the bytes copied (no NUL).
+#[inline(always)]
+fn read_data_loc(ctx: &aya_ebpf::programs::TracePointContext, off: u32, dst: &mut [u8]) -> usize {
+    use aya_ebpf::EbpfContext as _;
+    // SAFETY: the offset comes from the tracepoint's format file; probe_read tolerates faults.
+    let Ok(loc) = (unsafe { ctx.read_at::<u32>(off as usize) }) else {
+        return 0;
+    };
+    let str_off = (loc & 0xffff) as usize;
+    // SAFETY: as above; the helper bounds the copy by dst.len().
+    match unsafe {
+        aya_ebpf::helpers::bpf_probe_read_kernel_str_bytes(
+            (ctx.as_ptr() as *const u8).add(str_off),
+            dst,
+        )
+    } {
+        Ok(s) => s.len(),
+        Err(_) => 0,
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

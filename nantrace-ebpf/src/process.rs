@@ -1,0 +1,234 @@
+//! The job's process tree (tested on 6.18): `sched:sched_process_fork` follows forks from the
+//! root pids in `JOB_PIDS`; `task:task_newtask` tells threads from processes; `exec`, `exit`
+//! (with `group_dead`), `syscalls:sys_enter_exit_group` (the exit code) and
+//! `signal:signal_generate` (fatal signals) complete the story.
+use aya_ebpf::{
+    macros::{map, tracepoint},
+    maps::LruHashMap,
+    programs::TracePointContext,
+};
+use nantrace_common::{
+    EventKind, ExecEvent, ExitEvent, ExitInfo, ForkEvent, SignalEvent, FLAG_JOB, MISSING,
+};
+
+use crate::{conf, count_drop, current_pid_tgid, fill_header, is_job, read_data_loc, EVENTS, JOB_PIDS};
+
+const CLONE_THREAD: u64 = 0x0001_0000;
+
+/// Children created with CLONE_THREAD, between task_newtask and sched_process_fork.
+#[map]
+static NEW_THREADS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(4096, 0);
+
+/// Last exit code / fatal signal per pid, consumed when the process is gone.
+#[map]
+static EXIT_INFO: LruHashMap<u32, ExitInfo> = LruHashMap::with_max_entries(16384, 0);
+
+#[inline(always)]
+fn read_i32(ctx: &TracePointContext, off: u32) -> Option<i32> {
+    if off == MISSING {
+        return None;
+    }
+    // SAFETY: offset from the format file; probe_read tolerates faults.
+    unsafe { ctx.read_at::<i32>(off as usize) }.ok()
+}
+
+#[tracepoint(category = "task", name = "task_newtask")]
+pub fn task_newtask(ctx: TracePointContext) -> u32 {
+    let (tgid, _) = current_pid_tgid();
+    if !is_job(tgid) {
+        return 0;
+    }
+    // Fixed layout since 3.x: pid at 8, clone_flags at 32 (checked by userspace at load).
+    // SAFETY: probe_read.
+    let flags = unsafe { ctx.read_at::<u64>(32) }.unwrap_or(0);
+    if flags & CLONE_THREAD != 0 {
+        if let Some(child) = read_i32(&ctx, 8) {
+            let _ = NEW_THREADS.insert(&(child as u32), &1, 0);
+        }
+    }
+    0
+}
+
+#[tracepoint(category = "sched", name = "sched_process_fork")]
+pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
+    let (tgid, _) = current_pid_tgid();
+    if !is_job(tgid) {
+        return 0;
+    }
+    let Some(child) = read_i32(&ctx, conf!(off.fork_child_pid)) else {
+        return 0;
+    };
+    let child = child as u32;
+    let _ = JOB_PIDS.insert(&child, &tgid, 0);
+    // SAFETY: presence check only.
+    if unsafe { NEW_THREADS.get(&child) }.is_some() {
+        let _ = NEW_THREADS.remove(&child);
+        return 0;
+    }
+    let Some(mut entry) = EVENTS.reserve::<ForkEvent>(0) else {
+        count_drop(EventKind::Fork);
+        return 0;
+    };
+    let p = entry.as_mut_ptr();
+    // SAFETY: fresh reservation.
+    unsafe {
+        fill_header(&raw mut (*p).hdr, EventKind::Fork);
+        (*p).child_pid = child;
+        (*p)._pad = 0;
+        (*p).child_comm = [0; 16];
+        let comm_off = conf!(off.fork_child_comm);
+        if comm_off != MISSING {
+            if conf!(off.fork_child_comm_loc) != 0 {
+                read_data_loc(&ctx, comm_off, &mut (*p).child_comm);
+            } else {
+                (*p).child_comm = ctx.read_at::<[u8; 16]>(comm_off as usize).unwrap_or([0; 16]);
+            }
+        }
+    }
+    entry.submit(0);
+    0
+}
+
+#[tracepoint(category = "sched", name = "sched_process_exec")]
+pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
+    let (tgid, _) = current_pid_tgid();
+    if !is_job(tgid) {
+        return 0;
+    }
+    let Some(mut entry) = EVENTS.reserve::<ExecEvent>(0) else {
+        count_drop(EventKind::Exec);
+        return 0;
+    };
+    let p = entry.as_mut_ptr();
+    // SAFETY: fresh reservation.
+    unsafe {
+        fill_header(&raw mut (*p).hdr, EventKind::Exec);
+        (*p).filename = [0; 128];
+        let off = conf!(off.exec_filename);
+        if off != MISSING {
+            read_data_loc(&ctx, off, &mut (*p).filename);
+        }
+    }
+    entry.submit(0);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_exit_group")]
+pub fn sys_enter_exit_group(ctx: TracePointContext) -> u32 {
+    let (tgid, _) = current_pid_tgid();
+    if conf!(whole_machine) == 0 && !is_job(tgid) {
+        return 0;
+    }
+    let Some(code) = read_i32(&ctx, conf!(off.exit_group_code)) else {
+        return 0;
+    };
+    let info = ExitInfo { code: code & 0xff, signal: 0 };
+    let _ = EXIT_INFO.insert(&tgid, &info, 0);
+    0
+}
+
+#[tracepoint(category = "sched", name = "sched_process_exit")]
+pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = current_pid_tgid();
+    let job = is_job(tgid) || is_job(tid);
+    let whole = conf!(whole_machine) != 0;
+    if !job && !whole {
+        return 0;
+    }
+    // A thread-directed fatal signal (SIGSEGV from a fault) is keyed by tid: move it to tgid.
+    if tid != tgid {
+        // SAFETY: value copied out before removal.
+        if let Some(i) = unsafe { EXIT_INFO.get(&tid) }.copied() {
+            let _ = EXIT_INFO.remove(&tid);
+            if i.signal != 0 {
+                let _ = EXIT_INFO.insert(&tgid, &i, 0);
+            }
+        }
+    }
+    let _ = JOB_PIDS.remove(&tid);
+    let off = conf!(off.exit_group_dead);
+    let group_dead = if off == MISSING {
+        tid == tgid
+    } else {
+        // SAFETY: probe_read.
+        unsafe { ctx.read_at::<u8>(off as usize) }.unwrap_or(0) != 0
+    };
+    if !group_dead {
+        return 0;
+    }
+    let _ = JOB_PIDS.remove(&tgid);
+    // SAFETY: value copied out before removal.
+    let info = unsafe { EXIT_INFO.get(&tgid) }.copied();
+    if info.is_some() {
+        let _ = EXIT_INFO.remove(&tgid);
+    }
+    let info = info.unwrap_or(ExitInfo { code: -1, signal: 0 });
+    if !job && info.signal == 0 && info.code <= 0 {
+        return 0;
+    }
+    let Some(mut entry) = EVENTS.reserve::<ExitEvent>(0) else {
+        count_drop(EventKind::Exit);
+        return 0;
+    };
+    let p = entry.as_mut_ptr();
+    // SAFETY: fresh reservation.
+    unsafe {
+        fill_header(&raw mut (*p).hdr, EventKind::Exit);
+        if job {
+            (*p).hdr.flags |= FLAG_JOB;
+        }
+        (*p).code = info.code;
+        (*p).signal = info.signal;
+    }
+    entry.submit(0);
+    0
+}
+
+/// SIGKILL, SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGTERM, SIGILL.
+#[inline(always)]
+fn fatal(sig: i32) -> bool {
+    matches!(sig, 9 | 11 | 7 | 6 | 8 | 15 | 4)
+}
+
+#[tracepoint(category = "signal", name = "signal_generate")]
+pub fn signal_generate(ctx: TracePointContext) -> u32 {
+    let Some(sig) = read_i32(&ctx, conf!(off.sig_sig)) else {
+        return 0;
+    };
+    if !fatal(sig) {
+        return 0;
+    }
+    let Some(target) = read_i32(&ctx, conf!(off.sig_pid)) else {
+        return 0;
+    };
+    let target = target as u32;
+    let job = is_job(target);
+    if !job && conf!(whole_machine) == 0 {
+        return 0;
+    }
+    let result = read_i32(&ctx, conf!(off.sig_result)).unwrap_or(0);
+    // TRACE_SIGNAL_DELIVERED = 0: the signal was queued; an unhandled one ends the process.
+    if result == 0 {
+        let _ = EXIT_INFO.insert(&target, &ExitInfo { code: -1, signal: sig }, 0);
+    }
+    let Some(mut entry) = EVENTS.reserve::<SignalEvent>(0) else {
+        count_drop(EventKind::Signal);
+        return 0;
+    };
+    let p = entry.as_mut_ptr();
+    // SAFETY: fresh reservation.
+    unsafe {
+        fill_header(&raw mut (*p).hdr, EventKind::Signal);
+        if job {
+            (*p).hdr.flags |= FLAG_JOB;
+        }
+        (*p).sig = sig;
+        (*p).code = read_i32(&ctx, conf!(off.sig_code)).unwrap_or(0);
+        (*p).target_pid = target;
+        (*p).result = result;
+        let comm_off = conf!(off.sig_comm);
+        (*p).target_comm = if comm_off == MISSING { [0; 16] } else { ctx.read_at::<[u8; 16]>(comm_off as usize).unwrap_or([0; 16]) };
+    }
+    entry.submit(0);
+    0
+}

@@ -1,0 +1,46 @@
+//! `tcp:tcp_retransmit_skb` (tested on 6.18): addresses, ports and state of each retransmit.
+use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use nantrace_common::{EventKind, TcpRetransmitEvent, MISSING};
+
+use crate::{conf, count_drop, fill_header, EVENTS};
+
+const AF_INET: u16 = 2;
+
+#[tracepoint(category = "tcp", name = "tcp_retransmit_skb")]
+pub fn tcp_retransmit_skb(ctx: TracePointContext) -> u32 {
+    let fam_off = conf!(off.tcp_family);
+    if fam_off == MISSING {
+        return 0;
+    }
+    let Some(mut entry) = EVENTS.reserve::<TcpRetransmitEvent>(0) else {
+        count_drop(EventKind::TcpRetransmit);
+        return 0;
+    };
+    let p = entry.as_mut_ptr();
+    // SAFETY: fresh reservation; field reads go through probe_read.
+    unsafe {
+        fill_header(&raw mut (*p).hdr, EventKind::TcpRetransmit);
+        let family = ctx.read_at::<u16>(fam_off as usize).unwrap_or(0);
+        (*p).family = family;
+        (*p)._pad = [0; 3];
+        (*p).state = ctx.read_at::<i32>(conf!(off.tcp_state) as usize).unwrap_or(0);
+        (*p).sport = ctx.read_at::<u16>(conf!(off.tcp_sport) as usize).unwrap_or(0);
+        (*p).dport = ctx.read_at::<u16>(conf!(off.tcp_dport) as usize).unwrap_or(0);
+        (*p).saddr = [0; 16];
+        (*p).daddr = [0; 16];
+        if family == AF_INET {
+            let s = ctx.read_at::<[u8; 4]>(conf!(off.tcp_saddr) as usize).unwrap_or([0; 4]);
+            let d = ctx.read_at::<[u8; 4]>(conf!(off.tcp_daddr) as usize).unwrap_or([0; 4]);
+            let (mut s16, mut d16) = ([0u8; 16], [0u8; 16]);
+            s16[..4].copy_from_slice(&s);
+            d16[..4].copy_from_slice(&d);
+            (*p).saddr = s16;
+            (*p).daddr = d16;
+        } else {
+            (*p).saddr = ctx.read_at::<[u8; 16]>(conf!(off.tcp_saddr_v6) as usize).unwrap_or([0; 16]);
+            (*p).daddr = ctx.read_at::<[u8; 16]>(conf!(off.tcp_daddr_v6) as usize).unwrap_or([0; 16]);
+        }
+    }
+    entry.submit(0);
+    0
+}

@@ -1,0 +1,52 @@
+//! The job's process tree as seen from /proc (the kernel map follows it from then on).
+use std::collections::{BTreeSet, HashMap};
+
+/// `root` and all its live descendants, from /proc.
+pub fn descendants(roots: &[u32]) -> BTreeSet<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    if let Ok(all) = procfs::process::all_processes() {
+        for p in all.flatten() {
+            if let Ok(stat) = p.stat() {
+                children.entry(stat.ppid as u32).or_default().push(stat.pid as u32);
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    let mut stack: Vec<u32> = roots.to_vec();
+    while let Some(p) = stack.pop() {
+        if out.insert(p) {
+            if let Some(c) = children.get(&p) {
+                stack.extend(c);
+            }
+        }
+    }
+    out
+}
+
+/// Threads of `pid` (their tids), so thread-directed signals are attributed too.
+pub fn threads(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+pub fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_a_child_of_this_process() {
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let me = std::process::id();
+        let d = descendants(&[me]);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(d.contains(&me));
+        assert!(d.contains(&child.id()), "{d:?} lacks {}", child.id());
+        assert!(threads(me).contains(&me));
+    }
+}

@@ -1,0 +1,100 @@
+//! `nantrace doctor`: what this machine supports, probe by probe.
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::probes::{Options, ProbeStatus, Probes, PROBES};
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub kernel: String,
+    pub euid: u32,
+    pub tracefs: Option<String>,
+    pub btf: bool,
+    pub probes_built: bool,
+    pub load_error: Option<String>,
+    pub probes: Vec<ProbeStatus>,
+    pub nvml: String,
+    pub notes: Vec<String>,
+}
+
+pub fn nvml_status() -> String {
+    match nvml_wrapper::Nvml::init() {
+        Ok(n) => match (n.sys_driver_version(), n.device_count()) {
+            (Ok(v), Ok(c)) => format!("available: driver {v}, {c} GPU(s)"),
+            (v, c) => format!("initialised but incomplete: driver {v:?}, devices {c:?}"),
+        },
+        Err(e) => format!("NVML unavailable: {e}"),
+    }
+}
+
+pub fn run() -> Report {
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+    let tracefs = crate::tracefs::root().map(|p| p.display().to_string());
+    let mut notes = Vec::new();
+    let (probes, load_error) = if !Probes::is_built() {
+        (Vec::new(), Some("eBPF object not built into this binary: run `cargo xtask build`".to_string()))
+    } else {
+        match Probes::load(&Options::default()) {
+            Ok(p) => (p.status.clone(), None),
+            Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+        }
+    };
+    let probes = if probes.is_empty() {
+        PROBES
+            .iter()
+            .map(|s| ProbeStatus {
+                program: s.program,
+                tracepoint: format!("{}:{}", s.group, s.name),
+                attached: false,
+                reason: Some(load_error.clone().unwrap_or_else(|| "not loaded".into())),
+                what: s.what,
+            })
+            .collect()
+    } else {
+        probes
+    };
+    if probes.iter().any(|p| p.tracepoint == "ras:aer_event" && !p.attached) {
+        notes.push("ras:aer_event is absent (kernel without CONFIG_PCIEAER or the ras events): AER is still caught from the kernel log text by the printk:console probe".into());
+    }
+    if euid != 0 {
+        notes.push("not root: loading probes needs root (or CAP_BPF + CAP_PERFMON + tracefs access)".into());
+    }
+    Report {
+        kernel,
+        euid,
+        tracefs,
+        btf: Path::new("/sys/kernel/btf/vmlinux").exists(),
+        probes_built: Probes::is_built(),
+        load_error,
+        probes,
+        nvml: nvml_status(),
+        notes,
+    }
+}
+
+pub fn print_human(r: &Report) {
+    println!("kernel        {}", r.kernel);
+    println!("privileges    euid={}{}", r.euid, if r.euid == 0 { " (root)" } else { " (not root)" });
+    println!("tracefs       {}", r.tracefs.as_deref().unwrap_or("NOT MOUNTED"));
+    println!("BTF           {}", if r.btf { "/sys/kernel/btf/vmlinux" } else { "absent" });
+    println!("probes built  {}", if r.probes_built { "yes" } else { "no" });
+    if let Some(e) = &r.load_error {
+        println!("load          FAILED: {e}");
+    }
+    println!("NVML          {}", r.nvml);
+    println!("probes:");
+    for p in &r.probes {
+        println!(
+            "  {:<34} {:<12} {}",
+            p.tracepoint,
+            if p.attached { "attached" } else { "NOT ATTACHED" },
+            p.reason.as_deref().unwrap_or(p.what)
+        );
+    }
+    for n in &r.notes {
+        println!("note: {n}");
+    }
+}

@@ -1,0 +1,309 @@
+//! The userspace event: one thing that happened, from any source, on the monotonic clock.
+use serde_json::{json, Map, Value};
+
+use crate::classify::KmsgClass;
+use crate::clock::{rfc3339, ClockMap};
+
+pub type Comm = [u8; 16];
+
+pub fn comm_str(c: &Comm) -> String {
+    let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
+    String::from_utf8_lossy(&c[..end]).into_owned()
+}
+
+pub fn comm_from(s: &str) -> Comm {
+    let mut c = [0u8; 16];
+    let b = s.as_bytes();
+    let n = b.len().min(15);
+    c[..n].copy_from_slice(&b[..n]);
+    c
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    /// CLOCK_MONOTONIC nanoseconds (kernel `bpf_ktime_get_ns` or userspace arrival).
+    pub mono_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: Comm,
+    pub job: bool,
+    pub detail: Detail,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kmsg {
+    pub text: Box<str>,
+    pub truncated: bool,
+    pub class: Option<KmsgClass>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Oom {
+    pub victim_pid: u32,
+    pub victim_comm: Comm,
+    pub victim_job: bool,
+    pub uid: u32,
+    /// Pages.
+    pub total_vm: u64,
+    pub anon_rss: u64,
+    pub file_rss: u64,
+    pub shmem_rss: u64,
+    pub pgtables: u64,
+    pub oom_score_adj: i32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tcp {
+    pub state: i32,
+    pub sport: u16,
+    pub dport: u16,
+    pub saddr: std::net::IpAddr,
+    pub daddr: std::net::IpAddr,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Aer {
+    pub device: String,
+    pub status: u32,
+    pub severity: u32,
+    pub tlp_header: Option<[u32; 4]>,
+}
+
+/// A line of the job's output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogLine {
+    pub text: Box<str>,
+    /// 1 = stdout, 2 = stderr, 0 = a followed log file.
+    pub stream: u8,
+    pub nonfinite: bool,
+    pub step: Option<u64>,
+    pub loss: Option<f64>,
+    pub loss_scale: Option<f64>,
+    pub overflow: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Detail {
+    Kmsg(Box<Kmsg>),
+    Aer(Box<Aer>),
+    Oom(Box<Oom>),
+    Block { dev: u32, error: i32, sector: u64, latency_ns: u64, nr_sector: u32, rwbs: [u8; 8] },
+    Tcp(Box<Tcp>),
+    Fork { child_pid: u32, child_comm: Comm },
+    Exec { filename: Box<str> },
+    Exit { code: i32, signal: i32 },
+    Signal { sig: i32, code: i32, target_pid: u32, result: i32, target_comm: Comm },
+    Log(Box<LogLine>),
+    /// A sample or notable change from a userspace collector (GPU, system, network...).
+    Sample { source: &'static str, fields: Box<Map<String, Value>> },
+    /// A trigger fired.
+    Trigger { kind: &'static str, reason: Box<str> },
+}
+
+impl Detail {
+    pub fn source(&self) -> &'static str {
+        match self {
+            Detail::Kmsg(k) => match k.class {
+                Some(KmsgClass::Xid { .. }) => "xid",
+                Some(KmsgClass::Aer { .. }) => "aer",
+                _ => "kmsg",
+            },
+            Detail::Aer(_) => "aer",
+            Detail::Oom(_) => "oom",
+            Detail::Block { .. } => "block",
+            Detail::Tcp(_) => "tcp_retransmit",
+            Detail::Fork { .. } => "fork",
+            Detail::Exec { .. } => "exec",
+            Detail::Exit { .. } => "exit",
+            Detail::Signal { .. } => "signal",
+            Detail::Log(_) => "log",
+            Detail::Sample { source, .. } => source,
+            Detail::Trigger { .. } => "trigger",
+        }
+    }
+}
+
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        4 => "SIGILL",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        15 => "SIGTERM",
+        10 => "SIGUSR1",
+        12 => "SIGUSR2",
+        _ => "signal",
+    }
+}
+
+fn dev_name(dev: u32) -> String {
+    // Kernel-internal dev_t: major in the top 12 bits, minor in the low 20.
+    format!("{}:{}", dev >> 20, dev & 0xfffff)
+}
+
+impl Event {
+    pub fn source(&self) -> &'static str {
+        self.detail.source()
+    }
+
+    /// Approximate bytes this event holds (inline + heap), for the recorder's memory cap.
+    pub fn heap_bytes(&self) -> usize {
+        match &self.detail {
+            Detail::Kmsg(k) => std::mem::size_of::<Kmsg>() + k.text.len() + if k.class.is_some() { 96 } else { 0 },
+            Detail::Aer(a) => std::mem::size_of::<Aer>() + a.device.len(),
+            Detail::Oom(_) => std::mem::size_of::<Oom>(),
+            Detail::Tcp(_) => std::mem::size_of::<Tcp>(),
+            Detail::Exec { filename } => filename.len(),
+            Detail::Log(l) => std::mem::size_of::<LogLine>() + l.text.len(),
+            Detail::Sample { fields, .. } => 64 + fields.len() * 64,
+            Detail::Trigger { reason, .. } => reason.len(),
+            _ => 0,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        std::mem::size_of::<Event>() + self.heap_bytes()
+    }
+
+    /// The JSON object of this event (see docs/events.md).
+    pub fn to_json(&self, clock: &ClockMap) -> Value {
+        let mut m = Map::new();
+        m.insert("time".into(), rfc3339(clock.to_wall(self.mono_ns)).into());
+        m.insert("mono_ns".into(), self.mono_ns.into());
+        m.insert("source".into(), self.source().into());
+        m.insert("pid".into(), self.pid.into());
+        m.insert("tid".into(), self.tid.into());
+        m.insert("comm".into(), comm_str(&self.comm).into());
+        m.insert("job".into(), self.job.into());
+        let mut put = |k: &str, v: Value| {
+            m.insert(k.to_string(), v);
+        };
+        match &self.detail {
+            Detail::Kmsg(k) => {
+                put("text", k.text.as_ref().into());
+                if k.truncated {
+                    put("truncated", true.into());
+                }
+                if let Some(c) = &k.class {
+                    put("severity", serde_json::to_value(c.severity()).unwrap_or(Value::Null));
+                    if let Ok(Value::Object(cm)) = serde_json::to_value(c) {
+                        for (key, v) in cm {
+                            if key != "severity" {
+                                put(&key, v);
+                            }
+                        }
+                    }
+                }
+            }
+            Detail::Aer(a) => {
+                put("device", a.device.clone().into());
+                put("status", format!("{:#010x}", a.status).into());
+                let sev = match a.severity {
+                    0 => "uncorrected_nonfatal",
+                    1 => "uncorrected_fatal",
+                    2 => "corrected",
+                    _ => "unknown",
+                };
+                put("severity", sev.into());
+                put("tlp_header", a.tlp_header.map_or(Value::Null, |t| json!(t.map(|w| format!("{w:08x}")))));
+            }
+            Detail::Oom(o) => {
+                put("victim_pid", o.victim_pid.into());
+                put("victim_comm", comm_str(&o.victim_comm).into());
+                put("victim_job", o.victim_job.into());
+                put("uid", o.uid.into());
+                put("total_vm_kb", (o.total_vm * 4).into());
+                put("anon_rss_kb", (o.anon_rss * 4).into());
+                put("file_rss_kb", (o.file_rss * 4).into());
+                put("shmem_rss_kb", (o.shmem_rss * 4).into());
+                put("pgtables_kb", (o.pgtables * 4).into());
+                put("oom_score_adj", o.oom_score_adj.into());
+            }
+            Detail::Block { dev, error, sector, latency_ns, nr_sector, rwbs } => {
+                put("dev", dev_name(*dev).into());
+                put("error", (*error).into());
+                put("sector", (*sector).into());
+                put("latency_ms", ((*latency_ns as f64) / 1e6).into());
+                put("bytes", (u64::from(*nr_sector) * 512).into());
+                put("rwbs", comm_str(&{ let mut c = [0u8; 16]; c[..8].copy_from_slice(rwbs); c }).into());
+            }
+            Detail::Tcp(t) => {
+                put("saddr", t.saddr.to_string().into());
+                put("sport", t.sport.into());
+                put("daddr", t.daddr.to_string().into());
+                put("dport", t.dport.into());
+                put("state", tcp_state(t.state).into());
+            }
+            Detail::Fork { child_pid, child_comm } => {
+                put("child_pid", (*child_pid).into());
+                put("child_comm", comm_str(child_comm).into());
+            }
+            Detail::Exec { filename } => put("filename", filename.as_ref().into()),
+            Detail::Exit { code, signal } => {
+                put("exit_code", if *code >= 0 { (*code).into() } else { Value::Null });
+                put("signal", if *signal > 0 { signal_name(*signal).into() } else { Value::Null });
+                put("signo", (*signal).into());
+            }
+            Detail::Signal { sig, code, target_pid, result, target_comm } => {
+                put("signal", signal_name(*sig).into());
+                put("signo", (*sig).into());
+                put("si_code", (*code).into());
+                put("target_pid", (*target_pid).into());
+                put("target_comm", comm_str(target_comm).into());
+                put("result", (*result).into());
+            }
+            Detail::Log(l) => {
+                put("line", l.text.as_ref().into());
+                put("stream", match l.stream { 1 => "stdout", 2 => "stderr", _ => "file" }.into());
+                if l.nonfinite {
+                    put("nonfinite", true.into());
+                }
+                if let Some(s) = l.step {
+                    put("step", s.into());
+                }
+                if let Some(v) = l.loss {
+                    put("loss", if v.is_finite() { v.into() } else { v.to_string().into() });
+                }
+                if let Some(v) = l.loss_scale {
+                    put("loss_scale", v.into());
+                }
+                if l.overflow {
+                    put("overflow", true.into());
+                }
+            }
+            Detail::Sample { fields, .. } => {
+                for (k, v) in fields.iter() {
+                    put(k, v.clone());
+                }
+            }
+            Detail::Trigger { kind, reason } => {
+                put("kind", (*kind).into());
+                put("reason", reason.as_ref().into());
+            }
+        }
+        Value::Object(m)
+    }
+}
+
+pub fn tcp_state(s: i32) -> &'static str {
+    match s {
+        1 => "ESTABLISHED",
+        2 => "SYN_SENT",
+        3 => "SYN_RECV",
+        4 => "FIN_WAIT1",
+        5 => "FIN_WAIT2",
+        6 => "TIME_WAIT",
+        7 => "CLOSE",
+        8 => "CLOSE_WAIT",
+        9 => "LAST_ACK",
+        10 => "LISTEN",
+        11 => "CLOSING",
+        12 => "NEW_SYN_RECV",
+        _ => "UNKNOWN",
+    }
+}

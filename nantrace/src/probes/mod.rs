@@ -1,0 +1,268 @@
+//! Loading and attaching the probes; the maps userspace reads and writes.
+//!
+//! Each tracepoint name is written once, in [`PROBES`]. A probe that cannot attach (missing
+//! tracepoint, kernel without the feature) is reported in [`ProbeStatus`] and the rest run.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::programs::TracePoint;
+use aya::{Ebpf, EbpfLoader};
+use nantrace_common::{BioHistKey, Config, EventKind, TpOffsets, DROP_SLOTS};
+use serde::Serialize;
+
+use crate::tracefs::{self, Format};
+
+static BPF_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/nantrace.bpf.o"));
+
+/// One program and the tracepoint it attaches to.
+#[derive(Clone, Copy, Debug)]
+pub struct ProbeSpec {
+    pub program: &'static str,
+    pub group: &'static str,
+    pub name: &'static str,
+    pub what: &'static str,
+}
+
+pub const PROBES: &[ProbeSpec] = &[
+    ProbeSpec { program: "printk_console", group: "printk", name: "console", what: "kernel log lines (Xid, AER text, OOM, link, MCE)" },
+    ProbeSpec { program: "ras_aer_event", group: "ras", name: "aer_event", what: "decoded PCIe AER errors" },
+    ProbeSpec { program: "oom_mark_victim", group: "oom", name: "mark_victim", what: "OOM killer victims" },
+    ProbeSpec { program: "block_rq_issue", group: "block", name: "block_rq_issue", what: "block request start" },
+    ProbeSpec { program: "block_rq_complete", group: "block", name: "block_rq_complete", what: "block latency, errors, slow requests" },
+    ProbeSpec { program: "tcp_retransmit_skb", group: "tcp", name: "tcp_retransmit_skb", what: "TCP retransmits" },
+    ProbeSpec { program: "task_newtask", group: "task", name: "task_newtask", what: "thread vs process creation" },
+    ProbeSpec { program: "sched_process_fork", group: "sched", name: "sched_process_fork", what: "job process tree (fork)" },
+    ProbeSpec { program: "sched_process_exec", group: "sched", name: "sched_process_exec", what: "job process exec" },
+    ProbeSpec { program: "sched_process_exit", group: "sched", name: "sched_process_exit", what: "process exits" },
+    ProbeSpec { program: "sys_enter_exit_group", group: "syscalls", name: "sys_enter_exit_group", what: "exit codes" },
+    ProbeSpec { program: "signal_generate", group: "signal", name: "signal_generate", what: "fatal signals" },
+];
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ProbeStatus {
+    pub program: &'static str,
+    pub tracepoint: String,
+    pub attached: bool,
+    pub reason: Option<String>,
+    pub what: &'static str,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("the eBPF object was not built into this binary: run `cargo xtask build` (it builds the probes, then the CLI)")]
+    NotBuilt,
+    #[error("tracefs is not mounted and could not be mounted at /sys/kernel/tracing (are you root?)")]
+    NoTracefs,
+    #[error("loading the eBPF object failed (root or CAP_BPF+CAP_PERFMON needed): {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("map {0}: {1}")]
+    Map(&'static str, String),
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Block requests at least this slow are emitted as events.
+    pub slow_io_ns: u64,
+    /// No job given: report abnormal exits and fatal signals machine-wide.
+    pub whole_machine: bool,
+    pub ring_bytes: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { slow_io_ns: 50_000_000, whole_machine: true, ring_bytes: 8 << 20 }
+    }
+}
+
+/// Tracepoint offsets from the running kernel's format files.
+pub fn offsets(root: &Path) -> (TpOffsets, BTreeMap<String, String>) {
+    let mut missing = BTreeMap::new();
+    let mut fmt = |g: &str, n: &str| match tracefs::read_format(root, g, n) {
+        Ok(f) => f,
+        Err(e) => {
+            missing.insert(format!("{g}:{n}"), e.to_string());
+            Format::default()
+        }
+    };
+    let printk = fmt("printk", "console");
+    let oom = fmt("oom", "mark_victim");
+    let issue = fmt("block", "block_rq_issue");
+    let done = fmt("block", "block_rq_complete");
+    let tcp = fmt("tcp", "tcp_retransmit_skb");
+    let fork = fmt("sched", "sched_process_fork");
+    let exec = fmt("sched", "sched_process_exec");
+    let exit = fmt("sched", "sched_process_exit");
+    let sig = fmt("signal", "signal_generate");
+    let eg = fmt("syscalls", "sys_enter_exit_group");
+    let aer = fmt("ras", "aer_event");
+    let o = TpOffsets {
+        printk_msg: printk.offset("msg"),
+        oom_pid: oom.offset("pid"),
+        oom_comm: oom.field("comm").filter(|f| f.data_loc).map_or(nantrace_common::MISSING, |f| f.offset),
+        oom_total_vm: oom.offset("total_vm"),
+        oom_anon_rss: oom.offset("anon_rss"),
+        oom_file_rss: oom.offset("file_rss"),
+        oom_shmem_rss: oom.offset("shmem_rss"),
+        oom_uid: oom.offset("uid"),
+        oom_pgtables: oom.offset("pgtables"),
+        oom_score_adj: oom.offset("oom_score_adj"),
+        bio_issue_dev: issue.offset("dev"),
+        bio_issue_sector: issue.offset("sector"),
+        bio_done_dev: done.offset("dev"),
+        bio_done_sector: done.offset("sector"),
+        bio_done_nr_sector: done.offset("nr_sector"),
+        bio_done_error: done.offset("error"),
+        bio_done_rwbs: done.offset("rwbs"),
+        tcp_state: tcp.offset("state"),
+        tcp_sport: tcp.offset("sport"),
+        tcp_dport: tcp.offset("dport"),
+        tcp_family: tcp.offset("family"),
+        tcp_saddr: tcp.offset("saddr"),
+        tcp_daddr: tcp.offset("daddr"),
+        tcp_saddr_v6: tcp.offset("saddr_v6"),
+        tcp_daddr_v6: tcp.offset("daddr_v6"),
+        fork_parent_pid: fork.offset("parent_pid"),
+        fork_child_pid: fork.offset("child_pid"),
+        fork_child_comm: fork.offset("child_comm"),
+        fork_child_comm_loc: u32::from(fork.field("child_comm").is_some_and(|f| f.data_loc)),
+        exec_filename: exec.offset("filename"),
+        exec_pid: exec.offset("pid"),
+        exit_pid: exit.offset("pid"),
+        exit_group_dead: exit.offset("group_dead"),
+        sig_sig: sig.offset("sig"),
+        sig_code: sig.offset("code"),
+        sig_comm: sig.offset("comm"),
+        sig_pid: sig.offset("pid"),
+        sig_result: sig.offset("result"),
+        exit_group_code: eg.offset("error_code"),
+        aer_dev_name: aer.offset("dev_name"),
+        aer_status: aer.offset("status"),
+        aer_severity: aer.offset("severity"),
+        aer_tlp_valid: aer.offset("tlp_header_valid"),
+        aer_tlp: aer.offset("tlp_header"),
+    };
+    (o, missing)
+}
+
+pub struct Probes {
+    ebpf: Ebpf,
+    pub status: Vec<ProbeStatus>,
+    job_pids: BpfHashMap<MapData, u32, u32>,
+    drops: PerCpuArray<MapData, u64>,
+    bio_hist: PerCpuHashMap<MapData, BioHistKey, u64>,
+    pub tracefs: PathBuf,
+}
+
+impl Probes {
+    pub fn is_built() -> bool {
+        !BPF_OBJ.is_empty()
+    }
+
+    pub fn load(opts: &Options) -> Result<Self, ProbeError> {
+        if BPF_OBJ.is_empty() {
+            return Err(ProbeError::NotBuilt);
+        }
+        let root = tracefs::root().ok_or(ProbeError::NoTracefs)?;
+        let (off, missing) = offsets(&root);
+        let cfg = Config {
+            slow_io_ns: opts.slow_io_ns,
+            whole_machine: u32::from(opts.whole_machine),
+            self_pid: std::process::id(),
+            off,
+        };
+        // RLIMIT_MEMLOCK: not needed on 6.x (memcg accounting); raising it may fail unprivileged.
+        let rl = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+        // SAFETY: plain setrlimit call with a valid pointer; failure is harmless here.
+        let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rl) };
+        let mut ebpf = EbpfLoader::new()
+            .override_global("NANTRACE_CONFIG", &cfg, true)
+            .map_max_entries("EVENTS", opts.ring_bytes.next_power_of_two())
+            .load(BPF_OBJ)?;
+        let mut status = Vec::new();
+        for spec in PROBES {
+            let tp = format!("{}:{}", spec.group, spec.name);
+            let res = (|| -> Result<(), String> {
+                if let Some(why) = missing.get(&tp) {
+                    return Err(why.clone());
+                }
+                let prog: &mut TracePoint = ebpf
+                    .program_mut(spec.program)
+                    .ok_or_else(|| format!("program {} not in the object", spec.program))?
+                    .try_into()
+                    .map_err(|e| format!("{e}"))?;
+                prog.load().map_err(|e| verifier_msg(&e))?;
+                prog.attach(spec.group, spec.name).map_err(|e| format!("attach: {e}"))?;
+                Ok(())
+            })();
+            status.push(ProbeStatus {
+                program: spec.program,
+                tracepoint: tp,
+                attached: res.is_ok(),
+                reason: res.err(),
+                what: spec.what,
+            });
+        }
+        let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or_else(|| ProbeError::Map(name, "missing from the object".into()));
+        let job_pids = BpfHashMap::try_from(take(&mut ebpf, "JOB_PIDS")?).map_err(|e| ProbeError::Map("JOB_PIDS", e.to_string()))?;
+        let drops = PerCpuArray::try_from(take(&mut ebpf, "DROPS")?).map_err(|e| ProbeError::Map("DROPS", e.to_string()))?;
+        let bio_hist = PerCpuHashMap::try_from(take(&mut ebpf, "BIO_HIST")?).map_err(|e| ProbeError::Map("BIO_HIST", e.to_string()))?;
+        Ok(Self { ebpf, status, job_pids, drops, bio_hist, tracefs: root })
+    }
+
+    /// The ring buffer, for the reader task (can be taken once).
+    pub fn take_ring(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
+        let m = self.ebpf.take_map("EVENTS").ok_or_else(|| ProbeError::Map("EVENTS", "already taken".into()))?;
+        RingBuf::try_from(m).map_err(|e| ProbeError::Map("EVENTS", e.to_string()))
+    }
+
+    /// Mark `pid` (and, through the fork probe, its future children) as the job's.
+    pub fn add_job_pid(&mut self, pid: u32) -> Result<(), ProbeError> {
+        self.job_pids.insert(pid, pid, 0).map_err(|e| ProbeError::Map("JOB_PIDS", e.to_string()))
+    }
+
+    pub fn job_pid_count(&self) -> usize {
+        self.job_pids.keys().filter(Result::is_ok).count()
+    }
+
+    /// Ring-buffer reserve failures per event source, summed over CPUs.
+    pub fn drops(&self) -> BTreeMap<&'static str, u64> {
+        let mut out = BTreeMap::new();
+        for kind in EventKind::ALL {
+            if (kind as u32) < DROP_SLOTS {
+                if let Ok(v) = self.drops.get(&(kind as u32), 0) {
+                    out.insert(kind.name(), v.iter().sum());
+                }
+            }
+        }
+        out
+    }
+
+    /// Per-device block latency histograms (log2 µs buckets), summed over CPUs.
+    pub fn io_histograms(&self) -> BTreeMap<u32, Vec<u64>> {
+        let mut out: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for item in self.bio_hist.iter().flatten() {
+            let (k, v) = item;
+            let row = out.entry(k.dev).or_insert_with(|| vec![0; nantrace_common::BIO_HIST_BUCKETS as usize]);
+            if let Some(slot) = row.get_mut(k.bucket as usize) {
+                *slot += v.iter().sum::<u64>();
+            }
+        }
+        out
+    }
+
+    pub fn attached(&self) -> usize {
+        self.status.iter().filter(|s| s.attached).count()
+    }
+}
+
+fn verifier_msg(e: &aya::programs::ProgramError) -> String {
+    // The verifier log is long; keep its last lines, which say what failed.
+    let s = format!("load: {e:#}");
+    let lines: Vec<&str> = s.lines().collect();
+    if lines.len() > 12 {
+        format!("{} ... {}", lines[0], lines[lines.len() - 8..].join(" | "))
+    } else {
+        s
+    }
+}

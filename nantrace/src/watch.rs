@@ -1,0 +1,142 @@
+//! `nantrace watch`: the live event stream, one JSON object per line.
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::clock::{rfc3339, ClockMap};
+use crate::event::{comm_str, Event};
+use crate::probes::{Options, ProbeStatus, Probes};
+
+#[derive(Clone, Debug)]
+pub struct WatchArgs {
+    pub pids: Vec<u32>,
+    pub duration: Option<f64>,
+    pub json: bool,
+    pub slow_io_ms: f64,
+}
+
+/// What was seen and what was lost: printed at the end of `watch`, stored in every bundle.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Accounting {
+    pub events: BTreeMap<String, u64>,
+    pub kernel_drops: BTreeMap<String, u64>,
+    pub decode_errors: u64,
+    pub probes_attached: Vec<String>,
+    pub probes_not_attached: BTreeMap<String, String>,
+}
+
+impl Accounting {
+    pub fn with_probes(status: &[ProbeStatus]) -> Self {
+        let mut a = Accounting::default();
+        for s in status {
+            if s.attached {
+                a.probes_attached.push(s.tracepoint.clone());
+            } else {
+                a.probes_not_attached.insert(s.tracepoint.clone(), s.reason.clone().unwrap_or_default());
+            }
+        }
+        a
+    }
+}
+
+/// Load the probes, seed the job's pids, and report what did not attach on stderr.
+pub fn start_probes(pids: &[u32], slow_io_ms: f64) -> anyhow::Result<Probes> {
+    let opts = Options { slow_io_ns: (slow_io_ms * 1e6) as u64, whole_machine: pids.is_empty(), ..Options::default() };
+    let mut probes = Probes::load(&opts).context("starting the kernel probes")?;
+    for s in &probes.status {
+        if !s.attached {
+            eprintln!("nantrace: probe {} not attached: {}", s.tracepoint, s.reason.as_deref().unwrap_or("?"));
+        }
+    }
+    for pid in pids {
+        if !crate::correlate::alive(*pid) {
+            eprintln!("nantrace: pid {pid} does not exist (already exited?); watching for it anyway");
+        }
+    }
+    for p in crate::correlate::descendants(pids) {
+        for t in crate::correlate::threads(p).into_iter().chain([p]) {
+            probes.add_job_pid(t)?;
+        }
+    }
+    Ok(probes)
+}
+
+pub fn human_line(e: &Event, clock: &ClockMap) -> String {
+    let j = e.to_json(clock);
+    let mut rest = String::new();
+    if let serde_json::Value::Object(m) = &j {
+        for (k, v) in m {
+            if matches!(k.as_str(), "time" | "mono_ns" | "source" | "pid" | "tid" | "comm" | "job") {
+                continue;
+            }
+            rest.push_str(&format!(" {k}={v}"));
+        }
+    }
+    format!(
+        "{} {:<14} {}{:>7} {:<16}{}",
+        rfc3339(clock.to_wall(e.mono_ns)),
+        e.source(),
+        if e.job { "*" } else { " " },
+        e.pid,
+        comm_str(&e.comm),
+        rest
+    )
+}
+
+pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
+    let mut probes = start_probes(&args.pids, args.slow_io_ms)?;
+    let mut acct = Accounting::with_probes(&probes.status);
+    let ring = probes.take_ring()?;
+    let (tx, mut rx) = mpsc::channel(256);
+    let (stats, _reader) = crate::stream::spawn(ring, tx);
+    let mut clock = ClockMap::sample();
+    eprintln!(
+        "nantrace: watching {} ({} of {} probes attached){}",
+        if args.pids.is_empty() { "the whole machine".to_string() } else { format!("pids {:?} and descendants", args.pids) },
+        probes.attached(),
+        probes.status.len(),
+        args.duration.map_or(String::new(), |d| format!(" for {d} s"))
+    );
+    let deadline = args.duration.map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d));
+    let mut resample = tokio::time::interval(Duration::from_secs(10));
+    let stdout = std::io::stdout();
+    loop {
+        let sleep = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            batch = rx.recv() => {
+                let Some(batch) = batch else { break };
+                let mut out = stdout.lock();
+                for e in batch {
+                    *acct.events.entry(e.source().to_string()).or_default() += 1;
+                    let line = if args.json { e.to_json(&clock).to_string() } else { human_line(&e, &clock) };
+                    if writeln!(out, "{line}").is_err() {
+                        return Ok(()); // stdout closed (e.g. piped into head)
+                    }
+                }
+                let _ = out.flush();
+            }
+            _ = resample.tick() => clock = ClockMap::sample(),
+            _ = sleep => break,
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+    acct.kernel_drops = probes.drops().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    acct.decode_errors = stats.decode_errors.load(Ordering::Relaxed);
+    let doc = serde_json::json!({ "accounting": acct });
+    if args.json {
+        println!("{doc}");
+    } else {
+        eprintln!("{}", serde_json::to_string_pretty(&doc)?);
+    }
+    Ok(())
+}

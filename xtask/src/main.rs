@@ -1,0 +1,120 @@
+//! `cargo xtask`: the project's front door. Installs what is missing (idempotently), builds the
+//! eBPF probes with the pinned toolchain, builds the CLI, runs the tests, the demo, the bench.
+mod bench;
+mod setup;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install the eBPF toolchain (llvm-22-dev, pinned nightly + rust-src, bpf-linker 0.13)
+    Setup,
+    /// Build the eBPF object only
+    BuildEbpf,
+    /// Setup, build the probes, build the CLI
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// Setup, build, then run every test (privileged ones single-threaded, as root)
+    Test,
+    /// Setup, build, then run `nantrace demo` (the built-in diverging training job)
+    Demo {
+        #[arg(long, default_value = "numeric")]
+        scenario: String,
+        #[arg(long, default_value = "demo-out")]
+        out: String,
+    },
+    /// Benchmarks (root): writes docs/performance.md and bench/results.json
+    Bench {
+        /// Tiny sizes, a few seconds: proves the benchmark still works
+        #[arg(long)]
+        smoke: bool,
+    },
+}
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+pub fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: running {cmd:?}");
+    let st = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
+    if !st.success() {
+        bail!("{cmd:?} failed: {st}");
+    }
+    Ok(())
+}
+
+fn build_cli(release: bool) -> Result<PathBuf> {
+    let mut c = Command::new("cargo");
+    c.current_dir(root()).args(["build", "--locked", "-p", "nantrace"]);
+    if release {
+        c.arg("--release");
+    }
+    run(&mut c)?;
+    Ok(root().join("target").join(if release { "release" } else { "debug" }).join("nantrace"))
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd.unwrap_or(Cmd::Build { release: false }) {
+        Cmd::Setup => setup::setup().map(|_| ()),
+        Cmd::BuildEbpf => {
+            let route = setup::setup()?;
+            setup::build_ebpf(&route)
+        }
+        Cmd::Build { release } => {
+            let route = setup::setup()?;
+            setup::build_ebpf(&route)?;
+            let bin = build_cli(release)?;
+            eprintln!("xtask: built {}", bin.display());
+            Ok(())
+        }
+        Cmd::Test => {
+            let route = setup::setup()?;
+            setup::build_ebpf(&route)?;
+            build_cli(false)?;
+            // SAFETY: geteuid has no failure mode.
+            let root_user = unsafe { libc_geteuid() } == 0;
+            if !root_user {
+                eprintln!("xtask: WARNING: not root: the privileged tests will SKIP (they fail in CI, which runs as root)");
+            }
+            // Unit tests in parallel, then the integration tests that load probes, one at a time
+            // (they share kernel state: tracepoints, cgroups, namespaces, /dev/kmsg).
+            run(Command::new("cargo").current_dir(root()).args(["test", "--locked", "--workspace", "--lib", "--bins"]))?;
+            run(Command::new("cargo").current_dir(root()).args(["test", "--locked", "-p", "nantrace", "--tests", "--", "--test-threads=1"]))?;
+            bench::run(true)?;
+            Ok(())
+        }
+        Cmd::Demo { scenario, out } => {
+            let route = setup::setup()?;
+            setup::build_ebpf(&route)?;
+            let bin = build_cli(true)?;
+            std::fs::create_dir_all(&out)?;
+            run(Command::new(bin).args(["demo", "--scenario", &scenario, "--out", &out]))
+        }
+        Cmd::Bench { smoke } => {
+            let route = setup::setup()?;
+            setup::build_ebpf(&route)?;
+            build_cli(true)?;
+            bench::run(smoke)
+        }
+    }
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
