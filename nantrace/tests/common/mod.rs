@@ -1,0 +1,203 @@
+//! Helpers for the privileged integration tests: root check, a running `nantrace watch`, a
+//! memory-limited cgroup (v1 or v2), network namespaces. Everything created is removed on drop.
+#![allow(dead_code, reason = "each test file uses a subset")]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_nantrace");
+
+/// True when the test may run. Not root: fails in CI (CI runs as root), skips loudly elsewhere.
+pub fn privileged(test: &str) -> bool {
+    // SAFETY: geteuid has no failure mode.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{test}: privileged test needs root, and CI runs as root");
+    }
+    eprintln!("SKIPPED {test}: needs root (loads eBPF probes, makes cgroups and namespaces)");
+    false
+}
+
+pub fn sh(cmd: &str) -> std::process::Output {
+    Command::new("sh").arg("-c").arg(cmd).output().expect("sh")
+}
+
+pub fn sh_ok(cmd: &str) {
+    let o = sh(cmd);
+    assert!(o.status.success(), "`{cmd}` failed: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A running `nantrace watch --json`, its events collected by a thread.
+pub struct Watch {
+    child: Child,
+    pub events: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Watch {
+    pub fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(BIN)
+            .args(["watch", "--json"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn nantrace watch");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[watch] {line}");
+                if line.contains("watching") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let ev = events.clone();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    ev.lock().unwrap().push(v);
+                }
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(30)).expect("nantrace watch did not report that its probes are attached");
+        Watch { child, events }
+    }
+
+    /// Wait until an event satisfies `pred`; returns it and how long it took.
+    pub fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> (Value, Duration) {
+        let t0 = Instant::now();
+        loop {
+            if let Some(v) = self.events.lock().unwrap().iter().find(|v| pred(v)).cloned() {
+                return (v, t0.elapsed());
+            }
+            if t0.elapsed() > timeout {
+                let all = self.events.lock().unwrap();
+                let tail: Vec<String> = all.iter().rev().take(20).map(|v| v.to_string()).collect();
+                panic!("no {what} within {timeout:?}; last events:\n{}", tail.join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn all(&self, pred: impl Fn(&Value) -> bool) -> Vec<Value> {
+        self.events.lock().unwrap().iter().filter(|v| pred(v)).cloned().collect()
+    }
+
+    /// Stop with SIGINT and return the accounting line.
+    pub fn stop(mut self) -> Value {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let _ = self.child.wait();
+        std::thread::sleep(Duration::from_millis(100));
+        self.events.lock().unwrap().iter().find(|v| v.get("accounting").is_some()).cloned().expect("accounting line at the end")
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A memory cgroup with a limit (cgroup v2 when it has the memory controller, else v1).
+pub struct MemCgroup {
+    pub path: PathBuf,
+    pub v2: bool,
+}
+
+impl MemCgroup {
+    pub fn new(name: &str, limit: u64) -> Self {
+        let v2root = Path::new("/sys/fs/cgroup");
+        let v2 = std::fs::read_to_string(v2root.join("cgroup.controllers")).is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
+        let path = if v2 { v2root.join(name) } else { PathBuf::from("/sys/fs/cgroup/memory").join(name) };
+        let _ = std::fs::remove_dir(&path);
+        std::fs::create_dir_all(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
+        if v2 {
+            let _ = std::fs::write(v2root.join("cgroup.subtree_control"), "+memory");
+            std::fs::write(path.join("memory.max"), limit.to_string()).unwrap();
+            let _ = std::fs::write(path.join("memory.swap.max"), "0");
+        } else {
+            std::fs::write(path.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
+            let _ = std::fs::write(path.join("memory.memsw.limit_in_bytes"), limit.to_string());
+        }
+        MemCgroup { path, v2 }
+    }
+
+    pub fn procs(&self) -> PathBuf {
+        self.path.join("cgroup.procs")
+    }
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        if let Ok(p) = std::fs::read_to_string(self.procs()) {
+            for pid in p.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                // SAFETY: killing leftover test processes in our own cgroup.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.path).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Two network namespaces joined by a veth pair: `a` = 10.213.0.1, `b` = 10.213.0.2.
+pub struct NetPair {
+    pub a: String,
+    pub b: String,
+}
+
+impl NetPair {
+    pub fn new(tag: &str) -> Self {
+        let a = format!("nta-{tag}");
+        let b = format!("ntb-{tag}");
+        let _ = sh(&format!("ip netns del {a} 2>/dev/null; ip netns del {b} 2>/dev/null"));
+        sh_ok(&format!(
+            "ip netns add {a} && ip netns add {b} && \
+             ip link add va-{tag} netns {a} type veth peer name vb-{tag} netns {b} && \
+             ip -n {a} addr add 10.213.0.1/24 dev va-{tag} && ip -n {b} addr add 10.213.0.2/24 dev vb-{tag} && \
+             ip -n {a} link set va-{tag} up && ip -n {b} link set vb-{tag} up && \
+             ip -n {a} link set lo up && ip -n {b} link set lo up"
+        ));
+        NetPair { a, b }
+    }
+
+    /// Run `f` in a thread that has entered namespace `ns`.
+    pub fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
+        let path = format!("/var/run/netns/{ns}");
+        std::thread::spawn(move || {
+            let f_ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            use std::os::fd::AsRawFd;
+            // SAFETY: setns on this thread only, with a valid namespace fd.
+            let rc = unsafe { libc::setns(f_ns.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+            f()
+        })
+    }
+}
+
+impl Drop for NetPair {
+    fn drop(&mut self) {
+        let _ = sh(&format!("ip netns del {} ; ip netns del {}", self.a, self.b));
+    }
+}
+
+/// Write one line to the kernel log (fires printk:console).
+pub fn kmsg(line: &str) {
+    std::fs::write("/dev/kmsg", format!("{line}\n")).expect("write /dev/kmsg");
+}

@@ -1,0 +1,194 @@
+//! Privileged: load the real probes, cause real kernel events, assert what arrived.
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn xid_written_to_kmsg_arrives_decoded() {
+    if !privileged("xid_written_to_kmsg_arrives_decoded") {
+        return;
+    }
+    let w = Watch::start(&[]);
+    let t0 = std::time::Instant::now();
+    kmsg("NVRM: Xid (PCI:0000:3b:00): 79, pid=31337, name=python3, GPU has fallen off the bus.");
+    let (e, _) = w.wait_for("Xid 79 event", Duration::from_secs(10), |v| v["source"] == "xid" && v["xid_pid"] == 31337);
+    let latency = t0.elapsed();
+    assert_eq!(e["xid"], 79);
+    assert_eq!(e["pci"], "0000:3b:00.0");
+    assert_eq!(e["severity"], "critical");
+    assert_eq!(e["xid_process"], "python3");
+    assert!(e["time"].as_str().unwrap().ends_with('Z'));
+    eprintln!("Xid arrived {latency:?} after the write");
+    // An AER line in the newer format, through the same printk path.
+    kmsg("pcieport 0000:00:03.1: AER: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=Transaction Layer, (Requester ID)");
+    let (a, _) = w.wait_for("AER text event", Duration::from_secs(10), |v| v["source"] == "aer");
+    assert_eq!(a["severity"], "error");
+    assert_eq!(a["device"], "0000:00:03.1");
+    let acct = w.stop();
+    assert!(acct["accounting"]["events"]["xid"].as_u64().unwrap() >= 1);
+    assert_eq!(acct["accounting"]["kernel_drops"]["kmsg"], 0);
+}
+
+#[test]
+fn exit_code_and_sigkill_of_job_processes() {
+    if !privileged("exit_code_and_sigkill_of_job_processes") {
+        return;
+    }
+    // The root waits for a go file so that nantrace has seeded its pid before it forks.
+    let go = std::env::temp_dir().join(format!("nt-go-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let mut root = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("while [ ! -e {0} ]; do sleep 0.05; done; sh -c 'exit 3'; sleep 30 & echo $! > {0}.kid; kill -9 $!; wait; exit 0", go.display()))
+        .spawn()
+        .unwrap();
+    let root_pid = root.id().to_string();
+    let w = Watch::start(&["--pid", &root_pid]);
+    std::fs::write(&go, "").unwrap();
+    let (e3, _) = w.wait_for("exit code 3", Duration::from_secs(10), |v| v["source"] == "exit" && v["exit_code"] == 3);
+    assert_eq!(e3["job"], true);
+    let (k, _) = w.wait_for("SIGKILL exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["signal"] == "SIGKILL");
+    let kid: u64 = std::fs::read_to_string(format!("{}.kid", go.display())).unwrap().trim().parse().unwrap();
+    assert_eq!(k["pid"].as_u64(), Some(kid));
+    assert_eq!(k["job"], true);
+    assert_eq!(k["exit_code"], serde_json::Value::Null);
+    let (s, _) = w.wait_for("SIGKILL signal", Duration::from_secs(10), |v| v["source"] == "signal" && v["target_pid"].as_u64() == Some(kid));
+    assert_eq!(s["signal"], "SIGKILL");
+    assert_eq!(s["job"], true);
+    assert_eq!(root.wait().unwrap().code(), Some(0));
+    let (r, _) = w.wait_for("root exit 0", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(u64::from(root.id())));
+    assert_eq!(r["exit_code"], 0);
+    // Forks of the job are attributed: the `sh -c 'exit 3'` child and the sleep.
+    let forks = w.all(|v| v["source"] == "fork" && v["pid"].as_u64() == Some(u64::from(root.id())));
+    assert!(forks.len() >= 2, "forks of the root: {forks:?}");
+    assert!(forks.iter().any(|f| f["child_pid"].as_u64() == Some(kid)));
+    let _ = std::fs::remove_file(&go);
+    let _ = std::fs::remove_file(format!("{}.kid", go.display()));
+}
+
+#[test]
+fn oom_kill_in_memory_limited_cgroup_is_a_job_event() {
+    if !privileged("oom_kill_in_memory_limited_cgroup_is_a_job_event") {
+        return;
+    }
+    let cg = MemCgroup::new(&format!("nantrace-test-oom-{}", std::process::id()), 48 << 20);
+    let go = std::env::temp_dir().join(format!("nt-oom-go-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    // The root (watched) forks a shell that joins the cgroup and becomes `tail /dev/zero`,
+    // which buffers an endless line until the OOM killer takes it.
+    let mut root = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "while [ ! -e {go} ]; do sleep 0.05; done; sh -c 'echo $$ > {procs}; echo $$ > {go}.kid; exec tail /dev/zero'; exit 0",
+            go = go.display(),
+            procs = cg.procs().display()
+        ))
+        .spawn()
+        .unwrap();
+    let w = Watch::start(&["--pid", &root.id().to_string()]);
+    std::fs::write(&go, "").unwrap();
+    let (o, _) = w.wait_for("OOM victim", Duration::from_secs(30), |v| v["source"] == "oom");
+    let kid: u64 = std::fs::read_to_string(format!("{}.kid", go.display())).unwrap().trim().parse().unwrap();
+    assert_eq!(o["victim_pid"].as_u64(), Some(kid));
+    assert_eq!(o["victim_comm"], "tail");
+    assert_eq!(o["victim_job"], true);
+    assert!(o["anon_rss_kb"].as_u64().unwrap() > 20_000, "victim RSS {o}");
+    let (x, _) = w.wait_for("victim's exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(kid));
+    assert_eq!(x["signal"], "SIGKILL");
+    // The kernel's own OOM report line also arrives through printk.
+    w.wait_for("OOM kill line", Duration::from_secs(10), |v| v["class"] == "oom_kill" && v["victim_pid"].as_u64() == Some(kid));
+    let _ = root.wait();
+    let _ = std::fs::remove_file(&go);
+    let _ = std::fs::remove_file(format!("{}.kid", go.display()));
+}
+
+#[test]
+fn odirect_writes_to_a_loop_device_give_block_events_with_latency() {
+    if !privileged("odirect_writes_to_a_loop_device_give_block_events_with_latency") {
+        return;
+    }
+    let img = std::env::temp_dir().join(format!("nt-loop-{}.img", std::process::id()));
+    sh_ok(&format!("truncate -s 32M {}", img.display()));
+    let out = sh(&format!("losetup --find --show {}", img.display()));
+    assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+    let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let minor: u64 = dev.trim_start_matches("/dev/loop").parse().unwrap();
+    struct Cleanup(String, std::path::PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = sh(&format!("losetup -d {}", self.0));
+            let _ = std::fs::remove_file(&self.1);
+        }
+    }
+    let _c = Cleanup(dev.clone(), img.clone());
+    let go = std::env::temp_dir().join(format!("nt-dd-go-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let mut root = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("while [ ! -e {} ]; do sleep 0.05; done; dd if=/dev/zero of={dev} bs=4k count=64 oflag=direct,dsync 2>/dev/null", go.display()))
+        .spawn()
+        .unwrap();
+    // --slow-io-ms 0: every completed request is an event, so the test sees each one.
+    let w = Watch::start(&["--pid", &root.id().to_string(), "--slow-io-ms", "0"]);
+    std::fs::write(&go, "").unwrap();
+    assert!(root.wait().unwrap().success());
+    let want = format!("7:{minor}");
+    let (b, _) = w.wait_for("block event on the loop device", Duration::from_secs(10), |v| v["source"] == "block" && v["dev"] == want.as_str());
+    assert_eq!(b["comm"], "dd");
+    assert_eq!(b["job"], true);
+    assert_eq!(b["error"], 0);
+    assert!(b["latency_ms"].as_f64().unwrap() > 0.0);
+    assert!(b["rwbs"].as_str().unwrap().starts_with('W'), "{b}");
+    std::thread::sleep(Duration::from_millis(300));
+    let n = w.all(|v| v["source"] == "block" && v["dev"] == want.as_str() && v["bytes"] == 4096).len();
+    assert!(n >= 60, "expected ~64 4 KiB writes on {want}, got {n}");
+    let _ = std::fs::remove_file(&go);
+}
+
+#[test]
+fn dropped_packets_between_namespaces_give_tcp_retransmits() {
+    if !privileged("dropped_packets_between_namespaces_give_tcp_retransmits") {
+        return;
+    }
+    let net = NetPair::new(&format!("{}", std::process::id() % 100_000));
+    let port = 29_500u16;
+    let server = NetPair::in_ns(&net.b, move || {
+        let l = TcpListener::bind(("10.213.0.2", port)).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let w = Watch::start(&[]);
+    let b = net.b.clone();
+    let client = NetPair::in_ns(&net.a, move || {
+        let mut s = TcpStream::connect(("10.213.0.2", port)).unwrap();
+        s.write_all(b"hello").unwrap();
+        let local = s.local_addr().unwrap().port();
+        // Drop everything the server side receives from now on.
+        sh_ok(&format!(
+            "ip netns exec {b} nft add table inet nt && ip netns exec {b} nft add chain inet nt in '{{ type filter hook input priority 0; }}' && ip netns exec {b} nft add rule inet nt in tcp dport {port} drop"
+        ));
+        s.write_all(&[7u8; 1000]).unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        local
+    });
+    let sport = client.join().unwrap();
+    let (r, _) = w.wait_for("TCP retransmit", Duration::from_secs(10), |v| v["source"] == "tcp_retransmit" && v["dport"] == port);
+    assert_eq!(r["sport"].as_u64(), Some(u64::from(sport)));
+    assert_eq!(r["saddr"], "10.213.0.1");
+    assert_eq!(r["daddr"], "10.213.0.2");
+    assert_eq!(r["state"], "ESTABLISHED");
+    assert!(w.all(|v| v["source"] == "tcp_retransmit" && v["dport"] == port).len() >= 2, "RTO backoff should give several retransmits in 1.5 s");
+    drop(net);
+    let _ = server.join();
+}
