@@ -1,0 +1,197 @@
+//! Training-log reading: non-finite loss-like metrics (the NaN trigger), loss values per step
+//! (the curve), and mixed-precision precursors (overflow, loss-scale reductions).
+//!
+//! Recognised formats, with examples, are in docs/log-formats.md and in the corpus test below.
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+/// What one log line says.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LineScan {
+    /// The metric that is NaN/Inf (`loss`, `grad_norm`...), or the pattern that matched.
+    pub nonfinite: Option<String>,
+    pub step: Option<u64>,
+    pub loss: Option<f64>,
+    pub loss_scale: Option<f64>,
+    /// Gradient overflow / skipped step / loss-scale reduction (a precursor, not a trigger).
+    pub overflow: bool,
+}
+
+const NONFINITE: &str = r"[-+]?(?:nan|inf(?:inity)?)";
+/// Loss-like metric names, with optional prefixes (`train_`, `lm `, `train/`) and suffixes.
+const METRIC: &str = r"(?:[a-z0-9]+[_ /.-])?(?:[a-z0-9]+[_ ])?(?:loss|grad[_ ]?norm|gradient[_ ]norm|ppl|perplexity|nll)(?:[_ /.-][a-z0-9]+)?";
+
+static NONFINITE_METRIC: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(&format!(
+        r#"(?i)(?:^|[^a-z0-9_])({METRIC})['"]?\s*(?:[:=]|\bis\b|\bwas\b|\bbecame\b|\s)\s*(?:tensor\(\[?\s*)?['"]?({NONFINITE})\b"#
+    ))
+    .unwrap()
+});
+/// PyTorch anomaly detection and framework checks that name a non-finite value outright.
+static NONFINITE_ERROR: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)(returned (?:nan|inf) values in its \d+\w* output|The loss returned in `?training_step`? is (?:nan|inf)|Loss is (?:nan|inf)\b|non-finite loss|loss (?:is|became) non-finite|detected (?:nan|inf)(?:/(?:nan|inf))? in (?:the )?loss)").unwrap()
+});
+static STEP: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"(?i)(?:^|[^a-z0-9_])(?:global_step|step|iteration|iter|it)['"]?\s*[:= ]\s*\[?\s*(\d+)"#).unwrap()
+});
+static LOSS_VALUE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"(?i)(?:^|[^a-z0-9_])(?:(?:train|lm|total|training)[_ ])?loss['"]?\s*[:= ]\s*(?:tensor\(\s*)?['"]?([-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))\b"#).unwrap()
+});
+static LOSS_SCALE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)(?:reducing(?: loss scale)? to|setting loss scale to|loss[ _]scale(?:r)?)\s*[:=]?\s*(\d+(?:\.\d+)?(?:e[-+]?\d+)?)").unwrap()
+});
+static REDUCING: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?i)(?:reducing(?: loss scale)? to|setting loss scale to)\s*:?\s*(\d+(?:\.\d+)?(?:e[-+]?\d+)?)").unwrap());
+static OVERFLOW: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)(gradient overflow|OVERFLOW!|overflow detected|Skipping step|reducing loss scale|setting loss scale to|Minimum loss scale reached|found inf or nan in grad|inf checks)").unwrap()
+});
+/// Counter-like names that are not metrics even when they contain the word (`nan_count`).
+static COUNTER_KEY: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)(count|num|number|skipped|scale|steps?$)").unwrap());
+
+/// Scanner with the user's extra patterns (`--nan-pattern`).
+#[derive(Clone, Debug, Default)]
+pub struct Scanner {
+    extra: Vec<Regex>,
+}
+
+impl Scanner {
+    pub fn new(extra: &[String]) -> Result<Self, regex::Error> {
+        Ok(Self { extra: extra.iter().map(|p| Regex::new(p)).collect::<Result<_, _>>()? })
+    }
+
+    pub fn scan(&self, line: &str) -> LineScan {
+        let mut out = LineScan::default();
+        for c in NONFINITE_METRIC.captures_iter(line) {
+            let key = c[1].trim();
+            if COUNTER_KEY.is_match(key) {
+                continue;
+            }
+            out.nonfinite = Some(key.to_string());
+            break;
+        }
+        if out.nonfinite.is_none() {
+            if let Some(m) = NONFINITE_ERROR.find(line) {
+                out.nonfinite = Some(m.as_str().to_string());
+            }
+        }
+        if out.nonfinite.is_none() {
+            if let Some(r) = self.extra.iter().find(|r| r.is_match(line)) {
+                out.nonfinite = Some(format!("pattern {}", r.as_str()));
+            }
+        }
+        out.step = STEP.captures(line).and_then(|c| c[1].parse().ok());
+        out.loss = LOSS_VALUE.captures(line).and_then(|c| {
+            let v = c[1].to_ascii_lowercase();
+            match v.as_str() {
+                "nan" => Some(f64::NAN),
+                "inf" => Some(f64::INFINITY),
+                _ => v.parse().ok(),
+            }
+        });
+        out.overflow = OVERFLOW.is_match(line);
+        out.loss_scale = REDUCING
+            .captures(line)
+            .or_else(|| LOSS_SCALE.captures(line))
+            .and_then(|c| c[1].parse().ok());
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (line, expected non-finite trigger?) — real shapes from PyTorch, HF Trainer, Lightning,
+    /// Keras, Megatron-LM, DeepSpeed, fairseq, nanoGPT, JAX/Flax loops, and traps.
+    const CORPUS: &[(&str, bool)] = &[
+        ("{'loss': nan, 'grad_norm': nan, 'learning_rate': 4.5e-05, 'epoch': 0.52}", true),
+        ("{'loss': 2.3456, 'grad_norm': 1.02, 'learning_rate': 4.5e-05, 'epoch': 0.5}", false),
+        (r#"{"step": 1200, "loss": NaN, "lr": 0.0003}"#, true),
+        ("step 1200 | loss nan | lr 3.0e-04 | 120.3 ms/it", true),
+        ("iter 2000: loss nan, time 35.12ms, mfu 41.20%", true),
+        ("iter 2000: loss 3.2124, time 35.12ms, mfu 41.20%", false),
+        (" iteration     1000/  500000 | consumed samples: 512000 | elapsed time per iteration (ms): 412.3 | learning rate: 2.999E-04 | global batch size:   512 | lm loss: NAN | loss scale: 1.0 | grad norm: nan | number of skipped iterations:   0 | number of nan iterations:   1 |", true),
+        (" iteration     1000/  500000 | lm loss: 2.104512E+00 | loss scale: 65536.0 | grad norm: 0.812 | number of skipped iterations:   0 | number of nan iterations:   0 |", false),
+        ("Epoch 3: 45%|████▌     | 450/1000 [01:23<01:42, 5.37it/s, loss=nan, v_num=0]", true),
+        ("Epoch 3: 45%|████▌     | 450/1000 [01:23<01:42, 5.37it/s, loss=0.693, v_num=0]", false),
+        ("100/100 [==============================] - 2s 18ms/step - loss: nan - accuracy: 0.1000", true),
+        ("100/100 [==============================] - 2s 18ms/step - loss: 0.2345 - accuracy: 0.9100 - val_loss: 0.31", false),
+        ("Epoch 5/10 - loss: 0.123 - val_loss: -nan", true),
+        ("train_loss=inf val_loss=2.3", true),
+        ("step: 10, loss: tensor(nan, device='cuda:0', grad_fn=<NllLossBackward0>)", true),
+        ("loss tensor(2.3010, device='cuda:0', grad_fn=<NllLossBackward0>)", false),
+        ("RuntimeError: Function 'LogSoftmaxBackward0' returned nan values in its 0th output.", true),
+        ("ValueError: The loss returned in `training_step` is nan.", true),
+        ("train/loss: nan  train/ppl: inf", true),
+        ("| epoch 001 | loss 4.123 | nll_loss 3.9 | ppl 14.9 | wps 12000 | ups 1.2 | wpb 1024 | bsz 8 | num_updates 100 | lr 0.0005 | gnorm 1.234 | loss_scale 64", false),
+        ("| epoch 001:   1000 / 3000 loss=nan, nll_loss=nan, ppl=nan, wps=100", true),
+        ("Loss is nan, stopping training", true),
+        // Traps: words containing "nan", counters, units, unrelated inf.
+        ("number of nan iterations: 0", false),
+        ("nan_count: 0", false),
+        ("Cloning into 'nanoGPT'...", false),
+        ("timer resolution 1 nanoseconds", false),
+        ("loading finance dataset from /data/finance/nanjing.parquet", false),
+        ("INFO: loss scale info: dynamic", false),
+        ("skipped nan steps: 0", false),
+        ("[INFO] step 5 done in 12 ns", false),
+        // Precursors do not trigger.
+        ("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768", false),
+        ("gradient overflow detected, ignoring gradient, setting loss scale to: 64.0", false),
+        ("Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0", false),
+    ];
+
+    #[test]
+    fn corpus_outcomes() {
+        let s = Scanner::default();
+        let mut wrong = Vec::new();
+        for (line, want) in CORPUS {
+            let got = s.scan(line).nonfinite;
+            if got.is_some() != *want {
+                wrong.push(format!("{line:?}: expected trigger={want}, got {got:?}"));
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn metric_names_are_reported() {
+        let s = Scanner::default();
+        assert_eq!(s.scan("{'loss': nan}").nonfinite.as_deref(), Some("loss"));
+        assert_eq!(s.scan("grad norm: inf | lm loss: 2.0").nonfinite.as_deref(), Some("grad norm"));
+        assert_eq!(s.scan("val_loss=-nan").nonfinite.as_deref(), Some("val_loss"));
+    }
+
+    #[test]
+    fn steps_and_losses_for_the_curve() {
+        let s = Scanner::default();
+        let a = s.scan("step 1200 | loss 2.5e-01 | lr 3.0e-04");
+        assert_eq!((a.step, a.loss), (Some(1200), Some(0.25)));
+        let b = s.scan("iter 2000: loss 3.2124, time 35.12ms");
+        assert_eq!((b.step, b.loss), (Some(2000), Some(3.2124)));
+        let c = s.scan(" iteration     1000/  500000 | lm loss: 2.104512E+00 | loss scale: 65536.0 |");
+        assert_eq!((c.step, c.loss, c.loss_scale), (Some(1000), Some(2.104512), Some(65536.0)));
+        let d = s.scan("{'loss': nan, 'epoch': 0.5}");
+        assert!(d.loss.unwrap().is_nan());
+        assert_eq!(s.scan("Epoch 3/10").step, None);
+    }
+
+    #[test]
+    fn precursors() {
+        let s = Scanner::default();
+        let d = s.scan("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768");
+        assert!(d.overflow);
+        assert_eq!(d.loss_scale, Some(32768.0));
+        let f = s.scan("gradient overflow detected, ignoring gradient, setting loss scale to: 64.0");
+        assert_eq!((f.overflow, f.loss_scale), (true, Some(64.0)));
+        assert!(!s.scan("step 3 | loss 1.0").overflow);
+    }
+
+    #[test]
+    fn user_pattern() {
+        let s = Scanner::new(&["DIVERGED at step".to_string()]).unwrap();
+        assert!(s.scan("model DIVERGED at step 17").nonfinite.unwrap().starts_with("pattern"));
+        assert!(Scanner::new(&["(".to_string()]).is_err());
+    }
+}
