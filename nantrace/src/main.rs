@@ -1,5 +1,10 @@
 //! nantrace CLI: wiring only; the work lives in the library.
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use nantrace::session::{Job, SessionOpts};
+use nantrace::trigger::TriggerKind;
 
 #[derive(Parser)]
 #[command(name = "nantrace", version, about = "Flight recorder for GPU training nodes: was it the machine?")]
@@ -8,8 +13,90 @@ struct Cli {
     cmd: Cmd,
 }
 
+/// Options of the incident recorder (run, attach, demo).
+#[derive(Args, Clone)]
+struct RecArgs {
+    /// Directory under which bundles are written
+    #[arg(long, default_value = ".")]
+    out: PathBuf,
+    /// Flight-recorder time window, seconds
+    #[arg(long, default_value_t = 600.0)]
+    window: f64,
+    /// Flight-recorder memory cap, MiB
+    #[arg(long, default_value_t = 256)]
+    mem_cap_mb: usize,
+    /// Seconds to keep recording after a trigger (ends early when the job exits)
+    #[arg(long, default_value_t = 15.0)]
+    post: f64,
+    /// Turn a trigger off: nan, exit, signal, oom, xid, usr1, file, manual (repeatable)
+    #[arg(long = "no-trigger", value_parser = parse_trigger)]
+    no_trigger: Vec<TriggerKind>,
+    /// Dump when this file appears (e.g. on a shared filesystem, for all nodes at once)
+    #[arg(long)]
+    trigger_file: Option<PathBuf>,
+    /// Extra regex that counts as a non-finite loss (repeatable)
+    #[arg(long = "nan-pattern")]
+    nan_patterns: Vec<String>,
+    /// Block requests at least this slow (ms) are events
+    #[arg(long, default_value_t = 50.0)]
+    slow_io_ms: f64,
+    /// Collector sampling interval, seconds (GPU and system); never below 1 s for NVML
+    #[arg(long, default_value_t = 1.0)]
+    sample: f64,
+    /// Do not load the eBPF probes (log and collectors only)
+    #[arg(long)]
+    no_probes: bool,
+}
+
+fn parse_trigger(s: &str) -> Result<TriggerKind, String> {
+    TriggerKind::parse(s).ok_or_else(|| format!("unknown trigger {s:?}"))
+}
+
+impl RecArgs {
+    fn opts(&self) -> SessionOpts {
+        SessionOpts {
+            out: self.out.clone(),
+            window_s: self.window,
+            mem_cap_mb: self.mem_cap_mb,
+            post_s: self.post,
+            no_trigger: self.no_trigger.clone(),
+            trigger_file: self.trigger_file.clone(),
+            nan_patterns: self.nan_patterns.clone(),
+            slow_io_ms: self.slow_io_ms,
+            sample_s: self.sample,
+            no_probes: self.no_probes,
+            injected: None,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
+    /// Run a job under the recorder: `nantrace run [OPTIONS] -- CMD ARGS...`
+    Run {
+        #[command(flatten)]
+        rec: RecArgs,
+        #[arg(trailing_var_arg = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// Follow an already running job (all its descendants) and its log files
+    Attach {
+        #[arg(long)]
+        pid: u32,
+        /// Log file(s) to follow like `tail -F`
+        #[arg(long = "log")]
+        logs: Vec<PathBuf>,
+        #[command(flatten)]
+        rec: RecArgs,
+    },
+    /// Run the built-in diverging training job under the recorder
+    Demo {
+        /// numeric (default) or xid (an NVRM Xid line injected through /dev/kmsg first)
+        #[arg(long, default_value = "numeric")]
+        scenario: String,
+        #[command(flatten)]
+        rec: RecArgs,
+    },
     /// Print kernel events live (JSON Lines with --json)
     Watch {
         /// Root pid(s) of the job; descendants are followed. Without it: the whole machine.
@@ -30,14 +117,48 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    #[command(hide = true, name = "demo-train")]
+    DemoTrain {
+        #[arg(long, default_value = "numeric")]
+        scenario: String,
+        #[arg(long, default_value_t = 40)]
+        step_ms: u64,
+    },
+    #[command(hide = true, name = "demo-worker")]
+    DemoWorker,
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
+}
+
+fn session(job: Job, opts: SessionOpts) -> anyhow::Result<i32> {
+    let out = runtime()?.block_on(nantrace::session::run(job, opts))?;
+    if out.bundles.is_empty() {
+        eprintln!("nantrace: no incident, no bundle written");
+    }
+    Ok(out.exit_code)
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.cmd {
+    let code = match cli.cmd {
+        Cmd::Run { rec, cmd } => session(Job::Spawn(cmd), rec.opts())?,
+        Cmd::Attach { pid, logs, rec } => session(Job::Attach { pid, logs }, rec.opts())?,
+        Cmd::Demo { scenario, rec } => {
+            anyhow::ensure!(nantrace::demo::SCENARIOS.contains(&scenario.as_str()), "unknown scenario {scenario:?}; known: {:?}", nantrace::demo::SCENARIOS);
+            let me = std::env::current_exe().context("locating the nantrace binary")?;
+            let mut opts = rec.opts();
+            opts.injected = (scenario != "numeric").then(|| format!("demo scenario {scenario}: fault injected through real kernel mechanisms"));
+            eprintln!("nantrace demo: running the built-in training job (scenario {scenario}); it diverges to NaN in a few seconds");
+            let job = Job::Spawn(vec![me.display().to_string(), "demo-train".into(), "--scenario".into(), scenario]);
+            let code = session(job, opts)?;
+            eprintln!("nantrace demo: the demo job exited with {code} (it stops itself when its loss is NaN)");
+            0
+        }
         Cmd::Watch { pids, duration, json, slow_io_ms } => {
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-            rt.block_on(nantrace::watch::run(nantrace::watch::WatchArgs { pids, duration, json, slow_io_ms }))
+            runtime()?.block_on(nantrace::watch::run(nantrace::watch::WatchArgs { pids, duration, json, slow_io_ms }))?;
+            0
         }
         Cmd::Doctor { json } => {
             let r = nantrace::doctor::run();
@@ -46,7 +167,10 @@ fn main() -> anyhow::Result<()> {
             } else {
                 nantrace::doctor::print_human(&r);
             }
-            Ok(())
+            0
         }
-    }
+        Cmd::DemoTrain { scenario, step_ms } => nantrace::demo::train(&scenario, step_ms),
+        Cmd::DemoWorker => nantrace::demo::worker(),
+    };
+    std::process::exit(code);
 }

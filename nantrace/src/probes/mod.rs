@@ -221,6 +221,10 @@ impl Probes {
         self.job_pids.insert(pid, pid, 0).map_err(|e| ProbeError::Map("JOB_PIDS", e.to_string()))
     }
 
+    pub fn remove_job_pid(&mut self, pid: u32) -> Result<(), ProbeError> {
+        self.job_pids.remove(&pid).map_err(|e| ProbeError::Map("JOB_PIDS", e.to_string()))
+    }
+
     pub fn job_pid_count(&self) -> usize {
         self.job_pids.keys().filter(Result::is_ok).count()
     }

@@ -1,0 +1,72 @@
+//! What goes into a bundle besides the timeline, and the summary printed when it is written.
+use std::path::Path;
+
+use crate::bundle::{first_nan, Incident};
+use crate::classify::KmsgClass;
+use crate::clock::rfc3339;
+use crate::event::{Detail, Event};
+
+/// Add the evidence files of the other stages (snapshot, reports, trace) to the incident.
+pub async fn add_evidence<'a>(inc: Incident<'a>, _root_pid: Option<u32>) -> Incident<'a> {
+    inc
+}
+
+fn count(events: &[Event], f: impl Fn(&Event) -> bool) -> usize {
+    events.iter().filter(|e| f(e)).count()
+}
+
+/// The 5-line summary printed when a bundle is written.
+pub fn summary(dir: &Path, inc: &Incident) -> String {
+    let t = &inc.triggers[0];
+    let t0 = t.mono_ns;
+    let rel = |m: u64| (m as f64 - t0 as f64) / 1e9;
+    let ev = inc.events;
+    let nan = first_nan(ev).map_or("no non-finite value in the log".to_string(), |e| {
+        let Detail::Log(l) = &e.detail else { unreachable!() };
+        format!("first NaN at {:+.1} s{}: {}", rel(e.mono_ns), l.step.map_or(String::new(), |s| format!(" (step {s})")), l.text.chars().take(80).collect::<String>())
+    });
+    let xids: Vec<&Event> = ev.iter().filter(|e| matches!(&e.detail, Detail::Kmsg(k) if matches!(k.class, Some(KmsgClass::Xid { .. }) | Some(KmsgClass::GpuFallenOffBus { .. })))).collect();
+    let worst = xids.iter().max_by_key(|e| match &e.detail { Detail::Kmsg(k) => k.class.as_ref().map(KmsgClass::severity), _ => None }).map(|e| match &e.detail {
+        Detail::Kmsg(k) => match &k.class {
+            Some(KmsgClass::Xid { xid, pci, severity, .. }) => format!(" (worst: Xid {xid} {severity:?} on {pci}, {:+.1} s)", rel(e.mono_ns)),
+            Some(KmsgClass::GpuFallenOffBus { pci, .. }) => format!(" (GPU {pci} fell off the bus, {:+.1} s)", rel(e.mono_ns)),
+            _ => String::new(),
+        },
+        _ => String::new(),
+    }).unwrap_or_default();
+    let ooms = count(ev, |e| matches!(e.detail, Detail::Oom(_)));
+    let aers = count(ev, |e| e.source() == "aer");
+    let sigs = count(ev, |e| e.job && matches!(e.detail, Detail::Signal { .. }));
+    let forks = count(ev, |e| e.job && matches!(e.detail, Detail::Fork { .. }));
+    let exit = match (inc.job.exit_code, inc.job.exit_signal) {
+        (_, Some(s)) => format!("ended by {}", crate::event::signal_name(s)),
+        (Some(c), None) => format!("exit code {c}"),
+        _ => "still running".into(),
+    };
+    let rs = &inc.accounting["recorder"];
+    let drops: u64 = inc.accounting["kernel_drops"].as_object().map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum());
+    let span = match (ev.first(), ev.last()) {
+        (Some(a), Some(b)) => (b.mono_ns - a.mono_ns) as f64 / 1e9,
+        _ => 0.0,
+    };
+    format!(
+        "nantrace: incident bundle written: {}\n  trigger  {} at {}: {}\n  log      {}\n  kernel   {} Xid{}, {} OOM kill(s), {} AER, {} fatal signal(s) to the job\n  job      pid {} {}, {} fork(s); {} events over {:.1} s, {} drops, {} evictions",
+        dir.display(),
+        t.kind.name(),
+        rfc3339(inc.clock.to_wall(t.mono_ns)),
+        t.reason.chars().take(100).collect::<String>(),
+        nan,
+        xids.len(),
+        worst,
+        ooms,
+        aers,
+        sigs,
+        inc.job.root_pid.unwrap_or(0),
+        exit,
+        forks,
+        ev.len(),
+        span,
+        drops,
+        rs["evicted_by_time"].as_u64().unwrap_or(0) + rs["evicted_by_memory"].as_u64().unwrap_or(0),
+    )
+}

@@ -1,0 +1,571 @@
+//! The incident recorder's engine, shared by `run`, `attach` and `demo`: kernel events, the
+//! job's output and collector samples flow into the flight recorder; triggers open an incident;
+//! after the post-window (or the job's end) the bundle is written.
+use std::collections::BTreeMap;
+use std::io::{Read as _, Seek as _, SeekFrom};
+use std::os::unix::fs::MetadataExt as _;
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::json;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::sync::mpsc;
+
+use crate::bundle::{self, Host, Incident, JobInfo};
+use crate::clock::{monotonic_ns, ClockMap};
+use crate::event::{comm_from, Detail, Event, LogLine};
+use crate::nanscan::Scanner;
+use crate::recorder::Recorder;
+use crate::trigger::{self, Enabled, Fired, TriggerKind};
+use crate::watch::{start_probes, Accounting};
+
+#[derive(Clone, Debug)]
+pub struct SessionOpts {
+    pub out: PathBuf,
+    pub window_s: f64,
+    pub mem_cap_mb: usize,
+    pub post_s: f64,
+    pub no_trigger: Vec<TriggerKind>,
+    pub trigger_file: Option<PathBuf>,
+    pub nan_patterns: Vec<String>,
+    pub slow_io_ms: f64,
+    pub sample_s: f64,
+    /// Run without eBPF (tests of the log path, unprivileged use): said in the bundle.
+    pub no_probes: bool,
+    /// Label for injected faults (demo scenarios), recorded in the bundle.
+    pub injected: Option<String>,
+}
+
+impl Default for SessionOpts {
+    fn default() -> Self {
+        Self {
+            out: PathBuf::from("."),
+            window_s: 600.0,
+            mem_cap_mb: 256,
+            post_s: 15.0,
+            no_trigger: Vec::new(),
+            trigger_file: None,
+            nan_patterns: Vec::new(),
+            slow_io_ms: 50.0,
+            sample_s: 1.0,
+            no_probes: false,
+            injected: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum Job {
+    /// `nantrace run -- CMD...`
+    Spawn(Vec<String>),
+    /// `nantrace attach --pid PID --log FILE...`
+    Attach { pid: u32, logs: Vec<PathBuf> },
+}
+
+enum Input {
+    Kernel(Vec<Event>),
+    Log(Event),
+    Samples(Vec<Event>),
+    JobExit { code: Option<i32>, signal: Option<i32> },
+    Fire(TriggerKind, String),
+}
+
+/// What the session did, for the caller (exit code) and tests.
+pub struct Outcome {
+    pub exit_code: i32,
+    pub bundles: Vec<PathBuf>,
+}
+
+/// Split a byte stream into lines (`\n` or `\r`, so progress bars count), bounded in length.
+#[derive(Default)]
+pub struct LineSplitter {
+    buf: Vec<u8>,
+}
+
+impl LineSplitter {
+    pub const MAX: usize = 64 * 1024;
+
+    pub fn push(&mut self, chunk: &[u8], mut out: impl FnMut(String)) {
+        for &b in chunk {
+            if b == b'\n' || b == b'\r' {
+                if !self.buf.is_empty() {
+                    out(String::from_utf8_lossy(&self.buf).into_owned());
+                    self.buf.clear();
+                }
+            } else if self.buf.len() < Self::MAX {
+                self.buf.push(b);
+            }
+        }
+    }
+
+    pub fn finish(&mut self, mut out: impl FnMut(String)) {
+        if !self.buf.is_empty() {
+            out(String::from_utf8_lossy(&self.buf).into_owned());
+            self.buf.clear();
+        }
+    }
+}
+
+fn log_event(scanner: &Scanner, line: String, stream: u8, pid: u32, comm: [u8; 16]) -> Event {
+    let s = scanner.scan(&line);
+    Event {
+        mono_ns: monotonic_ns(),
+        pid,
+        tid: pid,
+        comm,
+        job: true,
+        detail: Detail::Log(Box::new(LogLine {
+            text: line.into(),
+            stream,
+            nonfinite: s.nonfinite.is_some(),
+            step: s.step,
+            loss: s.loss,
+            loss_scale: s.loss_scale,
+            overflow: s.overflow,
+        })),
+    }
+}
+
+/// Pass a child's output through unchanged, and scan it line by line.
+async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    mut from: R,
+    mut to: W,
+    stream: u8,
+    pid: u32,
+    comm: [u8; 16],
+    scanner: Scanner,
+    tx: mpsc::Sender<Input>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut split = LineSplitter::default();
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        // The user sees the output first; scanning comes after.
+        let _ = to.write_all(&buf[..n]).await;
+        let _ = to.flush().await;
+        let mut lines = Vec::new();
+        split.push(&buf[..n], |l| lines.push(l));
+        for l in lines {
+            let _ = tx.send(Input::Log(log_event(&scanner, l, stream, pid, comm))).await;
+        }
+    }
+    let mut last = None;
+    split.finish(|l| last = Some(l));
+    if let Some(l) = last {
+        let _ = tx.send(Input::Log(log_event(&scanner, l, stream, pid, comm))).await;
+    }
+}
+
+/// Follow a log file like `tail -F`: survives rotation (new inode) and truncation.
+fn follow_file(path: PathBuf, pid: u32, scanner: Scanner, tx: mpsc::Sender<Input>) {
+    std::thread::spawn(move || {
+        let comm = comm_of(pid);
+        let mut file: Option<(std::fs::File, u64)> = None;
+        let mut pos = 0u64;
+        let mut split = LineSplitter::default();
+        let mut first = true;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if tx.is_closed() {
+                return;
+            }
+            // (Re)open on start, after rotation, or when the file appears.
+            let meta = std::fs::metadata(&path).ok();
+            let rotated = match (&file, &meta) {
+                (Some((_, ino)), Some(m)) => m.ino() != *ino,
+                (None, Some(_)) => true,
+                _ => false,
+            };
+            if rotated {
+                // Read what is left in the old file before switching.
+                if let Some((f, _)) = file.as_mut() {
+                    while let Ok(n) = f.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        split.push(&buf[..n], |l| { let _ = tx.blocking_send(Input::Log(log_event(&scanner, l, 0, pid, comm))); });
+                    }
+                    split.finish(|l| { let _ = tx.blocking_send(Input::Log(log_event(&scanner, l, 0, pid, comm))); });
+                }
+                if let (Ok(mut f), Some(m)) = (std::fs::File::open(&path), &meta) {
+                    // On attach, start up to 256 KiB back so the bundle has the recent history.
+                    pos = if first { m.len().saturating_sub(256 * 1024) } else { 0 };
+                    let _ = f.seek(SeekFrom::Start(pos));
+                    if first && pos > 0 {
+                        split = LineSplitter::default();
+                        let mut skip = [0u8; 1];
+                        while let Ok(1) = f.read(&mut skip) {
+                            pos += 1;
+                            if skip[0] == b'\n' {
+                                break;
+                            }
+                        }
+                    }
+                    first = false;
+                    file = Some((f, m.ino()));
+                }
+            } else if let (Some((f, _)), Some(m)) = (file.as_mut(), &meta) {
+                if m.len() < pos {
+                    // Truncated (copytruncate rotation): start again from the top.
+                    pos = 0;
+                    let _ = f.seek(SeekFrom::Start(0));
+                    split = LineSplitter::default();
+                }
+            }
+            if let Some((f, _)) = file.as_mut() {
+                while let Ok(n) = f.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    pos += n as u64;
+                    split.push(&buf[..n], |l| { let _ = tx.blocking_send(Input::Log(log_event(&scanner, l, 0, pid, comm))); });
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+}
+
+fn comm_of(pid: u32) -> [u8; 16] {
+    comm_from(std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim())
+}
+
+/// Run a session to its end; returns the job's exit code (run mode) and the bundles written.
+pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
+    let scanner = Scanner::new(&opts.nan_patterns).context("--nan-pattern")?;
+    let enabled = Enabled::all_but(&opts.no_trigger);
+    let host = Host::read();
+    let (tx, mut rx) = mpsc::channel::<Input>(4096);
+    let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
+
+    // Kernel probes: degrade to log-only evidence when they cannot load, and say so.
+    let attach_pid = match &job {
+        Job::Attach { pid, .. } => vec![*pid],
+        Job::Spawn(_) => vec![],
+    };
+    let mut probe_error = None;
+    let mut probes = if opts.no_probes {
+        probe_error = Some("disabled with --no-probes".to_string());
+        None
+    } else {
+        match start_probes(&attach_pid, opts.slow_io_ms).map(|mut p| {
+            // In run mode the probes follow the job from nantrace's own fork of it: see below.
+            if matches!(job, Job::Spawn(_)) {
+                let _ = p.add_job_pid(std::process::id());
+            }
+            p
+        }) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("nantrace: WARNING: kernel probes unavailable, recording the job's output only: {e:#}");
+                probe_error = Some(format!("{e:#}"));
+                None
+            }
+        }
+    };
+    let mut acct = probes.as_ref().map(|p| Accounting::with_probes(&p.status)).unwrap_or_default();
+    let mut reader_stats = None;
+    if let Some(p) = probes.as_mut() {
+        let ring = p.take_ring()?;
+        let (ktx, mut krx) = mpsc::channel(256);
+        let (stats, _h) = crate::stream::spawn(ring, ktx);
+        reader_stats = Some(stats);
+        let tx2 = tx.clone();
+        tokio::spawn(async move {
+            while let Some(b) = krx.recv().await {
+                if tx2.send(Input::Kernel(b)).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+
+    // The job.
+    let mut info = JobInfo::default();
+    match &job {
+        Job::Spawn(argv) => {
+            anyhow::ensure!(!argv.is_empty(), "no command given after --");
+            let mut cmd = tokio::process::Command::new(&argv[0]);
+            cmd.args(&argv[1..]).stdin(std::process::Stdio::inherit()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+            // nantrace's own pid is in the job map while it forks the child, so the kernel map
+            // holds the child from its first instruction (no race with early worker forks).
+            let spawned = cmd.spawn();
+            let me = std::process::id();
+            if let Some(p) = probes.as_mut() {
+                if let Ok(c) = &spawned {
+                    if let Some(pid) = c.id() {
+                        let _ = p.add_job_pid(pid);
+                    }
+                }
+                let _ = p.remove_job_pid(me);
+            }
+            let mut child = spawned.with_context(|| format!("starting {:?}", argv[0]))?;
+            let pid = child.id().unwrap_or(0);
+            info.root_pid = Some(pid);
+            info.command = argv.clone();
+            let comm = comm_from(std::path::Path::new(&argv[0]).file_name().and_then(|s| s.to_str()).unwrap_or("job"));
+            let out = tokio::spawn(pump(child.stdout.take().unwrap(), tokio::io::stdout(), 1, pid, comm, scanner.clone(), tx.clone()));
+            let err = tokio::spawn(pump(child.stderr.take().unwrap(), tokio::io::stderr(), 2, pid, comm, scanner.clone(), tx.clone()));
+            let tx2 = tx.clone();
+            tokio::spawn(async move {
+                let st = child.wait().await;
+                // Let the last lines arrive before the exit is processed (bounded: a grandchild
+                // may hold the pipes open).
+                let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                    let _ = out.await;
+                    let _ = err.await;
+                })
+                .await;
+                let (code, signal) = match st {
+                    Ok(s) => (s.code(), s.signal()),
+                    Err(_) => (None, None),
+                };
+                let _ = tx2.send(Input::JobExit { code, signal }).await;
+            });
+        }
+        Job::Attach { pid, logs } => {
+            info.root_pid = Some(*pid);
+            info.command = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|b| b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+                .unwrap_or_default();
+            if !crate::correlate::alive(*pid) {
+                anyhow::bail!("pid {pid} does not exist");
+            }
+            for l in logs {
+                follow_file(l.clone(), *pid, scanner.clone(), tx.clone());
+            }
+            // The root's end: from /proc (the kernel exit event, when seen, gives the code).
+            let (tx2, pid) = (tx.clone(), *pid);
+            tokio::spawn(async move {
+                while crate::correlate::alive(pid) {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let _ = tx2.send(Input::JobExit { code: None, signal: None }).await;
+            });
+        }
+    }
+
+    // Signals to nantrace.
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let tx2 = tx.clone();
+        let mut usr1 = signal(SignalKind::user_defined1())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        let child = info.root_pid.filter(|_| matches!(job, Job::Spawn(_)));
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = usr1.recv() => { let _ = tx2.send(Input::Fire(TriggerKind::Usr1, "SIGUSR1 sent to nantrace".into())).await; }
+                    _ = int.recv() => { let _ = tx2.send(Input::Fire(TriggerKind::Manual, "SIGINT to nantrace".into())).await; }
+                    _ = term.recv() => {
+                        if let Some(c) = child {
+                            // SAFETY: forwarding SIGTERM to our own child.
+                            unsafe { libc::kill(c as i32, libc::SIGTERM) };
+                        }
+                        let _ = tx2.send(Input::Fire(TriggerKind::Manual, "SIGTERM to nantrace".into())).await;
+                    }
+                }
+            }
+        });
+    }
+    if let Some(tf) = opts.trigger_file.clone() {
+        let existed = tf.exists();
+        let tx2 = tx.clone();
+        tokio::spawn(async move {
+            let mut was = existed;
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let now = tf.exists();
+                if now && !was {
+                    let _ = tx2.send(Input::Fire(TriggerKind::File, format!("trigger file {} appeared", tf.display()))).await;
+                }
+                was = now;
+            }
+        });
+    }
+    crate::collect::spawn_samplers(opts.sample_s, info.root_pid, {
+        let tx2 = tx.clone();
+        move |batch| tx2.try_send(Input::Samples(batch)).is_ok()
+    });
+    drop(tx);
+
+    let mut rec = Recorder::new((opts.window_s * 1e9) as u64, opts.mem_cap_mb << 20);
+    let mut clock = ClockMap::sample();
+    let mut last_clock = monotonic_ns();
+    let mut incident: Vec<Fired> = Vec::new();
+    let mut deadline: Option<u64> = None;
+    let mut seen_nan = false;
+    let mut job_done = false;
+    let mut finish = false;
+    let mut bundles = Vec::new();
+    let root = info.root_pid.unwrap_or(0);
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let post_ns = (opts.post_s * 1e9) as u64;
+    let grace_ns = 500_000_000u64;
+
+    let fire = |f: Fired, incident: &mut Vec<Fired>, deadline: &mut Option<u64>, rec: &mut Recorder| {
+        if !enabled.on(f.kind) {
+            return;
+        }
+        eprintln!("nantrace: trigger {}: {}", f.kind.name(), f.reason.chars().take(160).collect::<String>());
+        rec.push(Event { mono_ns: f.mono_ns, pid: 0, tid: 0, comm: [0; 16], job: false, detail: Detail::Trigger { kind: f.kind.name(), reason: f.reason.clone().into() } });
+        if incident.is_empty() {
+            *deadline = Some(monotonic_ns() + post_ns);
+        }
+        incident.push(f);
+    };
+
+    loop {
+        tokio::select! {
+            input = rx.recv() => {
+                let Some(input) = input else { break };
+                match input {
+                    Input::Kernel(batch) | Input::Samples(batch) => {
+                        for e in batch {
+                            *counts.entry(e.source()).or_default() += 1;
+                            if let Some(f) = trigger::from_event(&e, seen_nan) {
+                                fire(f, &mut incident, &mut deadline, &mut rec);
+                            }
+                            if matches!(job, Job::Attach { .. }) {
+                                if let Detail::Exit { code, signal } = e.detail {
+                                    if e.pid == root {
+                                        info.exit_code = (code >= 0).then_some(code);
+                                        info.exit_signal = (signal > 0).then_some(signal);
+                                    }
+                                }
+                            }
+                            rec.push(e);
+                        }
+                    }
+                    Input::Log(e) => {
+                        *counts.entry("log").or_default() += 1;
+                        if let Some(f) = trigger::from_event(&e, seen_nan) {
+                            seen_nan = true;
+                            fire(f, &mut incident, &mut deadline, &mut rec);
+                        }
+                        rec.push(e);
+                    }
+                    Input::JobExit { code, signal } => {
+                        job_done = true;
+                        if matches!(job, Job::Spawn(_)) {
+                            info.exit_code = code;
+                            info.exit_signal = signal;
+                        }
+                        let now = monotonic_ns();
+                        let (code, signal) = (info.exit_code, info.exit_signal);
+                        if let Some(s) = signal {
+                            fire(Fired { kind: TriggerKind::Signal, mono_ns: now, reason: format!("job {root} ended by {}", crate::event::signal_name(s)) }, &mut incident, &mut deadline, &mut rec);
+                        } else if let Some(c) = code.filter(|c| *c != 0) {
+                            fire(Fired { kind: TriggerKind::Exit, mono_ns: now, reason: format!("job {root} exited with code {c}") }, &mut incident, &mut deadline, &mut rec);
+                        }
+                        if incident.is_empty() {
+                            finish = true;
+                        } else {
+                            deadline = Some(deadline.unwrap_or(now).min(now + grace_ns));
+                        }
+                    }
+                    Input::Fire(kind, reason) => {
+                        let now = monotonic_ns();
+                        fire(Fired { kind, mono_ns: now, reason }, &mut incident, &mut deadline, &mut rec);
+                        if kind == TriggerKind::Manual {
+                            finish = true;
+                            deadline = Some(now + 300_000_000);
+                        }
+                    }
+                }
+            }
+            _ = tick.tick() => {}
+        }
+        let now = monotonic_ns();
+        if now - last_clock > 10_000_000_000 {
+            clock = ClockMap::sample();
+            last_clock = now;
+        }
+        rec.expire(now);
+        if deadline.is_some_and(|d| now >= d) && !incident.is_empty() {
+            if let Some(p) = probes.as_ref() {
+                acct.kernel_drops = p.drops().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+            }
+            acct.events = counts.iter().map(|(k, v)| ((*k).to_string(), *v)).collect();
+            acct.decode_errors = reader_stats.as_ref().map_or(0, |s| s.decode_errors.load(Ordering::Relaxed));
+            let events = rec.sorted();
+            let mut accounting = serde_json::to_value(&acct)?;
+            accounting["recorder"] = serde_json::to_value(rec.stats())?;
+            accounting["probes_error"] = json!(probe_error);
+            if let Some(p) = probes.as_ref() {
+                accounting["io_latency_histograms_log2_us"] = json!(p.io_histograms().into_iter().map(|(d, h)| (format!("{}:{}", d >> 20, d & 0xfffff), h)).collect::<BTreeMap<_, _>>());
+            }
+            accounting["injected"] = json!(opts.injected);
+            let inc = Incident {
+                host: &host,
+                clock: &clock,
+                triggers: &incident,
+                job: &info,
+                accounting,
+                events: &events,
+                window_pre_s: opts.window_s,
+                post_s: opts.post_s,
+                extra: Vec::new(),
+            };
+            let inc = crate::export::add_evidence(inc, info.root_pid).await;
+            match bundle::write(&opts.out, &inc) {
+                Ok(w) => {
+                    for f in &w.failures {
+                        eprintln!("nantrace: WARNING: bundle file not written: {f}");
+                    }
+                    eprintln!("{}", crate::export::summary(&w.dir, &inc));
+                    bundles.push(w.dir);
+                }
+                Err(e) => eprintln!("nantrace: ERROR: could not write the bundle under {}: {e}", opts.out.display()),
+            }
+            incident.clear();
+            deadline = None;
+            if job_done {
+                finish = true;
+            }
+        }
+        if finish && incident.is_empty() {
+            break;
+        }
+    }
+    let exit_code = match (info.exit_code, info.exit_signal) {
+        (_, Some(s)) => 128 + s,
+        (Some(c), None) => c,
+        (None, None) => 0,
+    };
+    Ok(Outcome { exit_code, bundles })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LineSplitter;
+
+    #[test]
+    fn splits_on_newline_and_carriage_return() {
+        let mut s = LineSplitter::default();
+        let mut out = Vec::new();
+        s.push(b"step 1 loss 2.0\nprogress 10%\rprogress 20%\r\nstep 2 lo", |l| out.push(l));
+        s.push(b"ss nan\n", |l| out.push(l));
+        s.push(b"tail without newline", |l| out.push(l));
+        s.finish(|l| out.push(l));
+        assert_eq!(out, ["step 1 loss 2.0", "progress 10%", "progress 20%", "step 2 loss nan", "tail without newline"]);
+    }
+
+    #[test]
+    fn very_long_lines_are_bounded() {
+        let mut s = LineSplitter::default();
+        let mut out = Vec::new();
+        s.push(&vec![b'x'; LineSplitter::MAX * 2], |l| out.push(l));
+        s.push(b"\n", |l| out.push(l));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].len(), LineSplitter::MAX);
+    }
+}

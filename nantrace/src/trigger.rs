@@ -1,0 +1,143 @@
+//! Triggers: what makes nantrace dump a bundle. Each can be turned off with `--no-trigger KIND`.
+use serde::Serialize;
+
+use crate::classify::{KmsgClass, Severity};
+use crate::event::{Detail, Event};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum TriggerKind {
+    /// First non-finite loss-like value in the job's output.
+    Nan,
+    /// The job exited with a non-zero code.
+    Exit,
+    /// The job was ended by a fatal signal.
+    Signal,
+    /// The OOM killer chose a job process.
+    Oom,
+    /// An Xid (or fallen-off-the-bus) of critical severity.
+    Xid,
+    /// SIGUSR1 sent to nantrace.
+    Usr1,
+    /// The `--trigger-file` appeared.
+    File,
+    /// SIGINT/SIGTERM to nantrace: dump what there is, then exit.
+    Manual,
+}
+
+impl TriggerKind {
+    pub const ALL: [TriggerKind; 8] = [
+        TriggerKind::Nan,
+        TriggerKind::Exit,
+        TriggerKind::Signal,
+        TriggerKind::Oom,
+        TriggerKind::Xid,
+        TriggerKind::Usr1,
+        TriggerKind::File,
+        TriggerKind::Manual,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TriggerKind::Nan => "nan",
+            TriggerKind::Exit => "exit",
+            TriggerKind::Signal => "signal",
+            TriggerKind::Oom => "oom",
+            TriggerKind::Xid => "xid",
+            TriggerKind::Usr1 => "usr1",
+            TriggerKind::File => "file",
+            TriggerKind::Manual => "manual",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == s)
+    }
+}
+
+/// One trigger that fired.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Fired {
+    pub kind: TriggerKind,
+    pub mono_ns: u64,
+    pub reason: String,
+}
+
+/// Which triggers are on.
+#[derive(Clone, Debug)]
+pub struct Enabled(Vec<TriggerKind>);
+
+impl Enabled {
+    pub fn all_but(off: &[TriggerKind]) -> Self {
+        Self(TriggerKind::ALL.into_iter().filter(|k| !off.contains(k)).collect())
+    }
+
+    pub fn on(&self, k: TriggerKind) -> bool {
+        self.0.contains(&k)
+    }
+}
+
+/// Does this event fire a trigger by itself? (Exit of the job and signals to nantrace are
+/// decided by the session, which knows the job's root.)
+pub fn from_event(e: &Event, seen_nan: bool) -> Option<Fired> {
+    let fired = |kind, reason: String| Some(Fired { kind, mono_ns: e.mono_ns, reason });
+    match &e.detail {
+        Detail::Log(l) if l.nonfinite && !seen_nan => fired(TriggerKind::Nan, l.text.to_string()),
+        Detail::Oom(o) if o.victim_job => fired(
+            TriggerKind::Oom,
+            format!("OOM kill of job process {} ({})", o.victim_pid, crate::event::comm_str(&o.victim_comm)),
+        ),
+        Detail::Kmsg(k) => match &k.class {
+            Some(c @ (KmsgClass::Xid { .. } | KmsgClass::GpuFallenOffBus { .. })) if c.severity() == Severity::Critical => {
+                fired(TriggerKind::Xid, k.text.to_string())
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Kmsg, LogLine};
+
+    fn log(text: &str, nonfinite: bool) -> Event {
+        Event {
+            mono_ns: 7,
+            pid: 1,
+            tid: 1,
+            comm: [0; 16],
+            job: true,
+            detail: Detail::Log(Box::new(LogLine { text: text.into(), stream: 1, nonfinite, step: None, loss: None, loss_scale: None, overflow: false })),
+        }
+    }
+
+    fn kmsg(text: &str) -> Event {
+        Event { mono_ns: 9, pid: 0, tid: 0, comm: [0; 16], job: false, detail: Detail::Kmsg(Box::new(Kmsg { text: text.into(), truncated: false, class: crate::classify::classify(text) })) }
+    }
+
+    #[test]
+    fn first_nan_fires_once() {
+        let f = from_event(&log("loss nan", true), false).unwrap();
+        assert_eq!((f.kind, f.mono_ns), (TriggerKind::Nan, 7));
+        assert!(from_event(&log("loss nan", true), true).is_none());
+        assert!(from_event(&log("loss 1.0", false), false).is_none());
+    }
+
+    #[test]
+    fn only_critical_xids_fire() {
+        assert_eq!(from_event(&kmsg("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."), false).unwrap().kind, TriggerKind::Xid);
+        assert!(from_event(&kmsg("NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x, Graphics Exception"), false).is_none());
+        assert!(from_event(&kmsg("NVRM: Xid (PCI:0000:3b:00): 43, pid=1, name=x, Ch 00000010"), false).is_none());
+    }
+
+    #[test]
+    fn names_round_trip_and_disable() {
+        for k in TriggerKind::ALL {
+            assert_eq!(TriggerKind::parse(k.name()), Some(k));
+        }
+        let e = Enabled::all_but(&[TriggerKind::Xid]);
+        assert!(!e.on(TriggerKind::Xid) && e.on(TriggerKind::Nan));
+    }
+}
