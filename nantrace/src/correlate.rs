@@ -30,8 +30,13 @@ pub fn threads(pid: u32) -> Vec<u32> {
         .unwrap_or_default()
 }
 
+/// The process exists and is not a zombie (a zombie has exited; only its parent's wait is due).
 pub fn alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised comm, which may itself hold spaces or ')'.
+        Ok(s) => s.rsplit_once(')').is_some_and(|(_, rest)| !matches!(rest.trim_start().chars().next(), Some('Z' | 'X'))),
+        Err(_) => false,
+    }
 }
 
 #[cfg(test)]
@@ -48,5 +53,12 @@ mod tests {
         assert!(d.contains(&me));
         assert!(d.contains(&child.id()), "{d:?} lacks {}", child.id());
         assert!(threads(me).contains(&me));
+        assert!(alive(me));
+        // Exited but not yet reaped: a zombie is not alive.
+        let mut z = std::process::Command::new("true").spawn().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(!alive(z.id()));
+        let _ = z.wait();
+        assert!(!alive(z.id()));
     }
 }

@@ -1,0 +1,182 @@
+//! End to end: `nantrace run` / `attach` on real jobs; the bundle's contents.
+mod common;
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+fn out_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nt-bundles-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn only_bundle(out: &Path) -> PathBuf {
+    let b: Vec<PathBuf> = std::fs::read_dir(out).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("nantrace-")).collect();
+    assert_eq!(b.len(), 1, "expected exactly one bundle in {}: {b:?}", out.display());
+    b[0].clone()
+}
+
+fn timeline(bundle: &Path) -> Value {
+    let t = std::fs::read_to_string(bundle.join("timeline.json")).expect("timeline.json");
+    serde_json::from_str(&t).expect("timeline.json parses")
+}
+
+fn run(args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    let o = Command::new(BIN).args(args).stdin(Stdio::null()).output().expect("run nantrace");
+    (o.status, String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[test]
+fn run_finds_the_nan_with_the_xid_before_it_and_the_worker_fork() {
+    if !privileged("run_finds_the_nan_with_the_xid_before_it_and_the_worker_fork") {
+        return;
+    }
+    let out = out_dir("nan");
+    let script = r#"
+for i in $(seq 1 30); do echo "step $i | loss 2.$((50 - i)) | lr 1.0e-3"; sleep 0.02; done
+sleep 0.3 &
+worker=$!
+echo "NVRM: Xid (PCI:0000:3b:00): 79, pid=$$, name=train.sh, GPU has fallen off the bus." > /dev/kmsg
+sleep 2
+echo "step 31 | loss nan | lr 1.0e-3"
+wait $worker
+echo "step 32 | loss nan | lr 1.0e-3"
+exit 0
+"#;
+    let (st, stdout, stderr) = run(&["run", "--out", out.to_str().unwrap(), "--no-trigger", "xid", "--post", "2", "--", "bash", "-c", script]);
+    eprintln!("{stderr}");
+    assert!(st.success(), "nantrace's exit code is the job's (0)");
+    // Output passes through unchanged.
+    assert!(stdout.contains("step 1 | loss 2.49 | lr 1.0e-3\n"), "{stdout}");
+    assert!(stdout.contains("step 32 | loss nan"));
+    let b = only_bundle(&out);
+    assert!(b.file_name().unwrap().to_str().unwrap().starts_with("nantrace-"));
+    for f in ["timeline.json", "app.log", "kernel.log"] {
+        let mode = std::fs::metadata(b.join(f)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{f} mode {mode:o}");
+    }
+    let t = timeline(&b);
+    assert_eq!(t["schema"], "nantrace.timeline/1");
+    assert_eq!(t["trigger"]["kind"], "nan");
+    assert_eq!(t["trigger"]["reason"], "step 31 | loss nan | lr 1.0e-3");
+    assert_eq!(t["first_nan"]["step"], 31);
+    let events = t["events"].as_array().unwrap();
+    let xid = events.iter().find(|e| e["source"] == "xid" && e["xid"] == 79).expect("Xid event in the timeline");
+    let off = xid["offset_s"].as_f64().unwrap();
+    assert!((-3.0..-1.5).contains(&off), "Xid about 2 s before the NaN, got {off}");
+    let trig = events.iter().find(|e| e["source"] == "trigger").expect("trigger event");
+    assert_eq!(trig["offset_s"].as_f64(), Some(0.0));
+    let root = t["job"]["root_pid"].as_u64().unwrap();
+    assert!(events.iter().any(|e| e["source"] == "fork" && e["pid"].as_u64() == Some(root) && e["child_comm"] == "bash"), "the worker's fork");
+    // Time order.
+    let monos: Vec<u64> = events.iter().map(|e| e["mono_ns"].as_u64().unwrap()).collect();
+    assert!(monos.windows(2).all(|w| w[0] <= w[1]));
+    let app = std::fs::read_to_string(b.join("app.log")).unwrap();
+    assert!(app.contains("[stdout] step 1 | loss 2.49"), "app.log keeps the lines before the NaN");
+    let marker = app.find("FIRST NON-FINITE").expect("marker");
+    assert!(app[marker..].lines().nth(1).unwrap().ends_with("step 31 | loss nan | lr 1.0e-3"));
+    let klog = std::fs::read_to_string(b.join("kernel.log")).unwrap();
+    assert!(klog.contains("NVRM: Xid (PCI:0000:3b:00): 79"));
+    assert!(t["accounting"]["probes_attached"].as_array().unwrap().len() >= 10);
+    assert!(stderr.contains("incident bundle written"));
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn job_killed_by_sigkill_gives_a_signal_bundle() {
+    if !privileged("job_killed_by_sigkill_gives_a_signal_bundle") {
+        return;
+    }
+    let out = out_dir("kill");
+    let (st, _, stderr) = run(&["run", "--out", out.to_str().unwrap(), "--", "bash", "-c", "echo 'step 1 | loss 1.0'; sleep 0.2; kill -9 $$"]);
+    eprintln!("{stderr}");
+    assert_eq!(st.code(), Some(128 + 9), "exit code = 128 + SIGKILL");
+    let t = timeline(&only_bundle(&out));
+    assert_eq!(t["trigger"]["kind"], "signal");
+    assert_eq!(t["job"]["exit_signal"], 9);
+    let root = t["job"]["root_pid"].as_u64().unwrap();
+    let events = t["events"].as_array().unwrap();
+    assert!(events.iter().any(|e| e["source"] == "signal" && e["target_pid"].as_u64() == Some(root) && e["signal"] == "SIGKILL"));
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn job_exiting_1_gives_an_exit_bundle_and_exit_0_none() {
+    if !privileged("job_exiting_1_gives_an_exit_bundle_and_exit_0_none") {
+        return;
+    }
+    let out = out_dir("exit");
+    let (st, _, _) = run(&["run", "--out", out.to_str().unwrap(), "--", "bash", "-c", "echo 'step 1 | loss 1.0'; exit 1"]);
+    assert_eq!(st.code(), Some(1));
+    let t = timeline(&only_bundle(&out));
+    assert_eq!(t["trigger"]["kind"], "exit");
+    assert_eq!(t["job"]["exit_code"], 1);
+    assert_eq!(t["first_nan"], Value::Null);
+    let out0 = out_dir("exit0");
+    let (st, _, stderr) = run(&["run", "--out", out0.to_str().unwrap(), "--", "true"]);
+    assert_eq!(st.code(), Some(0));
+    assert!(stderr.contains("no incident"));
+    assert_eq!(std::fs::read_dir(&out0).unwrap().count(), 0);
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&out0);
+}
+
+/// Not privileged: the log-following path runs without probes (`--no-probes`).
+#[test]
+fn attach_follows_rotation_and_truncation() {
+    let out = out_dir("attach");
+    let log = out.join("train.log");
+    std::fs::write(&log, "old line before attach\nstep 1 | loss 3.0\n").unwrap();
+    let mut job = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut nt = Command::new(BIN)
+        .args(["attach", "--no-probes", "--pid", &job.id().to_string(), "--log", log.to_str().unwrap(), "--out", out.to_str().unwrap(), "--post", "0.5"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let append = |p: &Path, s: &str| {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().append(true).create(true).open(p).unwrap();
+        f.write_all(s.as_bytes()).unwrap();
+    };
+    append(&log, "step 2 | loss 2.9\n");
+    std::thread::sleep(Duration::from_millis(400));
+    // Rotation: rename and start a new file.
+    std::fs::rename(&log, out.join("train.log.1")).unwrap();
+    append(&log, "step 3 | loss 2.8 (after rotation)\n");
+    std::thread::sleep(Duration::from_millis(400));
+    // Truncation (copytruncate), then the NaN.
+    std::fs::write(&log, "").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    append(&log, "step 4 | loss nan (after truncation)\n");
+    // The bundle is written after the post-window; attach keeps watching while the job lives.
+    let t0 = std::time::Instant::now();
+    while std::fs::read_dir(&out).unwrap().flatten().all(|e| !e.file_name().to_str().unwrap().starts_with("nantrace-")) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no bundle written");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = job.kill();
+    let _ = job.wait();
+    let st = nt.wait().unwrap();
+    let mut err = String::new();
+    use std::io::Read;
+    nt.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    eprintln!("{err}");
+    assert!(st.success());
+    let b = only_bundle(&out);
+    let t = timeline(&b);
+    assert_eq!(t["trigger"]["kind"], "nan");
+    assert_eq!(t["accounting"]["probes_error"], "disabled with --no-probes");
+    let app = std::fs::read_to_string(b.join("app.log")).unwrap();
+    let pos = |s: &str| app.find(s).unwrap_or_else(|| panic!("{s:?} missing from app.log:\n{app}"));
+    assert!(pos("old line before attach") < pos("step 2 | loss 2.9"));
+    assert!(pos("step 2 | loss 2.9") < pos("step 3 | loss 2.8 (after rotation)"));
+    assert!(pos("(after rotation)") < pos("step 4 | loss nan (after truncation)"));
+    let _ = std::fs::remove_dir_all(&out);
+}
