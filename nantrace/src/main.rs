@@ -112,6 +112,15 @@ enum Cmd {
         #[arg(long, default_value_t = 50.0)]
         slow_io_ms: f64,
     },
+    /// GPU, system, network, software and scheduler evidence now, without eBPF (snapshot.json)
+    Snapshot {
+        /// The job's root pid (its environment, libraries, cgroup, processes)
+        #[arg(long)]
+        pid: Option<u32>,
+        /// Write here (mode 0600) instead of stdout
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// What this machine supports: privileges, tracefs, BTF, each probe, NVML
     Doctor {
         #[arg(long)]
@@ -158,6 +167,23 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Watch { pids, duration, json, slow_io_ms } => {
             runtime()?.block_on(nantrace::watch::run(nantrace::watch::WatchArgs { pids, duration, json, slow_io_ms }))?;
+            0
+        }
+        Cmd::Snapshot { pid, out } => {
+            if let Some(p) = pid {
+                anyhow::ensure!(nantrace::correlate::alive(p), "pid {p} does not exist");
+            }
+            let s = serde_json::to_string_pretty(&nantrace::collect::snapshot(pid))?;
+            match out {
+                Some(path) => {
+                    use std::io::Write as _;
+                    use std::os::unix::fs::OpenOptionsExt as _;
+                    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&path).with_context(|| format!("writing {}", path.display()))?;
+                    f.write_all(s.as_bytes())?;
+                    eprintln!("nantrace: snapshot written to {}", path.display());
+                }
+                None => println!("{s}"),
+            }
             0
         }
         Cmd::Doctor { json } => {

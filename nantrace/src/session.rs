@@ -395,6 +395,23 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         let tx2 = tx.clone();
         move |batch| tx2.try_send(Input::Samples(batch)).is_ok()
     });
+    // The job's context (environment, libraries, cgroup) while it is alive, refreshed.
+    let job_ctx = std::sync::Arc::new(std::sync::Mutex::new(None::<serde_json::Value>));
+    if let Some(root) = info.root_pid {
+        let ctx = job_ctx.clone();
+        tokio::spawn(async move {
+            let mut wait = Duration::from_millis(500);
+            loop {
+                tokio::time::sleep(wait).await;
+                wait = Duration::from_secs(15);
+                match tokio::task::spawn_blocking(move || crate::collect::job_context(root)).await {
+                    Ok(Some(c)) => *ctx.lock().unwrap() = Some(c),
+                    _ => break,
+                }
+            }
+        });
+    }
+    let mut snapshot_task: Option<tokio::task::JoinHandle<serde_json::Value>> = None;
     drop(tx);
 
     let mut rec = Recorder::new((opts.window_s * 1e9) as u64, opts.mem_cap_mb << 20);
@@ -484,6 +501,11 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             }
             _ = tick.tick() => {}
         }
+        if !incident.is_empty() && snapshot_task.is_none() {
+            // The state at the trigger (not at the dump, when the job may be gone).
+            let (root, cached) = (info.root_pid, job_ctx.lock().unwrap().clone());
+            snapshot_task = Some(tokio::task::spawn_blocking(move || crate::collect::snapshot_with(root, cached)));
+        }
         let now = monotonic_ns();
         if now - last_clock > 10_000_000_000 {
             clock = ClockMap::sample();
@@ -515,7 +537,11 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                 post_s: opts.post_s,
                 extra: Vec::new(),
             };
-            let inc = crate::export::add_evidence(inc, info.root_pid).await;
+            let snap = match snapshot_task.take() {
+                Some(t) => t.await.unwrap_or_else(|e| json!({ "error": format!("snapshot collector failed: {e}") })),
+                None => json!({ "error": "no snapshot taken" }),
+            };
+            let inc = crate::export::add_evidence(inc, snap).await;
             match bundle::write(&opts.out, &inc) {
                 Ok(w) => {
                     for f in &w.failures {

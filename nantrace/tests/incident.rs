@@ -84,6 +84,15 @@ exit 0
     let klog = std::fs::read_to_string(b.join("kernel.log")).unwrap();
     assert!(klog.contains("NVRM: Xid (PCI:0000:3b:00): 79"));
     assert!(t["accounting"]["probes_attached"].as_array().unwrap().len() >= 10);
+    // The five families of evidence, each filled or saying why not.
+    let snap: Value = serde_json::from_str(&std::fs::read_to_string(b.join("snapshot.json")).unwrap()).unwrap();
+    assert_eq!(snap["gpu"]["available"], false);
+    assert!(snap["gpu"]["reason"].as_str().unwrap().starts_with("NVML unavailable"));
+    assert!(snap["system"]["free"]["mem_total_kb"].as_u64().is_some());
+    assert!(snap["network"]["links"].is_object());
+    assert_eq!(snap["software"]["job_pid"].as_u64(), Some(root));
+    assert!(snap["scheduler"]["cgroup"]["paths"].is_array());
+    assert!(events.iter().any(|e| e["source"] == "system" && e["mem_available_kb"].as_u64().is_some()), "system samples in the timeline");
     assert!(stderr.contains("incident bundle written"));
     let _ = std::fs::remove_dir_all(&out);
 }

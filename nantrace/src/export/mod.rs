@@ -7,7 +7,9 @@ use crate::clock::rfc3339;
 use crate::event::{Detail, Event};
 
 /// Add the evidence files of the other stages (snapshot, reports, trace) to the incident.
-pub async fn add_evidence<'a>(inc: Incident<'a>, _root_pid: Option<u32>) -> Incident<'a> {
+pub async fn add_evidence<'a>(mut inc: Incident<'a>, snapshot: serde_json::Value) -> Incident<'a> {
+    let snap = snapshot;
+    inc.extra.push(("snapshot.json".into(), serde_json::to_vec_pretty(&snap).unwrap_or_default()));
     inc
 }
 

@@ -1,0 +1,180 @@
+//! Software environment at the trigger: kernel, NVIDIA driver, CUDA driver (NVML), nvcc,
+//! CUDA runtime / cuDNN / NCCL / cuBLAS versions actually loaded by the job (from
+//! /proc/PID/maps), Python and framework versions when visible, and the job's environment
+//! variables that matter for numerics, redacted.
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::LazyLock;
+
+use regex::Regex;
+use serde_json::{json, Value};
+
+use super::redact;
+
+static ENV_NAME: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^(CUDA|NCCL|TORCH|PYTORCH|TF_|TF$|XLA|NVIDIA|CUBLAS|CUDNN|OMP|HF_|HUGGING|TRANSFORMERS|ACCELERATE|DEEPSPEED|DS_|MEGATRON|NVTE|APEX|JAX|MKL|KMP|LD_LIBRARY_PATH|PYTHONPATH|SLURM_|KUBERNETES|POD_|WORLD_SIZE|RANK|LOCAL_RANK|MASTER_ADDR|MASTER_PORT|NODE_RANK)|AMP|FP16|BF16|FP8|TF32|PRECISION|MIXED|DTYPE|HALF").unwrap()
+});
+
+/// Libraries whose loaded versions matter: (label, file-name regex capturing the version).
+static LIBS: LazyLock<Vec<(&'static str, Regex)>> = LazyLock::new(|| {
+    [
+        ("cuda_runtime", r"libcudart\.so\.([0-9.]+)"),
+        ("cuda_driver_lib", r"libcuda\.so\.([0-9.]+)"),
+        ("cudnn", r"libcudnn(?:_[a-z_]+)?\.so\.([0-9.]+)"),
+        ("nccl", r"libnccl\.so\.([0-9.]+)"),
+        ("cublas", r"libcublas\.so\.([0-9.]+)"),
+        ("cublasLt", r"libcublasLt\.so\.([0-9.]+)"),
+        ("nvidia_ml", r"libnvidia-ml\.so\.([0-9.]+)"),
+        ("python", r"libpython([0-9.]+)\.so"),
+        ("torch", r"(libtorch_cuda|libtorch_cpu|libtorch)\.so"),
+        ("tensorflow", r"libtensorflow_framework\.so\.([0-9.]+)"),
+    ]
+    .into_iter()
+    .map(|(k, r)| (k, Regex::new(r).unwrap()))
+    .collect()
+});
+
+/// Versions of the interesting libraries mapped into a process, from its maps lines.
+pub fn libraries_from_maps(maps: &str) -> BTreeMap<String, Value> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut paths: BTreeMap<String, String> = BTreeMap::new();
+    for line in maps.lines() {
+        let Some(path) = line.split_whitespace().nth(5) else { continue };
+        let file = path.rsplit('/').next().unwrap_or(path);
+        for (label, re) in LIBS.iter() {
+            if let Some(c) = re.captures(file) {
+                let v = c.get(1).map_or("", |m| m.as_str());
+                let v = if *label == "torch" { "loaded".to_string() } else { v.to_string() };
+                out.entry((*label).to_string()).or_default().insert(v);
+                paths.entry((*label).to_string()).or_insert_with(|| path.to_string());
+            }
+        }
+    }
+    out.into_iter()
+        .map(|(k, v)| {
+            let path = paths.get(&k).cloned().unwrap_or_default();
+            (k, json!({ "versions": v, "path": path }))
+        })
+        .collect()
+}
+
+/// A framework's version next to its loaded library, e.g. site-packages/torch/version.py.
+fn framework_version(lib_path: &str, pkg: &str) -> Option<String> {
+    let idx = lib_path.find(&format!("/{pkg}/"))?;
+    let dir = &lib_path[..idx + pkg.len() + 1];
+    let text = std::fs::read_to_string(format!("{dir}/version.py")).ok()?;
+    let re = Regex::new(r#"__version__\s*=\s*['"]([^'"]+)['"]"#).ok()?;
+    re.captures(&text).map(|c| c[1].to_string())
+}
+
+/// The job's relevant environment variables, redacted.
+pub fn job_env(environ: &[u8]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for kv in environ.split(|&b| b == 0) {
+        let s = String::from_utf8_lossy(kv);
+        let Some((k, v)) = s.split_once('=') else { continue };
+        if ENV_NAME.is_match(k) || redact::is_secret_name(k) && ENV_NAME.is_match(k) {
+            out.insert(k.to_string(), redact::value(k, v));
+        }
+    }
+    out
+}
+
+fn cmd_output(cmd: &str, args: &[&str]) -> Option<String> {
+    let o = std::process::Command::new(cmd).args(args).output().ok()?;
+    o.status.success().then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+pub fn snapshot(pid: Option<u32>, nvml_driver: Option<(String, Option<i32>)>) -> Value {
+    let r = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    let mut libs = BTreeMap::new();
+    let mut frameworks = BTreeMap::new();
+    let mut env = BTreeMap::new();
+    let mut cmdline = None;
+    let mut errors = Vec::new();
+    if let Some(pid) = pid {
+        match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+            Ok(m) => {
+                libs = libraries_from_maps(&m);
+                for (label, pkg) in [("torch", "torch"), ("tensorflow", "tensorflow")] {
+                    if let Some(p) = libs.get(label).and_then(|v| v["path"].as_str()) {
+                        if let Some(v) = framework_version(p, pkg) {
+                            frameworks.insert(pkg.to_string(), v);
+                        }
+                    }
+                }
+            }
+            Err(e) => errors.push(format!("/proc/{pid}/maps: {e}")),
+        }
+        match std::fs::read(format!("/proc/{pid}/environ")) {
+            Ok(e) => env = job_env(&e),
+            Err(e) => errors.push(format!("/proc/{pid}/environ: {e} (root needed for other users' processes)")),
+        }
+        cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok().map(|b| {
+            redact::text(&b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect::<Vec<_>>().join(" "))
+        });
+    }
+    json!({
+        "kernel": r("/proc/sys/kernel/osrelease"),
+        "kernel_version": r("/proc/version"),
+        "os": r("/etc/os-release").and_then(|s| s.lines().find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string()))),
+        "nvidia_driver": r("/proc/driver/nvidia/version").unwrap_or_else(|| "absent (/proc/driver/nvidia/version: no NVIDIA kernel module loaded)".into()),
+        "nvml_driver_version": nvml_driver.as_ref().map(|d| d.0.clone()),
+        "cuda_driver_version": nvml_driver.as_ref().and_then(|d| d.1).map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10)),
+        "nvcc": cmd_output("nvcc", &["--version"]).map(|s| s.lines().last().unwrap_or("").to_string()).unwrap_or_else(|| "not installed".into()),
+        "job_pid": pid,
+        "job_cmdline": cmdline,
+        "libraries_loaded_by_job": libs,
+        "frameworks": frameworks,
+        "env": env,
+        "errors": errors,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+7f1c00000000-7f1c00200000 r-xp 00000000 fd:01 123 /usr/local/cuda-12.1/lib64/libcudart.so.12.1.105
+7f1c00200000-7f1c00400000 r-xp 00000000 fd:01 124 /opt/venv/lib/python3.10/site-packages/nvidia/cudnn/lib/libcudnn.so.8.9.2
+7f1c00400000-7f1c00600000 r-xp 00000000 fd:01 125 /opt/venv/lib/python3.10/site-packages/nvidia/nccl/lib/libnccl.so.2.18.1
+7f1c00600000-7f1c00800000 r-xp 00000000 fd:01 126 /opt/venv/lib/python3.10/site-packages/torch/lib/libtorch_cuda.so
+7f1c00800000-7f1c00a00000 r-xp 00000000 fd:01 127 /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15
+7f1c00a00000-7f1c00c00000 r-xp 00000000 fd:01 128 /usr/lib/x86_64-linux-gnu/libpython3.10.so.1.0
+7f1c00c00000-7f1c00e00000 rw-p 00000000 00:00 0
+";
+
+    #[test]
+    fn library_versions_from_maps() {
+        let l = libraries_from_maps(MAPS);
+        assert_eq!(l["cuda_runtime"]["versions"], json!(["12.1.105"]));
+        assert_eq!(l["cudnn"]["versions"], json!(["8.9.2"]));
+        assert_eq!(l["nccl"]["versions"], json!(["2.18.1"]));
+        assert_eq!(l["cuda_driver_lib"]["versions"], json!(["550.54.15"]));
+        assert_eq!(l["python"]["versions"], json!(["3.10"]));
+        assert!(l["torch"]["path"].as_str().unwrap().ends_with("torch/lib/libtorch_cuda.so"));
+        assert!(!l.contains_key("cublas"));
+    }
+
+    #[test]
+    fn job_env_keeps_numerics_and_redacts_secrets() {
+        let env = b"PATH=/usr/bin\0CUDA_VISIBLE_DEVICES=0,1\0NCCL_DEBUG=INFO\0HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz\0WANDB_API_KEY=abc\0TORCH_CUDNN_V8_API_ENABLED=1\0USE_AMP=1\0MIXED_PRECISION=bf16\0HOME=/root\0NVIDIA_TF32_OVERRIDE=0\0HF_HUB_URL=https://u:pw@hub/x\0";
+        let e = job_env(env);
+        assert_eq!(e["CUDA_VISIBLE_DEVICES"], "0,1");
+        assert_eq!(e["NCCL_DEBUG"], "INFO");
+        assert_eq!(e["HF_TOKEN"], "<redacted>");
+        assert_eq!(e["USE_AMP"], "1");
+        assert_eq!(e["MIXED_PRECISION"], "bf16");
+        assert_eq!(e["NVIDIA_TF32_OVERRIDE"], "0");
+        assert_eq!(e["HF_HUB_URL"], "https://u:<redacted>@hub/x");
+        assert!(!e.contains_key("PATH") && !e.contains_key("HOME") && !e.contains_key("WANDB_API_KEY"));
+    }
+
+    #[test]
+    fn snapshot_of_this_process() {
+        let s = snapshot(Some(std::process::id()), None);
+        assert!(s["kernel"].as_str().unwrap().len() > 3);
+        assert!(s["job_cmdline"].as_str().is_some());
+        assert!(s["errors"].as_array().unwrap().is_empty(), "{}", s["errors"]);
+    }
+}

@@ -1,0 +1,150 @@
+//! Scheduler context: Slurm (job, step, nodes; `scontrol show job` when present), Kubernetes
+//! (pod UID and container id from the cgroup path, names from the environment), and the job's
+//! cgroup: memory limit, usage, OOM counters, CPU quota (cgroup v1 and v2).
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
+
+use regex::Regex;
+use serde_json::{json, Value};
+
+static POD_UID: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})").unwrap());
+static CONTAINER: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?:cri-containerd-|docker-|crio-|containerd-)?([0-9a-f]{64})(?:\.scope)?$").unwrap());
+
+/// One line of /proc/PID/cgroup: (hierarchy id, controllers, path).
+pub fn parse_cgroup_file(text: &str) -> Vec<(String, String, String)> {
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.splitn(3, ':');
+            Some((it.next()?.to_string(), it.next()?.to_string(), it.next()?.to_string()))
+        })
+        .collect()
+}
+
+/// Kubernetes identity from a cgroup path.
+pub fn kubernetes_from_cgroup(path: &str) -> Option<Value> {
+    let uid = POD_UID.captures(path)?[1].replace('_', "-");
+    let container = path.rsplit('/').find_map(|seg| CONTAINER.captures(seg).map(|c| c[1].to_string()));
+    Some(json!({ "pod_uid": uid, "container_id": container }))
+}
+
+fn read_trim(p: &Path) -> Option<String> {
+    std::fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+}
+
+fn kv_file(p: &Path) -> BTreeMap<String, u64> {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_string(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The job's cgroup limits and OOM counters.
+pub fn cgroup(pid: u32) -> Value {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+        return json!({ "error": format!("/proc/{pid}/cgroup unreadable (process gone?)") });
+    };
+    let lines = parse_cgroup_file(&text);
+    let v2_path = lines.iter().find(|l| l.0 == "0" && l.1.is_empty()).map(|l| l.2.clone());
+    let v1_mem = lines.iter().find(|l| l.1.split(',').any(|c| c == "memory")).map(|l| l.2.clone());
+    let v1_cpu = lines.iter().find(|l| l.1.split(',').any(|c| c == "cpu")).map(|l| l.2.clone());
+    let mut out = json!({ "paths": lines.iter().map(|l| format!("{}:{}:{}", l.0, l.1, l.2)).collect::<Vec<_>>() });
+    let v2_root = Path::new("/sys/fs/cgroup");
+    let v2_unified = if v2_root.join("cgroup.controllers").exists() { Some(v2_root.to_path_buf()) } else if Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists() { Some(PathBuf::from("/sys/fs/cgroup/unified")) } else { None };
+    if let Some(mem) = v1_mem {
+        let d = Path::new("/sys/fs/cgroup/memory").join(mem.trim_start_matches('/'));
+        let oom = kv_file(&d.join("memory.oom_control"));
+        out["version"] = json!(1);
+        out["memory"] = json!({
+            "path": d.display().to_string(),
+            "limit_bytes": read_trim(&d.join("memory.limit_in_bytes")).and_then(|s| s.parse::<u64>().ok()),
+            "usage_bytes": read_trim(&d.join("memory.usage_in_bytes")).and_then(|s| s.parse::<u64>().ok()),
+            "max_usage_bytes": read_trim(&d.join("memory.max_usage_in_bytes")).and_then(|s| s.parse::<u64>().ok()),
+            "failcnt": read_trim(&d.join("memory.failcnt")).and_then(|s| s.parse::<u64>().ok()),
+            "oom_kill": oom.get("oom_kill"),
+            "under_oom": oom.get("under_oom"),
+        });
+        if let Some(cpu) = v1_cpu {
+            let c = Path::new("/sys/fs/cgroup/cpu").join(cpu.trim_start_matches('/'));
+            out["cpu"] = json!({
+                "cfs_quota_us": read_trim(&c.join("cpu.cfs_quota_us")).and_then(|s| s.parse::<i64>().ok()),
+                "cfs_period_us": read_trim(&c.join("cpu.cfs_period_us")).and_then(|s| s.parse::<u64>().ok()),
+            });
+        }
+    } else if let (Some(p), Some(root)) = (v2_path.as_ref(), v2_unified) {
+        let d = root.join(p.trim_start_matches('/'));
+        let ev = kv_file(&d.join("memory.events"));
+        out["version"] = json!(2);
+        out["memory"] = json!({
+            "path": d.display().to_string(),
+            "limit_bytes": read_trim(&d.join("memory.max")).map(|s| if s == "max" { json!("max") } else { json!(s.parse::<u64>().ok()) }),
+            "usage_bytes": read_trim(&d.join("memory.current")).and_then(|s| s.parse::<u64>().ok()),
+            "peak_bytes": read_trim(&d.join("memory.peak")).and_then(|s| s.parse::<u64>().ok()),
+            "swap_max": read_trim(&d.join("memory.swap.max")),
+            "oom": ev.get("oom"),
+            "oom_kill": ev.get("oom_kill"),
+            "max_events": ev.get("max"),
+        });
+        out["cpu"] = json!({ "max": read_trim(&d.join("cpu.max")) });
+    }
+    out
+}
+
+pub fn snapshot(pid: Option<u32>, env: &BTreeMap<String, String>) -> Value {
+    let slurm = env.get("SLURM_JOB_ID").map(|id| {
+        let scontrol = std::process::Command::new("scontrol").args(["show", "job", id]).output().ok().filter(|o| o.status.success()).map(|o| super::redact::text(&String::from_utf8_lossy(&o.stdout)));
+        json!({
+            "job_id": id,
+            "step_id": env.get("SLURM_STEP_ID"),
+            "node_list": env.get("SLURM_JOB_NODELIST").or(env.get("SLURM_NODELIST")),
+            "nodes": env.get("SLURM_JOB_NUM_NODES"),
+            "procid": env.get("SLURM_PROCID"),
+            "scontrol_show_job": scontrol.unwrap_or_else(|| "scontrol not available".into()),
+        })
+    });
+    let cg_text = pid.and_then(|p| std::fs::read_to_string(format!("/proc/{p}/cgroup")).ok()).unwrap_or_default();
+    let k8s = parse_cgroup_file(&cg_text).iter().find_map(|l| kubernetes_from_cgroup(&l.2)).map(|mut k| {
+        k["namespace"] = json!(env.get("POD_NAMESPACE"));
+        k["pod_name"] = json!(env.get("POD_NAME").or(env.get("HOSTNAME")));
+        k
+    });
+    json!({
+        "slurm": slurm,
+        "kubernetes": k8s,
+        "cgroup": pid.map(cgroup),
+        "note": "restarts/migrations: compare kubernetes.container_id and slurm step across bundles of the same job",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubernetes_ids_from_cgroup_paths() {
+        let v2 = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b3c4d_5e6f_7a8b_9c0d_1e2f3a4b5c6d.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope";
+        let l = parse_cgroup_file(v2);
+        let k = kubernetes_from_cgroup(&l[0].2).unwrap();
+        assert_eq!(k["pod_uid"], "1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d");
+        assert_eq!(k["container_id"], "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
+        let v1 = "/kubepods/besteffort/pod8f3e1c2a-1b2c-4d5e-9f00-123456789abc/fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210";
+        assert_eq!(kubernetes_from_cgroup(v1).unwrap()["pod_uid"], "8f3e1c2a-1b2c-4d5e-9f00-123456789abc");
+        assert!(kubernetes_from_cgroup("/user.slice/user-0.slice/session-1.scope").is_none());
+    }
+
+    #[test]
+    fn slurm_from_environment() {
+        let mut env = BTreeMap::new();
+        env.insert("SLURM_JOB_ID".to_string(), "4242".to_string());
+        env.insert("SLURM_STEP_ID".to_string(), "0".to_string());
+        env.insert("SLURM_JOB_NODELIST".to_string(), "gpu[01-04]".to_string());
+        let s = snapshot(None, &env);
+        assert_eq!(s["slurm"]["job_id"], "4242");
+        assert_eq!(s["slurm"]["node_list"], "gpu[01-04]");
+        assert_eq!(s["kubernetes"], Value::Null);
+    }
+}
