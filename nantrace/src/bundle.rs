@@ -38,8 +38,9 @@ pub fn ntp_state() -> Value {
     if state < 0 {
         return json!({ "error": std::io::Error::last_os_error().to_string() });
     }
+    let synced = state != libc::TIME_ERROR && (tx.status & libc::STA_UNSYNC) == 0;
     json!({
-        "synchronized": state != libc::TIME_ERROR && (tx.status & libc::STA_UNSYNC) == 0,
+        "synchronized": synced,
         "offset_us": if tx.status & libc::STA_NANO != 0 { tx.offset / 1000 } else { tx.offset },
         "maxerror_us": tx.maxerror,
         "esterror_us": tx.esterror,
@@ -66,6 +67,8 @@ pub struct Incident<'a> {
     pub post_s: f64,
     /// Extra files (name, contents) from later stages: snapshot.json, trace.json, reports.
     pub extra: Vec<(String, Vec<u8>)>,
+    /// timeline.json, when a later stage already built it.
+    pub timeline: Option<Value>,
 }
 
 pub struct Written {
@@ -101,6 +104,7 @@ pub fn timeline(inc: &Incident) -> Value {
         let Detail::Log(l) = &e.detail else { unreachable!() };
         json!({ "time": rfc3339(inc.clock.to_wall(e.mono_ns)), "offset_s": off(e.mono_ns), "line": l.text.as_ref(), "step": l.step })
     });
+    let ntp = ntp_state();
     let start = inc.events.first().map_or(t0, |e| e.mono_ns.min(t0));
     let end = inc.events.last().map_or(t0, |e| e.mono_ns.max(t0));
     json!({
@@ -127,7 +131,11 @@ pub fn timeline(inc: &Incident) -> Value {
             "mapping": "wall = CLOCK_MONOTONIC + offset_ns (CLOCK_REALTIME - CLOCK_MONOTONIC, sampled every 10 s)",
             "offset_ns": inc.clock.offset_ns.to_string(),
             "sample_error_ns": inc.clock.error_ns,
-            "ntp": ntp_state(),
+            "ntp": ntp,
+            // Seconds to add to this node's times to get reference time, and the bound on the
+            // remaining error (adjtimex maxerror), used by `nantrace merge`. Unsynchronised: null.
+            "correction_s": if ntp["synchronized"] == true { ntp["offset_us"].as_f64().unwrap_or(0.0) / 1e6 } else { 0.0 },
+            "uncertainty_s": if ntp["synchronized"] == true { json!(ntp["maxerror_us"].as_f64().unwrap_or(0.0) / 1e6) } else { Value::Null },
         },
         "job": inc.job,
         "accounting": inc.accounting,
@@ -177,7 +185,7 @@ pub fn write(out: &Path, inc: &Incident) -> std::io::Result<Written> {
     fs::DirBuilder::new().mode(0o700).create(&tmp)?;
     let mut failures = Vec::new();
     let mut files: Vec<(String, Vec<u8>)> = vec![
-        ("timeline.json".into(), serde_json::to_vec_pretty(&timeline(inc)).unwrap_or_default()),
+        ("timeline.json".into(), serde_json::to_vec_pretty(&inc.timeline.clone().unwrap_or_else(|| timeline(inc))).unwrap_or_default()),
         ("app.log".into(), app_log(inc).into_bytes()),
         ("kernel.log".into(), kernel_log(inc).into_bytes()),
     ];

@@ -41,6 +41,7 @@ pub enum KmsgClass {
     },
     Aer {
         /// corrected, uncorrected_nonfatal, uncorrected_fatal, or the text when unknown.
+        #[serde(rename = "aer_severity")]
         severity: String,
         error_type: Option<String>,
         device: String,

@@ -209,7 +209,8 @@ impl Event {
                     2 => "corrected",
                     _ => "unknown",
                 };
-                put("severity", sev.into());
+                put("aer_severity", sev.into());
+                put("severity", match a.severity { 1 => "critical", 0 => "error", _ => "warning" }.into());
                 put("tlp_header", a.tlp_header.map_or(Value::Null, |t| json!(t.map(|w| format!("{w:08x}")))));
             }
             Detail::Oom(o) => {

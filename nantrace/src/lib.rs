@@ -17,3 +17,5 @@ pub mod nanscan;
 pub mod session;
 pub mod trigger;
 pub mod demo;
+pub mod merge;
+pub mod report;

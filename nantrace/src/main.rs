@@ -112,6 +112,20 @@ enum Cmd {
         #[arg(long, default_value_t = 50.0)]
         slow_io_ms: f64,
     },
+    /// Answer "was it the machine?" for a bundle: ranked suspects, what was checked, the facts
+    Report {
+        bundle: PathBuf,
+        /// Also rewrite report.md/.txt, trace.json and report.html in the bundle
+        #[arg(long)]
+        write: bool,
+    },
+    /// Merge node bundles of one job into one timeline, trace and report, on one clock
+    Merge {
+        #[arg(required = true)]
+        bundles: Vec<PathBuf>,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// GPU, system, network, software and scheduler evidence now, without eBPF (snapshot.json)
     Snapshot {
         /// The job's root pid (its environment, libraries, cgroup, processes)
@@ -149,6 +163,14 @@ fn session(job: Job, opts: SessionOpts) -> anyhow::Result<i32> {
     Ok(out.exit_code)
 }
 
+fn write_0600(path: &std::path::Path, data: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(data)?;
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let code = match cli.cmd {
@@ -167,6 +189,33 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Watch { pids, duration, json, slow_io_ms } => {
             runtime()?.block_on(nantrace::watch::run(nantrace::watch::WatchArgs { pids, duration, json, slow_io_ms }))?;
+            0
+        }
+        Cmd::Report { bundle, write } => {
+            let (a, t, snap) = nantrace::report::for_bundle(&bundle)?;
+            print!("{}", nantrace::report::markdown(&a, &t));
+            if write {
+                for (name, data) in nantrace::export::derived(&t, &snap) {
+                    write_0600(&bundle.join(name), &data)?;
+                }
+            }
+            0
+        }
+        Cmd::Merge { bundles, out } => {
+            let mut nodes = bundles.iter().map(|b| nantrace::merge::load(b)).collect::<anyhow::Result<Vec<_>>>()?;
+            let merged = nantrace::merge::merge(&mut nodes);
+            let trace = nantrace::merge::trace(&merged, &nodes);
+            let snap = nodes[0].snapshot.clone();
+            let a = nantrace::report::analyze(&merged, &snap);
+            std::fs::create_dir_all(&out)?;
+            std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+            write_0600(&out.join("timeline.json"), &serde_json::to_vec_pretty(&merged)?)?;
+            write_0600(&out.join("trace.json"), &serde_json::to_vec(&trace)?)?;
+            let md = nantrace::report::markdown(&a, &merged);
+            write_0600(&out.join("report.md"), md.as_bytes())?;
+            write_0600(&out.join("report.html"), nantrace::export::html::render(&a, &merged, &snap).as_bytes())?;
+            eprintln!("nantrace: merged {} bundles into {}: {}", nodes.len(), out.display(), merged["clock_statement"].as_str().unwrap_or(""));
+            println!("{}", a.verdict);
             0
         }
         Cmd::Snapshot { pid, out } => {

@@ -84,6 +84,7 @@ fn main() -> Result<()> {
         }
         Cmd::Test => {
             let route = setup::setup()?;
+            setup::test_deps()?;
             setup::build_ebpf(&route)?;
             build_cli(false)?;
             // SAFETY: geteuid has no failure mode.
@@ -107,6 +108,7 @@ fn main() -> Result<()> {
         }
         Cmd::Bench { smoke } => {
             let route = setup::setup()?;
+            setup::test_deps()?;
             setup::build_ebpf(&route)?;
             build_cli(true)?;
             bench::run(smoke)

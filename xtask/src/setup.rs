@@ -105,6 +105,12 @@ pub fn setup() -> Result<Route> {
     Ok(route)
 }
 
+/// What the tests and the benchmark need beyond the build: a headless browser for the HTML
+/// report test, bpftrace as the benchmark's peer.
+pub fn test_deps() -> Result<()> {
+    apt_install(&["chromium", "bpftrace"]).context("installing chromium and bpftrace for the tests")
+}
+
 pub fn build_ebpf(route: &Route) -> Result<()> {
     let dir = root().join("nantrace-ebpf");
     let mut c = match route {

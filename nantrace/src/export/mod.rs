@@ -1,4 +1,7 @@
 //! What goes into a bundle besides the timeline, and the summary printed when it is written.
+pub mod html;
+pub mod perfetto;
+
 use std::path::Path;
 
 use crate::bundle::{first_nan, Incident};
@@ -8,9 +11,25 @@ use crate::event::{Detail, Event};
 
 /// Add the evidence files of the other stages (snapshot, reports, trace) to the incident.
 pub async fn add_evidence<'a>(mut inc: Incident<'a>, snapshot: serde_json::Value) -> Incident<'a> {
-    let snap = snapshot;
-    inc.extra.push(("snapshot.json".into(), serde_json::to_vec_pretty(&snap).unwrap_or_default()));
+    let t = crate::bundle::timeline(&inc);
+    for (name, data) in derived(&t, &snapshot) {
+        inc.extra.push((name, data));
+    }
+    inc.extra.push(("snapshot.json".into(), serde_json::to_vec_pretty(&snapshot).unwrap_or_default()));
+    inc.timeline = Some(t);
     inc
+}
+
+/// report.md, report.txt, trace.json and report.html from a timeline and a snapshot.
+pub fn derived(t: &serde_json::Value, snapshot: &serde_json::Value) -> Vec<(String, Vec<u8>)> {
+    let a = crate::report::analyze(t, snapshot);
+    let md = crate::report::markdown(&a, t);
+    vec![
+        ("report.md".into(), md.clone().into_bytes()),
+        ("report.txt".into(), md.into_bytes()),
+        ("trace.json".into(), serde_json::to_vec(&perfetto::trace(t)).unwrap_or_default()),
+        ("report.html".into(), html::render(&a, t, snapshot).into_bytes()),
+    ]
 }
 
 fn count(events: &[Event], f: impl Fn(&Event) -> bool) -> usize {
@@ -51,8 +70,13 @@ pub fn summary(dir: &Path, inc: &Incident) -> String {
         (Some(a), Some(b)) => (b.mono_ns - a.mono_ns) as f64 / 1e9,
         _ => 0.0,
     };
+    let verdict = inc.timeline.as_ref().map(|t| {
+        let snap = inc.extra.iter().find(|(n, _)| n == "snapshot.json").and_then(|(_, d)| serde_json::from_slice(d).ok()).unwrap_or_default();
+        crate::report::analyze(t, &snap).verdict
+    });
     format!(
-        "nantrace: incident bundle written: {}\n  trigger  {} at {}: {}\n  log      {}\n  kernel   {} Xid{}, {} OOM kill(s), {} AER, {} fatal signal(s) to the job\n  job      pid {} {}, {} fork(s); {} events over {:.1} s, {} drops, {} evictions",
+        "{}nantrace: incident bundle written: {}\n  trigger  {} at {}: {}\n  log      {}\n  kernel   {} Xid{}, {} OOM kill(s), {} AER, {} fatal signal(s) to the job\n  job      pid {} {}, {} fork(s); {} events over {:.1} s, {} drops, {} evictions",
+        verdict.map_or(String::new(), |v| format!("nantrace: {}\n", v.chars().take(220).collect::<String>())),
         dir.display(),
         t.kind.name(),
         rfc3339(inc.clock.to_wall(t.mono_ns)),

@@ -1,0 +1,185 @@
+//! report.html: one self-contained file (inline CSS and SVG, no script, no network: a CSP
+//! forbids every fetch) with the verdict, the ranked suspects marked on a timeline of the
+//! window around the first NaN, the loss curve, GPU/system counters and event lanes.
+use serde_json::Value;
+
+use crate::report::Analysis;
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+const W: f64 = 1100.0;
+const LEFT: f64 = 130.0;
+
+struct Axis {
+    lo: f64,
+    hi: f64,
+}
+
+impl Axis {
+    fn x(&self, t: f64) -> f64 {
+        LEFT + (t - self.lo) / (self.hi - self.lo).max(1e-9) * (W - LEFT - 20.0)
+    }
+}
+
+fn lane_of(src: &str) -> Option<usize> {
+    Some(match src {
+        "xid" | "nvml_xid" | "gpu_change" => 0,
+        "aer" | "kmsg" => 1,
+        "oom" | "system" => 2,
+        "block" => 3,
+        "tcp_retransmit" | "net_change" => 4,
+        "fork" | "exec" | "exit" | "signal" => 5,
+        "log" => 6,
+        "trigger" => 7,
+        _ => return None,
+    })
+}
+
+const LANES: &[&str] = &["GPU / Xid", "kernel log, AER", "memory, OOM", "block I/O", "network", "job processes", "training log", "triggers"];
+
+fn color(e: &Value) -> &'static str {
+    match e["severity"].as_str() {
+        Some("critical") => "#c0392b",
+        Some("error") => "#e67e22",
+        Some("warning") => "#d4ac0d",
+        _ => match e["source"].as_str() {
+            Some("trigger") => "#8e44ad",
+            Some("log") if e["nonfinite"] == true => "#c0392b",
+            Some("log") if e["overflow"] == true => "#d4ac0d",
+            Some("oom") | Some("signal") => "#e67e22",
+            _ => "#5d6d7e",
+        },
+    }
+}
+
+fn polyline(points: &[(f64, f64)], ax: &Axis, y0: f64, h: f64, color: &str, log: bool) -> String {
+    let vals: Vec<f64> = points.iter().map(|p| if log { p.1.max(1e-12).log10() } else { p.1 }).collect();
+    let (mn, mx) = vals.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(*v), b.max(*v)));
+    if !mn.is_finite() {
+        return String::new();
+    }
+    let span = (mx - mn).max(1e-9);
+    let pts: Vec<String> = points.iter().zip(&vals).map(|(p, v)| format!("{:.1},{:.1}", ax.x(p.0), y0 + h - (v - mn) / span * h)).collect();
+    format!(r#"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"/>"#, pts.join(" "))
+}
+
+pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
+    let empty = Vec::new();
+    let evs = timeline["events"].as_array().unwrap_or(&empty);
+    let ref_off = timeline["first_nan"]["offset_s"].as_f64().unwrap_or(0.0);
+    let rel = |e: &Value| e["offset_s"].as_f64().unwrap_or(0.0) - ref_off;
+    let lo = evs.iter().map(rel).fold(0.0f64, f64::min);
+    let hi = evs.iter().map(rel).fold(0.0f64, f64::max).max(lo + 1.0);
+    let ax = Axis { lo, hi };
+    let lane_h = 26.0;
+    let top = 30.0;
+    let mut svg = String::new();
+    let height = top + lane_h * LANES.len() as f64 + 30.0;
+    svg.push_str(&format!(r#"<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" role="img" aria-label="event lanes">"#));
+    for (i, name) in LANES.iter().enumerate() {
+        let y = top + lane_h * i as f64;
+        svg.push_str(&format!(r##"<rect x="{LEFT}" y="{y}" width="{}" height="{lane_h}" fill="{}"/><text x="4" y="{}" class="lane">{}</text>"##, W - LEFT - 20.0, if i % 2 == 0 { "#f4f6f7" } else { "#fbfcfc" }, y + 17.0, esc(name)));
+    }
+    // Ticks.
+    let step = [0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0].into_iter().find(|s| (hi - lo) / s <= 12.0).unwrap_or(600.0);
+    let mut t = (lo / step).ceil() * step;
+    while t <= hi {
+        let x = ax.x(t);
+        svg.push_str(&format!(r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{}" stroke="#d5d8dc"/><text x="{x:.1}" y="{}" class="tick">{t:+.1}s</text>"##, height - 22.0, height - 8.0));
+        t += step;
+    }
+    // Events (samples are counters, drawn below, not dots).
+    for e in evs {
+        let src = e["source"].as_str().unwrap_or("");
+        if matches!(src, "system" | "gpu" | "disk" | "net" | "job_procs") {
+            continue;
+        }
+        let Some(l) = lane_of(src) else { continue };
+        if src == "log" && e["nonfinite"] != true && e["overflow"] != true {
+            continue;
+        }
+        let x = ax.x(rel(e));
+        let y = top + lane_h * l as f64 + lane_h / 2.0;
+        let label = e["text"].as_str().or(e["line"].as_str()).or(e["reason"].as_str()).or(e["change"].as_str()).unwrap_or(src);
+        svg.push_str(&format!(r#"<circle class="ev" cx="{x:.1}" cy="{y:.1}" r="4" fill="{}"><title>{} {:+.3}s {}</title></circle>"#, color(e), esc(src), rel(e), esc(&label.chars().take(200).collect::<String>())));
+    }
+    // First NaN and suspects.
+    let x0 = ax.x(0.0);
+    svg.push_str(&format!(r##"<line x1="{x0:.1}" y1="{}" x2="{x0:.1}" y2="{}" stroke="#c0392b" stroke-width="2"/><text x="{x0:.1}" y="18" class="nan">first NaN</text>"##, top - 6.0, height - 22.0));
+    for (i, s) in a.suspects.iter().enumerate().take(9) {
+        let x = ax.x(s.rel_s.clamp(lo, hi));
+        svg.push_str(&format!(r##"<g class="suspect-mark"><line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{}" stroke="#8e44ad" stroke-dasharray="4 3"/><text x="{:.1}" y="{}" class="sus">#{}</text><title>{}</title></g>"##, height - 22.0, x + 2.0, top + 10.0 + 11.0 * (i % 3) as f64, i + 1, esc(&s.text)));
+    }
+    svg.push_str("</svg>");
+
+    // Counter charts.
+    let series = |src: &str, key: &str| -> Vec<(f64, f64)> { evs.iter().filter(|e| e["source"] == src).filter_map(|e| Some((rel(e), e[key].as_f64()?))).filter(|p| p.1.is_finite()).collect() };
+    let chart = |id: &str, title: &str, lines: Vec<(Vec<(f64, f64)>, &str, &str, bool)>| -> String {
+        let h = 110.0;
+        let mut c = format!(r#"<h3>{}</h3><svg id="{id}" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{}">"#, esc(title), h + 20.0);
+        c.push_str(&format!(r##"<rect x="{LEFT}" y="5" width="{}" height="{h}" fill="#fbfcfc" stroke="#d5d8dc"/>"##, W - LEFT - 20.0));
+        let mut any = false;
+        for (i, (pts, col, name, log)) in lines.iter().enumerate() {
+            if pts.len() >= 2 {
+                any = true;
+                c.push_str(&polyline(pts, &ax, 8.0, h - 6.0, col, *log));
+                c.push_str(&format!(r#"<text x="4" y="{}" fill="{col}" class="lane">{}</text>"#, 22.0 + 14.0 * i as f64, esc(name)));
+            }
+        }
+        if !any {
+            c.push_str(&format!(r#"<text x="{}" y="60" class="lane">no data in this window</text>"#, LEFT + 10.0));
+        }
+        c.push_str(&format!(r##"<line x1="{x0:.1}" y1="5" x2="{x0:.1}" y2="{}" stroke="#c0392b"/></svg>"##, h + 5.0));
+        c
+    };
+    let loss_chart = chart("loss", "Loss (log scale) and fp16 loss scale", vec![(series("log", "loss"), "#1f618d", "loss", true), (series("log", "loss_scale"), "#d4ac0d", "loss scale", true)]);
+    let gpu_note = if snapshot["gpu"]["available"] == true { String::new() } else { format!(" — {}", snapshot["gpu"]["reason"].as_str().unwrap_or("no GPU data")) };
+    let gpu_chart = chart("gpu", &format!("GPU temperature, power, utilization{gpu_note}"), vec![(series("gpu", "temp_c"), "#c0392b", "temp C", false), (series("gpu", "power_w"), "#e67e22", "power W", false), (series("gpu", "util_gpu_pct"), "#27ae60", "util %", false)]);
+    let sys_chart = chart("system", "Memory available, swap-in, iowait", vec![(series("system", "mem_available_kb"), "#1f618d", "mem available", false), (series("system", "swap_in_kb_s"), "#c0392b", "swap-in KiB/s", false), (series("system", "iowait_pct"), "#7d3c98", "iowait %", false)]);
+
+    let mut sus = String::new();
+    if a.suspects.is_empty() {
+        sus.push_str("<li class=\"none\">none: no signal in the table fired</li>");
+    }
+    for (i, s) in a.suspects.iter().enumerate() {
+        sus.push_str(&format!(r#"<li class="suspect {}"><b>#{}</b> <span class="fam">{:?}</span> sev {} {}</li>"#, if s.family.is_machine() { "machine" } else { "numerics" }, i + 1, s.family, s.severity, esc(&s.text)));
+    }
+    let checked: String = a.checked.iter().map(|c| format!("<li>{}</li>", esc(c))).collect();
+    let facts = esc(&serde_json::to_string_pretty(&a.facts).unwrap_or_default());
+    format!(
+        r#"<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>nantrace report — {host}</title>
+<style>
+body{{font:14px/1.4 system-ui,sans-serif;margin:16px;color:#17202a;max-width:1140px}}
+h1{{font-size:20px;margin:0 0 8px}} h2{{font-size:16px;margin:18px 0 6px}} h3{{font-size:13px;margin:10px 0 2px;color:#566573}}
+#verdict{{padding:10px;border-left:6px solid {vcol};background:#fdfefe;font-weight:600}}
+.lane,.tick{{font-size:11px;fill:#566573}} .nan{{font-size:11px;fill:#c0392b}} .sus{{font-size:10px;fill:#8e44ad}}
+li.suspect.machine{{color:#922b21}} .fam{{font-size:11px;color:#566573}}
+pre{{background:#f4f6f7;padding:8px;overflow:auto;max-height:360px;font-size:12px}}
+</style></head><body>
+<h1>nantrace incident report</h1>
+<div id="verdict">{verdict}</div>
+<p>{reference}<br>trigger: {tkind} at {ttime}</p>
+<h2>Ranked suspects</h2><ol id="suspects">{sus}</ol>
+<h2>Timeline (seconds relative to the first NaN)</h2>
+{svg}
+{loss_chart}
+{gpu_chart}
+{sys_chart}
+<h2>What was checked</h2><ul id="checked">{checked}</ul>
+<h2>Facts for the ML team</h2><pre id="facts">{facts}</pre>
+</body></html>
+"#,
+        host = esc(timeline["host"]["hostname"].as_str().unwrap_or("?")),
+        vcol = if a.machine { "#c0392b" } else { "#27ae60" },
+        verdict = esc(&a.verdict),
+        reference = esc(&a.reference),
+        tkind = esc(timeline["trigger"]["kind"].as_str().unwrap_or("?")),
+        ttime = esc(timeline["trigger"]["time"].as_str().unwrap_or("?")),
+    )
+}

@@ -1,0 +1,270 @@
+//! trace.json in the Chrome Trace Event Format (opens in ui.perfetto.dev and chrome://tracing):
+//! one process per evidence family (one per node after a merge), one track per source, GPU,
+//! disk, peer and job process; counters for GPU/memory/I/O/loss; instants for Xid, AER, OOM,
+//! exits, signals and the trigger; job processes as named B/E spans.
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+const FAMILIES: &[(u64, &str)] = &[(1, "kernel log"), (2, "GPU"), (3, "system"), (4, "job processes"), (5, "training log"), (6, "network"), (7, "storage"), (8, "incident")];
+
+fn family(source: &str) -> u64 {
+    match source {
+        "kmsg" | "xid" | "aer" => 1,
+        "gpu" | "gpu_change" | "nvml_xid" => 2,
+        "system" | "job_procs" | "collector_gap" => 3,
+        "fork" | "exec" | "exit" | "signal" | "oom" => 4,
+        "log" => 5,
+        "tcp_retransmit" | "net" | "net_change" => 6,
+        "block" | "disk" => 7,
+        _ => 8,
+    }
+}
+
+struct Builder {
+    out: Vec<Value>,
+    threads: BTreeMap<(u64, u64), String>,
+    node_base: u64,
+}
+
+impl Builder {
+    fn pid(&self, fam: u64) -> u64 {
+        self.node_base + fam
+    }
+    fn thread(&mut self, fam: u64, tid: u64, name: &str) -> (u64, u64) {
+        let pid = self.pid(fam);
+        self.threads.entry((pid, tid)).or_insert_with(|| name.to_string());
+        (pid, tid)
+    }
+    fn instant(&mut self, ts: f64, fam: u64, tid: u64, tname: &str, name: &str, args: Value, global: bool) {
+        let (pid, tid) = self.thread(fam, tid, tname);
+        self.out.push(json!({ "name": name, "ph": "i", "s": if global { "g" } else { "t" }, "ts": ts, "pid": pid, "tid": tid, "args": args }));
+    }
+    fn counter(&mut self, ts: f64, fam: u64, name: &str, values: Value) {
+        let pid = self.pid(fam);
+        self.out.push(json!({ "name": name, "ph": "C", "ts": ts, "pid": pid, "tid": 0, "args": values }));
+    }
+}
+
+fn hash(s: &str) -> u64 {
+    s.bytes().fold(1469598103934665603u64, |h, b| (h ^ u64::from(b)).wrapping_mul(1099511628211)) % 100_000 + 1000
+}
+
+/// Build the trace events of one timeline; `node` (index, name) separates merged nodes.
+pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) -> Vec<Value> {
+    let mut b = Builder { out: Vec::new(), threads: BTreeMap::new(), node_base: node.map_or(0, |n| (n.0 + 1) * 100) };
+    let empty = Vec::new();
+    let evs = timeline["events"].as_array().unwrap_or(&empty);
+    let ts_of = |e: &Value| -> f64 { wall_us(e) - base_wall_us };
+    let end_ts = evs.iter().map(ts_of).fold(0.0, f64::max);
+    let start_ts = evs.iter().map(ts_of).fold(f64::INFINITY, f64::min).min(end_ts);
+    let mut open: BTreeMap<u64, (f64, String)> = BTreeMap::new();
+    let root = timeline["job"]["root_pid"].as_u64();
+    let mut lifetimes: Vec<(u64, f64, f64, String)> = Vec::new();
+    for e in evs {
+        let ts = ts_of(e);
+        let src = e["source"].as_str().unwrap_or("?");
+        let fam = family(src);
+        let pid = e["pid"].as_u64().unwrap_or(0);
+        let comm = e["comm"].as_str().unwrap_or("");
+        match src {
+            "log" => {
+                if let Some(l) = e["loss"].as_f64() {
+                    b.counter(ts, 5, "loss", json!({ "loss": l }));
+                }
+                if let Some(s) = e["loss_scale"].as_f64() {
+                    b.counter(ts, 5, "loss scale", json!({ "loss_scale": s }));
+                }
+                if e["nonfinite"] == true {
+                    b.instant(ts, 5, 1, "non-finite values", "non-finite loss", json!({ "line": e["line"] }), false);
+                } else if e["overflow"] == true {
+                    b.instant(ts, 5, 2, "fp16 overflow", "gradient overflow", json!({ "line": e["line"] }), false);
+                }
+            }
+            "gpu" => {
+                let g = e["gpu"].as_u64().unwrap_or(0);
+                for (k, label) in [("temp_c", "temperature C"), ("power_w", "power W"), ("util_gpu_pct", "utilization %"), ("sm_clock_mhz", "SM clock MHz")] {
+                    if let Some(v) = e[k].as_f64() {
+                        b.counter(ts, 2, &format!("GPU{g} {label}"), json!({ k: v }));
+                    }
+                }
+            }
+            "system" => {
+                for (k, label) in [("mem_available_kb", "memory available KiB"), ("swap_used_kb", "swap used KiB"), ("cpu_busy_pct", "CPU busy %"), ("iowait_pct", "iowait %"), ("swap_in_kb_s", "swap-in KiB/s")] {
+                    if let Some(v) = e[k].as_f64() {
+                        b.counter(ts, 3, label, json!({ k: v }));
+                    }
+                }
+            }
+            "job_procs" => {
+                if let Some(v) = e["job_rss_kb"].as_f64() {
+                    b.counter(ts, 3, "job RSS KiB", json!({ "rss_kb": v }));
+                }
+            }
+            "disk" => {
+                if let Some(m) = e["disks"].as_object() {
+                    for (d, v) in m {
+                        b.counter(ts, 7, &format!("{d} await ms"), json!({ "r_await_ms": v["r_await_ms"], "w_await_ms": v["w_await_ms"] }));
+                    }
+                }
+            }
+            "block" => {
+                let dev = e["dev"].as_str().unwrap_or("?");
+                b.counter(ts, 7, &format!("I/O latency ms {dev}"), json!({ "latency_ms": e["latency_ms"] }));
+                if e["error"].as_i64().is_some_and(|x| x != 0) {
+                    b.instant(ts, 7, hash(dev), &format!("block {dev}"), "I/O error", e.clone(), false);
+                }
+            }
+            "net" => {
+                if let Some(v) = e["tcp_retrans_per_s"].as_f64() {
+                    b.counter(ts, 6, "TCP retransmits/s", json!({ "retrans_per_s": v }));
+                }
+            }
+            "tcp_retransmit" => {
+                let peer = format!("{}:{}", e["daddr"].as_str().unwrap_or("?"), e["dport"]);
+                b.instant(ts, 6, hash(&peer), &format!("peer {peer}"), "retransmit", e.clone(), false);
+            }
+            "fork" => {
+                let child = e["child_pid"].as_u64().unwrap_or(0);
+                open.insert(child, (ts, e["child_comm"].as_str().unwrap_or("").to_string()));
+                b.instant(ts, 4, pid, &format!("{comm} {pid}"), &format!("fork {child}"), e.clone(), false);
+            }
+            "exit" => {
+                let (start, name) = open.remove(&pid).unwrap_or((start_ts, comm.to_string()));
+                lifetimes.push((pid, start, ts, name));
+                let what = match (e["exit_code"].as_i64(), e["signal"].as_str()) {
+                    (_, Some(s)) => s.to_string(),
+                    (Some(c), _) => format!("exit {c}"),
+                    _ => "exit".into(),
+                };
+                b.instant(ts, 4, pid, &format!("{comm} {pid}"), &what, e.clone(), false);
+            }
+            "exec" | "signal" | "oom" => {
+                let name = match src {
+                    "signal" => format!("{} -> {}", e["signal"].as_str().unwrap_or("?"), e["target_pid"]),
+                    "oom" => format!("OOM kill {}", e["victim_pid"]),
+                    _ => format!("exec {}", e["filename"].as_str().unwrap_or("")),
+                };
+                let tid = if src == "exec" { pid } else { e["target_pid"].as_u64().or(e["victim_pid"].as_u64()).unwrap_or(pid) };
+                b.instant(ts, 4, tid, &format!("process {tid}"), &name, e.clone(), src == "oom");
+            }
+            "kmsg" | "xid" | "aer" => {
+                let name = match e["class"].as_str() {
+                    Some("xid") => format!("Xid {}", e["xid"]),
+                    Some(c) => c.to_string(),
+                    None if src == "aer" => "AER".to_string(),
+                    None => "kmsg".to_string(),
+                };
+                let global = matches!(e["severity"].as_str(), Some("critical"));
+                b.instant(ts, 1, if src == "kmsg" { 1 } else { 2 }, if src == "kmsg" { "kernel log" } else { "hardware errors" }, &name, json!({ "text": e["text"], "severity": e["severity"] }), global);
+            }
+            "gpu_change" | "nvml_xid" | "net_change" => {
+                let name = e["change"].as_str().map(String::from).unwrap_or_else(|| format!("NVML Xid {}", e["xid"]));
+                b.instant(ts, fam, 1, src, &name, e.clone(), false);
+            }
+            "trigger" => b.instant(ts, 8, 1, "triggers", &format!("TRIGGER {}", e["kind"].as_str().unwrap_or("")), json!({ "reason": e["reason"] }), true),
+            _ => {}
+        }
+    }
+    // Job processes still running at the end of the window.
+    for (pid, (start, name)) in open {
+        lifetimes.push((pid, start, end_ts, name));
+    }
+    if let Some(r) = root {
+        if !lifetimes.iter().any(|l| l.0 == r) {
+            lifetimes.push((r, start_ts, end_ts, "job root".into()));
+        }
+    }
+    for (pid, start, end, name) in lifetimes {
+        let (p, t) = b.thread(4, pid, &format!("{name} {pid}"));
+        b.out.push(json!({ "name": format!("{name} {pid}"), "ph": "B", "ts": start, "pid": p, "tid": t }));
+        b.out.push(json!({ "name": format!("{name} {pid}"), "ph": "E", "ts": end.max(start), "pid": p, "tid": t }));
+    }
+    let prefix = node.map_or(String::new(), |n| format!("{}: ", n.1));
+    let mut meta = Vec::new();
+    for (fam, name) in FAMILIES {
+        meta.push(json!({ "name": "process_name", "ph": "M", "pid": b.pid(*fam), "tid": 0, "args": { "name": format!("{prefix}{name}") } }));
+        meta.push(json!({ "name": "process_sort_index", "ph": "M", "pid": b.pid(*fam), "tid": 0, "args": { "sort_index": b.pid(*fam) } }));
+    }
+    for ((p, t), n) in &b.threads {
+        meta.push(json!({ "name": "thread_name", "ph": "M", "pid": p, "tid": t, "args": { "name": n } }));
+    }
+    // Stable order: by time, B before instants before E at the same time (keeps spans matched).
+    let rank = |v: &Value| match v["ph"].as_str() { Some("B") => 0, Some("E") => 2, _ => 1 };
+    b.out.sort_by(|x, y| x["ts"].as_f64().unwrap_or(0.0).total_cmp(&y["ts"].as_f64().unwrap_or(0.0)).then(rank(x).cmp(&rank(y))));
+    meta.extend(b.out);
+    meta
+}
+
+/// Wall time of an event in µs since the epoch (from its RFC 3339 `time`).
+pub fn wall_us(e: &Value) -> f64 {
+    e["time"]
+        .as_str()
+        .and_then(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok())
+        .map_or(0.0, |t| t.unix_timestamp_nanos() as f64 / 1000.0)
+}
+
+pub fn trace(timeline: &Value) -> Value {
+    let base = timeline["events"].as_array().and_then(|a| a.iter().map(wall_us).reduce(f64::min)).unwrap_or(0.0);
+    json!({
+        "traceEvents": events(timeline, None, base),
+        "displayTimeUnit": "ms",
+        "otherData": { "generator": "nantrace", "schema": timeline["schema"], "time_zero_utc": crate::clock::rfc3339((base * 1000.0) as i128) },
+    })
+}
+
+/// Check a trace against the Trace Event Format rules nantrace relies on; returns the problems.
+pub fn validate(trace: &Value) -> Vec<String> {
+    let mut errs = Vec::new();
+    let Some(evs) = trace["traceEvents"].as_array() else { return vec!["no traceEvents array".into()] };
+    let mut last: BTreeMap<(u64, u64), f64> = BTreeMap::new();
+    let mut stacks: BTreeMap<(u64, u64), Vec<String>> = BTreeMap::new();
+    for (i, e) in evs.iter().enumerate() {
+        let ph = e["ph"].as_str().unwrap_or("");
+        if !["B", "E", "X", "i", "I", "C", "M"].contains(&ph) {
+            errs.push(format!("event {i}: unknown phase {ph:?}"));
+            continue;
+        }
+        if e["name"].as_str().is_none() || e["pid"].as_u64().is_none() || e["tid"].as_u64().is_none() {
+            errs.push(format!("event {i}: missing name/pid/tid"));
+        }
+        if ph == "M" {
+            continue;
+        }
+        let Some(ts) = e["ts"].as_f64() else {
+            errs.push(format!("event {i}: missing ts"));
+            continue;
+        };
+        if ts < 0.0 {
+            errs.push(format!("event {i}: negative ts"));
+        }
+        let track = (e["pid"].as_u64().unwrap_or(0), e["tid"].as_u64().unwrap_or(0));
+        if let Some(p) = last.get(&track) {
+            if ts < *p {
+                errs.push(format!("event {i}: ts {ts} goes back on track {track:?} (last {p})"));
+            }
+        }
+        last.insert(track, ts);
+        if ph == "i" && !["g", "p", "t"].contains(&e["s"].as_str().unwrap_or("t")) {
+            errs.push(format!("event {i}: bad instant scope"));
+        }
+        if ph == "C" && !e["args"].is_object() {
+            errs.push(format!("event {i}: counter without args"));
+        }
+        match ph {
+            "B" => stacks.entry(track).or_default().push(e["name"].as_str().unwrap_or("").to_string()),
+            "E" => {
+                if stacks.entry(track).or_default().pop().is_none() {
+                    errs.push(format!("event {i}: E without B on {track:?}"));
+                }
+            }
+            _ => {}
+        }
+    }
+    for (t, s) in stacks {
+        if !s.is_empty() {
+            errs.push(format!("track {t:?}: {} B without E", s.len()));
+        }
+    }
+    errs
+}

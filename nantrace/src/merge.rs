@@ -1,0 +1,176 @@
+//! `nantrace merge`: node bundles of one job on one clock. Each bundle records its clock
+//! mapping and NTP state; the merge applies each node's correction, orders all events
+//! globally and states the residual uncertainty.
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use serde_json::{json, Value};
+
+use crate::export::perfetto;
+
+pub const SCHEMA: &str = "nantrace.merged/1";
+
+pub struct Node {
+    pub name: String,
+    pub dir: PathBuf,
+    pub timeline: Value,
+    pub snapshot: Value,
+    pub correction_s: f64,
+    pub uncertainty_s: Option<f64>,
+}
+
+pub fn load(dir: &Path) -> anyhow::Result<Node> {
+    let t: Value = serde_json::from_slice(&std::fs::read(dir.join("timeline.json")).with_context(|| format!("{}/timeline.json", dir.display()))?)?;
+    anyhow::ensure!(t["schema"] == crate::bundle::SCHEMA, "{}: not a node bundle (schema {})", dir.display(), t["schema"]);
+    let snapshot = std::fs::read(dir.join("snapshot.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Value::Null);
+    let correction_s = t["clock"]["correction_s"].as_f64().unwrap_or(0.0);
+    let uncertainty_s = t["clock"]["uncertainty_s"].as_f64();
+    Ok(Node { name: t["host"]["hostname"].as_str().unwrap_or("node").to_string(), dir: dir.to_path_buf(), timeline: t, snapshot, correction_s, uncertainty_s })
+}
+
+fn shifted(time: &str, by_s: f64) -> (String, i128) {
+    let t = time::OffsetDateTime::parse(time, &time::format_description::well_known::Rfc3339).map(|t| t.unix_timestamp_nanos()).unwrap_or(0);
+    let n = t + (by_s * 1e9) as i128;
+    (crate::clock::rfc3339(n), n)
+}
+
+/// Merge node timelines into one (schema `nantrace.merged/1`).
+pub fn merge(nodes: &mut [Node]) -> Value {
+    // Unique node names (two bundles from one host stay apart).
+    for i in 0..nodes.len() {
+        if nodes[..i].iter().any(|n| n.name == nodes[i].name) {
+            nodes[i].name = format!("{}#{}", nodes[i].name, i + 1);
+        }
+    }
+    let mut events: Vec<(i128, Value)> = Vec::new();
+    let mut triggers = Vec::new();
+    let mut nans = Vec::new();
+    for n in nodes.iter() {
+        for e in n.timeline["events"].as_array().into_iter().flatten() {
+            let (t, ns) = shifted(e["time"].as_str().unwrap_or(""), n.correction_s);
+            let mut e = e.clone();
+            e["time_node_clock"] = e["time"].clone();
+            e["time"] = json!(t);
+            e["node"] = json!(n.name);
+            events.push((ns, e));
+        }
+        let (t, ns) = shifted(n.timeline["trigger"]["time"].as_str().unwrap_or(""), n.correction_s);
+        triggers.push((ns, json!({ "node": n.name, "kind": n.timeline["trigger"]["kind"], "time": t, "reason": n.timeline["trigger"]["reason"] })));
+        if let Some(tn) = n.timeline["first_nan"]["time"].as_str() {
+            let (t, ns) = shifted(tn, n.correction_s);
+            let mut fnan = n.timeline["first_nan"].clone();
+            fnan["time"] = json!(t);
+            fnan["node"] = json!(n.name);
+            nans.push((ns, fnan));
+        }
+    }
+    events.sort_by_key(|e| e.0);
+    triggers.sort_by_key(|t| t.0);
+    nans.sort_by_key(|t| t.0);
+    let t0 = triggers.first().map_or(0, |t| t.0);
+    for (ns, e) in &mut events {
+        e["offset_s"] = json!((*ns - t0) as f64 / 1e9);
+    }
+    let first_nan = nans.first().map(|(ns, v)| {
+        let mut v = v.clone();
+        v["offset_s"] = json!((*ns - t0) as f64 / 1e9);
+        v
+    });
+    let mut unc: Vec<f64> = nodes.iter().filter_map(|n| n.uncertainty_s).collect();
+    unc.sort_by(|a, b| b.total_cmp(a));
+    let unsynced: Vec<&str> = nodes.iter().filter(|n| n.uncertainty_s.is_none()).map(|n| n.name.as_str()).collect();
+    let residual = if unsynced.is_empty() { json!(unc.iter().take(2).sum::<f64>()) } else { Value::Null };
+    let statement = if unsynced.is_empty() {
+        format!("events of different nodes are ordered to within ±{:.3} ms (sum of the two largest NTP error bounds)", unc.iter().take(2).sum::<f64>() * 1e3)
+    } else {
+        format!("nodes {unsynced:?} report no synchronised clock: cross-node order is only as good as their unsynchronised clocks; within a node, order is exact")
+    };
+    let first = &nodes[0].timeline;
+    json!({
+        "schema": SCHEMA,
+        "nodes": nodes.iter().map(|n| json!({
+            "name": n.name, "bundle": n.dir.display().to_string(), "host": n.timeline["host"],
+            "clock": n.timeline["clock"], "correction_s": n.correction_s, "uncertainty_s": n.uncertainty_s,
+            "trigger": n.timeline["trigger"], "accounting": n.timeline["accounting"],
+        })).collect::<Vec<_>>(),
+        "residual_uncertainty_s": residual,
+        "clock_statement": statement,
+        "host": { "hostname": format!("{} nodes", nodes.len()), "kernel": first["host"]["kernel"] },
+        "trigger": triggers.first().map(|t| t.1.clone()),
+        "triggers": triggers.into_iter().map(|t| t.1).collect::<Vec<_>>(),
+        "first_nan": first_nan,
+        "window": first["window"],
+        "job": first["job"],
+        "accounting": first["accounting"],
+        "events": events.into_iter().map(|e| e.1).collect::<Vec<_>>(),
+    })
+}
+
+/// trace.json with one group of processes per node.
+pub fn trace(merged: &Value, nodes: &[Node]) -> Value {
+    let base = merged["events"].as_array().and_then(|a| a.iter().map(perfetto::wall_us).reduce(f64::min)).unwrap_or(0.0);
+    let mut all = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let node_events: Vec<Value> = merged["events"].as_array().into_iter().flatten().filter(|e| e["node"] == n.name.as_str()).cloned().collect();
+        let t = json!({ "events": node_events, "job": n.timeline["job"], "schema": SCHEMA });
+        all.extend(perfetto::events(&t, Some((i as u64, &n.name)), base));
+    }
+    // Per-track order is what the format needs; metadata first.
+    all.sort_by(|a, b| (a["ph"] != "M").cmp(&(b["ph"] != "M")).then(a["ts"].as_f64().unwrap_or(0.0).total_cmp(&b["ts"].as_f64().unwrap_or(0.0))).then(rank(a).cmp(&rank(b))));
+    json!({ "traceEvents": all, "displayTimeUnit": "ms", "otherData": { "generator": "nantrace merge", "clock": merged["clock_statement"] } })
+}
+
+fn rank(v: &Value) -> u8 {
+    match v["ph"].as_str() {
+        Some("B") => 0,
+        Some("E") => 2,
+        _ => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, correction: f64, events: &[(&str, &str)]) -> Node {
+        let evs: Vec<Value> = events.iter().map(|(t, what)| json!({ "time": t, "source": "kmsg", "text": what, "pid": 1, "comm": "x", "job": false })).collect();
+        Node {
+            name: name.into(),
+            dir: PathBuf::from(format!("/b/{name}")),
+            timeline: json!({ "schema": crate::bundle::SCHEMA, "host": { "hostname": name }, "trigger": { "kind": "file", "time": events[0].0, "reason": "" }, "events": evs, "job": {}, "clock": { "correction_s": correction } }),
+            snapshot: Value::Null,
+            correction_s: correction,
+            uncertainty_s: Some(0.002),
+        }
+    }
+
+    #[test]
+    fn corrected_clocks_give_the_true_global_order() {
+        // Node b's clock runs 1.5 s fast: its raw 10:00:01.0 is really 09:59:59.5.
+        let a = node("a", 0.0, &[("2026-11-30T10:00:00.000000000Z", "a1"), ("2026-11-30T10:00:00.600000000Z", "a2")]);
+        let b = node("b", -1.5, &[("2026-11-30T10:00:01.000000000Z", "b1 (really 09:59:59.5)"), ("2026-11-30T10:00:01.800000000Z", "b2 (really 10:00:00.3)")]);
+        let mut nodes = vec![a, b];
+        let m = merge(&mut nodes);
+        let order: Vec<&str> = m["events"].as_array().unwrap().iter().map(|e| e["text"].as_str().unwrap()).collect();
+        assert_eq!(order, ["b1 (really 09:59:59.5)", "a1", "b2 (really 10:00:00.3)", "a2"]);
+        assert_eq!(m["events"][0]["time"], "2026-11-30T09:59:59.5Z");
+        assert_eq!(m["events"][0]["time_node_clock"], "2026-11-30T10:00:01Z");
+        assert_eq!(m["events"][0]["node"], "b");
+        assert_eq!(m["residual_uncertainty_s"], 0.004);
+        assert_eq!(m["trigger"]["node"], "b");
+        let t = trace(&m, &nodes);
+        assert!(crate::export::perfetto::validate(&t).is_empty(), "{:?}", crate::export::perfetto::validate(&t));
+    }
+
+    #[test]
+    fn unsynchronised_nodes_are_said() {
+        let a = node("a", 0.0, &[("2026-11-30T10:00:00Z", "a1")]);
+        let mut b = node("a", 0.0, &[("2026-11-30T10:00:00Z", "b1")]);
+        b.uncertainty_s = None;
+        let mut nodes = vec![a, b];
+        let m = merge(&mut nodes);
+        assert_eq!(m["residual_uncertainty_s"], Value::Null);
+        assert!(m["clock_statement"].as_str().unwrap().contains("no synchronised clock"));
+        assert_eq!(m["nodes"][1]["name"], "a#2");
+    }
+}

@@ -1,0 +1,672 @@
+//! `nantrace report`: answers "was it the machine?" from a bundle's timeline and snapshot.
+//! Ranked suspects come from the signal table in [`rules`]; when nothing fires, the report says
+//! so plainly and lists what was checked.
+pub mod rules;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use rules::{signal, Family, Signal};
+
+/// One suspect: a signal that fired, with its evidence.
+#[derive(Clone, Debug, Serialize)]
+pub struct Finding {
+    pub signal: &'static str,
+    pub family: Family,
+    pub severity: u32,
+    /// Seconds relative to the first NaN (or the trigger when there is none); negative = before.
+    pub rel_s: f64,
+    pub text: String,
+    pub touches_job: bool,
+    pub count: usize,
+    pub score: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Analysis {
+    pub verdict: String,
+    pub machine: bool,
+    pub reference: String,
+    pub suspects: Vec<Finding>,
+    pub checked: Vec<String>,
+    pub facts: Value,
+}
+
+fn f(v: &Value) -> Option<f64> {
+    v.as_f64()
+}
+
+fn when(rel: f64) -> String {
+    let a = rel.abs();
+    let t = if a < 1.0 { format!("{:.0} ms", a * 1000.0) } else if a < 120.0 { format!("{a:.1} s") } else { format!("{:.1} min", a / 60.0) };
+    if rel <= 0.0 { format!("{t} before the first NaN") } else { format!("{t} after the first NaN") }
+}
+
+struct Ctx<'a> {
+    events: Vec<(f64, &'a Value)>,
+    job_pids: BTreeSet<u64>,
+    job_gpus: BTreeSet<String>,
+    root: Option<u64>,
+}
+
+impl Ctx<'_> {
+    fn before(&self) -> impl Iterator<Item = &(f64, &Value)> {
+        // A cause precedes its effect: only what happened before the reference (with 0.2 s of
+        // slack for the log line's own delivery through the job's pipe).
+        self.events.iter().filter(|(r, _)| *r <= 0.2)
+    }
+    fn src<'b>(&'b self, s: &'b str) -> impl Iterator<Item = &'b (f64, &'b Value)> + 'b {
+        self.before().filter(move |(_, e)| e["source"] == s)
+    }
+}
+
+struct Acc {
+    out: BTreeMap<String, Finding>,
+}
+
+impl Acc {
+    fn add(&mut self, sig: &'static Signal, key: &str, rel: f64, touches: bool, text: impl FnOnce() -> String) {
+        let k = format!("{}/{key}", sig.id);
+        match self.out.get_mut(&k) {
+            Some(x) => {
+                x.count += 1;
+                x.touches_job |= touches;
+                if rel.abs() < x.rel_s.abs() {
+                    x.rel_s = rel;
+                }
+            }
+            None => {
+                self.out.insert(k, Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: rel, text: text(), touches_job: touches, count: 1, score: 0.0 });
+            }
+        }
+    }
+}
+
+fn job_gpus(snapshot: &Value, job_pids: &BTreeSet<u64>) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let devs = snapshot["gpu"]["devices"].as_array().cloned().unwrap_or_default();
+    for d in &devs {
+        if let Some(ps) = d["compute_processes"].as_array() {
+            if ps.iter().any(|p| p["pid"].as_u64().is_some_and(|x| job_pids.contains(&x))) {
+                out.insert(d["pci"].as_str().unwrap_or("").to_string());
+            }
+        }
+    }
+    if let Some(cvd) = snapshot["software"]["env"]["CUDA_VISIBLE_DEVICES"].as_str() {
+        for idx in cvd.split(',').filter_map(|s| s.trim().parse::<u64>().ok()) {
+            if let Some(d) = devs.iter().find(|d| d["index"].as_u64() == Some(idx)) {
+                out.insert(d["pci"].as_str().unwrap_or("").to_string());
+            }
+        }
+    }
+    out
+}
+
+fn p99(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[((v.len() as f64 * 0.99).ceil() as usize).saturating_sub(1).min(v.len() - 1)])
+}
+
+/// Evaluate every signal over the incident.
+pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
+    let nan_off = f(&timeline["first_nan"]["offset_s"]);
+    let ref_off = nan_off.unwrap_or(0.0);
+    let empty = Vec::new();
+    let evs = timeline["events"].as_array().unwrap_or(&empty);
+    let root = timeline["job"]["root_pid"].as_u64();
+    let mut job_pids: BTreeSet<u64> = evs.iter().filter(|e| e["job"] == true).filter_map(|e| e["pid"].as_u64()).collect();
+    job_pids.extend(root);
+    for e in evs.iter().filter(|e| e["source"] == "fork" && e["job"] == true) {
+        job_pids.extend(e["child_pid"].as_u64());
+    }
+    let ctx = Ctx {
+        events: evs.iter().map(|e| (f(&e["offset_s"]).unwrap_or(0.0) - ref_off, e)).collect(),
+        job_gpus: job_gpus(snapshot, &job_pids),
+        job_pids,
+        root,
+    };
+    let mut acc = Acc { out: BTreeMap::new() };
+    let gpu_of_job = |pci: &str, pid: Option<u64>| ctx.job_gpus.contains(pci) || pid.is_some_and(|p| ctx.job_pids.contains(&p));
+
+    // Kernel log classes (and the AER tracepoint).
+    let nvml_xids: Vec<(f64, &Value)> = ctx.src("nvml_xid").map(|(r, e)| (*r, *e)).collect();
+    for (rel, e) in ctx.before() {
+        let class = e["class"].as_str().unwrap_or("");
+        match class {
+            "xid" => {
+                let xid = e["xid"].as_u64().unwrap_or(0);
+                let pci = e["pci"].as_str().unwrap_or("?");
+                let touches = gpu_of_job(pci, e["xid_pid"].as_u64());
+                let sig = match (xid, e["severity"].as_str().unwrap_or("")) {
+                    (79, _) => signal("gpu_fallen_off_bus"),
+                    (_, "critical") => signal("xid_critical"),
+                    (_, "error") => signal("xid_error"),
+                    (_, "warning") => signal("xid_warning"),
+                    _ => continue,
+                };
+                let witnessed = nvml_xids.iter().any(|(r, n)| n["xid"].as_u64() == Some(xid) && n["pci"] == pci && (r - rel).abs() < 5.0);
+                acc.add(sig, &format!("{xid}/{pci}"), *rel, touches, || {
+                    format!(
+                        "Xid {xid} ({}) on {pci}{}{}",
+                        e["meaning"].as_str().unwrap_or(""),
+                        if touches { ", a GPU of this job" } else { "" },
+                        if witnessed { " [two witnesses: kernel log and NVML]" } else { "" }
+                    )
+                });
+            }
+            "gpu_fallen_off_bus" => {
+                let pci = e["pci"].as_str().unwrap_or("?");
+                acc.add(signal("gpu_fallen_off_bus"), &format!("79/{pci}"), *rel, gpu_of_job(pci, None), || format!("GPU {pci} has fallen off the bus (NVRM, no Xid)"));
+            }
+            "sxid" => {
+                let sx = e["sxid"].as_u64().unwrap_or(0);
+                acc.add(signal("sxid"), &sx.to_string(), *rel, false, || format!("NVSwitch SXid {sx} on {}", e["pci"].as_str().unwrap_or("?")));
+            }
+            "oom_kill" => {
+                let v = e["victim_pid"].as_u64().unwrap_or(0);
+                let job = ctx.job_pids.contains(&v);
+                let sig = if job { signal("oom_kill_job") } else { signal("oom_kill_other") };
+                acc.add(sig, &v.to_string(), *rel, job, || format!("OOM kill of {} {v}{}", e["victim_comm"].as_str().unwrap_or("?"), if job { " (job)" } else { "" }));
+            }
+            "hung_task" => acc.add(signal("hung_task"), e["task"].as_str().unwrap_or(""), *rel, false, || format!("hung task {}:{} blocked {} s", e["task"].as_str().unwrap_or("?"), e["task_pid"], e["seconds"])),
+            "machine_check" => acc.add(signal("machine_check"), "mce", *rel, false, || format!("machine check: {}", e["message"].as_str().unwrap_or("").chars().take(100).collect::<String>())),
+            "link_down" => acc.add(signal("ib_link_down"), e["iface"].as_str().unwrap_or(""), *rel, false, || format!("link down on {}", e["iface"].as_str().unwrap_or("?"))),
+            _ => {}
+        }
+        if e["source"] == "aer" {
+            let dev = e["device"].as_str().unwrap_or("?").to_string();
+            let touches = ctx.job_gpus.contains(&dev);
+            let sev = e["aer_severity"].as_str().unwrap_or("");
+            let sig = match sev {
+                "uncorrected_fatal" => signal("aer_fatal"),
+                "uncorrected_nonfatal" => signal("aer_nonfatal"),
+                _ => signal("aer_corrected_burst"),
+            };
+            acc.add(sig, &dev, *rel, touches, || format!("PCIe AER {} on {dev}{}", sev.replace('_', " "), e["error_type"].as_str().map_or(String::new(), |t| format!(" ({t})"))));
+        }
+    }
+    for (rel, n) in &nvml_xids {
+        let xid = n["xid"].as_u64().unwrap_or(0);
+        let pci = n["pci"].as_str().unwrap_or("?");
+        let (meaning, sev) = crate::classify::xid_info(xid as u32);
+        let key = format!("{xid}/{pci}");
+        let seen = acc.out.keys().any(|k| k.ends_with(&key));
+        if !seen {
+            let sig = if xid == 79 { signal("gpu_fallen_off_bus") } else if sev == crate::classify::Severity::Critical { signal("xid_critical") } else { signal("xid_error") };
+            acc.add(sig, &key, *rel, gpu_of_job(pci, None), || format!("Xid {xid} ({meaning}) on {pci} (NVML event)"));
+        }
+    }
+    // OOM tracepoint, signals, exits, block errors.
+    for (rel, e) in ctx.src("oom") {
+        let v = e["victim_pid"].as_u64().unwrap_or(0);
+        let job = e["victim_job"] == true || ctx.job_pids.contains(&v);
+        let sig = if job { signal("oom_kill_job") } else { signal("oom_kill_other") };
+        acc.add(sig, &v.to_string(), *rel, job, || format!("OOM kill of {} {v}{}, RSS {} MB", e["victim_comm"].as_str().unwrap_or("?"), if job { " (job)" } else { "" }, e["anon_rss_kb"].as_u64().unwrap_or(0) / 1024));
+    }
+    for (rel, e) in ctx.src("signal") {
+        let name = e["signal"].as_str().unwrap_or("");
+        let target = e["target_pid"].as_u64().unwrap_or(0);
+        let sender_in_job = e["job"] == true;
+        // The job stopping its own workers (SIGKILL/SIGTERM from a job process) is housekeeping.
+        let housekeeping = sender_in_job && matches!(name, "SIGKILL" | "SIGTERM");
+        if ctx.job_pids.contains(&target) && name != "SIGTERM" && !housekeeping {
+            acc.add(signal("job_fatal_signal"), &format!("{name}/{target}"), *rel, true, || format!("{name} to {} {target} (job) from {} {}", e["target_comm"].as_str().unwrap_or("?"), e["comm"].as_str().unwrap_or("?"), e["pid"]));
+        }
+    }
+    for (rel, e) in ctx.src("exit") {
+        let pid = e["pid"].as_u64();
+        if e["job"] == true && pid != ctx.root && e["exit_code"].as_i64().is_some_and(|c| c != 0) {
+            acc.add(signal("worker_exit"), &pid.unwrap_or(0).to_string(), *rel, true, || format!("job process {} {} exited with code {}", e["comm"].as_str().unwrap_or("?"), pid.unwrap_or(0), e["exit_code"]));
+        }
+    }
+    for (rel, e) in ctx.src("block") {
+        if e["error"].as_i64().is_some_and(|x| x != 0) {
+            let dev = e["dev"].as_str().unwrap_or("?");
+            acc.add(signal("block_io_error"), dev, *rel, e["job"] == true, || format!("block I/O error {} on device {dev}", e["error"]));
+        }
+    }
+    // Rates: the minute before vs the minute earlier.
+    let win = |lo: f64, hi: f64| ctx.before().filter(move |(r, _)| *r > lo && *r <= hi);
+    let _ = &win;
+    {
+        let sig = signal("disk_stall");
+        let mut per_dev: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+        for (r, e) in win(-120.0, 1.0) {
+            let mut push = |dev: String, v: f64| {
+                let slot = per_dev.entry(dev).or_default();
+                if *r > -60.0 { slot.0.push(v) } else { slot.1.push(v) }
+            };
+            if e["source"] == "block" {
+                if let Some(l) = f(&e["latency_ms"]) {
+                    push(e["dev"].as_str().unwrap_or("?").to_string(), l);
+                }
+            } else if e["source"] == "disk" {
+                if let Some(m) = e["disks"].as_object() {
+                    for (d, v) in m {
+                        let a = f(&v["r_await_ms"]).unwrap_or(0.0).max(f(&v["w_await_ms"]).unwrap_or(0.0));
+                        push(d.clone(), a);
+                    }
+                }
+            }
+        }
+        for (dev, (recent, earlier)) in per_dev {
+            let (Some(r), e) = (p99(recent), p99(earlier).unwrap_or(1.0).max(1.0)) else { continue };
+            if r >= 100.0 && r >= sig.threshold * e {
+                let rel = ctx.before().filter(|(_, x)| (x["source"] == "block" && x["dev"] == dev.as_str()) || x["source"] == "disk").map(|(r, _)| *r).fold(f64::NEG_INFINITY, f64::max);
+                acc.add(sig, &dev, rel.min(0.0), false, || format!("block I/O p99 on {dev} {:.0} ms in the minute before, {:.0}× the minute earlier", r, r / e));
+            }
+        }
+    }
+    {
+        let sig = signal("retransmit_storm");
+        let mut per_peer: BTreeMap<String, (usize, usize, f64, bool)> = BTreeMap::new();
+        for (r, e) in win(-120.0, 1.0).filter(|(_, e)| e["source"] == "tcp_retransmit") {
+            let peer = format!("{}:{}", e["daddr"].as_str().unwrap_or("?"), e["dport"]);
+            let s = per_peer.entry(peer).or_insert((0, 0, f64::NEG_INFINITY, false));
+            if *r > -60.0 { s.0 += 1 } else { s.1 += 1 }
+            s.2 = s.2.max(*r);
+            s.3 |= e["job"] == true;
+        }
+        for (peer, (recent, earlier, last, job)) in per_peer {
+            if recent >= 20 && recent as f64 >= sig.threshold * (earlier.max(1) as f64) {
+                acc.add(sig, &peer, last, job, || format!("TCP retransmits to {peer} up {}× ({recent} in the minute before)", recent / earlier.max(1)));
+            }
+        }
+    }
+    for (rel, e) in win(-60.0, 1.0).filter(|(_, e)| e["source"] == "system") {
+        if let Some(s) = f(&e["swap_in_kb_s"]).filter(|s| *s >= signal("swap_thrash").threshold) {
+            acc.add(signal("swap_thrash"), "swap", *rel, false, || format!("swap-in {:.0} MB/s", s / 1024.0));
+        }
+        if let Some(p) = f(&e["psi_memory_some_avg10"]).filter(|p| *p >= signal("memory_pressure").threshold) {
+            acc.add(signal("memory_pressure"), "psi", *rel, false, || format!("memory pressure (PSI some avg10) {p:.0}%"));
+        }
+    }
+    for (rel, e) in ctx.src("gpu_change") {
+        let c = e["change"].as_str().unwrap_or("");
+        let pci = e["pci"].as_str().unwrap_or("?");
+        let touches = ctx.job_gpus.contains(pci);
+        let sig = if c.contains("uncorrected ECC") {
+            signal("ecc_uncorrected")
+        } else if c.contains("corrected ECC") {
+            signal("ecc_corrected")
+        } else if c.contains("PCIe replay") {
+            signal("pcie_replay")
+        } else if c.contains("started") && (c.starts_with("HW")) {
+            signal("gpu_hw_slowdown")
+        } else if c.contains("started") || c.contains("temperature") {
+            signal("gpu_power_cap")
+        } else {
+            continue;
+        };
+        acc.add(sig, &format!("{c}"), *rel, touches, || c.to_string());
+    }
+    for (rel, e) in ctx.src("net_change") {
+        let c = e["change"].as_str().unwrap_or("");
+        let sig = if c.to_ascii_lowercase().contains("-> down") || c.contains("-> 1: DOWN") || c.contains("DOWN") { signal("ib_link_down") } else { signal("link_errors") };
+        acc.add(sig, e["link"].as_str().unwrap_or(""), *rel, false, || c.to_string());
+    }
+    // Numerics: the loss scale and the loss curve before the NaN.
+    let logs: Vec<(f64, &Value)> = ctx.before().filter(|(r, e)| e["source"] == "log" && *r <= 0.0).map(|(r, e)| (*r, *e)).collect();
+    {
+        let scales: Vec<(f64, f64, Option<u64>)> = logs.iter().filter_map(|(r, e)| Some((*r, f(&e["loss_scale"])?, e["step"].as_u64()))).collect();
+        let overflow = logs.iter().any(|(_, e)| e["overflow"] == true);
+        if let (Some(max), Some(last)) = (scales.iter().map(|s| s.1).reduce(f64::max), scales.last()) {
+            let sig = signal("loss_scale_collapse");
+            if overflow && (max / last.1.max(1e-12) >= sig.threshold || (last.1 <= 1.0 && max > 1.0)) {
+                let first_max = scales.iter().find(|s| s.1 == max).unwrap();
+                let steps = match (first_max.2, last.2) {
+                    (Some(a), Some(b)) if b > a => format!(" over {} steps", b - a),
+                    _ => String::new(),
+                };
+                acc.add(sig, "scale", last.0, true, || format!("loss scale fell from {max} to {}{steps} (fp16 overflow messages before it)", last.1));
+            }
+        }
+        let losses: Vec<(f64, f64, Option<u64>)> = logs.iter().filter_map(|(r, e)| Some((*r, f(&e["loss"])?, e["step"].as_u64()))).filter(|l| l.1.is_finite()).collect();
+        let tail = &losses[losses.len().saturating_sub(100)..];
+        if let (Some(min), Some(last)) = (tail.iter().map(|l| l.1).reduce(f64::min), tail.last()) {
+            let sig = signal("loss_spike");
+            if min > 0.0 && last.1 / min >= sig.threshold {
+                acc.add(sig, "loss", last.0, true, || format!("loss grew from {min:.4} to {:.4e} before the NaN", last.1));
+            }
+        }
+    }
+
+    let mut suspects: Vec<Finding> = acc.out.into_values().collect();
+    for s in &mut suspects {
+        let closeness = 1.0 / (1.0 + s.rel_s.abs() / 60.0);
+        s.score = f64::from(s.severity) * (0.5 + 0.5 * closeness) * if s.touches_job { 1.25 } else { 1.0 };
+        if s.count > 1 {
+            s.text.push_str(&format!(" (×{})", s.count));
+        }
+        s.text = format!("{}, {}", s.text, when(s.rel_s));
+    }
+    suspects.sort_by(|a, b| b.score.total_cmp(&a.score));
+
+    let window_min = timeline["window"]["pre_s"].as_f64().unwrap_or(600.0) / 60.0;
+    let machine: Vec<&Finding> = suspects.iter().filter(|s| s.family.is_machine()).collect();
+    let verdict = match machine.first() {
+        Some(top) if top.severity >= 60 => format!("PROBABLY THE MACHINE: {}", top.text),
+        Some(top) => format!("POSSIBLY THE MACHINE (weak signals only): {}", top.text),
+        None => format!(
+            "NOT THE MACHINE, as far as nantrace can see: no hardware, kernel or system anomaly in the {window_min:.0} minutes before the first NaN. Look at the model side: learning rate, data, precision. (Silent data corruption, ~1 faulty device in 1000, logs nothing: if the run is otherwise healthy, re-run the step on other GPUs.)"
+        ),
+    };
+    let reference = match nan_off {
+        Some(_) => format!("first NaN at {} ({}): {}", timeline["first_nan"]["time"].as_str().unwrap_or("?"), local_time(timeline["first_nan"]["time"].as_str()), timeline["first_nan"]["line"].as_str().unwrap_or("")),
+        None => format!("no NaN in the log; times are relative to the trigger ({} at {})", timeline["trigger"]["kind"].as_str().unwrap_or("?"), timeline["trigger"]["time"].as_str().unwrap_or("?")),
+    };
+    Analysis { verdict, machine: !machine.is_empty(), reference, suspects, checked: checked(timeline, snapshot), facts: facts(timeline, snapshot) }
+}
+
+fn local_time(utc: Option<&str>) -> String {
+    let Some(t) = utc.and_then(|s| time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()) else { return "local time unknown".into() };
+    // SAFETY: localtime_r with valid pointers; only reads the TZ database.
+    let off = unsafe {
+        let secs = t.unix_timestamp() as libc::time_t;
+        let mut tm: libc::tm = std::mem::zeroed();
+        libc::localtime_r(&secs, &mut tm);
+        tm.tm_gmtoff
+    };
+    let lt = t.to_offset(time::UtcOffset::from_whole_seconds(off as i32).unwrap_or(time::UtcOffset::UTC));
+    format!("{:04}-{:02}-{:02} {:02}:{:02}:{:02} local, UTC{:+}", lt.year(), u8::from(lt.month()), lt.day(), lt.hour(), lt.minute(), lt.second(), off as f64 / 3600.0)
+}
+
+fn checked(timeline: &Value, snapshot: &Value) -> Vec<String> {
+    let acc = &timeline["accounting"];
+    let mut out = Vec::new();
+    let probes: Vec<String> = acc["probes_attached"].as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect()).unwrap_or_default();
+    if probes.is_empty() {
+        out.push(format!("kernel probes: NOT loaded ({})", acc["probes_error"].as_str().unwrap_or("unknown reason")));
+    } else {
+        out.push(format!("kernel events through eBPF: {}", probes.join(", ")));
+    }
+    if let Some(m) = acc["probes_not_attached"].as_object() {
+        for (k, v) in m {
+            out.push(format!("not attached: {k} ({})", v.as_str().unwrap_or("")));
+        }
+    }
+    match snapshot["gpu"]["available"].as_bool() {
+        Some(true) => out.push(format!("GPU health through NVML: {} GPU(s)", snapshot["gpu"]["device_count"])),
+        _ => out.push(format!("GPU health: {}", snapshot["gpu"]["reason"].as_str().unwrap_or("no snapshot"))),
+    }
+    let n = |s: &str| acc["events"][s].as_u64().unwrap_or(0);
+    out.push(format!("system samples: {} (memory, swap, CPU, PSI), disk samples: {}, network samples: {}, GPU samples: {}", n("system"), n("disk"), n("net"), n("gpu")));
+    out.push(format!("log lines read: {}", n("log")));
+    let drops: u64 = acc["kernel_drops"].as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
+    let ev = &acc["recorder"];
+    out.push(format!("losses: {drops} kernel events dropped, {} evicted by time, {} by memory", ev["evicted_by_time"], ev["evicted_by_memory"]));
+    out
+}
+
+fn facts(timeline: &Value, snapshot: &Value) -> Value {
+    let sw = &snapshot["software"];
+    let precision: BTreeMap<String, Value> = sw["env"]
+        .as_object()
+        .map(|m| m.iter().filter(|(k, _)| ["AMP", "FP16", "BF16", "FP8", "TF32", "PRECISION", "MIXED", "CUBLAS", "CUDNN", "DTYPE", "HALF", "ALLOW_TF32"].iter().any(|w| k.to_ascii_uppercase().contains(w))).map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default();
+    let losses: Vec<Value> = timeline["events"]
+        .as_array()
+        .map(|a| a.iter().filter(|e| e["source"] == "log" && !e["loss"].is_null()).map(|e| json!({ "step": e["step"], "loss": e["loss"], "offset_s": e["offset_s"] })).collect())
+        .unwrap_or_default();
+    let last: Vec<Value> = losses[losses.len().saturating_sub(12)..].to_vec();
+    json!({
+        "host": timeline["host"],
+        "job": timeline["job"],
+        "kernel": sw["kernel"],
+        "nvidia_driver": sw["nvidia_driver"],
+        "cuda_driver": sw["cuda_driver_version"],
+        "nvcc": sw["nvcc"],
+        "libraries": sw["libraries_loaded_by_job"],
+        "frameworks": sw["frameworks"],
+        "precision_env": precision,
+        "env": sw["env"],
+        "last_losses": last,
+        "scheduler": snapshot["scheduler"],
+        "injected": timeline["accounting"]["injected"],
+    })
+}
+
+/// report.md (also report.txt): the answer first, then suspects, what was checked, the facts.
+pub fn markdown(a: &Analysis, timeline: &Value) -> String {
+    let mut s = String::new();
+    s.push_str("# nantrace incident report\n\n");
+    s.push_str(&format!("**{}**\n\n", a.verdict));
+    s.push_str(&format!("- trigger: {} at {} — {}\n", timeline["trigger"]["kind"].as_str().unwrap_or("?"), timeline["trigger"]["time"].as_str().unwrap_or("?"), timeline["trigger"]["reason"].as_str().unwrap_or("")));
+    s.push_str(&format!("- {}\n", a.reference));
+    s.push_str(&format!("- host {} (kernel {})\n", timeline["host"]["hostname"].as_str().unwrap_or("?"), timeline["host"]["kernel"].as_str().unwrap_or("?")));
+    if let Some(i) = a.facts["injected"].as_str() {
+        s.push_str(&format!("- NOTE: {i} (this incident was staged)\n"));
+    }
+    s.push_str("\n## Ranked suspects\n\n");
+    if a.suspects.is_empty() {
+        s.push_str("None: no signal in the table fired.\n");
+    }
+    for (i, f) in a.suspects.iter().enumerate() {
+        s.push_str(&format!("{}. [{:?}, severity {}{}] {}\n", i + 1, f.family, f.severity, if f.touches_job { ", touches the job" } else { "" }, f.text));
+    }
+    s.push_str("\n## What was checked\n\n");
+    for c in &a.checked {
+        s.push_str(&format!("- {c}\n"));
+    }
+    s.push_str("\n## Facts for the ML team\n\n");
+    let fa = &a.facts;
+    s.push_str(&format!("- command: `{}` (pid {}), exit: {}\n", fa["job"]["command"].as_array().map(|c| c.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" ")).unwrap_or_default(), fa["job"]["root_pid"], match (fa["job"]["exit_code"].as_i64(), fa["job"]["exit_signal"].as_i64()) { (_, Some(sg)) => format!("signal {sg}"), (Some(c), _) => format!("code {c}"), _ => "still running".into() }));
+    s.push_str(&format!("- NVIDIA driver: {}\n- CUDA driver: {}\n- nvcc: {}\n", fa["nvidia_driver"].as_str().unwrap_or("?").lines().next().unwrap_or(""), fa["cuda_driver"], fa["nvcc"].as_str().unwrap_or("?")));
+    if let Some(l) = fa["libraries"].as_object() {
+        for (k, v) in l {
+            s.push_str(&format!("- {k}: {}\n", v["versions"]));
+        }
+    }
+    if let Some(fw) = fa["frameworks"].as_object() {
+        for (k, v) in fw {
+            s.push_str(&format!("- {k} {v}\n"));
+        }
+    }
+    s.push_str(&format!("- precision-related environment: {}\n", if fa["precision_env"].as_object().is_some_and(|m| !m.is_empty()) { fa["precision_env"].to_string() } else { "none set".into() }));
+    s.push_str(&format!("- scheduler: slurm={} kubernetes={} cgroup memory limit={}\n", fa["scheduler"]["slurm"]["job_id"], fa["scheduler"]["kubernetes"]["pod_uid"], fa["scheduler"]["cgroup"]["memory"]["limit_bytes"]));
+    s.push_str("\nLast loss values before the end:\n\n| step | loss | t (s, vs trigger) |\n|---|---|---|\n");
+    for l in fa["last_losses"].as_array().unwrap_or(&Vec::new()) {
+        s.push_str(&format!("| {} | {} | {:.2} |\n", l["step"], l["loss"], l["offset_s"].as_f64().unwrap_or(0.0)));
+    }
+    s
+}
+
+/// The report for a bundle directory on disk (`nantrace report BUNDLE`).
+pub fn for_bundle(dir: &std::path::Path) -> anyhow::Result<(Analysis, Value, Value)> {
+    use anyhow::Context as _;
+    let t: Value = serde_json::from_slice(&std::fs::read(dir.join("timeline.json")).with_context(|| format!("{}/timeline.json", dir.display()))?).context("timeline.json is not valid JSON")?;
+    anyhow::ensure!(t["schema"] == crate::bundle::SCHEMA || t["schema"] == crate::merge::SCHEMA, "{}: unknown schema {}", dir.display(), t["schema"]);
+    let snap: Value = std::fs::read(dir.join("snapshot.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_else(|| json!({ "gpu": { "reason": "no snapshot.json in the bundle" } }));
+    Ok((analyze(&t, &snap), t, snap))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A recorded-scenario builder: ten minutes of a healthy run (loss lines every second,
+    /// system samples, fast block I/O, informational kernel lines), then the first NaN at t=0.
+    struct Scenario {
+        events: Vec<Value>,
+        snapshot: Value,
+    }
+
+    const ROOT: u64 = 4242;
+
+    impl Scenario {
+        fn healthy() -> Self {
+            let mut events = Vec::new();
+            for i in 0..600 {
+                let t = -600.0 + f64::from(i);
+                events.push(json!({ "offset_s": t, "source": "log", "pid": ROOT, "job": true, "line": format!("step {i} | loss {:.3}", 2.5 - f64::from(i) / 600.0), "step": i, "loss": 2.5 - f64::from(i) / 600.0, "loss_scale": 65536.0 }));
+                if i % 5 == 0 {
+                    events.push(json!({ "offset_s": t + 0.5, "source": "system", "mem_available_kb": 20_000_000, "swap_in_kb_s": 0.0, "psi_memory_some_avg10": 0.0, "iowait_pct": 1.0 }));
+                    events.push(json!({ "offset_s": t + 0.3, "source": "block", "dev": "259:0", "latency_ms": 4.0 + f64::from(i % 3), "error": 0, "pid": ROOT, "job": true }));
+                }
+            }
+            events.push(json!({ "offset_s": -300.0, "source": "kmsg", "text": "NVRM: loading NVIDIA UNIX x86_64 Kernel Module 550.54.15", "pid": 0 }));
+            events.push(json!({ "offset_s": 0.0, "source": "log", "pid": ROOT, "job": true, "line": "step 600 | loss nan", "step": 600, "loss": "NaN", "nonfinite": true }));
+            let snapshot = json!({ "gpu": { "available": true, "device_count": 4, "devices": [
+                { "index": 0, "pci": "0000:3b:00.0", "compute_processes": [{ "pid": ROOT }] },
+                { "index": 1, "pci": "0000:5e:00.0", "compute_processes": [] },
+            ] }, "software": { "env": { "CUDA_VISIBLE_DEVICES": "0" } } });
+            Scenario { events, snapshot }
+        }
+
+        fn with(mut self, e: Value) -> Self {
+            self.events.push(e);
+            self
+        }
+
+        fn analyze(&self) -> Analysis {
+            let mut evs = self.events.clone();
+            evs.sort_by(|a, b| a["offset_s"].as_f64().unwrap().total_cmp(&b["offset_s"].as_f64().unwrap()));
+            let t = json!({
+                "schema": crate::bundle::SCHEMA,
+                "first_nan": { "offset_s": 0.0, "time": "2026-11-30T10:00:00Z", "line": "step 600 | loss nan", "step": 600 },
+                "trigger": { "kind": "nan", "time": "2026-11-30T10:00:00Z" },
+                "job": { "root_pid": ROOT },
+                "window": { "pre_s": 600.0 },
+                "accounting": { "probes_attached": ["printk:console"], "events": {} },
+                "events": evs,
+            });
+            analyze(&t, &self.snapshot)
+        }
+    }
+
+    fn kmsg(t: f64, text: &str) -> Value {
+        let mut e = json!({ "offset_s": t, "source": "kmsg", "text": text, "pid": 0, "job": false });
+        if let Some(c) = crate::classify::classify(text) {
+            e["severity"] = serde_json::to_value(c.severity()).unwrap();
+            if let Value::Object(m) = serde_json::to_value(&c).unwrap() {
+                for (k, v) in m {
+                    e[k] = v;
+                }
+            }
+            if matches!(c, crate::classify::KmsgClass::Xid { .. }) {
+                e["source"] = json!("xid");
+            }
+            if matches!(c, crate::classify::KmsgClass::Aer { .. }) {
+                e["source"] = json!("aer");
+            }
+        }
+        e
+    }
+
+    fn top(a: &Analysis) -> &Finding {
+        a.suspects.first().unwrap_or_else(|| panic!("no suspects; verdict {}", a.verdict))
+    }
+
+    #[test]
+    fn healthy_run_then_nan_names_no_hardware() {
+        let a = Scenario::healthy().analyze();
+        assert!(!a.machine, "{:?}", a.suspects);
+        assert!(a.suspects.is_empty(), "{:?}", a.suspects);
+        assert!(a.verdict.starts_with("NOT THE MACHINE"), "{}", a.verdict);
+        assert!(a.verdict.contains("10 minutes"));
+        assert!(a.checked.iter().any(|c| c.contains("printk:console")));
+    }
+
+    #[test]
+    fn xid_79_on_the_jobs_gpu_is_the_top_suspect() {
+        let a = Scenario::healthy().with(kmsg(-4.1, &format!("NVRM: Xid (PCI:0000:3b:00): 79, pid={ROOT}, name=python3, GPU has fallen off the bus."))).analyze();
+        let t = top(&a);
+        assert_eq!(t.signal, "gpu_fallen_off_bus");
+        assert!(t.touches_job);
+        assert!(t.text.contains("Xid 79 (GPU has fallen off the bus) on 0000:3b:00.0, a GPU of this job, 4.1 s before the first NaN"), "{}", t.text);
+        assert!(a.verdict.starts_with("PROBABLY THE MACHINE"));
+    }
+
+    #[test]
+    fn xid_48_is_the_top_suspect() {
+        let a = Scenario::healthy().with(kmsg(-20.0, "NVRM: Xid (PCI:0000:5e:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.")).analyze();
+        assert_eq!(top(&a).signal, "xid_critical");
+        assert!(top(&a).text.starts_with("Xid 48 (double-bit ECC error) on 0000:5e:00.0"));
+    }
+
+    #[test]
+    fn aer_burst_is_the_top_suspect() {
+        let mut s = Scenario::healthy();
+        for i in 0..8 {
+            s = s.with(kmsg(-30.0 + f64::from(i), "pcieport 0000:3a:00.0: AER: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)"));
+        }
+        let a = s.analyze();
+        assert_eq!(top(&a).signal, "aer_corrected_burst");
+        assert!(top(&a).text.contains("(×8)"), "{}", top(&a).text);
+    }
+
+    #[test]
+    fn oom_kill_of_a_worker_is_the_top_suspect() {
+        let a = Scenario::healthy()
+            .with(json!({ "offset_s": -12.0, "source": "oom", "victim_pid": 4711, "victim_comm": "pt_data_worker", "victim_job": true, "anon_rss_kb": 8_000_000, "pid": 1, "job": false }))
+            .analyze();
+        assert_eq!(top(&a).signal, "oom_kill_job");
+        assert!(top(&a).text.starts_with("OOM kill of pt_data_worker 4711 (job)"), "{}", top(&a).text);
+        assert!(top(&a).text.ends_with("12.0 s before the first NaN"));
+    }
+
+    #[test]
+    fn disk_stall_is_the_top_suspect() {
+        let mut s = Scenario::healthy();
+        for i in 0..10 {
+            s = s.with(json!({ "offset_s": -50.0 + f64::from(i) * 4.0, "source": "block", "dev": "259:0", "latency_ms": 1800.0, "error": 0, "pid": ROOT, "job": true }));
+        }
+        let a = s.analyze();
+        assert_eq!(top(&a).signal, "disk_stall");
+        assert!(top(&a).text.contains("block I/O p99 on 259:0 1800 ms in the minute before"), "{}", top(&a).text);
+    }
+
+    #[test]
+    fn retransmit_storm_is_the_top_suspect() {
+        let mut s = Scenario::healthy().with(json!({ "offset_s": -100.0, "source": "tcp_retransmit", "daddr": "10.0.0.7", "dport": 29500, "job": false }));
+        for i in 0..40 {
+            s = s.with(json!({ "offset_s": -59.0 + f64::from(i), "source": "tcp_retransmit", "daddr": "10.0.0.7", "dport": 29500, "job": false }));
+        }
+        let a = s.analyze();
+        assert_eq!(top(&a).signal, "retransmit_storm");
+        assert!(top(&a).text.starts_with("TCP retransmits to 10.0.0.7:29500 up 40×"), "{}", top(&a).text);
+    }
+
+    #[test]
+    fn swap_thrash_is_the_top_suspect() {
+        let a = Scenario::healthy().with(json!({ "offset_s": -8.0, "source": "system", "swap_in_kb_s": 300.0 * 1024.0 })).analyze();
+        assert_eq!(top(&a).signal, "swap_thrash");
+        assert!(top(&a).text.starts_with("swap-in 300 MB/s"));
+    }
+
+    #[test]
+    fn thermal_throttling_is_the_top_suspect() {
+        let a = Scenario::healthy().with(json!({ "offset_s": -40.0, "source": "gpu_change", "gpu": 0, "pci": "0000:3b:00.0", "change": "HW slowdown started on GPU 0 (0000:3b:00.0)" })).analyze();
+        assert_eq!(top(&a).signal, "gpu_hw_slowdown");
+        assert!(top(&a).touches_job);
+    }
+
+    #[test]
+    fn loss_scale_collapse_with_nothing_else_wrong() {
+        let mut s = Scenario::healthy();
+        let mut scale = 65536.0;
+        for i in 0..17 {
+            scale /= 2.0;
+            s = s.with(json!({ "offset_s": -17.0 + f64::from(i), "source": "log", "pid": ROOT, "job": true, "line": "OVERFLOW! Skipping step", "overflow": true, "loss_scale": scale, "step": 583 + i }));
+        }
+        let a = s.analyze();
+        assert_eq!(top(&a).signal, "loss_scale_collapse");
+        assert!(top(&a).text.starts_with("loss scale fell from 65536 to 0.5"), "{}", top(&a).text);
+        assert!(!a.machine);
+        assert!(a.verdict.starts_with("NOT THE MACHINE"));
+    }
+
+    #[test]
+    fn the_job_killing_its_own_worker_after_the_nan_is_not_a_suspect() {
+        let a = Scenario::healthy()
+            .with(json!({ "offset_s": 0.7, "source": "signal", "signal": "SIGKILL", "target_pid": 4300, "pid": ROOT, "job": true }))
+            .with(json!({ "offset_s": -3.0, "source": "signal", "signal": "SIGKILL", "target_pid": 4301, "pid": ROOT, "job": true }))
+            .analyze();
+        assert!(a.suspects.is_empty(), "{:?}", a.suspects);
+    }
+}

@@ -1,0 +1,85 @@
+//! The suspect rules, as data: one row per signal, with its family, severity and threshold.
+//! `report::analyze` evaluates each row's detector over the incident window and ranks what
+//! fired by severity × closeness to the first NaN × whether it touches the job.
+//! docs/report.md lists the same table.
+
+/// Evidence families: everything except `Numerics` is "the machine".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    Gpu,
+    Pcie,
+    Memory,
+    Kernel,
+    Storage,
+    Network,
+    Process,
+    Numerics,
+}
+
+impl Family {
+    pub fn is_machine(self) -> bool {
+        self != Family::Numerics
+    }
+}
+
+/// One signal nantrace looks for.
+#[derive(Clone, Copy, Debug)]
+pub struct Signal {
+    pub id: &'static str,
+    pub family: Family,
+    /// 0–100: how strongly this alone explains a NaN or a crash.
+    pub severity: u32,
+    /// The signal's threshold (meaning depends on the detector; documented in `what`).
+    pub threshold: f64,
+    pub what: &'static str,
+}
+
+pub const SIGNALS: &[Signal] = &[
+    Signal { id: "gpu_fallen_off_bus", family: Family::Gpu, severity: 100, threshold: 1.0, what: "Xid 79 or an NVRM 'fallen off the bus' line" },
+    Signal { id: "xid_critical", family: Family::Gpu, severity: 95, threshold: 1.0, what: "Xid of critical severity (48 DBE, 62, 64, 74, 95, 119, 120, 140...)" },
+    Signal { id: "ecc_uncorrected", family: Family::Gpu, severity: 92, threshold: 1.0, what: "uncorrected (volatile) ECC count went up (NVML)" },
+    Signal { id: "aer_fatal", family: Family::Pcie, severity: 90, threshold: 1.0, what: "PCIe AER uncorrected fatal error" },
+    Signal { id: "oom_kill_job", family: Family::Memory, severity: 88, threshold: 1.0, what: "OOM kill of a job process" },
+    Signal { id: "machine_check", family: Family::Kernel, severity: 85, threshold: 1.0, what: "machine check / EDAC error" },
+    Signal { id: "xid_error", family: Family::Gpu, severity: 80, threshold: 1.0, what: "Xid of error severity (13, 31, 61, 94...)" },
+    Signal { id: "aer_nonfatal", family: Family::Pcie, severity: 78, threshold: 1.0, what: "PCIe AER uncorrected non-fatal error" },
+    Signal { id: "job_fatal_signal", family: Family::Process, severity: 70, threshold: 1.0, what: "SIGSEGV/SIGBUS/SIGFPE/SIGILL/SIGABRT/SIGKILL delivered to a job process" },
+    Signal { id: "block_io_error", family: Family::Storage, severity: 70, threshold: 1.0, what: "block request completed with an error" },
+    Signal { id: "hung_task", family: Family::Kernel, severity: 65, threshold: 1.0, what: "kernel hung-task report" },
+    Signal { id: "gpu_hw_slowdown", family: Family::Gpu, severity: 60, threshold: 1.0, what: "HW slowdown / HW thermal / power-brake throttling started (NVML)" },
+    Signal { id: "ib_link_down", family: Family::Network, severity: 60, threshold: 1.0, what: "InfiniBand/RoCE or NIC link went down" },
+    Signal { id: "sxid", family: Family::Gpu, severity: 55, threshold: 1.0, what: "NVSwitch SXid" },
+    Signal { id: "disk_stall", family: Family::Storage, severity: 55, threshold: 10.0, what: "block latency (p99 of slow requests, or iostat await) in the minute before ≥ threshold × the minute earlier and ≥ 100 ms" },
+    Signal { id: "worker_exit", family: Family::Process, severity: 50, threshold: 1.0, what: "a job process (not the root) exited with a non-zero code" },
+    Signal { id: "retransmit_storm", family: Family::Network, severity: 48, threshold: 10.0, what: "TCP retransmits in the minute before ≥ 20 and ≥ threshold × the minute earlier" },
+    Signal { id: "swap_thrash", family: Family::Memory, severity: 45, threshold: 10_240.0, what: "swap-in rate ≥ threshold KiB/s" },
+    Signal { id: "xid_warning", family: Family::Gpu, severity: 45, threshold: 1.0, what: "Xid of warning severity (63 row remap, 92 high SBE rate...)" },
+    Signal { id: "aer_corrected_burst", family: Family::Pcie, severity: 40, threshold: 5.0, what: "≥ threshold corrected PCIe AER errors" },
+    Signal { id: "pcie_replay", family: Family::Pcie, severity: 40, threshold: 1.0, what: "PCIe replay counter went up (NVML)" },
+    Signal { id: "memory_pressure", family: Family::Memory, severity: 40, threshold: 10.0, what: "PSI memory 'some' avg10 ≥ threshold %" },
+    Signal { id: "link_errors", family: Family::Network, severity: 35, threshold: 1.0, what: "NIC/IB error counters went up" },
+    Signal { id: "loss_scale_collapse", family: Family::Numerics, severity: 35, threshold: 1024.0, what: "fp16 loss scale fell by ≥ threshold× (or to ≤ 1) with overflow messages" },
+    Signal { id: "gpu_power_cap", family: Family::Gpu, severity: 25, threshold: 1.0, what: "SW power cap / SW thermal throttling started (NVML)" },
+    Signal { id: "ecc_corrected", family: Family::Gpu, severity: 25, threshold: 1.0, what: "corrected ECC count went up (NVML)" },
+    Signal { id: "loss_spike", family: Family::Numerics, severity: 30, threshold: 100.0, what: "loss grew ≥ threshold× over the steps before the NaN" },
+    Signal { id: "oom_kill_other", family: Family::Memory, severity: 30, threshold: 1.0, what: "OOM kill of a process outside the job" },
+];
+
+pub fn signal(id: &str) -> &'static Signal {
+    SIGNALS.iter().find(|s| s.id == id).unwrap_or_else(|| panic!("unknown signal {id}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_and_severities_bounded() {
+        let mut ids: Vec<&str> = SIGNALS.iter().map(|s| s.id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), SIGNALS.len());
+        assert!(SIGNALS.iter().all(|s| s.severity <= 100 && s.threshold > 0.0));
+    }
+}
