@@ -9,7 +9,7 @@ use std::io::Write as _;
 use std::time::Duration;
 
 /// Scenarios: what fault (if any) is injected through real kernel mechanisms before the NaN.
-pub const SCENARIOS: &[&str] = &["numeric", "xid"];
+pub const SCENARIOS: &[&str] = &["numeric", "xid", "oom", "net"];
 
 struct Rng(u64);
 impl Rng {
@@ -32,6 +32,7 @@ pub fn train(scenario: &str, step_ms: u64) -> i32 {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let out = std::io::stdout();
     let mut nan_steps = 0;
+    let mut injected: Option<inject::Cleanup> = None;
     println!("demo: fitting y = 3x + 1 with SGD (f32), lr warmup without a cap; scenario={scenario}");
     for step in 1..=400u32 {
         if step > 30 {
@@ -57,7 +58,25 @@ pub fn train(scenario: &str, step_ms: u64) -> i32 {
         let _ = writeln!(l, "step {step} | loss {loss:.4} | lr {lr:.3e} | loss_scale {scale:.1} | grad_norm {:.3}", (gw * gw + gb * gb).sqrt());
         let _ = l.flush();
         drop(l);
-        if scenario == "xid" && step == 60 {
+        if scenario == "oom" && step == 25 {
+            match inject::oom(&me) {
+                Ok(c) => {
+                    eprintln!("demo: INJECTED memory pressure: a data-loader worker in a 64 MiB cgroup will be OOM-killed");
+                    injected = Some(c);
+                }
+                Err(e) => eprintln!("demo: could not inject the OOM kill ({e}); running as plain numeric divergence"),
+            }
+        }
+        if scenario == "net" && step == 10 {
+            match inject::net() {
+                Ok(c) => {
+                    eprintln!("demo: INJECTED packet loss: 12 TCP connections across a veth pair, all packets dropped by nftables");
+                    injected = Some(c);
+                }
+                Err(e) => eprintln!("demo: could not inject packet loss ({e}); running as plain numeric divergence"),
+            }
+        }
+        if scenario == "xid" && step == 25 {
             let line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, name=nantrace-demo, GPU has fallen off the bus. [INJECTED by nantrace demo --scenario xid]";
             match std::fs::write("/dev/kmsg", format!("{line}\n")) {
                 Ok(()) => eprintln!("demo: INJECTED a fake NVRM Xid 79 line into the kernel log (/dev/kmsg)"),
@@ -68,6 +87,7 @@ pub fn train(scenario: &str, step_ms: u64) -> i32 {
             nan_steps += 1;
             if nan_steps >= 3 {
                 eprintln!("RuntimeError: loss is NaN at step {step}, stopping training");
+                drop(injected.take());
                 if let Some(wk) = worker.as_mut() {
                     let _ = wk.kill();
                     let _ = wk.wait();
@@ -86,8 +106,132 @@ pub fn train(scenario: &str, step_ms: u64) -> i32 {
 
 /// The demo's data-loader worker: idles like a worker waiting for work, until killed.
 pub fn worker() -> i32 {
+    set_comm(c"pt_data_worker");
     for _ in 0..600 {
         std::thread::sleep(Duration::from_millis(100));
     }
     0
+}
+
+/// Faults caused through real kernel mechanisms for the demo scenarios (root only).
+mod inject {
+    use std::io::Write as _;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd as _;
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    /// Undoes an injection when dropped.
+    pub struct Cleanup {
+        cgroup: Option<PathBuf>,
+        child: Option<std::process::Child>,
+        netns: Vec<String>,
+        _conns: Vec<TcpStream>,
+    }
+
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            if let Some(c) = self.child.as_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            if let Some(cg) = &self.cgroup {
+                for _ in 0..20 {
+                    if std::fs::remove_dir(cg).is_ok() {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            }
+            for ns in &self.netns {
+                let _ = Command::new("ip").args(["netns", "del", ns]).status();
+            }
+        }
+    }
+
+    fn sh(args: &[&str]) -> Result<(), String> {
+        let o = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args[0]))?;
+        if o.status.success() { Ok(()) } else { Err(format!("{:?}: {}", args, String::from_utf8_lossy(&o.stderr).trim())) }
+    }
+
+    /// A worker in a 64 MiB memory cgroup that allocates until the OOM killer takes it.
+    pub fn oom(me: &Path) -> Result<Cleanup, String> {
+        let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
+        let name = format!("nantrace-demo-{}", std::process::id());
+        let cg = if v2 { PathBuf::from("/sys/fs/cgroup").join(&name) } else { PathBuf::from("/sys/fs/cgroup/memory").join(&name) };
+        std::fs::create_dir_all(&cg).map_err(|e| format!("{}: {e}", cg.display()))?;
+        let limit = (64u64 << 20).to_string();
+        if v2 {
+            std::fs::write(cg.join("memory.max"), &limit).map_err(|e| e.to_string())?;
+            let _ = std::fs::write(cg.join("memory.swap.max"), "0");
+        } else {
+            std::fs::write(cg.join("memory.limit_in_bytes"), &limit).map_err(|e| e.to_string())?;
+            let _ = std::fs::write(cg.join("memory.memsw.limit_in_bytes"), &limit);
+        }
+        let child = Command::new(me).arg("demo-hog").arg(cg.join("cgroup.procs")).spawn().map_err(|e| e.to_string())?;
+        Ok(Cleanup { cgroup: Some(cg), child: Some(child), netns: Vec::new(), _conns: Vec::new() })
+    }
+
+    fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+        let path = format!("/var/run/netns/{ns}");
+        std::thread::spawn(move || {
+            let fd = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+            // SAFETY: setns on this thread only, with a valid namespace fd.
+            if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(format!("setns {path}: {}", std::io::Error::last_os_error()));
+            }
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| "namespace thread panicked".to_string())?
+    }
+
+    /// 12 TCP connections across a veth pair whose far end then drops every packet.
+    pub fn net() -> Result<Cleanup, String> {
+        let tag = std::process::id() % 100_000;
+        let (a, b) = (format!("ntdemo-a{tag}"), format!("ntdemo-b{tag}"));
+        let mut c = Cleanup { cgroup: None, child: None, netns: vec![a.clone(), b.clone()], _conns: Vec::new() };
+        sh(&["ip", "netns", "add", &a])?;
+        sh(&["ip", "netns", "add", &b])?;
+        sh(&["ip", "link", "add", &format!("nda{tag}"), "netns", &a, "type", "veth", "peer", "name", &format!("ndb{tag}"), "netns", &b])?;
+        sh(&["ip", "-n", &a, "addr", "add", "10.214.0.1/24", "dev", &format!("nda{tag}")])?;
+        sh(&["ip", "-n", &b, "addr", "add", "10.214.0.2/24", "dev", &format!("ndb{tag}")])?;
+        sh(&["ip", "-n", &a, "link", "set", &format!("nda{tag}"), "up"])?;
+        sh(&["ip", "-n", &b, "link", "set", &format!("ndb{tag}"), "up"])?;
+        let listener = in_ns(&b, || TcpListener::bind(("10.214.0.2", 29500)))?.map_err(|e| e.to_string())?;
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in listener.incoming().flatten() {
+                held.push(s);
+            }
+        });
+        let conns = in_ns(&a, || (0..12).map(|_| TcpStream::connect(("10.214.0.2", 29500))).collect::<Result<Vec<_>, _>>())?.map_err(|e| e.to_string())?;
+        sh(&["ip", "netns", "exec", &b, "nft", "add", "table", "inet", "ntdemo"])?;
+        sh(&["ip", "netns", "exec", &b, "nft", "add", "chain", "inet", "ntdemo", "in", "{ type filter hook input priority 0; }"])?;
+        sh(&["ip", "netns", "exec", &b, "nft", "add", "rule", "inet", "ntdemo", "in", "tcp", "dport", "29500", "drop"])?;
+        for mut s in conns {
+            let _ = s.write_all(&[0u8; 512]);
+            c._conns.push(s);
+        }
+        Ok(c)
+    }
+}
+
+/// The OOM scenario's victim: joins the cgroup named by `procs`, then allocates until killed.
+fn set_comm(name: &std::ffi::CStr) {
+    // SAFETY: PR_SET_NAME with a NUL-terminated string of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+}
+
+pub fn hog(procs: &str) -> i32 {
+    set_comm(c"pt_data_worker");
+    if let Err(e) = std::fs::write(procs, std::process::id().to_string()) {
+        eprintln!("demo-hog: {procs}: {e}");
+        return 1;
+    }
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    loop {
+        held.push(vec![1u8; 4 << 20]);
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

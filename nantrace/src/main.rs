@@ -91,7 +91,8 @@ enum Cmd {
     },
     /// Run the built-in diverging training job under the recorder
     Demo {
-        /// numeric (default) or xid (an NVRM Xid line injected through /dev/kmsg first)
+        /// numeric (default); xid (an NVRM Xid line written to /dev/kmsg), oom (a worker
+        /// OOM-killed in a 64 MiB cgroup), net (packets dropped in a netns): injected, labelled
         #[arg(long, default_value = "numeric")]
         scenario: String,
         #[command(flatten)]
@@ -149,6 +150,8 @@ enum Cmd {
     },
     #[command(hide = true, name = "demo-worker")]
     DemoWorker,
+    #[command(hide = true, name = "demo-hog")]
+    DemoHog { procs: String },
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -246,6 +249,7 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::DemoTrain { scenario, step_ms } => nantrace::demo::train(&scenario, step_ms),
         Cmd::DemoWorker => nantrace::demo::worker(),
+        Cmd::DemoHog { procs } => nantrace::demo::hog(&procs),
     };
     std::process::exit(code);
 }

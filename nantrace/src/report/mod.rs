@@ -169,6 +169,10 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             }
             "oom_kill" => {
                 let v = e["victim_pid"].as_u64().unwrap_or(0);
+                // The oom:mark_victim probe saw the same kill: one kill, two witnesses.
+                if ctx.src("oom").any(|(_, o)| o["victim_pid"].as_u64() == Some(v)) {
+                    continue;
+                }
                 let job = ctx.job_pids.contains(&v);
                 let sig = if job { signal("oom_kill_job") } else { signal("oom_kill_other") };
                 acc.add(sig, &v.to_string(), *rel, job, || format!("OOM kill of {} {v}{}", e["victim_comm"].as_str().unwrap_or("?"), if job { " (job)" } else { "" }));
