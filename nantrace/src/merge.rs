@@ -154,7 +154,7 @@ mod tests {
         let order: Vec<&str> = m["events"].as_array().unwrap().iter().map(|e| e["text"].as_str().unwrap()).collect();
         assert_eq!(order, ["b1 (really 09:59:59.5)", "a1", "b2 (really 10:00:00.3)", "a2"]);
         assert_eq!(m["events"][0]["time"], "2026-11-30T09:59:59.5Z");
-        assert_eq!(m["events"][0]["time_node_clock"], "2026-11-30T10:00:01Z");
+        assert_eq!(m["events"][0]["time_node_clock"], "2026-11-30T10:00:01.000000000Z");
         assert_eq!(m["events"][0]["node"], "b");
         assert_eq!(m["residual_uncertainty_s"], 0.004);
         assert_eq!(m["trigger"]["node"], "b");
