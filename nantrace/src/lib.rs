@@ -19,3 +19,4 @@ pub mod trigger;
 pub mod demo;
 pub mod merge;
 pub mod report;
+pub mod benchkit;

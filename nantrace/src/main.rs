@@ -150,6 +150,19 @@ enum Cmd {
     },
     #[command(hide = true, name = "demo-worker")]
     DemoWorker,
+    /// Benchmark helpers for `cargo xtask bench` (workload, memory, drain, dump, bpf-stats)
+    #[command(hide = true, name = "bench-internal")]
+    BenchInternal {
+        what: String,
+        #[arg(long, default_value_t = 1000)]
+        n: u64,
+        #[arg(long, default_value = "/var/tmp")]
+        dir: PathBuf,
+        #[arg(long)]
+        go: Option<PathBuf>,
+        #[arg(long, default_value_t = 10)]
+        kmsg_every: u32,
+    },
     #[command(hide = true, name = "demo-hog")]
     DemoHog { procs: String },
 }
@@ -249,6 +262,19 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::DemoTrain { scenario, step_ms } => nantrace::demo::train(&scenario, step_ms),
         Cmd::DemoWorker => nantrace::demo::worker(),
+        Cmd::BenchInternal { what, n, dir, go, kmsg_every } => {
+            use nantrace::benchkit as b;
+            let v = match what.as_str() {
+                "workload" => b::workload(n as u32, kmsg_every, &dir, go.as_deref()),
+                "memory" => b::memory(n),
+                "drain" => b::drain(n),
+                "dump" => b::dump(n, &dir),
+                "bpf-stats" => b::bpf_stats(),
+                other => anyhow::bail!("unknown bench-internal {other}"),
+            };
+            println!("{v}");
+            0
+        }
         Cmd::DemoHog { procs } => nantrace::demo::hog(&procs),
     };
     std::process::exit(code);

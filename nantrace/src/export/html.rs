@@ -90,7 +90,9 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
         svg.push_str(&format!(r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{}" stroke="#d5d8dc"/><text x="{x:.1}" y="{}" class="tick">{t:+.1}s</text>"##, height - 22.0, height - 8.0));
         t += step;
     }
-    // Events (samples are counters, drawn below, not dots).
+    // Events (samples are counters, drawn below, not dots). A dense window is thinned to one
+    // marker per lane per pixel column, so the page stays small and fast.
+    let mut drawn = std::collections::HashSet::new();
     for e in evs {
         let src = e["source"].as_str().unwrap_or("");
         if matches!(src, "system" | "gpu" | "disk" | "net" | "job_procs") {
@@ -101,6 +103,9 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
             continue;
         }
         let x = ax.x(rel(e));
+        if !drawn.insert((l, x as i64, color(e))) {
+            continue;
+        }
         let y = top + lane_h * l as f64 + lane_h / 2.0;
         let label = e["text"].as_str().or(e["line"].as_str()).or(e["reason"].as_str()).or(e["change"].as_str()).unwrap_or(src);
         svg.push_str(&format!(r#"<circle class="ev" cx="{x:.1}" cy="{y:.1}" r="4" fill="{}"><title>{} {:+.3}s {}</title></circle>"#, color(e), esc(src), rel(e), esc(&label.chars().take(200).collect::<String>())));
@@ -115,7 +120,12 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
     svg.push_str("</svg>");
 
     // Counter charts.
-    let series = |src: &str, key: &str| -> Vec<(f64, f64)> { evs.iter().filter(|e| e["source"] == src).filter_map(|e| Some((rel(e), e[key].as_f64()?))).filter(|p| p.1.is_finite()).collect() };
+    let series = |src: &str, key: &str| -> Vec<(f64, f64)> {
+        let v: Vec<(f64, f64)> = evs.iter().filter(|e| e["source"] == src).filter_map(|e| Some((rel(e), e[key].as_f64()?))).filter(|p| p.1.is_finite()).collect();
+        // At most ~2 points per pixel column.
+        let step = (v.len() / 2000).max(1);
+        v.into_iter().step_by(step).collect()
+    };
     let chart = |id: &str, title: &str, lines: Vec<(Vec<(f64, f64)>, &str, &str, bool)>| -> String {
         let h = 110.0;
         let mut c = format!(r#"<h3>{}</h3><svg id="{id}" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{}">"#, esc(title), h + 20.0);

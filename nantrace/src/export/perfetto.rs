@@ -37,7 +37,10 @@ impl Builder {
         (pid, tid)
     }
     fn instant(&mut self, ts: f64, fam: u64, tid: u64, tname: &str, name: &str, args: Value, global: bool) {
-        let (pid, tid) = self.thread(fam, tid, tname);
+        let pid = self.pid(fam);
+        if !self.threads.contains_key(&(pid, tid)) {
+            self.threads.insert((pid, tid), tname.to_string());
+        }
         self.out.push(json!({ "name": name, "ph": "i", "s": if global { "g" } else { "t" }, "ts": ts, "pid": pid, "tid": tid, "args": args }));
     }
     fn counter(&mut self, ts: f64, fam: u64, name: &str, values: Value) {
@@ -55,7 +58,13 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
     let mut b = Builder { out: Vec::new(), threads: BTreeMap::new(), node_base: node.map_or(0, |n| (n.0 + 1) * 100) };
     let empty = Vec::new();
     let evs = timeline["events"].as_array().unwrap_or(&empty);
-    let ts_of = |e: &Value| -> f64 { wall_us(e) - base_wall_us };
+    // Within one node, mono_ns orders exactly and is cheap; merged timelines (whose mono
+    // clocks differ per node) go through the corrected wall time.
+    let use_mono = node.is_none() && evs.iter().all(|e| e["mono_ns"].is_u64());
+    let mono0 = evs.iter().filter_map(|e| e["mono_ns"].as_u64()).min().unwrap_or(0);
+    let ts_of = |e: &Value| -> f64 {
+        if use_mono { (e["mono_ns"].as_u64().unwrap_or(mono0) - mono0) as f64 / 1000.0 } else { wall_us(e) - base_wall_us }
+    };
     let end_ts = evs.iter().map(ts_of).fold(0.0, f64::max);
     let start_ts = evs.iter().map(ts_of).fold(f64::INFINITY, f64::min).min(end_ts);
     let mut open: BTreeMap<u64, (f64, String)> = BTreeMap::new();
@@ -112,7 +121,7 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
                 let dev = e["dev"].as_str().unwrap_or("?");
                 b.counter(ts, 7, &format!("I/O latency ms {dev}"), json!({ "latency_ms": e["latency_ms"] }));
                 if e["error"].as_i64().is_some_and(|x| x != 0) {
-                    b.instant(ts, 7, hash(dev), &format!("block {dev}"), "I/O error", e.clone(), false);
+                    b.instant(ts, 7, hash(dev), &format!("block {dev}"), "I/O error", json!({ "error": e["error"], "sector": e["sector"] }), false);
                 }
             }
             "net" => {
@@ -122,12 +131,12 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
             }
             "tcp_retransmit" => {
                 let peer = format!("{}:{}", e["daddr"].as_str().unwrap_or("?"), e["dport"]);
-                b.instant(ts, 6, hash(&peer), &format!("peer {peer}"), "retransmit", e.clone(), false);
+                b.instant(ts, 6, hash(&peer), &format!("peer {peer}"), "retransmit", json!({ "saddr": e["saddr"], "sport": e["sport"], "state": e["state"] }), false);
             }
             "fork" => {
                 let child = e["child_pid"].as_u64().unwrap_or(0);
                 open.insert(child, (ts, e["child_comm"].as_str().unwrap_or("").to_string()));
-                b.instant(ts, 4, pid, &format!("{comm} {pid}"), &format!("fork {child}"), e.clone(), false);
+                b.instant(ts, 4, pid, &format!("{comm} {pid}"), &format!("fork {child}"), json!({ "child_comm": e["child_comm"] }), false);
             }
             "exit" => {
                 let (start, name) = open.remove(&pid).unwrap_or((start_ts, comm.to_string()));
@@ -137,7 +146,7 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
                     (Some(c), _) => format!("exit {c}"),
                     _ => "exit".into(),
                 };
-                b.instant(ts, 4, pid, &format!("{comm} {pid}"), &what, e.clone(), false);
+                b.instant(ts, 4, pid, &format!("{comm} {pid}"), &what, json!({ "exit_code": e["exit_code"], "signal": e["signal"] }), false);
             }
             "exec" | "signal" | "oom" => {
                 let name = match src {
@@ -190,9 +199,10 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
         meta.push(json!({ "name": "thread_name", "ph": "M", "pid": p, "tid": t, "args": { "name": n } }));
     }
     // Stable order: by time, B before instants before E at the same time (keeps spans matched).
-    let rank = |v: &Value| match v["ph"].as_str() { Some("B") => 0, Some("E") => 2, _ => 1 };
-    b.out.sort_by(|x, y| x["ts"].as_f64().unwrap_or(0.0).total_cmp(&y["ts"].as_f64().unwrap_or(0.0)).then(rank(x).cmp(&rank(y))));
-    meta.extend(b.out);
+    let rank = |v: &Value| match v["ph"].as_str() { Some("B") => 0u8, Some("E") => 2, _ => 1 };
+    let mut keyed: Vec<(f64, u8, Value)> = b.out.into_iter().map(|v| (v["ts"].as_f64().unwrap_or(0.0), rank(&v), v)).collect();
+    keyed.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+    meta.extend(keyed.into_iter().map(|k| k.2));
     meta
 }
 
@@ -205,7 +215,7 @@ pub fn wall_us(e: &Value) -> f64 {
 }
 
 pub fn trace(timeline: &Value) -> Value {
-    let base = timeline["events"].as_array().and_then(|a| a.iter().map(wall_us).reduce(f64::min)).unwrap_or(0.0);
+    let base = timeline["events"].as_array().and_then(|a| a.first()).map_or(0.0, wall_us);
     json!({
         "traceEvents": events(timeline, None, base),
         "displayTimeUnit": "ms",

@@ -45,20 +45,18 @@ fn when(rel: f64) -> String {
 }
 
 struct Ctx<'a> {
-    events: Vec<(f64, &'a Value)>,
+    by_src: std::collections::HashMap<&'a str, Vec<(f64, &'a Value)>>,
     job_pids: BTreeSet<u64>,
     job_gpus: BTreeSet<String>,
     root: Option<u64>,
 }
 
 impl Ctx<'_> {
-    fn before(&self) -> impl Iterator<Item = &(f64, &Value)> {
-        // A cause precedes its effect: only what happened before the reference (with 0.2 s of
-        // slack for the log line's own delivery through the job's pipe).
-        self.events.iter().filter(|(r, _)| *r <= 0.2)
-    }
+    /// Events of one source that can be causes: a cause precedes its effect, so only what
+    /// happened before the reference (with 0.2 s of slack for the log line's own delivery
+    /// through the job's pipe).
     fn src<'b>(&'b self, s: &'b str) -> impl Iterator<Item = &'b (f64, &'b Value)> + 'b {
-        self.before().filter(move |(_, e)| e["source"] == s)
+        self.by_src.get(s).into_iter().flatten().filter(|(r, _)| *r <= 0.2)
     }
 }
 
@@ -124,8 +122,13 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     for e in evs.iter().filter(|e| e["source"] == "fork" && e["job"] == true) {
         job_pids.extend(e["child_pid"].as_u64());
     }
+    let events: Vec<(f64, &Value)> = evs.iter().map(|e| (f(&e["offset_s"]).unwrap_or(0.0) - ref_off, e)).collect();
+    let mut by_src: std::collections::HashMap<&str, Vec<(f64, &Value)>> = std::collections::HashMap::new();
+    for (r, e) in &events {
+        by_src.entry(e["source"].as_str().unwrap_or("")).or_default().push((*r, *e));
+    }
     let ctx = Ctx {
-        events: evs.iter().map(|e| (f(&e["offset_s"]).unwrap_or(0.0) - ref_off, e)).collect(),
+        by_src,
         job_gpus: job_gpus(snapshot, &job_pids),
         job_pids,
         root,
@@ -135,7 +138,9 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
 
     // Kernel log classes (and the AER tracepoint).
     let nvml_xids: Vec<(f64, &Value)> = ctx.src("nvml_xid").map(|(r, e)| (*r, *e)).collect();
-    for (rel, e) in ctx.before() {
+    let kernel: Vec<(f64, &Value)> = ["kmsg", "xid", "aer"].iter().flat_map(|s| ctx.src(s)).map(|(r, e)| (*r, *e)).collect();
+    for (rel, e) in &kernel {
+        let rel = &*rel;
         let class = e["class"].as_str().unwrap_or("");
         match class {
             "xid" => {
@@ -235,12 +240,10 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         }
     }
     // Rates: the minute before vs the minute earlier.
-    let win = |lo: f64, hi: f64| ctx.before().filter(move |(r, _)| *r > lo && *r <= hi);
-    let _ = &win;
     {
         let sig = signal("disk_stall");
         let mut per_dev: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
-        for (r, e) in win(-120.0, 1.0) {
+        for (r, e) in ctx.src("block").chain(ctx.src("disk")).filter(|(r, _)| *r > -120.0) {
             let mut push = |dev: String, v: f64| {
                 let slot = per_dev.entry(dev).or_default();
                 if *r > -60.0 { slot.0.push(v) } else { slot.1.push(v) }
@@ -261,7 +264,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         for (dev, (recent, earlier)) in per_dev {
             let (Some(r), e) = (p99(recent), p99(earlier).unwrap_or(1.0).max(1.0)) else { continue };
             if r >= 100.0 && r >= sig.threshold * e {
-                let rel = ctx.before().filter(|(_, x)| (x["source"] == "block" && x["dev"] == dev.as_str()) || x["source"] == "disk").map(|(r, _)| *r).fold(f64::NEG_INFINITY, f64::max);
+                let rel = ctx.src("block").filter(|(_, x)| x["dev"] == dev.as_str()).chain(ctx.src("disk")).map(|(r, _)| *r).fold(f64::NEG_INFINITY, f64::max);
                 acc.add(sig, &dev, rel.min(0.0), false, || format!("block I/O p99 on {dev} {:.0} ms in the minute before, {:.0}× the minute earlier", r, r / e));
             }
         }
@@ -269,7 +272,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     {
         let sig = signal("retransmit_storm");
         let mut per_peer: BTreeMap<String, (usize, usize, f64, bool)> = BTreeMap::new();
-        for (r, e) in win(-120.0, 1.0).filter(|(_, e)| e["source"] == "tcp_retransmit") {
+        for (r, e) in ctx.src("tcp_retransmit").filter(|(r, _)| *r > -120.0) {
             let peer = format!("{}:{}", e["daddr"].as_str().unwrap_or("?"), e["dport"]);
             let s = per_peer.entry(peer).or_insert((0, 0, f64::NEG_INFINITY, false));
             if *r > -60.0 { s.0 += 1 } else { s.1 += 1 }
@@ -282,7 +285,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             }
         }
     }
-    for (rel, e) in win(-60.0, 1.0).filter(|(_, e)| e["source"] == "system") {
+    for (rel, e) in ctx.src("system").filter(|(r, _)| *r > -60.0) {
         if let Some(s) = f(&e["swap_in_kb_s"]).filter(|s| *s >= signal("swap_thrash").threshold) {
             acc.add(signal("swap_thrash"), "swap", *rel, false, || format!("swap-in {:.0} MB/s", s / 1024.0));
         }
@@ -315,7 +318,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         acc.add(sig, e["link"].as_str().unwrap_or(""), *rel, false, || c.to_string());
     }
     // Numerics: the loss scale and the loss curve before the NaN.
-    let logs: Vec<(f64, &Value)> = ctx.before().filter(|(r, e)| e["source"] == "log" && *r <= 0.0).map(|(r, e)| (*r, *e)).collect();
+    let logs: Vec<(f64, &Value)> = ctx.src("log").filter(|(r, _)| *r <= 0.0).map(|(r, e)| (*r, *e)).collect();
     {
         let scales: Vec<(f64, f64, Option<u64>)> = logs.iter().filter_map(|(r, e)| Some((*r, f(&e["loss_scale"])?, e["step"].as_u64()))).collect();
         let overflow = logs.iter().any(|(_, e)| e["overflow"] == true);
