@@ -65,6 +65,30 @@ pub fn workload(iters: u32, kmsg_every: u32, dir: &std::path::Path, go_file: Opt
     json!({ "iterations": iters, "elapsed_s": elapsed, "pid": std::process::id() })
 }
 
+/// `n` fork + immediate _exit, as fast as one thread can: a burst of process events.
+pub fn forkstorm(n: u64, go_file: Option<&std::path::Path>) -> Value {
+    if let Some(g) = go_file {
+        while !g.exists() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    let t = Instant::now();
+    for _ in 0..n {
+        // SAFETY: the child only calls _exit; the parent reaps it.
+        unsafe {
+            let pid = libc::fork();
+            if pid == 0 {
+                libc::_exit(0);
+            }
+            if pid > 0 {
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+    let s = t.elapsed().as_secs_f64();
+    json!({ "forks": n, "seconds": s, "forks_per_s": n as f64 / s })
+}
+
 fn rss_kb() -> u64 {
     procfs::process::Process::myself().and_then(|p| p.stat()).map(|s| s.rss * (procfs::page_size() / 1024)).unwrap_or(0)
 }

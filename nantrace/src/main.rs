@@ -266,6 +266,7 @@ fn main() -> anyhow::Result<()> {
             use nantrace::benchkit as b;
             let v = match what.as_str() {
                 "workload" => b::workload(n as u32, kmsg_every, &dir, go.as_deref()),
+                "forkstorm" => b::forkstorm(n, go.as_deref()),
                 "memory" => b::memory(n),
                 "drain" => b::drain(n),
                 "dump" => b::dump(n, &dir),

@@ -270,6 +270,13 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         }
     };
     let mut acct = probes.as_ref().map(|p| Accounting::with_probes(&p.status)).unwrap_or_default();
+    eprintln!(
+        "nantrace: recording ({} kernel probes attached; window {} s, cap {} MiB, post-window {} s)",
+        probes.as_ref().map_or(0, |p| p.attached()),
+        opts.window_s,
+        opts.mem_cap_mb,
+        opts.post_s
+    );
     let mut reader_stats = None;
     if let Some(p) = probes.as_mut() {
         let ring = p.take_ring()?;

@@ -96,7 +96,8 @@ fn main() -> Result<()> {
             // (they share kernel state: tracepoints, cgroups, namespaces, /dev/kmsg).
             run(Command::new("cargo").current_dir(root()).args(["test", "--locked", "--workspace", "--lib", "--bins"]))?;
             run(Command::new("cargo").current_dir(root()).args(["test", "--locked", "-p", "nantrace", "--tests", "--", "--test-threads=1"]))?;
-            bench::run(true)?;
+            // The benchmark in smoke mode: proves it still runs (no timing assertions).
+            bench::run(true, &root().join("target/debug/nantrace"))?;
             Ok(())
         }
         Cmd::Demo { scenario, out } => {
@@ -110,8 +111,8 @@ fn main() -> Result<()> {
             let route = setup::setup()?;
             setup::test_deps()?;
             setup::build_ebpf(&route)?;
-            build_cli(true)?;
-            bench::run(smoke)
+            let bin = build_cli(true)?;
+            bench::run(smoke, &bin)
         }
     }
 }
