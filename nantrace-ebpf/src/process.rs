@@ -4,7 +4,7 @@
 //! `signal:signal_generate` (fatal signals) complete the story.
 use aya_ebpf::{
     macros::{map, tracepoint},
-    maps::LruHashMap,
+    maps::{HashMap, LruHashMap},
     programs::TracePointContext,
 };
 use nantrace_common::{
@@ -21,7 +21,7 @@ static NEW_THREADS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(4096, 0)
 
 /// Last exit code / fatal signal per pid, consumed when the process is gone.
 #[map]
-static EXIT_INFO: LruHashMap<u32, ExitInfo> = LruHashMap::with_max_entries(16384, 0);
+static EXIT_INFO: HashMap<u32, ExitInfo> = HashMap::with_max_entries(16384, 0);
 
 #[inline(always)]
 fn read_i32(ctx: &TracePointContext, off: u32) -> Option<i32> {

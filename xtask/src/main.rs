@@ -95,7 +95,7 @@ fn main() -> Result<()> {
             // Unit tests in parallel, then the integration tests that load probes, one at a time
             // (they share kernel state: tracepoints, cgroups, namespaces, /dev/kmsg).
             run(Command::new("cargo").current_dir(root()).args(["test", "--locked", "--workspace", "--lib", "--bins"]))?;
-            run(Command::new("cargo").current_dir(root()).args(["test", "--locked", "-p", "nantrace", "--tests", "--", "--test-threads=1"]))?;
+            run(Command::new("cargo").current_dir(root()).args(["test", "--locked", "-p", "nantrace", "--test", "*", "--", "--test-threads=1"]))?;
             // The benchmark in smoke mode: proves it still runs (no timing assertions).
             bench::run(true, &root().join("target/debug/nantrace"))?;
             Ok(())
