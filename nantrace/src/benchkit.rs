@@ -97,7 +97,7 @@ fn rss_kb() -> u64 {
 fn synthetic(i: u64, t: u64) -> Event {
     let comm = comm_from(if i % 3 == 0 { "python3" } else { "pt_data_worker" });
     let detail = match i % 10 {
-        0..=3 => Detail::Block { dev: 259 << 20, error: 0, sector: i * 8, latency_ns: 60_000_000 + i, nr_sector: 8, rwbs: *b"WS\0\0\0\0\0\0" },
+        0..=3 => Detail::Block { dev: 259 << 20, error: 0, sector: i * 8, latency_us: 60_000 + (i % 1000) as u32, nr_sector: 8, rwbs: *b"WS\0\0\0\0" },
         4..=5 => Detail::Fork { child_pid: (i % 60_000) as u32, child_comm: comm },
         6..=7 => Detail::Exit { code: 0, signal: 0 },
         8 => Detail::Signal { sig: 9, code: 0, target_pid: 77, result: 0, target_comm: comm },

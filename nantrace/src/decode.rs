@@ -7,7 +7,7 @@ use nantrace_common::{
 };
 
 use crate::classify::classify;
-use crate::event::{comm_str, Aer, Detail, Event, Kmsg, Oom, Tcp};
+use crate::event::{comm_str, Aer, Comm, Detail, Event, Kmsg, Oom, Tcp};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
@@ -33,7 +33,7 @@ fn cstr(b: &[u8]) -> String {
 }
 
 fn base(h: &EventHeader, detail: Detail) -> Event {
-    Event { mono_ns: h.ts_ns, pid: h.pid, tid: h.tid, comm: h.comm, job: h.flags & FLAG_JOB != 0, detail }
+    Event { mono_ns: h.ts_ns, pid: h.pid, tid: h.tid, comm: Comm::from_bytes(h.comm), job: h.flags & FLAG_JOB != 0, detail }
 }
 
 /// Decode one ring-buffer record.
@@ -46,7 +46,7 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
             let n = (e.len as usize).min(e.msg.len());
             let text = cstr(&e.msg[..n]);
             let text = text.trim_end_matches('\n').to_string();
-            let class = classify(&text);
+            let class = classify(&text).map(Box::new);
             base(&h, Detail::Kmsg(Box::new(Kmsg { text: text.into(), truncated: h.flags & FLAG_TRUNCATED != 0, class })))
         }
         EventKind::Aer => {
@@ -62,7 +62,7 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
             let e: OomEvent = read(buf, h.kind)?;
             base(&h, Detail::Oom(Box::new(Oom {
                 victim_pid: e.victim_pid,
-                victim_comm: e.victim_comm,
+                victim_comm: Comm::from_bytes(e.victim_comm),
                 victim_job: e.victim_job != 0,
                 uid: e.uid,
                 total_vm: e.total_vm,
@@ -75,9 +75,11 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
         }
         EventKind::Block => {
             let e: BlockEvent = read(buf, h.kind)?;
-            let mut rwbs = [0u8; 8];
-            rwbs.copy_from_slice(&e.rwbs[..8]);
-            base(&h, Detail::Block { dev: e.dev, error: e.error, sector: e.sector, latency_ns: e.latency_ns, nr_sector: e.nr_sector, rwbs })
+            let mut rwbs = [0u8; 6];
+            rwbs.copy_from_slice(&e.rwbs[..6]);
+            let error = e.error.clamp(i32::from(i16::MIN), i32::from(i16::MAX)) as i16;
+            let latency_us = u32::try_from(e.latency_ns / 1000).unwrap_or(u32::MAX);
+            base(&h, Detail::Block { dev: e.dev, error, sector: e.sector, latency_us, nr_sector: e.nr_sector, rwbs })
         }
         EventKind::TcpRetransmit => {
             let e: TcpRetransmitEvent = read(buf, h.kind)?;
@@ -93,7 +95,7 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
         }
         EventKind::Fork => {
             let e: ForkEvent = read(buf, h.kind)?;
-            base(&h, Detail::Fork { child_pid: e.child_pid, child_comm: e.child_comm })
+            base(&h, Detail::Fork { child_pid: e.child_pid, child_comm: Comm::from_bytes(e.child_comm) })
         }
         EventKind::Exec => {
             let e: ExecEvent = read(buf, h.kind)?;
@@ -105,7 +107,7 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
         }
         EventKind::Signal => {
             let e: SignalEvent = read(buf, h.kind)?;
-            base(&h, Detail::Signal { sig: e.sig, code: e.code, target_pid: e.target_pid, result: e.result, target_comm: e.target_comm })
+            base(&h, Detail::Signal { sig: e.sig, code: e.code, target_pid: e.target_pid, result: e.result, target_comm: Comm::from_bytes(e.target_comm) })
         }
     })
 }
@@ -193,7 +195,7 @@ mod tests {
         let mut c = [0u8; 16];
         c[..6].copy_from_slice(b"worker");
         let f = ForkEvent { hdr: hdr(EventKind::Fork), child_pid: 77, _pad: 0, child_comm: c };
-        assert_eq!(decode(&bytes(&f)).unwrap().detail, Detail::Fork { child_pid: 77, child_comm: c });
+        assert_eq!(decode(&bytes(&f)).unwrap().detail, Detail::Fork { child_pid: 77, child_comm: Comm::from_bytes(c) });
         let s = SignalEvent { hdr: hdr(EventKind::Signal), sig: 9, code: 0, target_pid: 77, result: 0, target_comm: c };
         let j = decode(&bytes(&s)).unwrap().to_json(&crate::clock::ClockMap::sample());
         assert_eq!((j["signal"].as_str(), j["target_pid"].as_u64()), (Some("SIGKILL"), Some(77)));

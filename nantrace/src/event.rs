@@ -4,9 +4,47 @@ use serde_json::{json, Map, Value};
 use crate::classify::KmsgClass;
 use crate::clock::{rfc3339, ClockMap};
 
-pub type Comm = [u8; 16];
+/// A task name, interned: the recorder keeps 4 bytes per event instead of 16 (a machine has a
+/// few hundred distinct comms; the table is capped, overflow maps to the empty name).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Comm(u32);
+
+type Interner = (std::collections::HashMap<[u8; 16], u32>, Vec<[u8; 16]>);
+static COMMS: std::sync::LazyLock<std::sync::Mutex<Interner>> =
+    std::sync::LazyLock::new(|| std::sync::Mutex::new((std::collections::HashMap::new(), vec![[0u8; 16]])));
+const MAX_COMMS: usize = 1 << 16;
+
+impl Comm {
+    pub const NONE: Comm = Comm(0);
+
+    pub fn from_bytes(b: [u8; 16]) -> Comm {
+        if b[0] == 0 {
+            return Comm::NONE;
+        }
+        let mut t = COMMS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(id) = t.0.get(&b) {
+            return Comm(*id);
+        }
+        if t.1.len() >= MAX_COMMS {
+            return Comm::NONE;
+        }
+        let id = t.1.len() as u32;
+        t.1.push(b);
+        t.0.insert(b, id);
+        Comm(id)
+    }
+
+    pub fn bytes(self) -> [u8; 16] {
+        let t = COMMS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        t.1.get(self.0 as usize).copied().unwrap_or([0; 16])
+    }
+}
 
 pub fn comm_str(c: &Comm) -> String {
+    cstr16(&c.bytes())
+}
+
+fn cstr16(c: &[u8]) -> String {
     let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
     String::from_utf8_lossy(&c[..end]).into_owned()
 }
@@ -16,7 +54,7 @@ pub fn comm_from(s: &str) -> Comm {
     let b = s.as_bytes();
     let n = b.len().min(15);
     c[..n].copy_from_slice(&b[..n]);
-    c
+    Comm::from_bytes(c)
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -34,7 +72,8 @@ pub struct Event {
 pub struct Kmsg {
     pub text: Box<str>,
     pub truncated: bool,
-    pub class: Option<KmsgClass>,
+    /// Boxed: most kernel lines are not classified, and the class is large.
+    pub class: Option<Box<KmsgClass>>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -87,7 +126,8 @@ pub enum Detail {
     Kmsg(Box<Kmsg>),
     Aer(Box<Aer>),
     Oom(Box<Oom>),
-    Block { dev: u32, error: i32, sector: u64, latency_ns: u64, nr_sector: u32, rwbs: [u8; 8] },
+    /// Compact on purpose (the most frequent kernel event): latency in µs, rwbs in 6 bytes.
+    Block { dev: u32, error: i16, sector: u64, latency_us: u32, nr_sector: u32, rwbs: [u8; 6] },
     Tcp(Box<Tcp>),
     Fork { child_pid: u32, child_comm: Comm },
     Exec { filename: Box<str> },
@@ -97,13 +137,13 @@ pub enum Detail {
     /// A sample or notable change from a userspace collector (GPU, system, network...).
     Sample { source: &'static str, fields: Box<Map<String, Value>> },
     /// A trigger fired.
-    Trigger { kind: &'static str, reason: Box<str> },
+    Trigger { kind: &'static str, reason: Box<String> },
 }
 
 impl Detail {
     pub fn source(&self) -> &'static str {
         match self {
-            Detail::Kmsg(k) => match k.class {
+            Detail::Kmsg(k) => match k.class.as_deref() {
                 Some(KmsgClass::Xid { .. }) => "xid",
                 Some(KmsgClass::Aer { .. }) => "aer",
                 _ => "kmsg",
@@ -154,7 +194,7 @@ impl Event {
     /// Approximate bytes this event holds (inline + heap), for the recorder's memory cap.
     pub fn heap_bytes(&self) -> usize {
         match &self.detail {
-            Detail::Kmsg(k) => std::mem::size_of::<Kmsg>() + k.text.len() + if k.class.is_some() { 96 } else { 0 },
+            Detail::Kmsg(k) => std::mem::size_of::<Kmsg>() + k.text.len() + k.class.as_ref().map_or(0, |_| std::mem::size_of::<KmsgClass>() + 32),
             Detail::Aer(a) => std::mem::size_of::<Aer>() + a.device.len(),
             Detail::Oom(_) => std::mem::size_of::<Oom>(),
             Detail::Tcp(_) => std::mem::size_of::<Tcp>(),
@@ -189,7 +229,7 @@ impl Event {
                 if k.truncated {
                     put("truncated", true.into());
                 }
-                if let Some(c) = &k.class {
+                if let Some(c) = k.class.as_deref() {
                     put("severity", serde_json::to_value(c.severity()).unwrap_or(Value::Null));
                     if let Ok(Value::Object(cm)) = serde_json::to_value(c) {
                         for (key, v) in cm {
@@ -225,13 +265,13 @@ impl Event {
                 put("pgtables_kb", (o.pgtables * 4).into());
                 put("oom_score_adj", o.oom_score_adj.into());
             }
-            Detail::Block { dev, error, sector, latency_ns, nr_sector, rwbs } => {
+            Detail::Block { dev, error, sector, latency_us, nr_sector, rwbs } => {
                 put("dev", dev_name(*dev).into());
                 put("error", (*error).into());
                 put("sector", (*sector).into());
-                put("latency_ms", ((*latency_ns as f64) / 1e6).into());
+                put("latency_ms", (f64::from(*latency_us) / 1e3).into());
                 put("bytes", (u64::from(*nr_sector) * 512).into());
-                put("rwbs", comm_str(&{ let mut c = [0u8; 16]; c[..8].copy_from_slice(rwbs); c }).into());
+                put("rwbs", cstr16(rwbs).into());
             }
             Detail::Tcp(t) => {
                 put("saddr", t.saddr.to_string().into());
@@ -284,7 +324,7 @@ impl Event {
             }
             Detail::Trigger { kind, reason } => {
                 put("kind", (*kind).into());
-                put("reason", reason.as_ref().into());
+                put("reason", reason.as_str().into());
             }
         }
         Value::Object(m)

@@ -107,7 +107,7 @@ mod tests {
     use crate::event::{Detail, Event};
 
     fn ev(t: u64) -> Event {
-        Event { mono_ns: t, pid: 1, tid: 1, comm: [0; 16], job: false, detail: Detail::Exit { code: 0, signal: 0 } }
+        Event { mono_ns: t, pid: 1, tid: 1, comm: crate::event::Comm::NONE, job: false, detail: Detail::Exit { code: 0, signal: 0 } }
     }
 
     #[test]
@@ -151,7 +151,7 @@ mod tests {
     #[test]
     fn kernel_events_are_compact() {
         // The recorder's per-event cost for the common kernel events (see docs/performance.md).
-        assert!(std::mem::size_of::<Event>() <= 80, "Event is {} bytes", std::mem::size_of::<Event>());
+        assert!(std::mem::size_of::<Event>() <= 56, "Event is {} bytes", std::mem::size_of::<Event>());
         assert_eq!(ev(0).heap_bytes(), 0);
     }
 }

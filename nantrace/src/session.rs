@@ -109,7 +109,7 @@ impl LineSplitter {
     }
 }
 
-fn log_event(scanner: &Scanner, line: String, stream: u8, pid: u32, comm: [u8; 16]) -> Event {
+fn log_event(scanner: &Scanner, line: String, stream: u8, pid: u32, comm: crate::event::Comm) -> Event {
     let s = scanner.scan(&line);
     Event {
         mono_ns: monotonic_ns(),
@@ -135,7 +135,7 @@ async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     mut to: W,
     stream: u8,
     pid: u32,
-    comm: [u8; 16],
+    comm: crate::event::Comm,
     scanner: Scanner,
     tx: mpsc::Sender<Input>,
 ) {
@@ -232,7 +232,7 @@ fn follow_file(path: PathBuf, pid: u32, scanner: Scanner, tx: mpsc::Sender<Input
     });
 }
 
-fn comm_of(pid: u32) -> [u8; 16] {
+fn comm_of(pid: u32) -> crate::event::Comm {
     comm_from(std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim())
 }
 
@@ -440,7 +440,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             return;
         }
         eprintln!("nantrace: trigger {}: {}", f.kind.name(), f.reason.chars().take(160).collect::<String>());
-        rec.push(Event { mono_ns: f.mono_ns, pid: 0, tid: 0, comm: [0; 16], job: false, detail: Detail::Trigger { kind: f.kind.name(), reason: f.reason.clone().into() } });
+        rec.push(Event { mono_ns: f.mono_ns, pid: 0, tid: 0, comm: crate::event::Comm::NONE, job: false, detail: Detail::Trigger { kind: f.kind.name(), reason: Box::new(f.reason.clone()) } });
         if incident.is_empty() {
             *deadline = Some(monotonic_ns() + post_ns);
         }

@@ -87,7 +87,7 @@ pub fn from_event(e: &Event, seen_nan: bool) -> Option<Fired> {
             TriggerKind::Oom,
             format!("OOM kill of job process {} ({})", o.victim_pid, crate::event::comm_str(&o.victim_comm)),
         ),
-        Detail::Kmsg(k) => match &k.class {
+        Detail::Kmsg(k) => match k.class.as_deref() {
             Some(c @ (KmsgClass::Xid { .. } | KmsgClass::GpuFallenOffBus { .. })) if c.severity() == Severity::Critical => {
                 fired(TriggerKind::Xid, k.text.to_string())
             }
@@ -107,14 +107,14 @@ mod tests {
             mono_ns: 7,
             pid: 1,
             tid: 1,
-            comm: [0; 16],
+            comm: crate::event::Comm::NONE,
             job: true,
             detail: Detail::Log(Box::new(LogLine { text: text.into(), stream: 1, nonfinite, step: None, loss: None, loss_scale: None, overflow: false })),
         }
     }
 
     fn kmsg(text: &str) -> Event {
-        Event { mono_ns: 9, pid: 0, tid: 0, comm: [0; 16], job: false, detail: Detail::Kmsg(Box::new(Kmsg { text: text.into(), truncated: false, class: crate::classify::classify(text) })) }
+        Event { mono_ns: 9, pid: 0, tid: 0, comm: crate::event::Comm::NONE, job: false, detail: Detail::Kmsg(Box::new(Kmsg { text: text.into(), truncated: false, class: crate::classify::classify(text).map(Box::new) })) }
     }
 
     #[test]

@@ -246,7 +246,7 @@ impl Sampler {
 }
 
 pub fn sample_event(mono_ns: u64, source: &'static str, fields: Map<String, Value>) -> Event {
-    Event { mono_ns, pid: 0, tid: 0, comm: [0; 16], job: false, detail: Detail::Sample { source, fields: Box::new(fields) } }
+    Event { mono_ns, pid: 0, tid: 0, comm: crate::event::Comm::NONE, job: false, detail: Detail::Sample { source, fields: Box::new(fields) } }
 }
 
 /// The system part of snapshot.json.

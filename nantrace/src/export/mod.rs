@@ -47,9 +47,9 @@ pub fn summary(dir: &Path, inc: &Incident) -> String {
         let Detail::Log(l) = &e.detail else { unreachable!() };
         format!("first NaN at {:+.1} s{}: {}", rel(e.mono_ns), l.step.map_or(String::new(), |s| format!(" (step {s})")), l.text.chars().take(80).collect::<String>())
     });
-    let xids: Vec<&Event> = ev.iter().filter(|e| matches!(&e.detail, Detail::Kmsg(k) if matches!(k.class, Some(KmsgClass::Xid { .. }) | Some(KmsgClass::GpuFallenOffBus { .. })))).collect();
-    let worst = xids.iter().max_by_key(|e| match &e.detail { Detail::Kmsg(k) => k.class.as_ref().map(KmsgClass::severity), _ => None }).map(|e| match &e.detail {
-        Detail::Kmsg(k) => match &k.class {
+    let xids: Vec<&Event> = ev.iter().filter(|e| matches!(&e.detail, Detail::Kmsg(k) if matches!(k.class.as_deref(), Some(KmsgClass::Xid { .. }) | Some(KmsgClass::GpuFallenOffBus { .. })))).collect();
+    let worst = xids.iter().max_by_key(|e| match &e.detail { Detail::Kmsg(k) => k.class.as_deref().map(KmsgClass::severity), _ => None }).map(|e| match &e.detail {
+        Detail::Kmsg(k) => match k.class.as_deref() {
             Some(KmsgClass::Xid { xid, pci, severity, .. }) => format!(" (worst: Xid {xid} {severity:?} on {pci}, {:+.1} s)", rel(e.mono_ns)),
             Some(KmsgClass::GpuFallenOffBus { pci, .. }) => format!(" (GPU {pci} fell off the bus, {:+.1} s)", rel(e.mono_ns)),
             _ => String::new(),
