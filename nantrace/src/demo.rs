@@ -9,7 +9,7 @@ use std::io::Write as _;
 use std::time::Duration;
 
 /// Scenarios: what fault (if any) is injected through real kernel mechanisms before the NaN.
-pub const SCENARIOS: &[&str] = &["numeric", "xid", "oom", "net"];
+pub const SCENARIOS: &[&str] = &["numeric", "xid", "oom", "net", "io"];
 
 struct Rng(u64);
 impl Rng {
@@ -76,6 +76,15 @@ pub fn train(scenario: &str, step_ms: u64) -> i32 {
                 Err(e) => eprintln!("demo: could not inject packet loss ({e}); running as plain numeric divergence"),
             }
         }
+        if scenario == "io" && step == 15 {
+            match inject::io(&me) {
+                Ok(c) => {
+                    eprintln!("demo: INJECTED a disk stall: a worker writes through a loop device whose backing disk is throttled to 64 KiB/s for its cgroup");
+                    injected = Some(c);
+                }
+                Err(e) => eprintln!("demo: could not inject the disk stall ({e}); running as plain numeric divergence"),
+            }
+        }
         if scenario == "xid" && step == 25 {
             let line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, name=nantrace-demo, GPU has fallen off the bus. [INJECTED by nantrace demo --scenario xid]";
             match std::fs::write("/dev/kmsg", format!("{line}\n")) {
@@ -127,6 +136,7 @@ mod inject {
         child: Option<std::process::Child>,
         netns: Vec<String>,
         _conns: Vec<TcpStream>,
+        loopdev: Option<(String, PathBuf)>,
     }
 
     impl Drop for Cleanup {
@@ -146,12 +156,44 @@ mod inject {
             for ns in &self.netns {
                 let _ = Command::new("ip").args(["netns", "del", ns]).status();
             }
+            if let Some((dev, img)) = &self.loopdev {
+                let _ = Command::new("losetup").args(["-d", dev]).status();
+                let _ = std::fs::remove_file(img);
+            }
         }
     }
 
     fn sh(args: &[&str]) -> Result<(), String> {
         let o = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args[0]))?;
         if o.status.success() { Ok(()) } else { Err(format!("{:?}: {}", args, String::from_utf8_lossy(&o.stderr).trim())) }
+    }
+
+    /// A worker whose O_DIRECT writes to a loop device (direct-io backing file) are throttled
+    /// at the backing disk by its blkio cgroup: each loop request waits for the throttle.
+    pub fn io(me: &Path) -> Result<Cleanup, String> {
+        use std::os::unix::fs::MetadataExt as _;
+        let pid = std::process::id();
+        let img = PathBuf::from(format!("/var/tmp/nantrace-demo-io-{pid}.img"));
+        let f = std::fs::File::create(&img).map_err(|e| format!("{}: {e}", img.display()))?;
+        f.set_len(64 << 20).map_err(|e| e.to_string())?;
+        let dev = std::fs::metadata(&img).map_err(|e| e.to_string())?.dev();
+        let (maj, min) = (libc::major(dev), libc::minor(dev));
+        let o = Command::new("losetup").args(["--find", "--show", "--direct-io=on"]).arg(&img).output().map_err(|e| format!("losetup: {e}"))?;
+        if !o.status.success() {
+            let _ = std::fs::remove_file(&img);
+            return Err(format!("losetup: {}", String::from_utf8_lossy(&o.stderr).trim()));
+        }
+        let loopdev = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").is_ok_and(|c| c.split_whitespace().any(|x| x == "io"));
+        let name = format!("nantrace-demo-io-{pid}");
+        let cg = if v2 { PathBuf::from("/sys/fs/cgroup").join(&name) } else { PathBuf::from("/sys/fs/cgroup/blkio").join(&name) };
+        let mut c = Cleanup { cgroup: None, child: None, netns: Vec::new(), _conns: Vec::new(), loopdev: Some((loopdev.clone(), img)) };
+        std::fs::create_dir_all(&cg).map_err(|e| format!("{}: {e}", cg.display()))?;
+        c.cgroup = Some(cg.clone());
+        let (file, rule) = if v2 { ("io.max", format!("{maj}:{min} wbps=65536")) } else { ("blkio.throttle.write_bps_device", format!("{maj}:{min} 65536")) };
+        std::fs::write(cg.join(file), &rule).map_err(|e| format!("{file} {rule}: {e}"))?;
+        c.child = Some(Command::new(me).arg("demo-io-writer").arg(&loopdev).arg(cg.join("cgroup.procs")).spawn().map_err(|e| e.to_string())?);
+        Ok(c)
     }
 
     /// A worker in a 64 MiB memory cgroup that allocates until the OOM killer takes it.
@@ -169,7 +211,7 @@ mod inject {
             let _ = std::fs::write(cg.join("memory.memsw.limit_in_bytes"), &limit);
         }
         let child = Command::new(me).arg("demo-hog").arg(cg.join("cgroup.procs")).spawn().map_err(|e| e.to_string())?;
-        Ok(Cleanup { cgroup: Some(cg), child: Some(child), netns: Vec::new(), _conns: Vec::new() })
+        Ok(Cleanup { cgroup: Some(cg), child: Some(child), netns: Vec::new(), _conns: Vec::new(), loopdev: None })
     }
 
     fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
@@ -190,7 +232,7 @@ mod inject {
     pub fn net() -> Result<Cleanup, String> {
         let tag = std::process::id() % 100_000;
         let (a, b) = (format!("ntdemo-a{tag}"), format!("ntdemo-b{tag}"));
-        let mut c = Cleanup { cgroup: None, child: None, netns: vec![a.clone(), b.clone()], _conns: Vec::new() };
+        let mut c = Cleanup { cgroup: None, child: None, netns: vec![a.clone(), b.clone()], _conns: Vec::new(), loopdev: None };
         sh(&["ip", "netns", "add", &a])?;
         sh(&["ip", "netns", "add", &b])?;
         sh(&["ip", "link", "add", &format!("nda{tag}"), "netns", &a, "type", "veth", "peer", "name", &format!("ndb{tag}"), "netns", &b])?;
@@ -233,5 +275,31 @@ pub fn hog(procs: &str) -> i32 {
     loop {
         held.push(vec![1u8; 4 << 20]);
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The io scenario's worker: joins the throttled cgroup, then writes 64 KiB O_DIRECT blocks
+/// to the loop device until killed.
+pub fn io_writer(dev: &str, procs: &str) -> i32 {
+    use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
+    set_comm(c"pt_data_worker");
+    if let Err(e) = std::fs::write(procs, std::process::id().to_string()) {
+        eprintln!("demo-io-writer: {procs}: {e}");
+        return 1;
+    }
+    let f = match std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT | libc::O_DSYNC).open(dev) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("demo-io-writer: {dev}: {e}");
+            return 1;
+        }
+    };
+    let layout = std::alloc::Layout::from_size_align(64 << 10, 4096).unwrap();
+    // SAFETY: aligned allocation for O_DIRECT; lives until the process is killed.
+    let buf = unsafe { std::slice::from_raw_parts(std::alloc::alloc_zeroed(layout), 64 << 10) };
+    let mut off = 0u64;
+    loop {
+        let _ = f.write_all_at(buf, off);
+        off = (off + (64 << 10)) % (32 << 20);
     }
 }

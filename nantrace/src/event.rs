@@ -186,6 +186,19 @@ fn dev_name(dev: u32) -> String {
     format!("{}:{}", dev >> 20, dev & 0xfffff)
 }
 
+/// The block device's name (`nvme0n1`, `loop0`) from /sys/dev/block, cached per device.
+pub fn disk_name(dev: u32) -> Option<String> {
+    static CACHE: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<u32, Option<String>>>> =
+        std::sync::LazyLock::new(Default::default);
+    let mut c = CACHE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    c.entry(dev)
+        .or_insert_with(|| {
+            let uevent = std::fs::read_to_string(format!("/sys/dev/block/{}/uevent", dev_name(dev))).ok()?;
+            uevent.lines().find_map(|l| l.strip_prefix("DEVNAME=").map(String::from))
+        })
+        .clone()
+}
+
 impl Event {
     pub fn source(&self) -> &'static str {
         self.detail.source()
@@ -267,6 +280,9 @@ impl Event {
             }
             Detail::Block { dev, error, sector, latency_us, nr_sector, rwbs } => {
                 put("dev", dev_name(*dev).into());
+                if let Some(n) = disk_name(*dev) {
+                    put("disk", n.into());
+                }
                 put("error", (*error).into());
                 put("sector", (*sector).into());
                 put("latency_ms", (f64::from(*latency_us) / 1e3).into());

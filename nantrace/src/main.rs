@@ -92,7 +92,8 @@ enum Cmd {
     /// Run the built-in diverging training job under the recorder
     Demo {
         /// numeric (default); xid (an NVRM Xid line written to /dev/kmsg), oom (a worker
-        /// OOM-killed in a 64 MiB cgroup), net (packets dropped in a netns): injected, labelled
+        /// OOM-killed in a 64 MiB cgroup), net (packets dropped in a netns), io (writes through a
+        /// loop device throttled at its backing disk): injected, labelled
         #[arg(long, default_value = "numeric")]
         scenario: String,
         #[command(flatten)]
@@ -165,6 +166,8 @@ enum Cmd {
     },
     #[command(hide = true, name = "demo-hog")]
     DemoHog { procs: String },
+    #[command(hide = true, name = "demo-io-writer")]
+    DemoIoWriter { dev: String, procs: String },
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -277,6 +280,7 @@ fn main() -> anyhow::Result<()> {
             0
         }
         Cmd::DemoHog { procs } => nantrace::demo::hog(&procs),
+        Cmd::DemoIoWriter { dev, procs } => nantrace::demo::io_writer(&dev, &procs),
     };
     std::process::exit(code);
 }

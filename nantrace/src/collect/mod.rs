@@ -136,8 +136,10 @@ pub fn job_context(root_pid: u32) -> Option<Value> {
     }
     let software = env::snapshot(Some(root_pid), None);
     let env_map = env_map(&software);
+    let pids = crate::correlate::descendants(&[root_pid]);
     Some(json!({
         "captured_at": crate::clock::rfc3339(crate::clock::realtime_ns()),
+        "job_sockets": net::job_sockets(&pids),
         "software": software,
         "scheduler": scheduler::snapshot(Some(root_pid), &env_map),
     }))
@@ -160,6 +162,7 @@ pub fn snapshot_with(root_pid: Option<u32>, cached: Option<Value>) -> Value {
             s["software"]["note"] = json!(format!("job {pid} had exited at the trigger; its context was captured at {}", c["captured_at"].as_str().unwrap_or("?")));
             s["scheduler"] = c["scheduler"].clone();
             s["scheduler"]["note"] = s["software"]["note"].clone();
+            s["network"]["job_sockets"] = c["job_sockets"].clone();
         }
     }
     s
@@ -172,13 +175,15 @@ pub fn snapshot(root_pid: Option<u32>) -> Value {
     let drv = if gpu["available"] == true { gpu::driver_versions() } else { None };
     let software = env::snapshot(root_pid, drv);
     let env_map = env_map(&software);
+    let mut network = net::snapshot();
+    network["job_sockets"] = json!(net::job_sockets(&job));
     json!({
         "schema": SNAPSHOT_SCHEMA,
         "time": crate::clock::rfc3339(crate::clock::realtime_ns()),
         "host": crate::bundle::Host::read(),
         "gpu": gpu,
         "system": system::snapshot(&job),
-        "network": net::snapshot(),
+        "network": network,
         "software": software,
         "scheduler": scheduler::snapshot(root_pid, &env_map),
     })

@@ -122,6 +122,31 @@ impl Sampler {
     }
 }
 
+/// TCP connections of the job's processes (socket inodes from /proc/PID/fd matched against the
+/// process's own /proc/PID/net/tcp{,6}, so containers in other netns work): the peers the
+/// report can tie retransmits to.
+pub fn job_sockets(pids: &std::collections::BTreeSet<u32>) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for pid in pids {
+        let Ok(p) = procfs::process::Process::new(*pid as i32) else { continue };
+        let Ok(fds) = p.fd() else { continue };
+        let inodes: std::collections::BTreeSet<u64> = fds.flatten().filter_map(|f| match f.target {
+            procfs::process::FDTarget::Socket(i) => Some(i),
+            _ => None,
+        }).collect();
+        if inodes.is_empty() {
+            continue;
+        }
+        for e in p.tcp().unwrap_or_default().into_iter().chain(p.tcp6().unwrap_or_default()) {
+            if inodes.contains(&e.inode) && seen.insert(e.inode) {
+                out.push(json!({ "pid": pid, "local": e.local_address.to_string(), "remote": e.remote_address.to_string(), "state": format!("{:?}", e.state) }));
+            }
+        }
+    }
+    out
+}
+
 pub fn snapshot() -> Value {
     let tcp = procfs::net::snmp().map(|s| json!({ "retrans_segs": s.tcp_retrans_segs, "out_segs": s.tcp_out_segs, "in_errs": s.tcp_in_errs, "curr_estab": s.tcp_curr_estab })).unwrap_or_else(|e| json!({ "error": e.to_string() }));
     json!({
@@ -164,6 +189,18 @@ mod tests {
         assert!(ch.contains(&"net/eth9: rx_errors +2".to_string()));
         assert!(link_changes(&b, &b).is_empty());
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn job_sockets_lists_this_process_connections() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_s, _) = l.accept().unwrap();
+        let mut pids = std::collections::BTreeSet::new();
+        pids.insert(std::process::id());
+        let socks = job_sockets(&pids);
+        let want = l.local_addr().unwrap().to_string();
+        assert!(socks.iter().any(|s| s["remote"] == want.as_str() && s["local"] == c.local_addr().unwrap().to_string().as_str()), "{socks:?}");
     }
 
     #[test]

@@ -48,6 +48,8 @@ struct Ctx<'a> {
     by_src: std::collections::HashMap<&'a str, Vec<(f64, &'a Value)>>,
     job_pids: BTreeSet<u64>,
     job_gpus: BTreeSet<String>,
+    /// "ip:port" of the job's TCP peers and local ends (snapshot.network.job_sockets).
+    job_peers: BTreeSet<String>,
     root: Option<u64>,
 }
 
@@ -130,6 +132,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     let ctx = Ctx {
         by_src,
         job_gpus: job_gpus(snapshot, &job_pids),
+        job_peers: snapshot["network"]["job_sockets"].as_array().into_iter().flatten().flat_map(|s| [s["remote"].as_str(), s["local"].as_str()]).flatten().map(String::from).collect(),
         job_pids,
         root,
     };
@@ -242,30 +245,42 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     // Rates: the minute before vs the minute earlier.
     {
         let sig = signal("disk_stall");
-        let mut per_dev: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+        // Per device (by name when the block event could be resolved, so the probe's events
+        // and the iostat samples of one disk are one suspect): (recent, earlier, first slow).
+        let mut per_dev: BTreeMap<String, (Vec<f64>, Vec<f64>, f64)> = BTreeMap::new();
+        let mut job_devs = BTreeSet::new();
         for (r, e) in ctx.src("block").chain(ctx.src("disk")).filter(|(r, _)| *r > -120.0) {
             let mut push = |dev: String, v: f64| {
-                let slot = per_dev.entry(dev).or_default();
-                if *r > -60.0 { slot.0.push(v) } else { slot.1.push(v) }
+                let slot = per_dev.entry(dev).or_insert((Vec::new(), Vec::new(), f64::INFINITY));
+                if *r > -60.0 {
+                    slot.0.push(v);
+                    if v >= 100.0 {
+                        slot.2 = slot.2.min(*r);
+                    }
+                } else {
+                    slot.1.push(v);
+                }
             };
             if e["source"] == "block" {
-                if let Some(l) = f(&e["latency_ms"]) {
-                    push(e["dev"].as_str().unwrap_or("?").to_string(), l);
+                let name = e["disk"].as_str().or(e["dev"].as_str()).unwrap_or("?").to_string();
+                if e["job"] == true {
+                    job_devs.insert(name.clone());
                 }
-            } else if e["source"] == "disk" {
-                if let Some(m) = e["disks"].as_object() {
-                    for (d, v) in m {
-                        let a = f(&v["r_await_ms"]).unwrap_or(0.0).max(f(&v["w_await_ms"]).unwrap_or(0.0));
-                        push(d.clone(), a);
-                    }
+                if let Some(l) = f(&e["latency_ms"]) {
+                    push(name, l);
+                }
+            } else if let Some(m) = e["disks"].as_object() {
+                for (d, v) in m {
+                    push(d.clone(), f(&v["r_await_ms"]).unwrap_or(0.0).max(f(&v["w_await_ms"]).unwrap_or(0.0)));
                 }
             }
         }
-        for (dev, (recent, earlier)) in per_dev {
+        for (dev, (recent, earlier, first_slow)) in per_dev {
+            let had_earlier = !earlier.is_empty();
             let (Some(r), e) = (p99(recent), p99(earlier).unwrap_or(1.0).max(1.0)) else { continue };
             if r >= 100.0 && r >= sig.threshold * e {
-                let rel = ctx.src("block").filter(|(_, x)| x["dev"] == dev.as_str()).chain(ctx.src("disk")).map(|(r, _)| *r).fold(f64::NEG_INFINITY, f64::max);
-                acc.add(sig, &dev, rel.min(0.0), false, || format!("block I/O p99 on {dev} {:.0} ms in the minute before, {:.0}× the minute earlier", r, r / e));
+                let vs = if had_earlier { format!("{:.0}× the minute earlier", r / e) } else { "no I/O seen the minute earlier".to_string() };
+                acc.add(sig, &dev, first_slow.min(0.0), job_devs.contains(&dev), || format!("block I/O p99 on {dev} {r:.0} ms in the minute before ({vs}), slow since"));
             }
         }
     }
@@ -274,14 +289,17 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         let mut per_peer: BTreeMap<String, (usize, usize, f64, bool)> = BTreeMap::new();
         for (r, e) in ctx.src("tcp_retransmit").filter(|(r, _)| *r > -120.0) {
             let peer = format!("{}:{}", e["daddr"].as_str().unwrap_or("?"), e["dport"]);
+            let peer_of_job = ctx.job_peers.contains(&peer);
             let s = per_peer.entry(peer).or_insert((0, 0, f64::NEG_INFINITY, false));
             if *r > -60.0 { s.0 += 1 } else { s.1 += 1 }
             s.2 = s.2.max(*r);
-            s.3 |= e["job"] == true;
+            // Retransmits run in softirq context: tie them to the job through its sockets.
+            let local = format!("{}:{}", e["saddr"].as_str().unwrap_or("?"), e["sport"]);
+            s.3 |= e["job"] == true || peer_of_job || ctx.job_peers.contains(&local);
         }
         for (peer, (recent, earlier, last, job)) in per_peer {
             if recent >= 20 && recent as f64 >= sig.threshold * (earlier.max(1) as f64) {
-                acc.add(sig, &peer, last, job, || format!("TCP retransmits to {peer} up {}× ({recent} in the minute before)", recent / earlier.max(1)));
+                acc.add(sig, &peer, last, job, || format!("TCP retransmits to {peer}{} up {}× ({recent} in the minute before)", if job { ", a peer of this job" } else { "" }, recent / earlier.max(1)));
             }
         }
     }
@@ -347,10 +365,11 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     for s in &mut suspects {
         let closeness = 1.0 / (1.0 + s.rel_s.abs() / 60.0);
         s.score = f64::from(s.severity) * (0.5 + 0.5 * closeness) * if s.touches_job { 1.25 } else { 1.0 };
-        if s.count > 1 {
+        if s.count > 1 && !s.text.ends_with(" since") {
             s.text.push_str(&format!(" (×{})", s.count));
         }
-        s.text = format!("{}, {}", s.text, when(s.rel_s));
+        let sep = if s.text.ends_with(" since") { " " } else { ", " };
+        s.text = format!("{}{sep}{}", s.text, when(s.rel_s));
     }
     suspects.sort_by(|a, b| b.score.total_cmp(&a.score));
 
