@@ -32,6 +32,6 @@ pub fn ras_aer_event(ctx: TracePointContext) -> u32 {
         (*p).dev_name = [0; 32];
         read_data_loc(&ctx, conf!(off.aer_dev_name), &mut (*p).dev_name);
     }
-    entry.submit(0);
+    crate::submit(entry);
     0
 }

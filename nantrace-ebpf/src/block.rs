@@ -140,6 +140,6 @@ pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
             (*p).rwbs = r16;
         }
     }
-    entry.submit(0);
+    crate::submit(entry);
     0
 }

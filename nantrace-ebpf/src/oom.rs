@@ -45,6 +45,6 @@ pub fn oom_mark_victim(ctx: TracePointContext) -> u32 {
             read_data_loc(&ctx, comm_off, &mut (*p).victim_comm);
         }
     }
-    entry.submit(0);
+    crate::submit(entry);
     0
 }

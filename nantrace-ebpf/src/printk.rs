@@ -26,6 +26,6 @@ pub fn printk_console(ctx: TracePointContext) -> u32 {
             (*p).hdr.flags |= FLAG_TRUNCATED;
         }
     }
-    entry.submit(0);
+    crate::submit(entry);
     0
 }

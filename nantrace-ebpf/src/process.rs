@@ -85,7 +85,7 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
             }
         }
     }
-    entry.submit(0);
+    crate::submit(entry);
     0
 }
 
@@ -109,7 +109,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
             read_data_loc(&ctx, off, &mut (*p).filename);
         }
     }
-    entry.submit(0);
+    crate::submit(entry);
     0
 }
 
@@ -180,7 +180,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         (*p).code = info.code;
         (*p).signal = info.signal;
     }
-    entry.submit(0);
+    crate::submit(entry);
     0
 }
 
@@ -229,6 +229,6 @@ pub fn signal_generate(ctx: TracePointContext) -> u32 {
         let comm_off = conf!(off.sig_comm);
         (*p).target_comm = if comm_off == MISSING { [0; 16] } else { ctx.read_at::<[u8; 16]>(comm_off as usize).unwrap_or([0; 16]) };
     }
-    entry.submit(0);
+    crate::submit(entry);
     0
 }

@@ -41,6 +41,6 @@ pub fn tcp_retransmit_skb(ctx: TracePointContext) -> u32 {
             (*p).daddr = ctx.read_at::<[u8; 16]>(conf!(off.tcp_daddr_v6) as usize).unwrap_or([0; 16]);
         }
     }
-    entry.submit(0);
+    crate::submit(entry);
     0
 }

@@ -24,29 +24,40 @@ pub fn spawn(ring: RingBuf<MapData>, tx: mpsc::Sender<Vec<Event>>) -> (Arc<Reade
         // SAFETY: the ring buffer owns its fd for as long as the AsyncFd holds it.
         let mut afd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
             .map_err(|e| std::io::Error::other(format!("registering the ring buffer fd: {e:?}")))?;
+        // The probes wake us only when 256 KiB are waiting (see nantrace-ebpf/src/main.rs);
+        // between wakeups, a 25 ms timer drains what has arrived.
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(25));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
-            let mut guard = afd.readable_mut().await?;
-            let mut batch = Vec::new();
-            {
-                let ring = guard.get_inner_mut();
-                while let Some(item) = ring.next() {
-                    st.records.fetch_add(1, Ordering::Relaxed);
-                    match decode(&item) {
-                        Ok(e) => batch.push(e),
-                        Err(_) => {
-                            st.decode_errors.fetch_add(1, Ordering::Relaxed);
+            tokio::select! {
+                g = afd.readable_mut() => {
+                    // Clear first, then drain: a wakeup after this point is not lost.
+                    g?.clear_ready();
+                }
+                _ = tick.tick() => {}
+            }
+            let mut more = true;
+            while more {
+                let mut batch = Vec::new();
+                {
+                    let ring = afd.get_mut();
+                    while let Some(item) = ring.next() {
+                        st.records.fetch_add(1, Ordering::Relaxed);
+                        match decode(&item) {
+                            Ok(e) => batch.push(e),
+                            Err(_) => {
+                                st.decode_errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        if batch.len() >= 4096 {
+                            break;
                         }
                     }
-                    if batch.len() >= 4096 {
-                        break;
-                    }
                 }
-            }
-            if batch.len() < 4096 {
-                guard.clear_ready();
-            }
-            if !batch.is_empty() && tx.send(batch).await.is_err() {
-                return Ok(());
+                more = batch.len() >= 4096;
+                if !batch.is_empty() && tx.send(batch).await.is_err() {
+                    return Ok(());
+                }
             }
         }
     });

@@ -116,3 +116,23 @@ fn html_in_chromium(path: &Path, expect_suspect: bool) {
     }
     assert!(dom.contains("id=\"loss\""), "loss curve");
 }
+
+#[test]
+fn oom_net_io_demos_put_the_injected_fault_on_top() {
+    if !privileged("oom_net_io_demos_put_the_injected_fault_on_top") {
+        return;
+    }
+    for (scenario, want) in [
+        ("oom", "OOM kill of pt_data_worker"),
+        ("net", "TCP retransmits to 10.214.0.2:29500"),
+        ("io", "block I/O p99 on loop"),
+    ] {
+        let b = demo(scenario);
+        let report = std::fs::read_to_string(b.join("report.md")).unwrap();
+        let first = report.lines().find(|l| l.starts_with("1. ")).unwrap_or_else(|| panic!("{scenario}: no suspect:\n{report}"));
+        assert!(first.contains(want), "{scenario}: top suspect {first:?}, expected {want:?}");
+        assert!(report.contains("NOTE: demo scenario"), "{scenario}: the injection is labelled");
+        let t = read_json(&b.join("timeline.json"));
+        assert!(t["accounting"]["injected"].as_str().unwrap().contains(scenario));
+    }
+}
