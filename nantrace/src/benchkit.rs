@@ -168,6 +168,7 @@ pub fn dump(n: u64, out: &std::path::Path) -> Value {
     let trig = vec![crate::trigger::Fired { kind: crate::trigger::TriggerKind::Manual, mono_ns: t0 + n * 1000, reason: "benchmark".into() }];
     let job = crate::bundle::JobInfo::default();
     let snapshot = json!({ "gpu": { "available": false, "reason": "benchmark" } });
+    // NANTRACE_BENCH_PROFILE=1: print the time of each stage (how the dump was profiled).
     if std::env::var_os("NANTRACE_BENCH_PROFILE").is_some() {
         let ev = r.sorted();
         let inc = crate::bundle::Incident { host: &host, clock: &clock, triggers: &trig, job: &job, accounting: json!({}), events: &ev, window_pre_s: 600.0, post_s: 0.0, extra: Vec::new(), timeline: None };

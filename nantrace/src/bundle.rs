@@ -171,15 +171,7 @@ pub fn kernel_log(inc: &Incident) -> String {
 }
 
 /// timeline.json: one event per line (compact, greppable, fast to write for 100 k events).
-fn timeline_bytes(inc: &Incident) -> Vec<u8> {
-    let owned;
-    let full = match &inc.timeline {
-        Some(t) => t,
-        None => {
-            owned = timeline(inc);
-            &owned
-        }
-    };
+pub fn timeline_bytes(full: &Value) -> Vec<u8> {
     // Everything but the events, pretty; then the events, one per line (no deep clone).
     let head: serde_json::Map<String, Value> = full.as_object().map(|m| m.iter().filter(|(k, _)| *k != "events").map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
     let events = &full["events"];
@@ -212,10 +204,13 @@ pub fn write(out: &Path, inc: &Incident) -> std::io::Result<Written> {
     fs::DirBuilder::new().mode(0o700).create(&tmp)?;
     let mut failures = Vec::new();
     let mut files: Vec<(String, Vec<u8>)> = vec![
-        ("timeline.json".into(), timeline_bytes(inc)),
         ("app.log".into(), app_log(inc).into_bytes()),
         ("kernel.log".into(), kernel_log(inc).into_bytes()),
     ];
+    if !inc.extra.iter().any(|(n, _)| n == "timeline.json") {
+        let t = inc.timeline.clone().unwrap_or_else(|| timeline(inc));
+        files.push(("timeline.json".into(), timeline_bytes(&t)));
+    }
     files.extend(inc.extra.iter().cloned());
     for (f, data) in &files {
         if let Err(e) = write_0600(&tmp.join(f), data) {

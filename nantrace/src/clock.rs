@@ -49,12 +49,26 @@ impl ClockMap {
     }
 }
 
-/// RFC 3339 UTC with nanoseconds, e.g. `2026-11-30T09:55:07.123456789Z`.
+/// RFC 3339 UTC with all nine digits of nanoseconds, e.g. `2026-11-30T09:55:07.123456789Z`.
+/// The date-time part is cached per second: a dump formats 100 k timestamps.
 pub fn rfc3339(wall_ns: i128) -> String {
-    match OffsetDateTime::from_unix_timestamp_nanos(wall_ns) {
-        Ok(t) => t.format(&Rfc3339).unwrap_or_else(|_| wall_ns.to_string()),
-        Err(_) => wall_ns.to_string(),
+    thread_local! {
+        static LAST: std::cell::RefCell<(i128, String)> = const { std::cell::RefCell::new((i128::MIN, String::new())) };
     }
+    let secs = wall_ns.div_euclid(1_000_000_000);
+    let nanos = wall_ns.rem_euclid(1_000_000_000);
+    LAST.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0 != secs {
+            let Ok(t) = OffsetDateTime::from_unix_timestamp_nanos(secs * 1_000_000_000) else {
+                return wall_ns.to_string();
+            };
+            let full = t.format(&Rfc3339).unwrap_or_default();
+            // `2026-11-30T09:55:07Z` without the zone, the fraction is ours.
+            *c = (secs, full.trim_end_matches('Z').to_string());
+        }
+        format!("{}.{nanos:09}Z", c.1)
+    })
 }
 
 /// `20261130T095507Z`, for directory names.
@@ -86,6 +100,12 @@ mod tests {
     #[test]
     fn formats_rfc3339_with_nanoseconds() {
         assert_eq!(rfc3339(1_764_496_507_123_456_789), "2025-11-30T09:55:07.123456789Z");
+        assert_eq!(rfc3339(1_764_496_507_500_000_000), "2025-11-30T09:55:07.500000000Z");
+        assert_eq!(rfc3339(1_764_496_508_000_000_001), "2025-11-30T09:55:08.000000001Z");
+        assert_eq!(rfc3339(-1), "1969-12-31T23:59:59.999999999Z");
+        // Parses back with the time crate.
+        let t = OffsetDateTime::parse(&rfc3339(1_764_496_507_000_000_000), &Rfc3339).unwrap();
+        assert_eq!(t.unix_timestamp(), 1_764_496_507);
         assert_eq!(compact_utc(1_764_496_507_123_456_789), "20251130T095507Z");
     }
 }

@@ -107,7 +107,7 @@ pub fn merge(nodes: &mut [Node]) -> Value {
 }
 
 /// trace.json with one group of processes per node.
-pub fn trace(merged: &Value, nodes: &[Node]) -> Value {
+pub fn trace(merged: &Value, nodes: &[Node]) -> perfetto::Trace {
     let base = merged["events"].as_array().and_then(|a| a.iter().map(perfetto::wall_us).reduce(f64::min)).unwrap_or(0.0);
     let mut all = Vec::new();
     for (i, n) in nodes.iter().enumerate() {
@@ -116,16 +116,8 @@ pub fn trace(merged: &Value, nodes: &[Node]) -> Value {
         all.extend(perfetto::events(&t, Some((i as u64, &n.name)), base));
     }
     // Per-track order is what the format needs; metadata first.
-    all.sort_by(|a, b| (a["ph"] != "M").cmp(&(b["ph"] != "M")).then(a["ts"].as_f64().unwrap_or(0.0).total_cmp(&b["ts"].as_f64().unwrap_or(0.0))).then(rank(a).cmp(&rank(b))));
-    json!({ "traceEvents": all, "displayTimeUnit": "ms", "otherData": { "generator": "nantrace merge", "clock": merged["clock_statement"] } })
-}
-
-fn rank(v: &Value) -> u8 {
-    match v["ph"].as_str() {
-        Some("B") => 0,
-        Some("E") => 2,
-        _ => 1,
-    }
+    all.sort_by(|a, b| (a.ph != "M").cmp(&(b.ph != "M")).then(a.ts.unwrap_or(0.0).total_cmp(&b.ts.unwrap_or(0.0))).then(perfetto::rank(a.ph).cmp(&perfetto::rank(b.ph))));
+    perfetto::Trace { trace_events: all, display_time_unit: "ms", other_data: json!({ "generator": "nantrace merge", "clock": merged["clock_statement"] }) }
 }
 
 #[cfg(test)]
@@ -153,12 +145,12 @@ mod tests {
         let m = merge(&mut nodes);
         let order: Vec<&str> = m["events"].as_array().unwrap().iter().map(|e| e["text"].as_str().unwrap()).collect();
         assert_eq!(order, ["b1 (really 09:59:59.5)", "a1", "b2 (really 10:00:00.3)", "a2"]);
-        assert_eq!(m["events"][0]["time"], "2026-11-30T09:59:59.5Z");
+        assert_eq!(m["events"][0]["time"], "2026-11-30T09:59:59.500000000Z");
         assert_eq!(m["events"][0]["time_node_clock"], "2026-11-30T10:00:01.000000000Z");
         assert_eq!(m["events"][0]["node"], "b");
         assert_eq!(m["residual_uncertainty_s"], 0.004);
         assert_eq!(m["trigger"]["node"], "b");
-        let t = trace(&m, &nodes);
+        let t = serde_json::to_value(trace(&m, &nodes)).unwrap();
         assert!(crate::export::perfetto::validate(&t).is_empty(), "{:?}", crate::export::perfetto::validate(&t));
     }
 
