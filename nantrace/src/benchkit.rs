@@ -95,7 +95,7 @@ fn rss_kb() -> u64 {
 
 /// A typical mix of kernel events as they reach the recorder.
 fn synthetic(i: u64, t: u64) -> Event {
-    let comm = comm_from(if i % 3 == 0 { "python3" } else { "pt_data_worker" });
+    let comm = comm_from(if i.is_multiple_of(3) { "python3" } else { "pt_data_worker" });
     let detail = match i % 10 {
         0..=3 => Detail::Block { dev: 259 << 20, error: 0, sector: i * 8, latency_us: 60_000 + (i % 1000) as u32, nr_sector: 8, rwbs: *b"WS\0\0\0\0" },
         4..=5 => Detail::Fork { child_pid: (i % 60_000) as u32, child_comm: comm },
@@ -103,7 +103,7 @@ fn synthetic(i: u64, t: u64) -> Event {
         8 => Detail::Signal { sig: 9, code: 0, target_pid: 77, result: 0, target_comm: comm },
         _ => Detail::Kmsg(Box::new(Kmsg { text: "nvme nvme0: I/O 123 QID 4 timeout, completion polled".into(), truncated: false, class: None })),
     };
-    Event { mono_ns: t, pid: 1000 + (i % 64) as u32, tid: 1000 + (i % 64) as u32, comm, job: i % 2 == 0, detail }
+    Event { mono_ns: t, pid: 1000 + (i % 64) as u32, tid: 1000 + (i % 64) as u32, comm, job: i.is_multiple_of(2), detail }
 }
 
 /// Recorder bytes per event and process RSS after `n` events (a 10-minute window at 1 k/s is

@@ -47,6 +47,7 @@ pub fn spawn_samplers(interval_s: f64, root_pid: Option<u32>, sink: impl Fn(Vec<
                         last_gpu = now;
                         let count = n.device_count().unwrap_or(0) as usize;
                         prev_gpu.resize(count, None);
+                        #[expect(clippy::needless_range_loop, reason = "i is also the NVML device index")]
                         for i in 0..count {
                             let Ok(d) = n.device_by_index(i as u32) else { continue };
                             let r = gpu::read(&d, i as u32);

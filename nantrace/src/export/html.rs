@@ -136,7 +136,9 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
         let step = (v.len() / 2000).max(1);
         v.into_iter().step_by(step).collect()
     };
-    let chart = |id: &str, title: &str, lines: Vec<(Vec<(f64, f64)>, &str, &str, bool)>| -> String {
+    // (points, colour, label, log scale)
+    type Line<'a> = (Vec<(f64, f64)>, &'a str, &'a str, bool);
+    let chart = |id: &str, title: &str, lines: Vec<Line>| -> String {
         let h = 110.0;
         let mut c = format!(r#"<h3>{}</h3><svg id="{id}" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{}">"#, esc(title), h + 20.0);
         c.push_str(&format!(r##"<rect x="{LEFT}" y="5" width="{}" height="{h}" fill="#fbfcfc" stroke="#d5d8dc"/>"##, W - LEFT - 20.0));

@@ -72,11 +72,10 @@ impl Builder {
         self.threads.entry((pid, tid)).or_insert_with(|| name.to_string());
         (pid, tid)
     }
+    #[expect(clippy::too_many_arguments, reason = "one call shape for every instant kind; a struct would only rename them")]
     fn instant(&mut self, ts: f64, fam: u64, tid: u64, tname: &str, name: &str, args: Value, global: bool) {
         let pid = self.pid(fam);
-        if !self.threads.contains_key(&(pid, tid)) {
-            self.threads.insert((pid, tid), tname.to_string());
-        }
+        self.threads.entry((pid, tid)).or_insert_with(|| tname.to_string());
         self.out.push(Ev { name: name.to_string(), ph: "i", s: Some(if global { "g" } else { "t" }), ts: Some(ts), pid, tid, args });
     }
     fn counter(&mut self, ts: f64, fam: u64, name: &str, values: Value) {
@@ -297,11 +296,10 @@ pub fn validate(trace: &Value) -> Vec<String> {
         }
         match ph {
             "B" => stacks.entry(track).or_default().push(e["name"].as_str().unwrap_or("").to_string()),
-            "E" => {
-                if stacks.entry(track).or_default().pop().is_none() {
+            "E"
+                if stacks.entry(track).or_default().pop().is_none() => {
                     errs.push(format!("event {i}: E without B on {track:?}"));
                 }
-            }
             _ => {}
         }
     }

@@ -143,7 +143,6 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     let nvml_xids: Vec<(f64, &Value)> = ctx.src("nvml_xid").map(|(r, e)| (*r, *e)).collect();
     let kernel: Vec<(f64, &Value)> = ["kmsg", "xid", "aer"].iter().flat_map(|s| ctx.src(s)).map(|(r, e)| (*r, *e)).collect();
     for (rel, e) in &kernel {
-        let rel = &*rel;
         let class = e["class"].as_str().unwrap_or("");
         match class {
             "xid" => {
@@ -328,7 +327,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         } else {
             continue;
         };
-        acc.add(sig, &format!("{c}"), *rel, touches, || c.to_string());
+        acc.add(sig, c, *rel, touches, || c.to_string());
     }
     for (rel, e) in ctx.src("net_change") {
         let c = e["change"].as_str().unwrap_or("");
