@@ -120,9 +120,41 @@ pub fn snapshot(pid: Option<u32>, env: &BTreeMap<String, String>) -> Value {
     })
 }
 
+/// What changed between two scheduler sections of the same job: the container (restart or
+/// migration), the Slurm step, the cgroup's OOM kill counter.
+pub fn changes(prev: &Value, cur: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let (a, b) = (&prev["kubernetes"]["container_id"], &cur["kubernetes"]["container_id"]);
+    if !a.is_null() && !b.is_null() && a != b {
+        out.push(format!("container id changed from {} to {} (restart or migration of pod {})", a, b, cur["kubernetes"]["pod_uid"]));
+    }
+    let (a, b) = (&prev["slurm"]["step_id"], &cur["slurm"]["step_id"]);
+    if !a.is_null() && a != b {
+        out.push(format!("Slurm step changed from {a} to {b}"));
+    }
+    let (a, b) = (prev["cgroup"]["memory"]["oom_kill"].as_u64(), cur["cgroup"]["memory"]["oom_kill"].as_u64());
+    if let (Some(a), Some(b)) = (a, b) {
+        if b > a {
+            out.push(format!("cgroup OOM kill counter +{} (limit {} bytes)", b - a, cur["cgroup"]["memory"]["limit_bytes"]));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn container_restart_and_cgroup_oom_are_changes() {
+        let a = json!({ "kubernetes": { "pod_uid": "p1", "container_id": "aaa" }, "cgroup": { "memory": { "oom_kill": 0, "limit_bytes": 1024 } } });
+        let b = json!({ "kubernetes": { "pod_uid": "p1", "container_id": "bbb" }, "cgroup": { "memory": { "oom_kill": 2, "limit_bytes": 1024 } } });
+        assert_eq!(changes(&a, &b), vec![
+            "container id changed from \"aaa\" to \"bbb\" (restart or migration of pod \"p1\")".to_string(),
+            "cgroup OOM kill counter +2 (limit 1024 bytes)".to_string(),
+        ]);
+        assert!(changes(&b, &b).is_empty());
+    }
 
     #[test]
     fn kubernetes_ids_from_cgroup_paths() {

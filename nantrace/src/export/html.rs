@@ -30,7 +30,7 @@ fn lane_of(src: &str) -> Option<usize> {
         "oom" | "system" => 2,
         "block" => 3,
         "tcp_retransmit" | "net_change" => 4,
-        "fork" | "exec" | "exit" | "signal" => 5,
+        "fork" | "exec" | "exit" | "signal" | "scheduler_change" => 5,
         "log" => 6,
         "trigger" => 7,
         _ => return None,

@@ -202,7 +202,7 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
                 let global = matches!(e["severity"].as_str(), Some("critical"));
                 b.instant(ts, 1, if src == "kmsg" { 1 } else { 2 }, if src == "kmsg" { "kernel log" } else { "hardware errors" }, &name, json!({ "text": e["text"], "severity": e["severity"] }), global);
             }
-            "gpu_change" | "nvml_xid" | "net_change" => {
+            "gpu_change" | "nvml_xid" | "net_change" | "scheduler_change" => {
                 let name = e["change"].as_str().map(String::from).unwrap_or_else(|| format!("NVML Xid {}", e["xid"]));
                 b.instant(ts, fam, 1, src, &name, e.clone(), false);
             }

@@ -245,17 +245,30 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         let tx2 = tx.clone();
         move |batch| tx2.try_send(Input::Samples(batch)).is_ok()
     });
-    // The job's context (environment, libraries, cgroup) while it is alive, refreshed.
+    // The job's context (environment, libraries, cgroup) while it is alive, refreshed; a
+    // changed container id (restart, migration) or a rising cgroup OOM counter is an event.
     let job_ctx = std::sync::Arc::new(std::sync::Mutex::new(None::<serde_json::Value>));
     if let Some(root) = info.root_pid {
         let ctx = job_ctx.clone();
+        let tx3 = tx.clone();
         tokio::spawn(async move {
             let mut wait = Duration::from_millis(500);
             loop {
                 tokio::time::sleep(wait).await;
-                wait = Duration::from_secs(15);
+                wait = Duration::from_secs(5);
                 match tokio::task::spawn_blocking(move || crate::collect::job_context(root)).await {
-                    Ok(Some(c)) => *ctx.lock().unwrap() = Some(c),
+                    Ok(Some(c)) => {
+                        let prev = ctx.lock().unwrap().replace(c.clone());
+                        let changes = prev.map(|p| crate::collect::scheduler::changes(&p["scheduler"], &c["scheduler"])).unwrap_or_default();
+                        if !changes.is_empty() {
+                            let batch = changes.into_iter().map(|change| {
+                                let mut f = serde_json::Map::new();
+                                f.insert("change".into(), json!(change));
+                                crate::collect::system::sample_event(monotonic_ns(), "scheduler_change", f)
+                            }).collect();
+                            let _ = tx3.send(Input::Samples(batch)).await;
+                        }
+                    }
                     _ => break,
                 }
             }
