@@ -69,6 +69,8 @@ pub struct Incident<'a> {
     pub extra: Vec<(String, Vec<u8>)>,
     /// timeline.json, when a later stage already built it.
     pub timeline: Option<Value>,
+    /// The report's first line, once the report was made.
+    pub verdict: Option<String>,
 }
 
 pub struct Written {

@@ -58,38 +58,13 @@ pub fn train(scenario: &str, step_ms: u64) -> i32 {
         let _ = writeln!(l, "step {step} | loss {loss:.4} | lr {lr:.3e} | loss_scale {scale:.1} | grad_norm {:.3}", (gw * gw + gb * gb).sqrt());
         let _ = l.flush();
         drop(l);
-        if scenario == "oom" && step == 25 {
-            match inject::oom(&me) {
-                Ok(c) => {
-                    eprintln!("demo: INJECTED memory pressure: a data-loader worker in a 64 MiB cgroup will be OOM-killed");
-                    injected = Some(c);
+        if Some(step) == inject::step(scenario) {
+            match inject::run(scenario, &me) {
+                Ok((what, cleanup)) => {
+                    eprintln!("demo: INJECTED {what}");
+                    injected = cleanup;
                 }
-                Err(e) => eprintln!("demo: could not inject the OOM kill ({e}); running as plain numeric divergence"),
-            }
-        }
-        if scenario == "net" && step == 10 {
-            match inject::net() {
-                Ok(c) => {
-                    eprintln!("demo: INJECTED packet loss: 12 TCP connections across a veth pair, all packets dropped by nftables");
-                    injected = Some(c);
-                }
-                Err(e) => eprintln!("demo: could not inject packet loss ({e}); running as plain numeric divergence"),
-            }
-        }
-        if scenario == "io" && step == 15 {
-            match inject::io(&me) {
-                Ok(c) => {
-                    eprintln!("demo: INJECTED a disk stall: a worker writes through a loop device whose backing disk is throttled to 64 KiB/s for its cgroup");
-                    injected = Some(c);
-                }
-                Err(e) => eprintln!("demo: could not inject the disk stall ({e}); running as plain numeric divergence"),
-            }
-        }
-        if scenario == "xid" && step == 25 {
-            let line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, name=nantrace-demo, GPU has fallen off the bus. [INJECTED by nantrace demo --scenario xid]";
-            match std::fs::write("/dev/kmsg", format!("{line}\n")) {
-                Ok(()) => eprintln!("demo: INJECTED a fake NVRM Xid 79 line into the kernel log (/dev/kmsg)"),
-                Err(e) => eprintln!("demo: could not inject the Xid line (/dev/kmsg: {e}); running as plain numeric divergence"),
+                Err(e) => eprintln!("demo: could not inject the {scenario} fault ({e}); running as plain numeric divergence"),
             }
         }
         if loss.is_nan() {
@@ -129,6 +104,31 @@ mod inject {
     use std::os::fd::AsRawFd as _;
     use std::path::{Path, PathBuf};
     use std::process::Command;
+
+    /// The step at which a scenario injects its fault.
+    pub fn step(scenario: &str) -> Option<u32> {
+        match scenario {
+            "net" => Some(10),
+            "io" => Some(15),
+            "oom" | "xid" => Some(25),
+            _ => None,
+        }
+    }
+
+    /// Inject the scenario's fault; returns what was done and what undoes it.
+    pub fn run(scenario: &str, me: &Path) -> Result<(&'static str, Option<Cleanup>), String> {
+        Ok(match scenario {
+            "xid" => {
+                let line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, name=nantrace-demo, GPU has fallen off the bus. [INJECTED by nantrace demo --scenario xid]";
+                std::fs::write("/dev/kmsg", format!("{line}\n")).map_err(|e| format!("/dev/kmsg: {e}"))?;
+                ("a fake NVRM Xid 79 line into the kernel log (/dev/kmsg)", None)
+            }
+            "oom" => ("memory pressure: a data-loader worker in a 64 MiB cgroup will be OOM-killed", Some(oom(me)?)),
+            "net" => ("packet loss: 12 TCP connections across a veth pair, all packets dropped by nftables", Some(net()?)),
+            "io" => ("a disk stall: a worker writes through a loop device whose backing disk is throttled to 64 KiB/s for its cgroup", Some(io(me)?)),
+            other => return Err(format!("no fault for scenario {other}")),
+        })
+    }
 
     /// Undoes an injection when dropped.
     pub struct Cleanup {

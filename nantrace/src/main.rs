@@ -214,7 +214,7 @@ fn main() -> anyhow::Result<()> {
             let (a, t, snap) = nantrace::report::for_bundle(&bundle)?;
             print!("{}", nantrace::report::markdown(&a, &t));
             if write {
-                for (name, data) in nantrace::export::derived(&t, &snap) {
+                for (name, data) in nantrace::export::derived(&t, &snap).0 {
                     write_0600(&bundle.join(name), &data)?;
                 }
             }

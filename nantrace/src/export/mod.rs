@@ -13,11 +13,12 @@ use crate::event::{Detail, Event};
 pub async fn add_evidence<'a>(mut inc: Incident<'a>, snapshot: serde_json::Value) -> Incident<'a> {
     let t = crate::bundle::timeline(&inc);
     // timeline.json is serialised while the trace and the report are built.
-    let (bytes, files) = std::thread::scope(|s| {
+    let (bytes, (files, analysis)) = std::thread::scope(|s| {
         let tb = s.spawn(|| crate::bundle::timeline_bytes(&t));
         let files = derived(&t, &snapshot);
         (tb.join().unwrap_or_default(), files)
     });
+    inc.verdict = Some(analysis.verdict);
     inc.extra.push(("timeline.json".into(), bytes));
     for (name, data) in files {
         inc.extra.push((name, data));
@@ -28,7 +29,7 @@ pub async fn add_evidence<'a>(mut inc: Incident<'a>, snapshot: serde_json::Value
 }
 
 /// report.md, report.txt, trace.json and report.html from a timeline and a snapshot.
-pub fn derived(t: &serde_json::Value, snapshot: &serde_json::Value) -> Vec<(String, Vec<u8>)> {
+pub fn derived(t: &serde_json::Value, snapshot: &serde_json::Value) -> (Vec<(String, Vec<u8>)>, crate::report::Analysis) {
     // The trace and the report read the same timeline independently: two threads (the dump
     // of 100 k events went from 1.1 s to under 1 s on 2 cores).
     std::thread::scope(|s| {
@@ -36,12 +37,13 @@ pub fn derived(t: &serde_json::Value, snapshot: &serde_json::Value) -> Vec<(Stri
         let a = crate::report::analyze(t, snapshot);
         let md = crate::report::markdown(&a, t);
         let html = html::render(&a, t, snapshot).into_bytes();
-        vec![
+        let files = vec![
             ("report.md".into(), md.clone().into_bytes()),
             ("report.txt".into(), md.into_bytes()),
             ("trace.json".into(), trace.join().unwrap_or_default()),
             ("report.html".into(), html),
-        ]
+        ];
+        (files, a)
     })
 }
 
@@ -83,10 +85,7 @@ pub fn summary(dir: &Path, inc: &Incident) -> String {
         (Some(a), Some(b)) => (b.mono_ns - a.mono_ns) as f64 / 1e9,
         _ => 0.0,
     };
-    let verdict = inc.timeline.as_ref().map(|t| {
-        let snap = inc.extra.iter().find(|(n, _)| n == "snapshot.json").and_then(|(_, d)| serde_json::from_slice(d).ok()).unwrap_or_default();
-        crate::report::analyze(t, &snap).verdict
-    });
+    let verdict = inc.verdict.as_ref();
     format!(
         "{}nantrace: incident bundle written: {}\n  trigger  {} at {}: {}\n  log      {}\n  kernel   {} Xid{}, {} OOM kill(s), {} AER, {} fatal signal(s) to the job\n  job      pid {} {}, {} fork(s); {} events over {:.1} s, {} drops, {} evictions",
         verdict.map_or(String::new(), |v| format!("nantrace: {}\n", v.chars().take(220).collect::<String>())),

@@ -2,6 +2,9 @@
 //! Ranked suspects come from the signal table in [`rules`]; when nothing fires, the report says
 //! so plainly and lists what was checked.
 pub mod rules;
+mod render;
+
+pub use render::{for_bundle, markdown};
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -454,60 +457,6 @@ fn facts(timeline: &Value, snapshot: &Value) -> Value {
         "scheduler": snapshot["scheduler"],
         "injected": timeline["accounting"]["injected"],
     })
-}
-
-/// report.md (also report.txt): the answer first, then suspects, what was checked, the facts.
-pub fn markdown(a: &Analysis, timeline: &Value) -> String {
-    let mut s = String::new();
-    s.push_str("# nantrace incident report\n\n");
-    s.push_str(&format!("**{}**\n\n", a.verdict));
-    s.push_str(&format!("- trigger: {} at {} — {}\n", timeline["trigger"]["kind"].as_str().unwrap_or("?"), timeline["trigger"]["time"].as_str().unwrap_or("?"), timeline["trigger"]["reason"].as_str().unwrap_or("")));
-    s.push_str(&format!("- {}\n", a.reference));
-    s.push_str(&format!("- host {} (kernel {})\n", timeline["host"]["hostname"].as_str().unwrap_or("?"), timeline["host"]["kernel"].as_str().unwrap_or("?")));
-    if let Some(i) = a.facts["injected"].as_str() {
-        s.push_str(&format!("- NOTE: {i} (this incident was staged)\n"));
-    }
-    s.push_str("\n## Ranked suspects\n\n");
-    if a.suspects.is_empty() {
-        s.push_str("None: no signal in the table fired.\n");
-    }
-    for (i, f) in a.suspects.iter().enumerate() {
-        s.push_str(&format!("{}. [{:?}, severity {}{}] {}\n", i + 1, f.family, f.severity, if f.touches_job { ", touches the job" } else { "" }, f.text));
-    }
-    s.push_str("\n## What was checked\n\n");
-    for c in &a.checked {
-        s.push_str(&format!("- {c}\n"));
-    }
-    s.push_str("\n## Facts for the ML team\n\n");
-    let fa = &a.facts;
-    s.push_str(&format!("- command: `{}` (pid {}), exit: {}\n", fa["job"]["command"].as_array().map(|c| c.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" ")).unwrap_or_default(), fa["job"]["root_pid"], match (fa["job"]["exit_code"].as_i64(), fa["job"]["exit_signal"].as_i64()) { (_, Some(sg)) => format!("signal {sg}"), (Some(c), _) => format!("code {c}"), _ => "still running".into() }));
-    s.push_str(&format!("- NVIDIA driver: {}\n- CUDA driver: {}\n- nvcc: {}\n", fa["nvidia_driver"].as_str().unwrap_or("?").lines().next().unwrap_or(""), fa["cuda_driver"], fa["nvcc"].as_str().unwrap_or("?")));
-    if let Some(l) = fa["libraries"].as_object() {
-        for (k, v) in l {
-            s.push_str(&format!("- {k}: {}\n", v["versions"]));
-        }
-    }
-    if let Some(fw) = fa["frameworks"].as_object() {
-        for (k, v) in fw {
-            s.push_str(&format!("- {k} {v}\n"));
-        }
-    }
-    s.push_str(&format!("- precision-related environment: {}\n", if fa["precision_env"].as_object().is_some_and(|m| !m.is_empty()) { fa["precision_env"].to_string() } else { "none set".into() }));
-    s.push_str(&format!("- scheduler: slurm={} kubernetes={} cgroup memory limit={}\n", fa["scheduler"]["slurm"]["job_id"], fa["scheduler"]["kubernetes"]["pod_uid"], fa["scheduler"]["cgroup"]["memory"]["limit_bytes"]));
-    s.push_str("\nLast loss values before the end:\n\n| step | loss | t (s, vs trigger) |\n|---|---|---|\n");
-    for l in fa["last_losses"].as_array().unwrap_or(&Vec::new()) {
-        s.push_str(&format!("| {} | {} | {:.2} |\n", l["step"], l["loss"], l["offset_s"].as_f64().unwrap_or(0.0)));
-    }
-    s
-}
-
-/// The report for a bundle directory on disk (`nantrace report BUNDLE`).
-pub fn for_bundle(dir: &std::path::Path) -> anyhow::Result<(Analysis, Value, Value)> {
-    use anyhow::Context as _;
-    let t: Value = serde_json::from_slice(&std::fs::read(dir.join("timeline.json")).with_context(|| format!("{}/timeline.json", dir.display()))?).context("timeline.json is not valid JSON")?;
-    anyhow::ensure!(t["schema"] == crate::bundle::SCHEMA || t["schema"] == crate::merge::SCHEMA, "{}: unknown schema {}", dir.display(), t["schema"]);
-    let snap: Value = std::fs::read(dir.join("snapshot.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_else(|| json!({ "gpu": { "reason": "no snapshot.json in the bundle" } }));
-    Ok((analyze(&t, &snap), t, snap))
 }
 
 #[cfg(test)]

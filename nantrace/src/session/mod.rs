@@ -400,6 +400,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                 post_s: opts.post_s,
                 extra: Vec::new(),
                 timeline: None,
+                verdict: None,
             };
             let snap = match snapshot_task.take() {
                 Some(t) => t.await.unwrap_or_else(|e| json!({ "error": format!("snapshot collector failed: {e}") })),
