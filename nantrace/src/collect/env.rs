@@ -59,11 +59,37 @@ pub fn libraries_from_maps(maps: &str) -> BTreeMap<String, Value> {
 
 /// A framework's version next to its loaded library, e.g. site-packages/torch/version.py.
 fn framework_version(lib_path: &str, pkg: &str) -> Option<String> {
-    let idx = lib_path.find(&format!("/{pkg}/"))?;
+    // The last `/torch/` of `/opt/torch/.venv/.../site-packages/torch/lib/libtorch_cuda.so`.
+    let idx = lib_path.rfind(&format!("/{pkg}/"))?;
     let dir = &lib_path[..idx + pkg.len() + 1];
     let text = std::fs::read_to_string(format!("{dir}/version.py")).ok()?;
     let re = Regex::new(r#"__version__\s*=\s*['"]([^'"]+)['"]"#).ok()?;
     re.captures(&text).map(|c| c[1].to_string())
+}
+
+/// pip wheels ship libraries by SONAME only (`libcudart.so.13`): the full version is in the
+/// wheel's dist-info directory name next to them (`nvidia_cuda_runtime_cu13-13.0.96.dist-info`).
+fn wheel_version(lib_path: &str, label: &str) -> Option<String> {
+    let prefix = match label {
+        "cuda_runtime" => "nvidia_cuda_runtime",
+        "cudnn" => "nvidia_cudnn",
+        "nccl" => "nvidia_nccl",
+        "cublas" | "cublasLt" => "nvidia_cublas",
+        "torch" => "torch-",
+        _ => return None,
+    };
+    let site = &lib_path[..lib_path.find("site-packages/")? + "site-packages".len()];
+    let mut found: Vec<String> = std::fs::read_dir(site)
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(String::from))
+        .filter(|n| n.starts_with(prefix) && n.ends_with(".dist-info"))
+        .collect();
+    found.sort();
+    let name = found.pop()?;
+    let stem = name.trim_end_matches(".dist-info");
+    let (pkg, ver) = stem.rsplit_once('-')?;
+    Some(format!("{} {ver}", pkg.replace('_', "-")))
 }
 
 /// The job's relevant environment variables, redacted.
@@ -92,18 +118,28 @@ pub fn snapshot(pid: Option<u32>, nvml_driver: Option<(String, Option<i32>)>) ->
     let mut cmdline = None;
     let mut errors = Vec::new();
     if let Some(pid) = pid {
-        match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
-            Ok(m) => {
-                libs = libraries_from_maps(&m);
-                for (label, pkg) in [("torch", "torch"), ("tensorflow", "tensorflow")] {
-                    if let Some(p) = libs.get(label).and_then(|v| v["path"].as_str()) {
-                        if let Some(v) = framework_version(p, pkg) {
-                            frameworks.insert(pkg.to_string(), v);
-                        }
-                    }
+        // The root is often a launcher (bash, torchrun): the CUDA libraries live in its
+        // descendants, so every process of the job is looked at.
+        let mut maps = String::new();
+        for p in crate::correlate::descendants(&[pid]) {
+            match std::fs::read_to_string(format!("/proc/{p}/maps")) {
+                Ok(m) => maps.push_str(&m),
+                Err(e) if p == pid => errors.push(format!("/proc/{p}/maps: {e}")),
+                Err(_) => {}
+            }
+        }
+        libs = libraries_from_maps(&maps);
+        for (label, v) in libs.iter_mut() {
+            if let Some(w) = v["path"].as_str().and_then(|p| wheel_version(p, label)) {
+                v["package"] = json!(w);
+            }
+        }
+        for (label, pkg) in [("torch", "torch"), ("tensorflow", "tensorflow")] {
+            if let Some(p) = libs.get(label).and_then(|v| v["path"].as_str()) {
+                if let Some(v) = framework_version(p, pkg).or_else(|| wheel_version(p, label).map(|w| w.rsplit(' ').next().unwrap_or("").to_string())) {
+                    frameworks.insert(pkg.to_string(), v);
                 }
             }
-            Err(e) => errors.push(format!("/proc/{pid}/maps: {e}")),
         }
         match std::fs::read(format!("/proc/{pid}/environ")) {
             Ok(e) => env = job_env(&e),
@@ -154,6 +190,23 @@ mod tests {
         assert_eq!(l["python"]["versions"], json!(["3.10"]));
         assert!(l["torch"]["path"].as_str().unwrap().ends_with("torch/lib/libtorch_cuda.so"));
         assert!(!l.contains_key("cublas"));
+    }
+
+    #[test]
+    fn wheel_versions_and_framework_version_from_site_packages() {
+        // The layout seen on a real H200 node: torch in a venv under /opt/torch.
+        let root = std::env::temp_dir().join(format!("nt-site-{}/opt/torch/.venv/lib/python3.12/site-packages", std::process::id()));
+        for d in ["nvidia/cu13/lib", "nvidia_cuda_runtime_cu13-13.0.96.dist-info", "torch/lib", "torch-2.9.1.dist-info"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::write(root.join("torch/version.py"), "__version__ = '2.9.1+cu130'\n").unwrap();
+        let cudart = format!("{}/nvidia/cu13/lib/libcudart.so.13", root.display());
+        assert_eq!(wheel_version(&cudart, "cuda_runtime").as_deref(), Some("nvidia-cuda-runtime-cu13 13.0.96"));
+        let torch = format!("{}/torch/lib/libtorch_cuda.so", root.display());
+        assert_eq!(framework_version(&torch, "torch").as_deref(), Some("2.9.1+cu130"));
+        assert_eq!(wheel_version(&torch, "torch").as_deref(), Some("torch 2.9.1"));
+        assert_eq!(wheel_version("/usr/lib/x86_64-linux-gnu/libcudart.so.12", "cuda_runtime"), None);
+        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("nt-site-{}", std::process::id())));
     }
 
     #[test]

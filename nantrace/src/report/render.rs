@@ -31,7 +31,8 @@ pub fn markdown(a: &Analysis, timeline: &Value) -> String {
     s.push_str(&format!("- NVIDIA driver: {}\n- CUDA driver: {}\n- nvcc: {}\n", fa["nvidia_driver"].as_str().unwrap_or("?").lines().next().unwrap_or(""), fa["cuda_driver"], fa["nvcc"].as_str().unwrap_or("?")));
     if let Some(l) = fa["libraries"].as_object() {
         for (k, v) in l {
-            s.push_str(&format!("- {k}: {}\n", v["versions"]));
+            let pkg = v["package"].as_str().map_or(String::new(), |p| format!(" ({p})"));
+            s.push_str(&format!("- {k}: {}{pkg}\n", v["versions"]));
         }
     }
     if let Some(fw) = fa["frameworks"].as_object() {
