@@ -39,11 +39,13 @@ pub fn block_rq_issue(ctx: TracePointContext) -> u32 {
         return 0;
     };
     let (tgid, _) = current_pid_tgid();
+    // The job lookup is left to the completion, and only for requests that become events:
+    // the issue path runs for every request.
     let start = BioStart {
         // SAFETY: helper without arguments.
         ts_ns: unsafe { bpf_ktime_get_ns() },
         pid: tgid,
-        flags: if is_job(tgid) { FLAG_JOB } else { 0 },
+        flags: 0,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     };
     let _ = BIO_START.insert(&k, &start, 0);
@@ -112,7 +114,7 @@ pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
         (*p).hdr.ts_ns = now;
         match start {
             Some(s) => {
-                (*p).hdr.flags = s.flags;
+                (*p).hdr.flags = if is_job(s.pid) { FLAG_JOB } else { 0 };
                 (*p).hdr.pid = s.pid;
                 (*p).hdr.tid = s.pid;
                 (*p).hdr.comm = s.comm;
