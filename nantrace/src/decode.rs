@@ -205,6 +205,25 @@ mod tests {
     }
 
     #[test]
+    fn aer_tracepoint_record_round_trip() {
+        // The ras:aer_event layout as the probe fills it (the test kernel lacks the tracepoint).
+        let mut dev = [0u8; 32];
+        dev[..12].copy_from_slice(b"0000:3b:00.0");
+        let e = AerEvent { hdr: hdr(EventKind::Aer), status: 0x0000_4000, severity: 1, tlp_header_valid: 1, tlp_header: [0x4a00_0001, 0x0100_000f, 0xfe00_0000, 0], _pad: 0, dev_name: dev };
+        let ev = decode(&bytes(&e)).unwrap();
+        assert_eq!(ev.source(), "aer");
+        let j = ev.to_json(&crate::clock::ClockMap::sample());
+        assert_eq!(j["device"], "0000:3b:00.0");
+        assert_eq!(j["aer_severity"], "uncorrected_fatal");
+        assert_eq!(j["severity"], "critical");
+        assert_eq!(j["status"], "0x00004000");
+        assert_eq!(j["tlp_header"][0], "4a000001");
+        let corrected = AerEvent { severity: 2, tlp_header_valid: 0, ..e };
+        let j = decode(&bytes(&corrected)).unwrap().to_json(&crate::clock::ClockMap::sample());
+        assert_eq!((j["aer_severity"].as_str(), j["tlp_header"].is_null()), (Some("corrected"), true));
+    }
+
+    #[test]
     fn truncated_and_unknown_records_are_errors() {
         let ex = bytes(&ExitEvent { hdr: hdr(EventKind::Exit), code: 3, signal: 0 });
         assert_eq!(decode(&ex[..47]), Err(DecodeError::Short { kind: 8, need: 48, got: 47 }));

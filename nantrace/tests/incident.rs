@@ -244,3 +244,45 @@ fn attach_to_a_dead_pid_is_a_clear_error() {
     assert!(stderr.contains(&format!("pid {pid} does not exist")), "{stderr}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Not privileged: the trigger file and SIGUSR1 (`--no-probes`).
+#[test]
+fn trigger_file_and_sigusr1_each_give_a_bundle() {
+    let out = out_dir("tfile");
+    let tf = out.join("DUMP");
+    let (st, _, stderr) = run(&["run", "--no-probes", "--post", "0.3", "--trigger-file", tf.to_str().unwrap(), "--out", out.to_str().unwrap(), "--", "bash", "-c", &format!("echo 'step 1 | loss 1.0'; sleep 0.5; touch {}; sleep 1.5", tf.display())]);
+    assert!(st.success(), "{stderr}");
+    let t = timeline(&only_bundle(&out));
+    assert_eq!(t["trigger"]["kind"], "file");
+    assert!(t["trigger"]["reason"].as_str().unwrap().contains("DUMP"));
+    let _ = std::fs::remove_dir_all(&out);
+
+    let out = out_dir("usr1");
+    let mut nt = Command::new(BIN)
+        .args(["run", "--no-probes", "--post", "0.3", "--out", out.to_str().unwrap(), "--", "bash", "-c", "echo 'step 1 | loss 1.0'; sleep 3"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(nt.id() as i32, libc::SIGUSR1) };
+    assert!(nt.wait().unwrap().success());
+    let t = timeline(&only_bundle(&out));
+    assert_eq!(t["trigger"]["kind"], "usr1");
+    // --no-trigger turns one off: the same SIGUSR1 then writes nothing.
+    let out2 = out_dir("usr1off");
+    let mut nt = Command::new(BIN)
+        .args(["run", "--no-probes", "--no-trigger", "usr1", "--out", out2.to_str().unwrap(), "--", "bash", "-c", "sleep 2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    // SAFETY: as above.
+    unsafe { libc::kill(nt.id() as i32, libc::SIGUSR1) };
+    assert!(nt.wait().unwrap().success());
+    assert_eq!(std::fs::read_dir(&out2).unwrap().count(), 0, "usr1 was turned off");
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&out2);
+}

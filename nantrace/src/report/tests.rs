@@ -181,3 +181,19 @@ fn the_job_killing_its_own_worker_after_the_nan_is_not_a_suspect() {
         .analyze();
     assert!(a.suspects.is_empty(), "{:?}", a.suspects);
 }
+
+#[test]
+fn an_xid_seen_by_the_kernel_log_and_nvml_is_one_suspect_with_two_witnesses() {
+    let a = Scenario::healthy()
+        .with(kmsg(-6.0, "NVRM: Xid (PCI:0000:3b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0."))
+        .with(json!({ "offset_s": -5.9, "source": "nvml_xid", "xid": 48, "pci": "0000:3b:00.0", "witness": "nvml" }))
+        .analyze();
+    let xids: Vec<&Finding> = a.suspects.iter().filter(|f| f.text.contains("Xid 48")).collect();
+    assert_eq!(xids.len(), 1, "{:?}", a.suspects);
+    assert!(xids[0].text.contains("[two witnesses: kernel log and NVML]"), "{}", xids[0].text);
+    assert!(xids[0].touches_job, "0000:3b:00.0 is the job's GPU (CUDA_VISIBLE_DEVICES=0)");
+    // NVML alone still names it.
+    let b = Scenario::healthy().with(json!({ "offset_s": -5.9, "source": "nvml_xid", "xid": 79, "pci": "0000:3b:00.0" })).analyze();
+    assert_eq!(top(&b).signal, "gpu_fallen_off_bus");
+    assert!(top(&b).text.contains("(NVML event)"));
+}
