@@ -188,6 +188,9 @@ mod inject {
         let name = format!("nantrace-demo-io-{pid}");
         let cg = if v2 { PathBuf::from("/sys/fs/cgroup").join(&name) } else { PathBuf::from("/sys/fs/cgroup/blkio").join(&name) };
         let mut c = Cleanup { cgroup: None, child: None, netns: Vec::new(), _conns: Vec::new(), loopdev: Some((loopdev.clone(), img)) };
+        if v2 {
+            let _ = std::fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+io");
+        }
         std::fs::create_dir_all(&cg).map_err(|e| format!("{}: {e}", cg.display()))?;
         c.cgroup = Some(cg.clone());
         let (file, rule) = if v2 { ("io.max", format!("{maj}:{min} wbps=65536")) } else { ("blkio.throttle.write_bps_device", format!("{maj}:{min} 65536")) };
@@ -201,6 +204,10 @@ mod inject {
         let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
         let name = format!("nantrace-demo-{}", std::process::id());
         let cg = if v2 { PathBuf::from("/sys/fs/cgroup").join(&name) } else { PathBuf::from("/sys/fs/cgroup/memory").join(&name) };
+        if v2 {
+            // Children only get the controller when the parent delegates it.
+            let _ = std::fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+memory");
+        }
         std::fs::create_dir_all(&cg).map_err(|e| format!("{}: {e}", cg.display()))?;
         let limit = (64u64 << 20).to_string();
         if v2 {
