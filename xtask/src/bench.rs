@@ -343,7 +343,12 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
         eprintln!("xtask bench --smoke: ok\n{}", serde_json::to_string_pretty(&results["ratios"])?);
         for r in results["runs"].as_array().into_iter().flatten() {
             if let Some(e) = r["error"].as_str() {
-                bail!("bench smoke: {} run failed: {e}", r["tracer"]);
+                // The peer (bpftrace) failing is reported, not ours to fail on.
+                if r["tracer"] == "bpftrace" {
+                    eprintln!("xtask bench --smoke: WARNING: the bpftrace run failed: {e}");
+                } else {
+                    bail!("bench smoke: {} run failed: {e}", r["tracer"]);
+                }
             }
         }
         return Ok(());
