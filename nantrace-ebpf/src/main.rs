@@ -82,14 +82,24 @@ fn current_pid_tgid() -> (u32, u32) {
     ((v >> 32) as u32, v as u32)
 }
 
-/// Fill the common header from the current task.
+/// Fill the common header from the current task, looking up whether it is the job's.
 ///
 /// # Safety
 /// `h` must point to writable memory of an `EventHeader` (a ring-buffer reservation).
 #[inline(always)]
 unsafe fn fill_header(h: *mut EventHeader, kind: EventKind) -> (u32, bool) {
+    let (tgid, _) = current_pid_tgid();
+    // SAFETY: forwarded from the caller.
+    unsafe { fill_header_as(h, kind, is_job(tgid)) }
+}
+
+/// Fill the common header when the caller already knows the job flag (no second map lookup).
+///
+/// # Safety
+/// As [`fill_header`].
+#[inline(always)]
+unsafe fn fill_header_as(h: *mut EventHeader, kind: EventKind, job: bool) -> (u32, bool) {
     let (tgid, tid) = current_pid_tgid();
-    let job = is_job(tgid);
     unsafe {
         (*h).kind = kind as u32;
         (*h).flags = if job { FLAG_JOB } else { 0 };

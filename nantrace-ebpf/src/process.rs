@@ -11,7 +11,7 @@ use nantrace_common::{
     EventKind, ExecEvent, ExitEvent, ExitInfo, ForkEvent, SignalEvent, FLAG_JOB, MISSING,
 };
 
-use crate::{conf, count_drop, current_pid_tgid, fill_header, is_job, read_data_loc, EVENTS, JOB_PIDS};
+use crate::{conf, count_drop, current_pid_tgid, fill_header, fill_header_as, is_job, read_data_loc, EVENTS, JOB_PIDS};
 
 const CLONE_THREAD: u64 = 0x0001_0000;
 
@@ -72,7 +72,7 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     let p = entry.as_mut_ptr();
     // SAFETY: fresh reservation.
     unsafe {
-        fill_header(&raw mut (*p).hdr, EventKind::Fork);
+        fill_header_as(&raw mut (*p).hdr, EventKind::Fork, true);
         (*p).child_pid = child;
         (*p)._pad = 0;
         (*p).child_comm = [0; 16];
@@ -102,7 +102,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     let p = entry.as_mut_ptr();
     // SAFETY: fresh reservation.
     unsafe {
-        fill_header(&raw mut (*p).hdr, EventKind::Exec);
+        fill_header_as(&raw mut (*p).hdr, EventKind::Exec, true);
         (*p).filename = [0; 128];
         let off = conf!(off.exec_filename);
         if off != MISSING {
@@ -173,10 +173,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     let p = entry.as_mut_ptr();
     // SAFETY: fresh reservation.
     unsafe {
-        fill_header(&raw mut (*p).hdr, EventKind::Exit);
-        if job {
-            (*p).hdr.flags |= FLAG_JOB;
-        }
+        fill_header_as(&raw mut (*p).hdr, EventKind::Exit, job);
         (*p).code = info.code;
         (*p).signal = info.signal;
     }

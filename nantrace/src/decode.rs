@@ -7,7 +7,7 @@ use nantrace_common::{
 };
 
 use crate::classify::classify;
-use crate::event::{comm_str, Aer, Comm, Detail, Event, Kmsg, Oom, Tcp};
+use crate::event::{Aer, Comm, Detail, Event, Kmsg, Oom, Tcp};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
@@ -112,14 +112,10 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
     })
 }
 
-/// `comm` of an event as a string (re-exported for callers that only have the decoder).
-pub fn comm(e: &Event) -> String {
-    comm_str(&e.comm)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::comm_str;
     use nantrace_common::*;
 
     fn bytes<T>(v: &T) -> Vec<u8> {
@@ -154,7 +150,7 @@ mod tests {
         e.msg[..line.len()].copy_from_slice(line);
         let ev = decode(&bytes(&e)).unwrap();
         assert_eq!((ev.pid, ev.tid, ev.job, ev.mono_ns), (4242, 4243, true, 123_456_789));
-        assert_eq!(comm(&ev), "python3");
+        assert_eq!(comm_str(&ev.comm), "python3");
         assert_eq!(ev.source(), "xid");
         let j = ev.to_json(&crate::clock::ClockMap { offset_ns: 0, error_ns: 0, sampled_at_mono_ns: 0 });
         assert_eq!(j["xid"], 79);

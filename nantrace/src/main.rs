@@ -244,10 +244,7 @@ fn main() -> anyhow::Result<()> {
             let s = serde_json::to_string_pretty(&nantrace::collect::snapshot(pid))?;
             match out {
                 Some(path) => {
-                    use std::io::Write as _;
-                    use std::os::unix::fs::OpenOptionsExt as _;
-                    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&path).with_context(|| format!("writing {}", path.display()))?;
-                    f.write_all(s.as_bytes())?;
+                    write_0600(&path, s.as_bytes())?;
                     eprintln!("nantrace: snapshot written to {}", path.display());
                 }
                 None => println!("{s}"),
