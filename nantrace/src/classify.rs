@@ -1,6 +1,14 @@
-//! Kernel log classification: NVRM Xid, NVSwitch SXid, GPU fallen off the bus, PCIe AER (old
-//! and new formats), OOM kills, NIC link changes, hung tasks, MCE/EDAC. Pure; the formats are
-//! the ones in docs/probes/printk.md and the unit tests below.
+//! Kernel log classification: NVRM Xid (every code of NVIDIA's catalog, data/xid-catalog.tsv),
+//! NVSwitch SXid, GPU fallen off the bus, PCIe AER (old and new formats), OOM kills (old and
+//! new wording), NIC/IB link changes, mlx5 errors, hung tasks, soft lockups and RCU stalls,
+//! MCE/EDAC/CMCI, CPU thermal throttling, NFS/Lustre/GPFS stalls, block and NVMe errors, and
+//! segfaults in the GPU libraries. Pure; formats in docs/probes/printk.md and the tests below.
+//!
+//! Every pattern is anchored at the start of a line (after an optional `[ 123.456]` stamp) on
+//! the kernel subsystem's own prefix. Text the kernel copies from a process name (`comm` in
+//! segfault, trap, OOM and hung-task lines) is never matched as evidence: a process renamed
+//! `EDAC MC0: 1 UE` that crashes is a segfault of that process, nothing more.
+use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use regex::Regex;
@@ -15,6 +23,18 @@ pub enum Severity {
     Critical,
 }
 
+impl Severity {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "info" => Severity::Info,
+            "warning" => Severity::Warning,
+            "error" => Severity::Error,
+            "critical" => Severity::Critical,
+            _ => return None,
+        })
+    }
+}
+
 /// What a kernel log line says, when it says something nantrace understands.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "class", rename_all = "snake_case")]
@@ -23,16 +43,29 @@ pub enum KmsgClass {
         xid: u32,
         /// Normalised PCI address `0000:3b:00.0`.
         pci: String,
+        /// MIG GPU instance (`GPU-I:05`) when the line names one.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        gpu_instance: Option<u32>,
         xid_pid: Option<u32>,
         xid_process: Option<String>,
         meaning: &'static str,
+        /// From NVIDIA's catalog: hardware, driver, application, hardware_or_application,
+        /// system, nvlink, info.
+        implicates: &'static str,
+        /// NVIDIA's recommended action (none, restart_app, reset_gpu, reboot_node, ...).
+        action: &'static str,
         severity: Severity,
+        /// "caused by previous Xid N" / "due to previous Xid N": the primary error.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        previous_xid: Option<u32>,
         message: String,
     },
     Sxid {
         sxid: u32,
         pci: String,
         severity: Severity,
+        meaning: &'static str,
+        action: &'static str,
         message: String,
     },
     GpuFallenOffBus {
@@ -58,13 +91,56 @@ pub enum KmsgClass {
     LinkUp {
         iface: String,
     },
+    /// mlx5 (ConnectX) CQE errors, health/firmware errors, command timeouts.
+    NicError {
+        device: String,
+        message: String,
+    },
     HungTask {
         task: String,
         task_pid: u32,
         seconds: u32,
     },
+    SoftLockup {
+        cpu: u32,
+        seconds: u32,
+    },
+    RcuStall,
     MachineCheck {
+        /// false for corrected errors (CE, corrected, CMCI storm).
+        uncorrected: bool,
         message: String,
+    },
+    CpuThermal {
+        cpu: u32,
+        /// "core" or "package".
+        scope: String,
+    },
+    /// NFS/Lustre/GPFS: a server stopped answering (reads and checkpoints stall).
+    NetFsDown {
+        server: String,
+        fs: String,
+    },
+    NetFsOk {
+        server: String,
+        fs: String,
+    },
+    StaleHandle {
+        message: String,
+    },
+    /// `I/O error, dev X`, `Buffer I/O error`, NVMe timeouts and controller resets.
+    BlockError {
+        dev: String,
+        kind: String,
+    },
+    /// A user-space crash the kernel reported; `gpu_library` when it happened inside the
+    /// NVIDIA driver's or NCCL's libraries.
+    Segfault {
+        /// The crashed process's name: its own text, never matched as evidence.
+        crashed_comm: String,
+        crashed_pid: u32,
+        library: Option<String>,
+        gpu_library: bool,
     },
 }
 
@@ -80,46 +156,74 @@ impl KmsgClass {
                 "uncorrected_nonfatal" => Severity::Error,
                 _ => Severity::Warning,
             },
-            KmsgClass::OomKill { .. } | KmsgClass::HungTask { .. } => Severity::Error,
-            KmsgClass::MachineCheck { .. } => Severity::Critical,
-            KmsgClass::LinkDown { .. } => Severity::Warning,
-            KmsgClass::LinkUp { .. } => Severity::Info,
+            KmsgClass::OomKill { .. } | KmsgClass::HungTask { .. } | KmsgClass::SoftLockup { .. } | KmsgClass::NicError { .. } | KmsgClass::BlockError { .. } | KmsgClass::NetFsDown { .. } => Severity::Error,
+            KmsgClass::MachineCheck { uncorrected, .. } => if *uncorrected { Severity::Critical } else { Severity::Warning },
+            KmsgClass::LinkDown { .. } | KmsgClass::RcuStall | KmsgClass::CpuThermal { .. } | KmsgClass::StaleHandle { .. } | KmsgClass::Segfault { .. } => Severity::Warning,
+            KmsgClass::LinkUp { .. } | KmsgClass::NetFsOk { .. } => Severity::Info,
         }
     }
 }
 
-/// NVIDIA Xid catalog (the codes that matter on Ampere and newer), with a severity for
-/// nantrace: Critical = the GPU or its memory is unusable until reset, Error = the job's work
-/// on it is lost or suspect, Warning = watch it, Info = context.
+/// One row of NVIDIA's Xid (or NVSwitch SXid) catalog.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CatalogEntry {
+    pub name: &'static str,
+    pub implicates: &'static str,
+    pub action: &'static str,
+    pub severity: Severity,
+}
+
+fn parse_catalog(text: &'static str) -> HashMap<u32, CatalogEntry> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let mut c = l.split('\t');
+            let code = c.next()?.trim().parse().ok()?;
+            let name = c.next()?.trim();
+            let implicates = c.next()?.trim();
+            let action = c.next()?.trim();
+            let severity = Severity::parse(c.next()?.trim())?;
+            Some((code, CatalogEntry { name, implicates, action, severity }))
+        })
+        .collect()
+}
+
+static XID_CATALOG: LazyLock<HashMap<u32, CatalogEntry>> = LazyLock::new(|| parse_catalog(include_str!("../data/xid-catalog.tsv")));
+static SXID_CATALOG: LazyLock<HashMap<u32, CatalogEntry>> = LazyLock::new(|| parse_catalog(include_str!("../data/sxid-catalog.tsv")));
+
+/// NVIDIA's catalog entry for an Xid (data/xid-catalog.tsv, every documented code).
+pub fn xid_entry(xid: u32) -> Option<&'static CatalogEntry> {
+    XID_CATALOG.get(&xid)
+}
+
+pub fn sxid_entry(sxid: u32) -> Option<&'static CatalogEntry> {
+    SXID_CATALOG.get(&sxid)
+}
+
+/// The Xid's name and nantrace's severity: Critical = the GPU or its memory is unusable until
+/// reset, Error = the job's work on it is lost or suspect, Warning = watch it, Info = context.
 pub fn xid_info(xid: u32) -> (&'static str, Severity) {
-    use Severity::*;
-    match xid {
-        13 => ("graphics engine exception", Error),
-        31 => ("GPU memory page fault", Error),
-        43 => ("GPU stopped processing", Info),
-        45 => ("preemptive cleanup, due to previous errors", Info),
-        48 => ("double-bit ECC error", Critical),
-        61 => ("internal micro-controller breakpoint/warning", Error),
-        62 => ("internal micro-controller halt", Critical),
-        63 => ("ECC page retirement or row remapping recorded", Warning),
-        64 => ("ECC page retirement or row remapper recording failure", Critical),
-        68 => ("NVDEC0 exception", Error),
-        69 => ("graphics engine class error", Error),
-        74 => ("NVLink error", Critical),
-        79 => ("GPU has fallen off the bus", Critical),
-        92 => ("high single-bit ECC error rate", Warning),
-        94 => ("contained ECC error", Error),
-        95 => ("uncontained ECC error", Critical),
-        109 => ("context switch timeout", Error),
-        119 => ("GSP RPC timeout", Critical),
-        120 => ("GSP error", Critical),
-        121 => ("C2C link error", Critical),
-        140 => ("unrecovered ECC error", Critical),
-        143 => ("GPU initialization failure", Critical),
-        144..=150 => ("NVLink error (NVLink5)", Critical),
-        154 => ("GPU recovery action changed", Warning),
-        155 => ("NVLink link down", Critical),
-        _ => ("unlisted Xid (see NVIDIA's Xid catalog)", Warning),
+    xid_entry(xid).map_or(("Xid not in NVIDIA's catalog (newer driver?)", Severity::Warning), |e| (e.name, e.severity))
+}
+
+/// Does NVIDIA's catalog say this Xid can be the application's own fault (13, 31, 43...)?
+pub fn xid_maybe_application(xid: u32) -> bool {
+    xid_entry(xid).is_none_or(|e| matches!(e.implicates, "application" | "hardware_or_application" | "info"))
+}
+
+/// NVIDIA's recommended action, in words.
+pub fn action_text(action: &str) -> &'static str {
+    match action {
+        "none" => "no action (informational)",
+        "restart_app" => "restart the application",
+        "reset_gpu" => "reset the GPU (nvidia-smi -r) before reuse",
+        "reboot_node" => "reboot the node",
+        "check_nvlink" => "follow NVIDIA's NVLink workflow (check links, reset GPU)",
+        "contact_support" => "contact NVIDIA support / hardware service",
+        "update_sw" => "update the driver or firmware",
+        "check_mechanicals" => "check power, cooling and seating",
+        "ecc_workflow" => "follow NVIDIA's ECC workflow (row remap / page retirement, reset the GPU)",
+        _ => "see NVIDIA's Xid catalog",
     }
 }
 
@@ -140,30 +244,57 @@ pub fn normalize_pci(s: &str) -> String {
     format!("{dom}:{bus:0>2}:{dev:0>2}.{func}")
 }
 
+/// An optional `[  123.456789]` stamp, or a syslog/journal prefix (`Nov 30 10:00:00 host kernel: `).
+const STAMP: &str = r"^(?:\[\s*\d+\.\d+\]\s*)?(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ kernel: (?:\[\s*\d+\.\d+\]\s*)?)?(?:<\d+>)?";
+
+fn re(body: &str) -> Regex {
+    Regex::new(&format!("{STAMP}{body}")).expect("kernel pattern compiles")
+}
+
+/// A line the kernel starts with a process name: `comm[pid]: segfault at ...`,
+/// `traps: comm[pid] general protection fault ...`. comm is at most 15 bytes and may be anything.
+static PROC_MSG: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"(?:traps: )?(?s)(.{1,16}?)\[(\d+)\]:? (?:segfault at|trap |general protection|potentially unexpected fatal signal|bad frame|invalid opcode)(?-s)(?:.*? in ([^\[\s]+)\[)?")
+});
 static XID: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:, pid=(?:'?<unknown>'?|(\d+)))?(?:, name=([^,]*))?,?\s*(.*)").unwrap()
+    re(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{2,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)(?: GPU-I:(\d+))?(?: GPU-C:\d+)?\): (\d+)(?:, pid=(?:'?<unknown>'?|(\d+)))?(?:, name=([^,]*))?,?\s*(.*)")
 });
-static SXID: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d+), (?:(Non-fatal|Fatal)[^,]*, )?(.*)").unwrap());
+static PREVIOUS_XID: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)(?:caused by|due to|following) (?:a )?previous Xid:? ?(\d+)").unwrap());
+static SXID: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"(?:nvidia-nvswitch\d*: )?SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d+), (?:(Non-fatal|Fatal)[^,]*, )?(.*)")
+});
 static OFF_BUS: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"NVRM: .*GPU (?:at (?:PCI:)?)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)(?s:.*)fallen off the bus").unwrap()
+    re(r"NVRM: (?s:.*?)GPU (?:at (?:PCI:)?)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)(?s:.*)fallen off the bus")
 });
-static AER_DEV: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^(\S+) ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d): (?:AER: )?(.*)$").unwrap());
-static AER_SEV: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"PCIe Bus Error: severity=([^,]+), type=([^,(]+)").unwrap());
+static AER_DEV: LazyLock<Regex> = LazyLock::new(|| re(r"(\S+) ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d): (?:AER: )?(.*)$"));
+static AER_SEV: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^(?:\[[^\]]*\] )?PCIe Bus Error: severity=([^,]+), type=([^,(]+)").unwrap());
 static AER_RECV: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)(Multiple )?(Corrected|Correctable|Uncorrected \(Non-Fatal\)|Uncorrected \(Fatal\)|Uncorrectable \(Non-Fatal\)|Uncorrectable \(Fatal\)) error (?:message )?received(?: from ([0-9a-fA-F:.]+))?").unwrap()
+    Regex::new(r"(?i)^(Multiple )?(Corrected|Correctable|Uncorrected \(Non-Fatal\)|Uncorrected \(Fatal\)|Uncorrectable \(Non-Fatal\)|Uncorrectable \(Fatal\)) error (?:message )?received(?: from ([0-9a-fA-F:.]+))?").unwrap()
 });
 static OOM: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(Memory cgroup out of memory|Out of memory)[^:]*: Killed process (\d+) \(([^)]*)\)").unwrap()
+    re(r"(?:(Memory cgroup out of memory|Out of memory(?: \(oom_kill_allocating_task\))?): )?Kill(?:ed)? process (\d+) \((.{0,16}?)\)(?:[ ,]|$)")
 });
-static LINK: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?i)(?:^|\s)(\S+?):? (?:NIC )?Link is (Down|Up)").unwrap());
-static HUNG: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"INFO: task (.+):(\d+) blocked for more than (\d+) seconds").unwrap());
-static MCE: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(mce: \[Hardware Error\]|Machine check events logged|EDAC MC\d+: \d+ (?:CE|UE))").unwrap());
+static LINK: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"(?:\S+ [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d )?(?:\S+: )?(\S+?):? (?:NIC )?[Ll]ink is (Down|Up)")
+});
+static NIC_ERR: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"((?:mlx5_core|mlx5_ib|infiniband|mlx5_\d+)[ :]\s*\S*?):? ?(.*(?:CQE error|dump error cqe|dump_cqe|health compromised|[Ff]atal error|FW_FATAL|internal error|syndrome 0x|cmd_work_handler.*timeout|command timeout|wait_func.*timeout|pci_channel_offline|device is in error state|Unrecoverable error).*)")
+});
+static HUNG: LazyLock<Regex> = LazyLock::new(|| re(r"INFO: task (.{1,16}?):(\d+) blocked for more than (\d+) seconds"));
+static SOFT_LOCKUP: LazyLock<Regex> = LazyLock::new(|| re(r"(?:watchdog: )?BUG: soft lockup - CPU#(\d+) stuck for (\d+)s"));
+static RCU: LazyLock<Regex> = LazyLock::new(|| re(r"(?:rcu: )?INFO: rcu_\w+ (?:self-)?detected (?:expedited )?stalls?"));
+static THERMAL: LazyLock<Regex> = LazyLock::new(|| re(r"(?:mce: )?(?:\[Hardware Error\]: )?CPU(\d+): (Core|Package) temperature above threshold"));
+static MCE: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"(?:mce: \[Hardware Error\]|mce: CPU\d+: Machine Check|Machine check events logged|\{\d+\}\[Hardware Error\]|\[Hardware Error\]|EDAC \S+: ?\d+ (?:CE|UE)|EDAC \S+ (?:MC\d+|[^:]*): .*(?:CE|UE|[Cc]orrected|[Uu]ncorrected)|EDAC MC\d+: .*error|mce: \[Hardware Error\]|CMCI storm detected|mce_notify_irq|Memory failure: 0x[0-9a-f]+|HANDLING MCE MEMORY ERROR)(.*)")
+});
+static MCE_UNCORRECTED: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)\bUE\b|uncorrect|fatal|Memory failure|Kernel panic|\bPCC\b|recoverable action|severity: (?:fatal|recoverable)").unwrap());
+static NETFS: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"(?:(nfs): server (\S+) (not responding|OK)|(Lustre): .*?(?:Connection to (\S+) \(at [^)]*\) was lost|(\S+)-\S+: Connection restored|(\S+)-\S+: Connection to \S+ \(at [^)]*\) was lost)|(Lustre): .*?Connection (restored) to (\S+)|(mmfs|GPFS)\S*:? .*?(?:[Ee]xpel|lost connection|not responding)[^\d]*?(\S+)?$)")
+});
+static STALE: LazyLock<Regex> = LazyLock::new(|| re(r"((?:NFS|nfs|Lustre|LustreError)\S*:? .*[Ss]tale (?:NFS )?file handle.*)"));
+static BLOCK: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"(?:(?:blk_update_request|print_req_error|critical (?:medium|target|space allocation) error|critical|\S+): )?(?:(I/O error), dev (\w+)|(Buffer I/O error) on (?:dev(?:ice)? )?(\w+)|(?:nvme )?(nvme\d+)(?:n\d+)?: (?:I/O \d+ (?:\(\w+\) )?QID \d+ (timeout)|(controller is down)|(Device not ready)|(Removing after probe failure)|(Abort status)|.*?(reset controller)|(resetting controller))|(EXT4-fs error) \(device (\w+)\)|(XFS) \((\w+)\): (?:metadata I/O error|Corruption|log I/O error))")
+});
 
 fn aer_severity(s: &str) -> String {
     let l = s.to_ascii_lowercase();
@@ -180,75 +311,137 @@ fn aer_severity(s: &str) -> String {
 
 /// Classify one kernel log record (it may hold several lines; the first match wins).
 pub fn classify(text: &str) -> Option<KmsgClass> {
-    if let Some(c) = XID.captures(text) {
-        let xid: u32 = c[2].parse().ok()?;
-        let (meaning, severity) = xid_info(xid);
-        return Some(KmsgClass::Xid {
-            xid,
-            pci: normalize_pci(&c[1]),
-            xid_pid: c.get(3).and_then(|m| m.as_str().parse().ok()),
-            xid_process: c.get(4).map(|m| m.as_str().trim().to_string()).filter(|s| !s.is_empty() && s != "<unknown>"),
-            meaning,
-            severity,
-            message: c.get(5).map_or("", |m| m.as_str()).trim().to_string(),
+    // Records that start with a process name: only what the kernel says after the name counts.
+    if let Some(c) = PROC_MSG.captures(text) {
+        let library = c.get(3).map(|m| m.as_str().to_string());
+        let gpu_library = library.as_deref().is_some_and(|l| {
+            let base = l.rsplit('/').next().unwrap_or(l);
+            ["libcuda", "libnvidia", "libnccl", "libcudnn", "libcublas", "libnvrtc", "libnvJitLink", "libcudart"].iter().any(|p| base.starts_with(p))
         });
+        return Some(KmsgClass::Segfault { crashed_comm: c[1].to_string(), crashed_pid: c[2].parse().ok()?, library, gpu_library });
     }
-    if let Some(c) = SXID.captures(text) {
-        let fatal = c.get(3).is_some_and(|m| m.as_str() == "Fatal");
-        return Some(KmsgClass::Sxid {
-            sxid: c[2].parse().ok()?,
-            pci: normalize_pci(&c[1]),
-            severity: if fatal { Severity::Critical } else { Severity::Warning },
-            message: c[4].trim().to_string(),
-        });
-    }
+    // NVRM's two-line "fallen off the bus" message: one record, several lines.
     if let Some(c) = OFF_BUS.captures(text) {
         return Some(KmsgClass::GpuFallenOffBus { pci: normalize_pci(&c[1]), severity: Severity::Critical });
     }
-    for line in text.lines() {
-        if let Some(c) = AER_DEV.captures(line) {
-            let rest = &c[3];
-            let (sev, ty) = if let Some(s) = AER_SEV.captures(rest) {
-                (Some(aer_severity(&s[1])), Some(s[2].trim().to_string()))
-            } else if let Some(r) = AER_RECV.captures(rest) {
-                (Some(aer_severity(&r[2])), None)
-            } else {
-                (None, None)
-            };
-            if let Some(severity) = sev {
-                return Some(KmsgClass::Aer {
-                    severity,
-                    error_type: ty,
-                    device: normalize_pci(&c[2]),
-                    driver: c[1].to_string(),
-                });
-            }
+    text.lines().find_map(classify_line)
+}
+
+fn classify_line(line: &str) -> Option<KmsgClass> {
+    if let Some(c) = XID.captures(line) {
+        let xid: u32 = c[3].parse().ok()?;
+        let entry = xid_entry(xid);
+        let (meaning, severity) = xid_info(xid);
+        let message = c.get(6).map_or("", |m| m.as_str()).trim().to_string();
+        return Some(KmsgClass::Xid {
+            xid,
+            pci: normalize_pci(&c[1]),
+            gpu_instance: c.get(2).and_then(|m| m.as_str().parse().ok()),
+            xid_pid: c.get(4).and_then(|m| m.as_str().parse().ok()),
+            xid_process: c.get(5).map(|m| m.as_str().trim().to_string()).filter(|s| !s.is_empty() && s != "<unknown>"),
+            meaning,
+            implicates: entry.map_or("unknown", |e| e.implicates),
+            action: entry.map_or("contact_support", |e| e.action),
+            severity,
+            previous_xid: PREVIOUS_XID.captures(&message).and_then(|p| p[1].parse().ok()),
+            message,
+        });
+    }
+    if let Some(c) = SXID.captures(line) {
+        let sxid: u32 = c[2].parse().ok()?;
+        let entry = sxid_entry(sxid);
+        let severity = match c.get(3).map(|m| m.as_str()) {
+            Some("Fatal") => Severity::Critical,
+            Some(_) => Severity::Warning,
+            None => entry.map_or(Severity::Warning, |e| e.severity),
+        };
+        return Some(KmsgClass::Sxid {
+            sxid,
+            pci: normalize_pci(&c[1]),
+            severity,
+            meaning: entry.map_or("SXid not in the catalog", |e| e.name),
+            action: entry.map_or("contact_support", |e| e.action),
+            message: c[4].trim().to_string(),
+        });
+    }
+    if let Some(c) = AER_DEV.captures(line) {
+        let rest = &c[3];
+        let (sev, ty) = if let Some(s) = AER_SEV.captures(rest) {
+            (Some(aer_severity(&s[1])), Some(s[2].trim().to_string()))
+        } else if let Some(r) = AER_RECV.captures(rest) {
+            (Some(aer_severity(&r[2])), None)
+        } else {
+            (None, None)
+        };
+        if let Some(severity) = sev {
+            return Some(KmsgClass::Aer { severity, error_type: ty, device: normalize_pci(&c[2]), driver: c[1].to_string() });
         }
     }
-    if let Some(c) = OOM.captures(text) {
+    if let Some(c) = OOM.captures(line) {
         return Some(KmsgClass::OomKill {
             victim_pid: c[2].parse().ok()?,
             victim_comm: c[3].to_string(),
-            memcg: c[1].starts_with("Memory cgroup"),
+            memcg: c.get(1).is_some_and(|m| m.as_str().starts_with("Memory cgroup")),
         });
     }
-    if let Some(c) = HUNG.captures(text) {
-        return Some(KmsgClass::HungTask {
-            task: c[1].to_string(),
-            task_pid: c[2].parse().ok()?,
-            seconds: c[3].parse().ok()?,
-        });
+    if let Some(c) = HUNG.captures(line) {
+        return Some(KmsgClass::HungTask { task: c[1].to_string(), task_pid: c[2].parse().ok()?, seconds: c[3].parse().ok()? });
     }
-    if MCE.is_match(text) {
-        return Some(KmsgClass::MachineCheck { message: text.trim().to_string() });
+    if let Some(c) = SOFT_LOCKUP.captures(line) {
+        return Some(KmsgClass::SoftLockup { cpu: c[1].parse().ok()?, seconds: c[2].parse().ok()? });
     }
-    if let Some(c) = LINK.captures(text) {
+    if RCU.is_match(line) {
+        return Some(KmsgClass::RcuStall);
+    }
+    if let Some(c) = THERMAL.captures(line) {
+        return Some(KmsgClass::CpuThermal { cpu: c[1].parse().ok()?, scope: c[2].to_ascii_lowercase() });
+    }
+    if let Some(c) = MCE.captures(line) {
+        let m = c.get(0).map_or("", |m| m.as_str());
+        let corrected_only = m.contains("CMCI storm") || m.contains(" CE ") || m.contains(" CE") && !m.contains(" UE");
+        return Some(KmsgClass::MachineCheck { uncorrected: !corrected_only && MCE_UNCORRECTED.is_match(m), message: m.trim().to_string() });
+    }
+    if let Some(c) = NETFS.captures(line) {
+        if let Some(fs) = c.get(1) {
+            let ok = &c[3] == "OK";
+            let (server, fs) = (c[2].trim_end_matches(',').to_string(), fs.as_str().to_string());
+            return Some(if ok { KmsgClass::NetFsOk { server, fs } } else { KmsgClass::NetFsDown { server, fs } });
+        }
+        if c.get(4).is_some() {
+            if let Some(s) = c.get(6) {
+                return Some(KmsgClass::NetFsOk { server: s.as_str().to_string(), fs: "lustre".into() });
+            }
+            let server = c.get(5).or(c.get(7)).map_or("?", |m| m.as_str()).to_string();
+            return Some(KmsgClass::NetFsDown { server, fs: "lustre".into() });
+        }
+        if c.get(8).is_some() {
+            return Some(KmsgClass::NetFsOk { server: c.get(10).map_or("?", |m| m.as_str()).to_string(), fs: "lustre".into() });
+        }
+        if c.get(11).is_some() {
+            return Some(KmsgClass::NetFsDown { server: c.get(12).map_or("?", |m| m.as_str()).to_string(), fs: "gpfs".into() });
+        }
+    }
+    if let Some(c) = STALE.captures(line) {
+        return Some(KmsgClass::StaleHandle { message: c[1].trim().to_string() });
+    }
+    if let Some(c) = BLOCK.captures(line) {
+        let pick = |i: &[usize]| i.iter().find_map(|&i| c.get(i)).map(|m| m.as_str().to_string());
+        let dev = pick(&[2, 4, 5, 15, 17]).unwrap_or_default();
+        let kind = pick(&[1, 3, 6, 7, 8, 9, 10, 11, 12, 14, 16]).unwrap_or_default();
+        let kind = match kind.as_str() {
+            "I/O error" | "Buffer I/O error" => "io_error",
+            "timeout" => "nvme_timeout",
+            "EXT4-fs error" | "XFS" => "fs_error",
+            _ => "nvme_reset",
+        };
+        return Some(KmsgClass::BlockError { dev, kind: kind.to_string() });
+    }
+    if let Some(c) = NIC_ERR.captures(line) {
+        return Some(KmsgClass::NicError { device: c[1].trim().to_string(), message: c[2].trim().chars().take(160).collect() });
+    }
+    if let Some(c) = LINK.captures(line) {
         let iface = c[1].trim_end_matches(':').to_string();
-        return Some(if &c[2].to_ascii_lowercase() == "down" {
-            KmsgClass::LinkDown { iface }
-        } else {
-            KmsgClass::LinkUp { iface }
-        });
+        return Some(if &c[2] == "Down" { KmsgClass::LinkDown { iface } } else { KmsgClass::LinkUp { iface } });
     }
     None
 }

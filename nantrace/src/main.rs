@@ -28,7 +28,7 @@ struct RecArgs {
     /// Seconds to keep recording after a trigger (ends early when the job exits)
     #[arg(long, default_value_t = 15.0)]
     post: f64,
-    /// Turn a trigger off: nan, exit, signal, oom, xid, usr1, file, manual (repeatable)
+    /// Turn a trigger off: nan, exit, signal, oom, xid, job-error, usr1, file, manual (repeatable)
     #[arg(long = "no-trigger", value_parser = parse_trigger)]
     no_trigger: Vec<TriggerKind>,
     /// Dump when this file appears (e.g. on a shared filesystem, for all nodes at once)

@@ -98,7 +98,7 @@ fn xid_79_on_the_jobs_gpu_is_the_top_suspect() {
 fn xid_48_is_the_top_suspect() {
     let a = Scenario::healthy().with(kmsg(-20.0, "NVRM: Xid (PCI:0000:5e:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.")).analyze();
     assert_eq!(top(&a).signal, "xid_critical");
-    assert!(top(&a).text.starts_with("Xid 48 (double-bit ECC error) on 0000:5e:00.0"));
+    assert!(top(&a).text.starts_with("Xid 48 (Double Bit ECC Error) on 0000:5e:00.0"), "{}", top(&a).text);
 }
 
 #[test]

@@ -13,54 +13,97 @@ use crate::clock::monotonic_ns;
 use crate::event::{comm_from, Detail, Event, LogLine};
 use crate::nanscan::Scanner;
 
-/// Split a byte stream into lines (`\n` or `\r`, so progress bars count), bounded in length.
+/// Split a byte stream into lines (`\n` or `\r`, so progress bars count), bounded in length:
+/// a line longer than `MAX` keeps its first `MAX - TAIL` bytes and its last `TAIL` bytes (a
+/// NaN printed at the end of a 50 MB line is still seen), with a marker of what was cut.
 #[derive(Default)]
 pub struct LineSplitter {
     buf: Vec<u8>,
+    /// Ring of the last `TAIL` bytes once the line is over `MAX - TAIL`.
+    tail: Vec<u8>,
+    tail_at: usize,
+    cut: u64,
 }
 
 impl LineSplitter {
     pub const MAX: usize = 64 * 1024;
+    const TAIL: usize = 4096;
+
+    fn emit(&mut self, out: &mut impl FnMut(String)) {
+        if self.buf.is_empty() && self.tail.is_empty() {
+            return;
+        }
+        let mut line = std::mem::take(&mut self.buf);
+        if self.cut > 0 || !self.tail.is_empty() {
+            let (a, b) = self.tail.split_at(self.tail_at.min(self.tail.len()));
+            line.extend_from_slice(format!(" [... {} bytes not kept ...] ", self.cut).as_bytes());
+            line.extend_from_slice(b);
+            line.extend_from_slice(a);
+        }
+        self.tail.clear();
+        self.tail_at = 0;
+        self.cut = 0;
+        out(String::from_utf8_lossy(&line).into_owned());
+        line.clear();
+        self.buf = line;
+    }
 
     pub fn push(&mut self, chunk: &[u8], mut out: impl FnMut(String)) {
         for &b in chunk {
             if b == b'\n' || b == b'\r' {
-                if !self.buf.is_empty() {
-                    out(String::from_utf8_lossy(&self.buf).into_owned());
-                    self.buf.clear();
-                }
-            } else if self.buf.len() < Self::MAX {
+                self.emit(&mut out);
+            } else if self.buf.len() < Self::MAX - Self::TAIL {
                 self.buf.push(b);
+            } else if self.tail.len() < Self::TAIL {
+                self.tail.push(b);
+            } else {
+                self.tail[self.tail_at] = b;
+                self.tail_at = (self.tail_at + 1) % Self::TAIL;
+                self.cut += 1;
             }
         }
     }
 
     pub fn finish(&mut self, mut out: impl FnMut(String)) {
-        if !self.buf.is_empty() {
-            out(String::from_utf8_lossy(&self.buf).into_owned());
-            self.buf.clear();
-        }
+        self.emit(&mut out);
     }
 }
 
-pub(super) fn log_event(scanner: &Scanner, line: String, stream: u8, pid: u32, comm: crate::event::Comm) -> Event {
-    let s = scanner.scan(&line);
-    Event {
-        mono_ns: monotonic_ns(),
-        pid,
-        tid: pid,
-        comm,
-        job: true,
-        detail: Detail::Log(Box::new(LogLine {
+/// Reads the job's lines: the NaN scanner and the failure-line classifier, with the state a
+/// traceback needs. One per stream.
+pub struct LineReader {
+    scanner: Scanner,
+    faults: crate::joblog::Reader,
+}
+
+impl LineReader {
+    pub fn new(scanner: Scanner) -> Self {
+        Self { scanner, faults: crate::joblog::Reader::default() }
+    }
+
+    pub fn read(&mut self, line: &str) -> LogLine {
+        let clean = crate::joblog::strip_ansi(line);
+        let s = self.scanner.scan(&clean);
+        let fault = self.faults.line(&clean);
+        LogLine {
             text: line.into(),
-            stream,
+            stream: 0,
             nonfinite: s.nonfinite.is_some(),
             step: s.step,
             loss: s.loss,
             loss_scale: s.loss_scale,
             overflow: s.overflow,
-        })),
+            // A line that reports the NaN itself (`AssertionError: loss is nan`) is the NaN
+            // incident, not a software fault.
+            fault: fault.filter(|_| s.nonfinite.is_none()).map(Box::new),
+        }
     }
+}
+
+pub(super) fn log_event(reader: &mut LineReader, line: String, stream: u8, pid: u32, comm: crate::event::Comm) -> Event {
+    let mut l = reader.read(&line);
+    l.stream = stream;
+    Event { mono_ns: monotonic_ns(), pid, tid: pid, comm, job: true, detail: Detail::Log(Box::new(l)) }
 }
 
 /// Pass a child's output through unchanged, and scan it line by line.
@@ -75,6 +118,7 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut split = LineSplitter::default();
+    let mut reader = LineReader::new(scanner);
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
@@ -86,13 +130,13 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         let mut lines = Vec::new();
         split.push(&buf[..n], |l| lines.push(l));
         for l in lines {
-            let _ = tx.send(Input::Log(log_event(&scanner, l, stream, pid, comm))).await;
+            let _ = tx.send(Input::Log(log_event(&mut reader, l, stream, pid, comm))).await;
         }
     }
     let mut last = None;
     split.finish(|l| last = Some(l));
     if let Some(l) = last {
-        let _ = tx.send(Input::Log(log_event(&scanner, l, stream, pid, comm))).await;
+        let _ = tx.send(Input::Log(log_event(&mut reader, l, stream, pid, comm))).await;
     }
 }
 
@@ -100,6 +144,7 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 pub(super) fn follow_file(path: PathBuf, pid: u32, scanner: Scanner, tx: mpsc::Sender<Input>) {
     std::thread::spawn(move || {
         let comm = comm_of(pid);
+        let mut reader = LineReader::new(scanner);
         let mut file: Option<(std::fs::File, u64)> = None;
         let mut pos = 0u64;
         let mut split = LineSplitter::default();
@@ -123,9 +168,9 @@ pub(super) fn follow_file(path: PathBuf, pid: u32, scanner: Scanner, tx: mpsc::S
                         if n == 0 {
                             break;
                         }
-                        split.push(&buf[..n], |l| { let _ = tx.blocking_send(Input::Log(log_event(&scanner, l, 0, pid, comm))); });
+                        split.push(&buf[..n], |l| { let _ = tx.blocking_send(Input::Log(log_event(&mut reader, l, 0, pid, comm))); });
                     }
-                    split.finish(|l| { let _ = tx.blocking_send(Input::Log(log_event(&scanner, l, 0, pid, comm))); });
+                    split.finish(|l| { let _ = tx.blocking_send(Input::Log(log_event(&mut reader, l, 0, pid, comm))); });
                 }
                 if let (Ok(mut f), Some(m)) = (std::fs::File::open(&path), &meta) {
                     // On attach, start up to 256 KiB back so the bundle has the recent history.
@@ -158,7 +203,7 @@ pub(super) fn follow_file(path: PathBuf, pid: u32, scanner: Scanner, tx: mpsc::S
                         break;
                     }
                     pos += n as u64;
-                    split.push(&buf[..n], |l| { let _ = tx.blocking_send(Input::Log(log_event(&scanner, l, 0, pid, comm))); });
+                    split.push(&buf[..n], |l| { let _ = tx.blocking_send(Input::Log(log_event(&mut reader, l, 0, pid, comm))); });
                 }
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -192,6 +237,17 @@ mod tests {
         s.push(&vec![b'x'; LineSplitter::MAX * 2], |l| out.push(l));
         s.push(b"\n", |l| out.push(l));
         assert_eq!(out.len(), 1);
-        assert_eq!(out[0].len(), LineSplitter::MAX);
+        assert!(out[0].len() <= LineSplitter::MAX + 64, "{}", out[0].len());
+        // The end of a very long line is kept: a NaN printed there is still seen.
+        let mut big = vec![b'x'; 50 * 1024 * 1024];
+        big.extend_from_slice(b" step 9 loss: nan\n");
+        out.clear();
+        s.push(&big, |l| out.push(l));
+        assert_eq!(out.len(), 1);
+        assert!(out[0].ends_with("step 9 loss: nan") && out[0].contains("bytes not kept"), "{}", &out[0][out[0].len() - 80..]);
+        let mut r = super::LineReader::new(crate::nanscan::Scanner::default());
+        assert!(r.read(&out[0]).nonfinite);
+        // Colour codes inside the value do not hide the NaN (redteam 2.5).
+        assert!(r.read("step 2 | loss: \x1b[31mnan\x1b[0m").nonfinite);
     }
 }

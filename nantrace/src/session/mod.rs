@@ -12,6 +12,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 mod logs;
+pub use logs::{LineReader, LineSplitter};
 
 use crate::bundle::{self, Host, Incident, JobInfo};
 use crate::clock::{monotonic_ns, ClockMap};
@@ -283,6 +284,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
     let mut incident: Vec<Fired> = Vec::new();
     let mut deadline: Option<u64> = None;
     let mut seen_nan = false;
+    let mut seen_job_error = false;
     let mut job_done = false;
     let mut finish = false;
     let mut bundles = Vec::new();
@@ -327,8 +329,9 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                     }
                     Input::Log(e) => {
                         *counts.entry("log").or_default() += 1;
-                        if let Some(f) = trigger::from_event(&e, seen_nan) {
-                            seen_nan = true;
+                        if let Some(f) = trigger::from_event_seen(&e, seen_nan, seen_job_error) {
+                            seen_nan |= f.kind == TriggerKind::Nan;
+                            seen_job_error |= f.kind == TriggerKind::JobError;
                             fire(f, &mut incident, &mut deadline, &mut rec);
                         }
                         rec.push(e);
