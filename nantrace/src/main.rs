@@ -37,6 +37,10 @@ struct RecArgs {
     /// Extra regex that counts as a non-finite loss (repeatable)
     #[arg(long = "nan-pattern")]
     nan_patterns: Vec<String>,
+    /// A non-finite gradient norm with a finite loss is: auto = a precursor only when the log
+    /// shows the loss scaler skipped that step (fp16), else the incident (bf16); incident; precursor
+    #[arg(long, value_enum, default_value_t = nantrace::nanscan::GradRule::Auto)]
+    nonfinite_grad_norm: nantrace::nanscan::GradRule,
     /// Block requests at least this slow (ms) are events
     #[arg(long, default_value_t = 50.0)]
     slow_io_ms: f64,
@@ -62,6 +66,7 @@ impl RecArgs {
             no_trigger: self.no_trigger.clone(),
             trigger_file: self.trigger_file.clone(),
             nan_patterns: self.nan_patterns.clone(),
+            grad_rule: self.nonfinite_grad_norm,
             slow_io_ms: self.slow_io_ms,
             sample_s: self.sample,
             no_probes: self.no_probes,

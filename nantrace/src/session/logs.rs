@@ -74,16 +74,74 @@ impl LineSplitter {
 pub struct LineReader {
     scanner: Scanner,
     faults: crate::joblog::Reader,
+    /// Loss columns of the last table header (`Epoch GPU_mem box_loss cls_loss ...`).
+    header: Option<(Vec<String>, Vec<usize>)>,
+    lines: u64,
+    last_overflow: Option<u64>,
+    last_scale: Option<f64>,
+}
+
+/// A table header: three or more word-like columns, at least one of them a loss.
+fn table_header(line: &str) -> Option<(Vec<String>, Vec<usize>)> {
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    if cols.len() < 3 || cols.len() > 40 {
+        return None;
+    }
+    let wordy = cols.iter().all(|c| c.chars().next().is_some_and(char::is_alphabetic) && c.chars().all(|ch| ch.is_alphanumeric() || "_/.-()%".contains(ch)));
+    let loss: Vec<usize> = cols.iter().enumerate().filter(|(_, c)| c.to_ascii_lowercase().contains("loss")).map(|(i, _)| i).collect();
+    (wordy && !loss.is_empty()).then(|| (cols.iter().map(|c| (*c).to_string()).collect(), loss))
 }
 
 impl LineReader {
     pub fn new(scanner: Scanner) -> Self {
-        Self { scanner, faults: crate::joblog::Reader::default() }
+        Self { scanner, faults: crate::joblog::Reader::default(), header: None, lines: 0, last_overflow: None, last_scale: None }
+    }
+
+    /// A row under the last table header whose loss column is non-finite (YOLO-style logs).
+    fn table_row(&self, line: &str) -> Option<String> {
+        let (cols, loss) = self.header.as_ref()?;
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        if cells.len() < cols.len() || !cells[0].starts_with(|c: char| c.is_ascii_digit()) {
+            return None;
+        }
+        loss.iter().find_map(|&i| {
+            let v = cells[i].trim_end_matches([',', ':', ';']).to_ascii_lowercase();
+            matches!(v.trim_start_matches(['-', '+']), "nan" | "inf" | "infinity").then(|| cols[i].clone())
+        })
     }
 
     pub fn read(&mut self, line: &str) -> LogLine {
+        use crate::nanscan::GradRule;
         let clean = crate::joblog::strip_ansi(line);
-        let s = self.scanner.scan(&clean);
+        let mut s = self.scanner.scan(&clean);
+        if s.nonfinite.is_none() {
+            s.nonfinite = self.table_row(&clean);
+        }
+        if let Some(h) = table_header(&clean) {
+            self.header = Some(h);
+        }
+        self.lines += 1;
+        // A non-finite gradient norm with a finite loss: the scaler's routine skip, or the NaN?
+        if s.nonfinite.is_some() && s.grad_only {
+            let skipped = s.overflow
+                || self.last_overflow.is_some_and(|l| self.lines - l <= 10)
+                || matches!((s.loss_scale, self.last_scale), (Some(now), Some(before)) if now < before);
+            let precursor = match self.scanner.grad_rule {
+                GradRule::Auto => skipped,
+                GradRule::Precursor => true,
+                GradRule::Incident => false,
+            };
+            if precursor {
+                s.nonfinite = None;
+                s.overflow = true;
+            }
+        }
+        if s.overflow {
+            self.last_overflow = Some(self.lines);
+        }
+        if let Some(sc) = s.loss_scale {
+            self.last_scale = Some(sc);
+        }
         let fault = self.faults.line(&clean);
         LogLine {
             text: line.into(),
@@ -249,5 +307,43 @@ mod tests {
         assert!(r.read(&out[0]).nonfinite);
         // Colour codes inside the value do not hide the NaN (redteam 2.5).
         assert!(r.read("step 2 | loss: \x1b[31mnan\x1b[0m").nonfinite);
+    }
+
+    #[test]
+    fn table_rows_under_a_header_are_read_by_column() {
+        let mut r = super::LineReader::new(crate::nanscan::Scanner::default());
+        assert!(!r.read("      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size").nonfinite);
+        assert!(!r.read("      1/100      3.15G      1.234      2.345      1.111         22        640: 100%|##########| 8/8 [00:02<00:00,  3.09it/s]").nonfinite);
+        let l = r.read("      2/100      3.15G        nan        nan        nan         22        640: 100%|##########| 8/8 [00:02<00:00,  3.09it/s]");
+        assert!(l.nonfinite);
+        // A NaN in a column that is not a loss is not the incident.
+        let mut r = super::LineReader::new(crate::nanscan::Scanner::default());
+        r.read("Epoch   lr   val_loss   acc");
+        assert!(!r.read("3   nan   0.52   0.91").nonfinite);
+    }
+
+    #[test]
+    fn nonfinite_grad_norm_is_a_precursor_only_when_the_scaler_skipped() {
+        use crate::nanscan::{GradRule, Scanner};
+        // fp16 with the scaler's overflow message just before: routine.
+        let mut r = super::LineReader::new(Scanner::default());
+        r.read("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768");
+        let l = r.read("step 120 | loss 2.31 | grad_norm nan");
+        assert!(!l.nonfinite && l.overflow);
+        // Megatron counts the skip in the same line.
+        let mut r = super::LineReader::new(Scanner::default());
+        assert!(!r.read(" iteration 10/100 | lm loss: 2.1E+00 | loss scale: 32768.0 | grad norm: nan | number of skipped iterations:   1 |").nonfinite);
+        // bf16: no scaler, no skip message: the incident.
+        let mut r = super::LineReader::new(Scanner::default());
+        assert!(r.read("{'loss': 2.31, 'grad_norm': nan, 'learning_rate': 1e-4}").nonfinite);
+        // The option changes the rule.
+        let mut sc = Scanner::default();
+        sc.grad_rule = GradRule::Precursor;
+        assert!(!super::LineReader::new(sc).read("{'loss': 2.31, 'grad_norm': nan}").nonfinite);
+        let mut sc = Scanner::default();
+        sc.grad_rule = GradRule::Incident;
+        let mut r = super::LineReader::new(sc);
+        r.read("OVERFLOW! Skipping step");
+        assert!(r.read("step 1 | loss 2.0 | grad_norm inf").nonfinite);
     }
 }

@@ -32,6 +32,7 @@ pub struct SessionOpts {
     pub no_trigger: Vec<TriggerKind>,
     pub trigger_file: Option<PathBuf>,
     pub nan_patterns: Vec<String>,
+    pub grad_rule: crate::nanscan::GradRule,
     pub slow_io_ms: f64,
     pub sample_s: f64,
     /// Run without eBPF (tests of the log path, unprivileged use): said in the bundle.
@@ -50,6 +51,7 @@ impl Default for SessionOpts {
             no_trigger: Vec::new(),
             trigger_file: None,
             nan_patterns: Vec::new(),
+            grad_rule: crate::nanscan::GradRule::Auto,
             slow_io_ms: 50.0,
             sample_s: 1.0,
             no_probes: false,
@@ -82,7 +84,8 @@ pub struct Outcome {
 
 /// Run a session to its end; returns the job's exit code (run mode) and the bundles written.
 pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
-    let scanner = Scanner::new(&opts.nan_patterns).context("--nan-pattern")?;
+    let mut scanner = Scanner::new(&opts.nan_patterns).context("--nan-pattern")?;
+    scanner.grad_rule = opts.grad_rule;
     let enabled = Enabled::all_but(&opts.no_trigger);
     let host = Host::read();
     let (tx, mut rx) = mpsc::channel::<Input>(4096);
