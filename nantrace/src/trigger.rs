@@ -19,6 +19,7 @@ pub enum TriggerKind {
     Xid,
     /// A fatal failure line in the job's output of a family that can be the machine (GPU,
     /// network, host memory, storage) or a collective hang: the job is about to die, dump now.
+    #[serde(rename = "job-error")]
     JobError,
     /// SIGUSR1 sent to nantrace.
     Usr1,
