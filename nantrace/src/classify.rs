@@ -85,6 +85,8 @@ pub enum KmsgClass {
         victim_comm: String,
         memcg: bool,
     },
+    /// `... invoked oom-killer`: the start of an OOM report (the victim follows).
+    OomInvoked,
     LinkDown {
         iface: String,
     },
@@ -159,7 +161,7 @@ impl KmsgClass {
             KmsgClass::OomKill { .. } | KmsgClass::HungTask { .. } | KmsgClass::SoftLockup { .. } | KmsgClass::NicError { .. } | KmsgClass::BlockError { .. } | KmsgClass::NetFsDown { .. } => Severity::Error,
             KmsgClass::MachineCheck { uncorrected, .. } => if *uncorrected { Severity::Critical } else { Severity::Warning },
             KmsgClass::LinkDown { .. } | KmsgClass::RcuStall | KmsgClass::CpuThermal { .. } | KmsgClass::StaleHandle { .. } | KmsgClass::Segfault { .. } => Severity::Warning,
-            KmsgClass::LinkUp { .. } | KmsgClass::NetFsOk { .. } => Severity::Info,
+            KmsgClass::LinkUp { .. } | KmsgClass::NetFsOk { .. } | KmsgClass::OomInvoked => Severity::Info,
         }
     }
 }
@@ -244,8 +246,40 @@ pub fn normalize_pci(s: &str) -> String {
     format!("{dom}:{bus:0>2}:{dev:0>2}.{func}")
 }
 
-/// An optional `[  123.456789]` stamp, or a syslog/journal prefix (`Nov 30 10:00:00 host kernel: `).
-const STAMP: &str = r"^(?:\[\s*\d+\.\d+\]\s*)?(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ kernel: (?:\[\s*\d+\.\d+\]\s*)?)?(?:<\d+>)?";
+/// After [`strip_prefixes`]: an optional `<6>` level.
+const STAMP: &str = r"^(?:<\d+>)?";
+
+/// Prefixes that recorded kernel lines carry and printk:console records do not: dmesg stamps
+/// (`[  123.456]`, `[  +0.000316]`, `[Feb22 04:01]`, `[Mon Nov 30 10:00:00 2026]`, ISO), dmesg -x
+/// `kern  :err   : `, syslog/journal `Nov 30 10:00:00 host kernel: ` (any month spelling),
+/// `kernel:`, a grep file name, a pdsh host. Only these shapes are removed; what follows must
+/// still start with a kernel subsystem's prefix, and a process name is never read as one.
+static PREFIX: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(concat!(
+        r"^\s*(?:",
+        r"\[\s*\+?\d+\.\d+\]|\d+\.\d{6}\]",
+        r"|\[[A-Z][a-z]{2}\s?\d{1,2} \d\d:\d\d\]|\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]?\d \d\d:\d\d:\d\d \d{4}\]",
+        r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[,.]\d+)?(?:[+-]\d\d:?\d\d|Z)?",
+        r"|kern\s*:\s*[a-z]+\s*:",
+        r"|\S{3,5}\.?\s+[ \d]?\d \d\d:\d\d:\d\d \S+ kernel:",
+        r"|kernel:",
+        r"|/var/log/[^:\s]+:",
+        r"|[\w.-]+:\s*\[\s*\d+\.\d+\]",
+        r")\s*"
+    ))
+    .unwrap()
+});
+
+/// The record without the prefixes of [`PREFIX`] (repeated: `host: kernel: [stamp] `).
+pub fn strip_prefixes(mut line: &str) -> &str {
+    for _ in 0..6 {
+        match PREFIX.find(line) {
+            Some(m) if m.end() > 0 => line = &line[m.end()..],
+            _ => break,
+        }
+    }
+    line.trim_start()
+}
 
 fn re(body: &str) -> Regex {
     Regex::new(&format!("{STAMP}{body}")).expect("kernel pattern compiles")
@@ -264,25 +298,35 @@ static SXID: LazyLock<Regex> = LazyLock::new(|| {
     re(r"(?:nvidia-nvswitch\d*: )?SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d+), (?:(Non-fatal|Fatal)[^,]*, )?(.*)")
 });
 static OFF_BUS: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"NVRM: (?s:.*?)GPU (?:at (?:PCI:)?)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)(?s:.*)fallen off the bus")
+    re(r"NVRM: (?s:.*?)(?:GPU (?:at (?:PCI:)?)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)(?s:.*))?fallen off the bus")
 });
 static AER_DEV: LazyLock<Regex> = LazyLock::new(|| re(r"(\S+) ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d): (?:AER: )?(.*)$"));
+/// The lines of an AER report after its severity line: status/mask, one per error bit, and
+/// what recovery did.
+static AER_DETAIL: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^(?:\s*device \[[0-9a-f]{4}:[0-9a-f]{4}\] error status/mask=|\s*\[\s*\d+\] ([A-Za-z][A-Za-z /-]+?)\s*(?:\(First\))?\s*$|(?:AER: )?(?:can't recover|Root Port link has been reset|device recovery (?:successful|failed)|TLP Header:)|device has no AER-aware driver)").unwrap()
+});
 static AER_SEV: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^(?:\[[^\]]*\] )?PCIe Bus Error: severity=([^,]+), type=([^,(]+)").unwrap());
 static AER_RECV: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?i)^(Multiple )?(Corrected|Correctable|Uncorrected \(Non-Fatal\)|Uncorrected \(Fatal\)|Uncorrectable \(Non-Fatal\)|Uncorrectable \(Fatal\)) error (?:message )?received(?: from ([0-9a-fA-F:.]+))?").unwrap()
 });
 static OOM: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?:(Memory cgroup out of memory|Out of memory(?: \(oom_kill_allocating_task\))?): )?Kill(?:ed)? process (\d+) \((.{0,16}?)\)(?:[ ,]|$)")
+    re(r"(?:(Memory cgroup out of memory|Out of memory(?: \(oom_kill_allocating_task\))?): |oom_reaper: reaped process )?(?:Kill(?:ed)? process )?(\d+)(?:, UID \d+,)? \((.{0,16}?)\)(?:[ ,]|$)")
 });
+static OOM_CONSTRAINT: LazyLock<Regex> = LazyLock::new(|| re(r"oom-kill:constraint=[^\n]*?,task=(.{0,16}?),pid=(\d+),"));
+/// `comm invoked oom-killer: gfp_mask=...`: the kernel's own text after the allocating task.
+static OOM_INVOKED: LazyLock<Regex> = LazyLock::new(|| re(r"(?s:.{1,16}?) invoked oom-killer: gfp_mask=0x[0-9a-f]+"));
 static LINK: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?:\S+ [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d )?(?:\S+: )?(\S+?):? (?:NIC )?[Ll]ink is (Down|Up)")
+    re(r"(?:\S+ \S+?: |\S+ [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d )?(?:\S+: )?(\S+?):? (?:NIC )?(?:[Ll]ink is (Down|Up)|[Ll]ink ([Dd]own|[Uu]p)\b|Port: \d+ Link (ACTIVE|DOWN))")
 });
 static NIC_ERR: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"((?:mlx5_core|mlx5_ib|infiniband|mlx5_\d+)[ :]\s*\S*?):? ?(.*(?:CQE error|dump error cqe|dump_cqe|health compromised|[Ff]atal error|FW_FATAL|internal error|syndrome 0x|cmd_work_handler.*timeout|command timeout|wait_func.*timeout|pci_channel_offline|device is in error state|Unrecoverable error).*)")
+    re(r"((?:mlx5_core|mlx5_ib|infiniband|mlx5_\d+)[ :]\s*\S*?):? ?(.*(?:CQE error|dump error cqe|dump_cqe|health compromised|[Ff]atal error|FW_FATAL|internal error|syndrome 0x|cmd_work_handler.*timeout|command timeout|wait_func.*(?:timeout|No done completion)|pci_channel_offline|device is in error state|Unrecoverable error|error cqe|\w+ failed(?: with error)?).*)")
 });
 static HUNG: LazyLock<Regex> = LazyLock::new(|| re(r"INFO: task (.{1,16}?):(\d+) blocked for more than (\d+) seconds"));
-static SOFT_LOCKUP: LazyLock<Regex> = LazyLock::new(|| re(r"(?:watchdog: )?BUG: soft lockup - CPU#(\d+) stuck for (\d+)s"));
-static RCU: LazyLock<Regex> = LazyLock::new(|| re(r"(?:rcu: )?INFO: rcu_\w+ (?:self-)?detected (?:expedited )?stalls?"));
+/// The hung-task report's other lines: its hint, and the D-state task dump.
+static HUNG_DETAIL: LazyLock<Regex> = LazyLock::new(|| re(r#"(?:"echo 0 > /proc/sys/kernel/hung_task_timeout_secs" disables this message|task:(.{1,16}?)\s+state:D stack:\s*\d+ pid:\s*(\d+))"#));
+static SOFT_LOCKUP: LazyLock<Regex> = LazyLock::new(|| re(r"(?:(?:NMI )?watchdog: )?BUG: soft lockup - CPU#(\d+) stuck for (\d+)s"));
+static RCU: LazyLock<Regex> = LazyLock::new(|| re(r"(?:rcu: )?(?:INFO: rcu_\w+ (?:self-)?detected (?:expedited )?stalls?|\s*rcu_\w+ kthread (?:starved|timer wakeup didn't happen)|\s*Unless rcu_\w+ kthread gets sufficient CPU time)"));
 static THERMAL: LazyLock<Regex> = LazyLock::new(|| re(r"(?:mce: )?(?:\[Hardware Error\]: )?CPU(\d+): (Core|Package) temperature above threshold"));
 static MCE: LazyLock<Regex> = LazyLock::new(|| {
     re(r"(?:mce: \[Hardware Error\]|mce: CPU\d+: Machine Check|Machine check events logged|\{\d+\}\[Hardware Error\]|\[Hardware Error\]|EDAC \S+: ?\d+ (?:CE|UE)|EDAC \S+ (?:MC\d+|[^:]*): .*(?:CE|UE|[Cc]orrected|[Uu]ncorrected)|EDAC MC\d+: .*error|mce: \[Hardware Error\]|CMCI storm detected|mce_notify_irq|Memory failure: 0x[0-9a-f]+|HANDLING MCE MEMORY ERROR)(.*)")
@@ -293,7 +337,7 @@ static NETFS: LazyLock<Regex> = LazyLock::new(|| {
 });
 static STALE: LazyLock<Regex> = LazyLock::new(|| re(r"((?:NFS|nfs|Lustre|LustreError)\S*:? .*[Ss]tale (?:NFS )?file handle.*)"));
 static BLOCK: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?:(?:blk_update_request|print_req_error|critical (?:medium|target|space allocation) error|critical|\S+): )?(?:(I/O error), dev (\w+)|(Buffer I/O error) on (?:dev(?:ice)? )?(\w+)|(?:nvme )?(nvme\d+)(?:n\d+)?: (?:I/O \d+ (?:\(\w+\) )?QID \d+ (timeout)|(controller is down)|(Device not ready)|(Removing after probe failure)|(Abort status)|.*?(reset controller)|(resetting controller))|(EXT4-fs error) \(device (\w+)\)|(XFS) \((\w+)\): (?:metadata I/O error|Corruption|log I/O error))")
+    re(r"(?:(?:blk_update_request|print_req_error|critical (?:medium|target|space allocation) error|critical|\S+): )?(?:(I/O error), dev (\w+)|(Buffer I/O error) on (?:dev(?:ice)? )?(\w+)|(?:nvme )?(nvme\d+)(?:n\d+)?: (?:I/O \d+ (?:\(\w+\) )?QID \d+ (timeout)|(controller is down)|(Device not ready)|(Removing after probe failure)|(\w+\(0x[0-9a-f]+\) @ LBA \d+, \d+ blocks, [^(]*Error)|.*?(reset controller)|(resetting controller))|(EXT4-fs error) \(device (\w+)\)|(XFS) \((\w+)\): (?:metadata I/O error|Corruption|log I/O error)|(Aborting journal) on device (\w+))")
 });
 
 fn aer_severity(s: &str) -> String {
@@ -311,6 +355,7 @@ fn aer_severity(s: &str) -> String {
 
 /// Classify one kernel log record (it may hold several lines; the first match wins).
 pub fn classify(text: &str) -> Option<KmsgClass> {
+    let text = strip_prefixes(text);
     // Records that start with a process name: only what the kernel says after the name counts.
     if let Some(c) = PROC_MSG.captures(text) {
         let library = c.get(3).map(|m| m.as_str().to_string());
@@ -320,11 +365,12 @@ pub fn classify(text: &str) -> Option<KmsgClass> {
         });
         return Some(KmsgClass::Segfault { crashed_comm: c[1].to_string(), crashed_pid: c[2].parse().ok()?, library, gpu_library });
     }
-    // NVRM's two-line "fallen off the bus" message: one record, several lines.
-    if let Some(c) = OFF_BUS.captures(text) {
-        return Some(KmsgClass::GpuFallenOffBus { pci: normalize_pci(&c[1]), severity: Severity::Critical });
+    // NVRM's two-line "fallen off the bus" message: one record, several lines (an Xid 79
+    // line says it too, and is an Xid).
+    if let Some(c) = OFF_BUS.captures(text).filter(|_| !XID.is_match(text)) {
+        return Some(KmsgClass::GpuFallenOffBus { pci: c.get(1).map_or_else(|| "unknown".to_string(), |m| normalize_pci(m.as_str())), severity: Severity::Critical });
     }
-    text.lines().find_map(classify_line)
+    text.lines().map(strip_prefixes).find_map(classify_line)
 }
 
 fn classify_line(line: &str) -> Option<KmsgClass> {
@@ -370,6 +416,8 @@ fn classify_line(line: &str) -> Option<KmsgClass> {
             (Some(aer_severity(&s[1])), Some(s[2].trim().to_string()))
         } else if let Some(r) = AER_RECV.captures(rest) {
             (Some(aer_severity(&r[2])), None)
+        } else if let Some(d) = AER_DETAIL.captures(rest) {
+            (Some("detail".to_string()), d.get(1).map(|m| m.as_str().trim().to_string()))
         } else {
             (None, None)
         };
@@ -386,6 +434,15 @@ fn classify_line(line: &str) -> Option<KmsgClass> {
     }
     if let Some(c) = HUNG.captures(line) {
         return Some(KmsgClass::HungTask { task: c[1].to_string(), task_pid: c[2].parse().ok()?, seconds: c[3].parse().ok()? });
+    }
+    if let Some(c) = HUNG_DETAIL.captures(line) {
+        return Some(KmsgClass::HungTask { task: c.get(1).map_or("?", |m| m.as_str()).trim().to_string(), task_pid: c.get(2).and_then(|m| m.as_str().parse().ok()).unwrap_or(0), seconds: 0 });
+    }
+    if let Some(c) = OOM_CONSTRAINT.captures(line) {
+        return Some(KmsgClass::OomKill { victim_pid: c[2].parse().ok()?, victim_comm: c[1].to_string(), memcg: line.contains("CONSTRAINT_MEMCG") });
+    }
+    if OOM_INVOKED.is_match(line) {
+        return Some(KmsgClass::OomInvoked);
     }
     if let Some(c) = SOFT_LOCKUP.captures(line) {
         return Some(KmsgClass::SoftLockup { cpu: c[1].parse().ok()?, seconds: c[2].parse().ok()? });
@@ -426,12 +483,13 @@ fn classify_line(line: &str) -> Option<KmsgClass> {
     }
     if let Some(c) = BLOCK.captures(line) {
         let pick = |i: &[usize]| i.iter().find_map(|&i| c.get(i)).map(|m| m.as_str().to_string());
-        let dev = pick(&[2, 4, 5, 15, 17]).unwrap_or_default();
-        let kind = pick(&[1, 3, 6, 7, 8, 9, 10, 11, 12, 14, 16]).unwrap_or_default();
+        let dev = pick(&[2, 4, 5, 15, 17, 19]).unwrap_or_default();
+        let kind = pick(&[1, 3, 6, 7, 8, 9, 10, 11, 12, 14, 16, 18]).unwrap_or_default();
         let kind = match kind.as_str() {
             "I/O error" | "Buffer I/O error" => "io_error",
+            k if k.ends_with("Error") => "io_error",
             "timeout" => "nvme_timeout",
-            "EXT4-fs error" | "XFS" => "fs_error",
+            "EXT4-fs error" | "XFS" | "Aborting journal" => "fs_error",
             _ => "nvme_reset",
         };
         return Some(KmsgClass::BlockError { dev, kind: kind.to_string() });
@@ -441,7 +499,8 @@ fn classify_line(line: &str) -> Option<KmsgClass> {
     }
     if let Some(c) = LINK.captures(line) {
         let iface = c[1].trim_end_matches(':').to_string();
-        return Some(if &c[2] == "Down" { KmsgClass::LinkDown { iface } } else { KmsgClass::LinkUp { iface } });
+        let state = c.get(2).or(c.get(3)).or(c.get(4)).map_or("", |m| m.as_str()).to_ascii_lowercase();
+        return Some(if matches!(state.as_str(), "down" | "init") { KmsgClass::LinkDown { iface } } else { KmsgClass::LinkUp { iface } });
     }
     None
 }

@@ -40,7 +40,7 @@ const METRIC: &str = r"(?:[a-z0-9]+[_ /.-])?(?:[a-z0-9]+[_ ])?(?:loss|grad[_ ]?n
 
 static NONFINITE_METRIC: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(&format!(
-        r#"(?i)(?:^|[^a-z0-9_])({METRIC})['"]?\s*(?:[:=]|\bis\b|\bwas\b|\bbecame\b|\s)\s*(?:tensor\(\[?\s*)?['"]?({NONFINITE})\b"#
+        r#"(?i)(?:^|[^a-z0-9_])({METRIC})['"\]]?\s*(?:[:=]|\bis\b|\bwas\b|\bbecame\b|\s)\s*(?:tensor\(\[?\s*)?['"]?({NONFINITE})\b"#
     ))
     .unwrap()
 });
@@ -52,10 +52,16 @@ static NONFINITE_ERROR: LazyLock<Regex> = LazyLock::new(|| {
         r"|NanLossDuringTrainingError|NaN loss during training|Minimum loss scale reached|loss scale (?:is )?already at minimum|Current loss scale already at minimum|training (?:has )?diverged|model diverged|Loss diverged|loss exploded|gradients? (?:are|is|contains?) (?:inf/nan|nan/inf|nan|inf|non-finite)",
         r"|AssertionError:.*\b(?:nan|NaN|inf|non-finite|isfinite|isnan)\b.*\b(?:loss|grad|norm)|AssertionError:.*\b(?:loss|grad|norm)\w*\b.*\b(?:nan|NaN|is not finite|non-finite|isfinite|isnan)",
         r"|FloatingPointError:.*\b(?:loss|grad|norm|nan|inf|overflow|scale)",
-        r"|tensor\(\s*(?:nan|inf|-inf)\b[^)]*grad_fn=<\w*(?:Loss|Nll|Entropy|Mse|Mean|Sum|Div|Add|Mul)\w*Backward\d*>)"
+        r"|tensor\(\s*(?:nan|inf|-inf)\b[^)]*grad_fn=<\w*(?:Loss|Nll|Entropy|Mse|Mean|Sum|Div|Add|Mul)\w*Backward\d*>",
+        r"|\bloss\b[^\n]{0,40}tensor\(\s*\[?\s*(?:nan|inf|-inf)\b",
+        r"|Invalid loss, terminating training|\b(?:outputs?|predictions?|logits)\b[^\n]{0,20}\b(?:is|are|contains?|has|became)\s+nan\b",
+        r"|^\s*\d+/\d+\s+[\d.]+G\s+(?:nan|inf)\s)"
     ))
     .unwrap()
 });
+/// A line of source code (a traceback's frame, `raise ...`, `assert ...`): it names NaN checks
+/// without reporting one.
+static SOURCE_LINE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\s+(?:raise|assert|if|elif|while|return|print|logger\.\w+|logging\.\w+|log\.\w+)\b|^\s*File \x22").unwrap());
 /// Metric names whose `inf` is an initial value in a config or state dump (`best_valid_loss: inf`).
 static INITIAL_KEY: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)(best|min|lowest|prev|previous|initial|init|last_best|patience)").unwrap());
 static GRAD_KEY: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)grad[_ ]?norm|gradient[_ ]norm|gnorm").unwrap());
@@ -92,7 +98,8 @@ impl Scanner {
 
     pub fn scan(&self, line: &str) -> LineScan {
         let mut out = LineScan::default();
-        for c in NONFINITE_METRIC.captures_iter(line) {
+        let source = SOURCE_LINE.is_match(line);
+        for c in NONFINITE_METRIC.captures_iter(line).filter(|_| !source) {
             let key = c[1].trim();
             if COUNTER_KEY.is_match(key) {
                 continue;
@@ -105,7 +112,7 @@ impl Scanner {
             out.nonfinite = Some(key.to_string());
             break;
         }
-        if out.nonfinite.is_none() {
+        if out.nonfinite.is_none() && !source {
             if let Some(m) = NONFINITE_ERROR.find(line) {
                 out.nonfinite = Some(m.as_str().to_string());
             }
