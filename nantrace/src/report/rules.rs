@@ -125,4 +125,15 @@ mod tests {
         assert_eq!(ids.len(), SIGNALS.len());
         assert!(SIGNALS.iter().all(|s| s.severity <= 100 && s.threshold > 0.0));
     }
+
+    #[test]
+    fn docs_report_md_lists_every_signal_as_in_the_table() {
+        let doc = include_str!("../../../docs/report.md");
+        let rows: Vec<&str> = doc.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| signal")).collect();
+        for s in SIGNALS {
+            let want = format!("| {} | {} | {} | {} |", s.id, s.family.label(), s.severity, s.threshold);
+            assert!(rows.iter().any(|r| r.starts_with(&want)), "docs/report.md has no row starting {want:?}");
+        }
+        assert_eq!(rows.len(), SIGNALS.len(), "docs/report.md lists signals the table does not have");
+    }
 }
