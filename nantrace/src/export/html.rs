@@ -4,6 +4,7 @@
 use serde_json::Value;
 
 use crate::report::Analysis;
+use crate::source::Source;
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
@@ -24,20 +25,10 @@ impl Axis {
 }
 
 fn lane_of(src: &str) -> Option<usize> {
-    Some(match src {
-        "xid" | "nvml_xid" | "gpu_change" => 0,
-        "aer" | "kmsg" => 1,
-        "oom" | "system" => 2,
-        "block" => 3,
-        "tcp_retransmit" | "net_change" => 4,
-        "fork" | "exec" | "exit" | "signal" | "scheduler_change" => 5,
-        "log" => 6,
-        "trigger" => 7,
-        _ => return None,
-    })
+    Source::parse(src).and_then(Source::lane)
 }
 
-const LANES: &[&str] = &["GPU / Xid", "kernel log, AER", "memory, OOM", "block I/O", "network", "job processes", "training log", "triggers"];
+const LANES: [&str; 8] = Source::LANES;
 
 fn color(e: &Value) -> &'static str {
     match e["severity"].as_str() {
@@ -47,6 +38,11 @@ fn color(e: &Value) -> &'static str {
         _ => match e["source"].as_str() {
             Some("trigger") => "#8e44ad",
             Some("log") if e["nonfinite"] == true => "#c0392b",
+            Some("log") if e["fault"].is_object() => match e["fault"]["family"].as_str() {
+                Some("software" | "gpu_oom") => "#2e86c1",
+                Some("hang") => "#d4ac0d",
+                _ => "#e67e22",
+            },
             Some("log") if e["overflow"] == true => "#d4ac0d",
             Some("oom") | Some("signal") => "#e67e22",
             _ => "#5d6d7e",
@@ -127,13 +123,11 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
     let mut drawn = std::collections::HashSet::new();
     for (src, list) in &by_src {
         let src = *src;
-        if matches!(src, "system" | "gpu" | "disk" | "net" | "job_procs") {
-            continue;
-        }
+        // Samples are counters (charts below): they have no lane.
         let Some(l) = lane_of(src) else { continue };
         for (r, e) in list {
         let e = *e;
-        if src == "log" && e["nonfinite"] != true && e["overflow"] != true {
+        if src == "log" && e["nonfinite"] != true && e["overflow"] != true && !e["fault"].is_object() {
             continue;
         }
         let x = ax.x(*r);

@@ -14,6 +14,8 @@ use serde_json::{json, Value};
 
 use rules::{signal, Family, Signal};
 
+use crate::source::Source;
+
 /// One suspect: a signal that fired, with its evidence.
 #[derive(Clone, Debug, Serialize)]
 pub struct Finding {
@@ -66,13 +68,13 @@ impl Ctx<'_> {
     /// Events of one source that can be causes: a cause precedes its effect, so only what
     /// happened before the reference (with 0.2 s of slack for the log line's own delivery
     /// through the job's pipe).
-    fn src<'b>(&'b self, s: &'b str) -> impl Iterator<Item = &'b (f64, &'b Value)> + 'b {
-        self.by_src.get(s).into_iter().flatten().filter(|(r, _)| *r <= 0.2)
+    fn src(&self, s: Source) -> impl Iterator<Item = &(f64, &Value)> + '_ {
+        self.by_src.get(s.as_str()).into_iter().flatten().filter(|(r, _)| *r <= 0.2)
     }
 
     /// Every event of one source in the window, before and after the reference.
-    fn all<'b>(&'b self, s: &'b str) -> impl Iterator<Item = &'b (f64, &'b Value)> + 'b {
-        self.by_src.get(s).into_iter().flatten()
+    fn all(&self, s: Source) -> impl Iterator<Item = &(f64, &Value)> + '_ {
+        self.by_src.get(s.as_str()).into_iter().flatten()
     }
 }
 
@@ -160,8 +162,8 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     let gpu_of_job = |pci: &str, pid: Option<u64>| ctx.job_gpus.contains(pci) || pid.is_some_and(|p| ctx.job_pids.contains(&p));
 
     // Kernel log classes (and the AER tracepoint).
-    let nvml_xids: Vec<(f64, &Value)> = ctx.src("nvml_xid").map(|(r, e)| (*r, *e)).collect();
-    let kernel: Vec<(f64, &Value)> = ["kmsg", "xid", "aer"].iter().flat_map(|s| ctx.src(s)).map(|(r, e)| (*r, *e)).collect();
+    let nvml_xids: Vec<(f64, &Value)> = ctx.src(Source::NvmlXid).map(|(r, e)| (*r, *e)).collect();
+    let kernel: Vec<(f64, &Value)> = [Source::Kmsg, Source::Xid, Source::Aer].into_iter().flat_map(|s| ctx.src(s)).map(|(r, e)| (*r, *e)).collect();
     let mut corrected: BTreeMap<String, (Vec<f64>, bool, String)> = BTreeMap::new();
     for (rel, e) in &kernel {
         let class = e["class"].as_str().unwrap_or("");
@@ -199,7 +201,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             "oom_kill" => {
                 let v = e["victim_pid"].as_u64().unwrap_or(0);
                 // The oom:mark_victim probe saw the same kill: one kill, two witnesses.
-                if ctx.src("oom").any(|(_, o)| o["victim_pid"].as_u64() == Some(v)) {
+                if ctx.src(Source::Oom).any(|(_, o)| o["victim_pid"].as_u64() == Some(v)) {
                     continue;
                 }
                 let job = ctx.job_pids.contains(&v);
@@ -269,13 +271,13 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         }
     }
     // OOM tracepoint, signals, exits, block errors.
-    for (rel, e) in ctx.src("oom") {
+    for (rel, e) in ctx.src(Source::Oom) {
         let v = e["victim_pid"].as_u64().unwrap_or(0);
         let job = e["victim_job"] == true || ctx.job_pids.contains(&v);
         let sig = if job { signal("oom_kill_job") } else { signal("oom_kill_other") };
         acc.add(sig, &v.to_string(), *rel, job, || format!("OOM kill of {} {v}{}, RSS {} MB", e["victim_comm"].as_str().unwrap_or("?"), if job { " (job)" } else { "" }, e["anon_rss_kb"].as_u64().unwrap_or(0) / 1024));
     }
-    for (rel, e) in ctx.src("signal") {
+    for (rel, e) in ctx.src(Source::Signal) {
         let name = e["signal"].as_str().unwrap_or("");
         let target = e["target_pid"].as_u64().unwrap_or(0);
         let sender = e["pid"].as_u64().unwrap_or(0);
@@ -292,8 +294,8 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             acc.add(signal("job_fatal_signal"), &format!("{name}/{target}"), *rel, true, || format!("{name} to {} {target} (job) from {} {sender} (outside the job)", e["target_comm"].as_str().unwrap_or("?"), e["comm"].as_str().unwrap_or("?")));
         }
     }
-    let forked: std::collections::HashMap<u64, f64> = ctx.all("fork").filter_map(|(r, e)| Some((e["child_pid"].as_u64()?, *r))).collect();
-    for (rel, e) in ctx.src("exit") {
+    let forked: std::collections::HashMap<u64, f64> = ctx.all(Source::Fork).filter_map(|(r, e)| Some((e["child_pid"].as_u64()?, *r))).collect();
+    for (rel, e) in ctx.src(Source::Exit) {
         let pid = e["pid"].as_u64();
         // A helper that lived less than the threshold (`grep -q`, a pyenv shim) is not a worker.
         let lived = pid.and_then(|p| forked.get(&p)).map_or(f64::INFINITY, |f| rel - f);
@@ -301,7 +303,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             acc.add(signal("worker_exit"), &pid.unwrap_or(0).to_string(), *rel, true, || format!("job process {} {} exited with code {}", e["comm"].as_str().unwrap_or("?"), pid.unwrap_or(0), e["exit_code"]));
         }
     }
-    for (rel, e) in ctx.src("block") {
+    for (rel, e) in ctx.src(Source::Block) {
         if e["error"].as_i64().is_some_and(|x| x != 0) {
             let dev = e["dev"].as_str().unwrap_or("?");
             acc.add(signal("block_io_error"), dev, *rel, e["job"] == true, || format!("block I/O error {} on device {dev}", e["error"]));
@@ -314,7 +316,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         // and the iostat samples of one disk are one suspect): (recent, earlier, first slow).
         let mut per_dev: BTreeMap<String, (Vec<f64>, Vec<f64>, f64)> = BTreeMap::new();
         let mut job_devs = BTreeSet::new();
-        for (r, e) in ctx.src("block").chain(ctx.src("disk")).filter(|(r, _)| *r > -120.0) {
+        for (r, e) in ctx.src(Source::Block).chain(ctx.src(Source::Disk)).filter(|(r, _)| *r > -120.0) {
             let mut push = |dev: String, v: f64| {
                 let slot = per_dev.entry(dev).or_insert((Vec::new(), Vec::new(), f64::INFINITY));
                 if *r > -60.0 {
@@ -352,7 +354,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     {
         let sig = signal("retransmit_storm");
         let mut per_peer: BTreeMap<String, (usize, usize, f64, bool)> = BTreeMap::new();
-        for (r, e) in ctx.src("tcp_retransmit").filter(|(r, _)| *r > -120.0) {
+        for (r, e) in ctx.src(Source::TcpRetransmit).filter(|(r, _)| *r > -120.0) {
             let peer = format!("{}:{}", e["daddr"].as_str().unwrap_or("?"), e["dport"]);
             let peer_of_job = ctx.job_peers.contains(&peer);
             let s = per_peer.entry(peer).or_insert((0, 0, f64::NEG_INFINITY, false));
@@ -368,7 +370,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             }
         }
     }
-    for (rel, e) in ctx.src("system").filter(|(r, _)| *r > -60.0) {
+    for (rel, e) in ctx.src(Source::System).filter(|(r, _)| *r > -60.0) {
         if let Some(s) = f(&e["swap_in_kb_s"]).filter(|s| *s >= signal("swap_thrash").threshold) {
             acc.add(signal("swap_thrash"), "swap", *rel, false, || format!("swap-in {:.0} MB/s", s / 1024.0));
         }
@@ -376,7 +378,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             acc.add(signal("memory_pressure"), "psi", *rel, false, || format!("memory pressure (PSI some avg10) {p:.0}%"));
         }
     }
-    for (rel, e) in ctx.src("gpu_change") {
+    for (rel, e) in ctx.src(Source::GpuChange) {
         let c = e["change"].as_str().unwrap_or("");
         let pci = e["pci"].as_str().unwrap_or("?");
         let touches = ctx.job_gpus.contains(pci);
@@ -395,7 +397,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         };
         acc.add(sig, c, *rel, touches, || c.to_string());
     }
-    for (rel, e) in ctx.src("net_change") {
+    for (rel, e) in ctx.src(Source::NetChange) {
         let c = e["change"].as_str().unwrap_or("");
         // The state it went to decides: `ACTIVE -> DOWN` is a link down, `DOWN -> ACTIVE` is not.
         let to = c.rsplit_once("->").map_or("", |(_, t)| t).to_ascii_lowercase();
@@ -409,7 +411,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         acc.add(sig, e["link"].as_str().unwrap_or(""), *rel, false, || c.to_string());
     }
     // Numerics: the loss scale and the loss curve before the NaN.
-    let logs: Vec<(f64, &Value)> = ctx.src("log").filter(|(r, _)| *r <= 0.0).map(|(r, e)| (*r, *e)).collect();
+    let logs: Vec<(f64, &Value)> = ctx.src(Source::Log).filter(|(r, _)| *r <= 0.0).map(|(r, e)| (*r, *e)).collect();
     {
         let scales: Vec<(f64, f64, Option<u64>)> = logs.iter().filter_map(|(r, e)| Some((*r, f(&e["loss_scale"])?, e["step"].as_u64()))).collect();
         let overflow = logs.iter().any(|(_, e)| e["overflow"] == true);
