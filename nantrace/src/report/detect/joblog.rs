@@ -10,8 +10,8 @@
 use std::collections::BTreeSet;
 
 
-use super::rules::signal;
 use super::{Acc, Ctx};
+use crate::report::rules::signal;
 use crate::joblog::JobFamily;
 use crate::source::Source;
 
@@ -86,7 +86,7 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
     let has_network = lines.iter().any(|l| l.family == JobFamily::Network && !l.generic)
         || ctx.all(Source::Kmsg).any(|(_, e)| matches!(e["class"].as_str(), Some("link_down" | "nic_error")));
 
-    let mut merged: std::collections::BTreeMap<String, (&'static super::rules::Signal, f64, BTreeSet<u64>, usize, String)> = Default::default();
+    let mut merged: std::collections::BTreeMap<String, (&'static crate::report::rules::Signal, f64, BTreeSet<u64>, usize, String)> = Default::default();
     for l in &lines {
         // A generic line gives way to a specific one near it or in the same traceback.
         if l.generic
