@@ -134,6 +134,18 @@ fn p99(mut v: Vec<f64>) -> Option<f64> {
     Some(v[((v.len() as f64 * 0.99).ceil() as usize).saturating_sub(1).min(v.len() - 1)])
 }
 
+/// The analysis of a bundle's files as bytes (timeline.json, and snapshot.json when there is
+/// one): the pure part of `nantrace report`, also the fuzzing entry point. Bad input is an
+/// error, never a panic.
+pub fn from_bytes(timeline: &[u8], snapshot: Option<&[u8]>) -> anyhow::Result<(Analysis, Value, Value)> {
+    use anyhow::Context as _;
+    let t: Value = serde_json::from_slice(timeline).context("timeline.json is not valid JSON")?;
+    anyhow::ensure!(t["schema"] == crate::bundle::SCHEMA || t["schema"] == crate::merge::SCHEMA, "unknown schema {}", t["schema"]);
+    anyhow::ensure!(t["events"].is_array() || t["events"].is_null(), "timeline.json: `events` is not a list");
+    let snap: Value = snapshot.and_then(|b| serde_json::from_slice(b).ok()).unwrap_or_else(|| json!({ "gpu": { "reason": "no snapshot.json in the bundle" } }));
+    Ok((analyze(&t, &snap), t, snap))
+}
+
 /// Evaluate every signal over the incident.
 pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     let nan_off = f(&timeline["first_nan"]["offset_s"]);
