@@ -52,7 +52,8 @@ pub(super) fn log_event(scanner: &Scanner, line: String, stream: u8, pid: u32, c
         comm,
         job: true,
         detail: Detail::Log(Box::new(LogLine {
-            text: line.into(),
+            // Scanned above; redacted before it is kept (it will leave the process, 4.5).
+            text: crate::collect::redact::log_line(line).into(),
             stream,
             nonfinite: s.nonfinite.is_some(),
             step: s.step,
