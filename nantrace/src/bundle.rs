@@ -74,7 +74,7 @@ pub struct Incident<'a> {
 
 pub struct Written {
     pub dir: PathBuf,
-    /// Files written in full; 0 means the bundle holds nothing (full disk).
+    /// Non-empty files written in full; 0 means the bundle holds nothing (full disk).
     pub written: usize,
     pub failures: Vec<String>,
 }
@@ -199,6 +199,7 @@ pub fn write(out: &Path, inc: &Incident) -> std::io::Result<Written> {
     let base = format!("nantrace-{host}-{stamp}");
     let (tmp, tmp_name) = outd.create_temp_subdir(&format!(".{base}.tmp-{}-", std::process::id()))?;
     let mut failures = Vec::new();
+    let mut written = 0;
     let mut files: Vec<(String, Vec<u8>)> = vec![
         ("app.log".into(), app_log(inc).into_bytes()),
         ("kernel.log".into(), kernel_log(inc).into_bytes()),
@@ -209,8 +210,10 @@ pub fn write(out: &Path, inc: &Incident) -> std::io::Result<Written> {
     }
     files.extend(inc.extra.iter().cloned());
     for (f, data) in &files {
-        if let Err(e) = tmp.write_new(f, data) {
-            failures.push(format!("{f}: {e}"));
+        match tmp.write_new(f, data) {
+            Err(e) => failures.push(format!("{f}: {e}")),
+            Ok(()) if !data.is_empty() => written += 1,
+            Ok(()) => {}
         }
     }
     let mut name = base.clone();
@@ -225,5 +228,5 @@ pub fn write(out: &Path, inc: &Incident) -> std::io::Result<Written> {
             Err(e) => return Err(std::io::Error::new(e.kind(), format!("{e}; the files are in {}", out.join(&tmp_name).display()))),
         }
     }
-    Ok(Written { dir: out.join(&name), written: files.len() - failures.len(), failures })
+    Ok(Written { dir: out.join(&name), written, failures })
 }
