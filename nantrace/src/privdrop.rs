@@ -108,7 +108,13 @@ fn for_uid(uid: u32, gid: Option<u32>, why: String) -> RunAs {
 /// `Ok(None)`: the job runs as nantrace itself.
 pub fn resolve(choice: &Choice, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Option<RunAs>> {
     let root = euid() == 0;
+    // Started through sudo by someone else than root: that person may not choose a more
+    // privileged identity for the job (a sudoers rule for `nantrace run *` allows any flag).
+    let sudo_caller = env("SUDO_UID").and_then(|s| s.trim().parse::<u32>().ok()).filter(|u| root && *u != 0);
     match choice {
+        Choice::AsRoot if sudo_caller.is_some() => {
+            bail!("--as-root: nantrace was started through sudo by uid {}, and the job may not get more privilege than its caller", sudo_caller.unwrap_or(0))
+        }
         Choice::AsRoot => {
             if root {
                 crate::say!("nantrace: WARNING: --as-root: the job runs as root (uid 0), with every privilege nantrace has");
@@ -122,6 +128,9 @@ pub fn resolve(choice: &Choice, env: impl Fn(&str) -> Option<String>) -> anyhow:
                 (None, Ok(uid)) => for_uid(uid, None, format!("--user {u}")),
                 (None, Err(_)) => bail!("--user {u:?}: no such user"),
             };
+            if let Some(caller) = sudo_caller.filter(|c| *c != ra.uid) {
+                bail!("--user {u}: nantrace was started through sudo by uid {caller}; the job runs as that user, not as another");
+            }
             if !root {
                 if ra.uid != euid() {
                     bail!("--user {u}: switching to another user needs root");
@@ -222,9 +231,15 @@ mod tests {
         assert!(ra.groups.contains(&65534));
         assert!(resolve(&Choice::Auto, |k| (k == "SUDO_UID").then(|| "0".to_string())).unwrap().is_none());
         assert!(resolve(&Choice::Auto, |k| (k == "SUDO_UID").then(|| "x".to_string())).is_err());
-        assert!(resolve(&Choice::AsRoot, env).unwrap().is_none());
+        // Through sudo, the caller cannot pick more privilege (or someone else).
+        assert!(resolve(&Choice::AsRoot, env).is_err());
+        assert!(resolve(&Choice::User("0".into()), env).is_err());
+        assert!(resolve(&Choice::User("4000000".into()), env).is_err());
         assert_eq!(resolve(&Choice::User("65534".into()), env).unwrap().unwrap().uid, 65534);
-        assert_eq!(resolve(&Choice::User("4000000".into()), env).unwrap().unwrap().gid, 4_000_000);
-        assert!(resolve(&Choice::User("no-such-user-xyz".into()), env).is_err());
+        // From a root shell (no sudo) they can.
+        let none = |_: &str| None;
+        assert!(resolve(&Choice::AsRoot, none).unwrap().is_none());
+        assert_eq!(resolve(&Choice::User("4000000".into()), none).unwrap().unwrap().gid, 4_000_000);
+        assert!(resolve(&Choice::User("no-such-user-xyz".into()), none).is_err());
     }
 }

@@ -103,12 +103,22 @@ fn r4_12_user_flag_and_explicit_as_root() {
     let out = d.join("o");
     let o = nantrace(&["run", "--no-probes", "--user", "65534", "--out", out.to_str().unwrap(), "--", "id", "-u"], &[]);
     assert_eq!(text(&o).0.trim(), "65534", "{:?}", text(&o));
-    let o = nantrace(&["run", "--no-probes", "--user", "nobody", "--out", out.to_str().unwrap(), "--", "sh", "-c", "id -u; echo $HOME"], &[("SUDO_UID", "1234")]);
+    let o = nantrace(&["run", "--no-probes", "--user", "nobody", "--out", out.to_str().unwrap(), "--", "sh", "-c", "id -u; echo $HOME"], &[]);
     assert_eq!(text(&o).0, "65534\n/nonexistent\n", "{:?}", text(&o));
-    let o = nantrace(&["run", "--no-probes", "--as-root", "--out", out.to_str().unwrap(), "--", "id", "-u"], &[("SUDO_UID", "65534")]);
+    let o = nantrace(&["run", "--no-probes", "--as-root", "--out", out.to_str().unwrap(), "--", "id", "-u"], &[]);
     let (so, se) = text(&o);
     assert_eq!(so.trim(), "0");
     assert!(se.contains("WARNING: --as-root"), "{se}");
+    // Through sudo (a `nantrace run *` sudoers rule allows any flag): no way back to root,
+    // nor to another user.
+    for flags in [&["--as-root"][..], &["--user", "root"], &["--user", "0"], &["--user", "daemon"]] {
+        let mut args = vec!["run", "--no-probes", "--out", out.to_str().unwrap()];
+        args.extend_from_slice(flags);
+        args.extend(["--", "sh", "-c", "echo HOSTILE-ran-as-$(id -u)"]);
+        let o = nantrace(&args, &[("SUDO_UID", "65534"), ("SUDO_GID", "65534")]);
+        assert_eq!(o.status.code(), Some(1), "{flags:?}: {:?}", text(&o));
+        assert!(!text(&o).0.contains("HOSTILE-ran-as"), "{flags:?}: the job did not run");
+    }
     let o = nantrace(&["run", "--no-probes", "--user", "no-such-user-hostile", "--", "true"], &[]);
     assert_ne!(o.status.code(), Some(0));
 }
