@@ -113,7 +113,7 @@ pub fn resolve(choice: &Choice, env: impl Fn(&str) -> Option<String>) -> anyhow:
     let sudo_caller = env("SUDO_UID").and_then(|s| s.trim().parse::<u32>().ok()).filter(|u| root && *u != 0);
     match choice {
         Choice::AsRoot if sudo_caller.is_some() => {
-            bail!("--as-root: nantrace was started through sudo by uid {}, and the job may not get more privilege than its caller", sudo_caller.unwrap_or(0))
+            bail!("--as-root: nantrace was started through sudo by uid {}, and the job may not get more privilege than its caller (a root shell opened with `sudo -i` keeps SUDO_UID: there, use `env -u SUDO_UID nantrace run --as-root ...`)", sudo_caller.unwrap_or(0))
         }
         Choice::AsRoot => {
             if root {

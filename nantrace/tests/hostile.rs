@@ -700,7 +700,7 @@ fn r1_10_attach_to_a_process_whose_leader_thread_exited() {
     }
     let d = Scratch::new("zleader");
     let src = d.join("z.c");
-    std::fs::write(&src, "#include <pthread.h>\n#include <unistd.h>\nstatic void *run(void *a) { (void)a; sleep(6); return 0; }\nint main(void) { pthread_t t; pthread_create(&t, 0, run, 0); pthread_exit(0); }\n").unwrap();
+    std::fs::write(&src, "#include <pthread.h>\n#include <unistd.h>\nstatic void *run(void *a) { (void)a; sleep(4); return 0; }\nint main(void) { pthread_t t; pthread_create(&t, 0, run, 0); pthread_exit(0); }\n").unwrap();
     let exe = d.join("z");
     if !sh(&format!("cc -pthread -o '{}' '{}'", exe.display(), src.display())).status.success() {
         eprintln!("SKIPPED r1_10: no C compiler");
@@ -709,10 +709,14 @@ fn r1_10_attach_to_a_process_whose_leader_thread_exited() {
     let mut z = Command::new(&exe).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let pid = z.id().to_string();
-    let o = nantrace(&["snapshot", "--pid", &pid], &[]);
+    let t0 = Instant::now();
+    let o = nantrace(&["attach", "--no-probes", "--pid", &pid, "--out", d.join("o").to_str().unwrap()], &[]);
     let _ = z.kill();
     let _ = z.wait();
-    assert_eq!(o.status.code(), Some(0), "a live process with a zombie leader is alive: {:?}", text(&o).1);
+    let (_, se) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "a live process with a zombie leader is alive: {se}");
+    assert!(!se.contains("does not exist"), "{se}");
+    assert!(t0.elapsed() > Duration::from_secs(2), "followed until its last thread ended: {:?}", t0.elapsed());
 }
 
 #[test]
