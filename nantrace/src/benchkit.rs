@@ -157,7 +157,7 @@ pub fn dump(n: u64, out: &std::path::Path) -> Value {
     let mut r = Recorder::new(u64::MAX, 1 << 30);
     for i in 0..n {
         let e = if i % 50 == 0 {
-            Event { mono_ns: t0 + i * 1000, pid: 1, tid: 1, comm: comm_from("python3"), job: true, detail: Detail::Log(Box::new(LogLine { text: format!("step {i} | loss 2.{}", i % 1000).into(), stream: 1, nonfinite: false, step: Some(i), loss: Some(2.0), loss_scale: None, overflow: false })) }
+            Event { mono_ns: t0 + i * 1000, pid: 1, tid: 1, comm: comm_from("python3"), job: true, detail: Detail::Log(Box::new(LogLine { text: format!("step {i} | loss 2.{}", i % 1000).into(), stream: 1, nonfinite: false, step: Some(i), loss: Some(2.0), loss_scale: None, overflow: false, fault: None })) }
         } else {
             synthetic(i, t0 + i * 1000)
         };

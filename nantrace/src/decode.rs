@@ -7,6 +7,14 @@ use nantrace_common::{
 };
 
 use crate::classify::classify;
+/// KiB per unit of the oom:mark_victim memory fields on this kernel (see
+/// `tracefs::Format::oom_kb_per_unit`); kB on every kernel that has the fields.
+static OOM_KB_PER_UNIT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+pub fn set_oom_kb_per_unit(kb: u64) {
+    OOM_KB_PER_UNIT.store(kb, std::sync::atomic::Ordering::Relaxed);
+}
+
 use crate::event::{Aer, Comm, Detail, Event, Kmsg, Oom, Tcp};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -60,16 +68,17 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
         }
         EventKind::Oom => {
             let e: OomEvent = read(buf, h.kind)?;
+            let kb = OOM_KB_PER_UNIT.load(std::sync::atomic::Ordering::Relaxed);
             base(&h, Detail::Oom(Box::new(Oom {
                 victim_pid: e.victim_pid,
                 victim_comm: Comm::from_bytes(e.victim_comm),
                 victim_job: e.victim_job != 0,
                 uid: e.uid,
-                total_vm: e.total_vm,
-                anon_rss: e.anon_rss,
-                file_rss: e.file_rss,
-                shmem_rss: e.shmem_rss,
-                pgtables: e.pgtables,
+                total_vm: e.total_vm.saturating_mul(kb),
+                anon_rss: e.anon_rss.saturating_mul(kb),
+                file_rss: e.file_rss.saturating_mul(kb),
+                shmem_rss: e.shmem_rss.saturating_mul(kb),
+                pgtables: e.pgtables.saturating_mul(kb),
                 oom_score_adj: e.oom_score_adj,
             })))
         }

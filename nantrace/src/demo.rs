@@ -9,7 +9,7 @@ use std::io::Write as _;
 use std::time::Duration;
 
 /// Scenarios: what fault (if any) is injected through real kernel mechanisms before the NaN.
-pub const SCENARIOS: &[&str] = &["numeric", "xid", "oom", "net", "io"];
+pub const SCENARIOS: &[&str] = &["numeric", "xid", "oom", "net", "io", "ecc"];
 
 struct Rng(u64);
 impl Rng {
@@ -63,6 +63,21 @@ pub fn train(scenario: &str, step_ms: u64) -> i32 {
                 Ok((what, cleanup)) => {
                     eprintln!("demo: INJECTED {what}");
                     injected = cleanup;
+                    if scenario == "ecc" {
+                        // What PyTorch prints when the next CUDA call meets the ECC error.
+                        std::thread::sleep(Duration::from_millis(300));
+                        eprintln!("Traceback (most recent call last):");
+                        eprintln!("  File \"train.py\", line 212, in <module>");
+                        eprintln!("    loss.backward()");
+                        eprintln!("RuntimeError: CUDA error: uncorrectable ECC error encountered");
+                        eprintln!("CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.");
+                        eprintln!("For debugging consider passing CUDA_LAUNCH_BLOCKING=1.");
+                        if let Some(wk) = worker.as_mut() {
+                            let _ = wk.kill();
+                            let _ = wk.wait();
+                        }
+                        return 1;
+                    }
                 }
                 Err(e) => eprintln!("demo: could not inject the {scenario} fault ({e}); running as plain numeric divergence"),
             }
@@ -110,7 +125,7 @@ mod inject {
         match scenario {
             "net" => Some(10),
             "io" => Some(15),
-            "oom" | "xid" => Some(25),
+            "oom" | "xid" | "ecc" => Some(25),
             _ => None,
         }
     }
@@ -122,6 +137,11 @@ mod inject {
                 let line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, name=nantrace-demo, GPU has fallen off the bus. [INJECTED by nantrace demo --scenario xid]";
                 std::fs::write("/dev/kmsg", format!("{line}\n")).map_err(|e| format!("/dev/kmsg: {e}"))?;
                 ("a fake NVRM Xid 79 line into the kernel log (/dev/kmsg)", None)
+            }
+            "ecc" => {
+                let line = "NVRM: Xid (PCI:0000:3b:00): 48, pid=0, name=nantrace-demo, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0. [INJECTED by nantrace demo --scenario ecc]";
+                std::fs::write("/dev/kmsg", format!("{line}\n")).map_err(|e| format!("/dev/kmsg: {e}"))?;
+                ("a fake NVRM Xid 48 line into the kernel log; the job then fails like PyTorch does and exits 1", None)
             }
             "oom" => ("memory pressure: a data-loader worker in a 64 MiB cgroup will be OOM-killed", Some(oom(me)?)),
             "net" => ("packet loss: 12 TCP connections across a veth pair, all packets dropped by nftables", Some(net()?)),

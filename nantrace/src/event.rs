@@ -82,7 +82,7 @@ pub struct Oom {
     pub victim_comm: Comm,
     pub victim_job: bool,
     pub uid: u32,
-    /// Pages.
+    /// KiB (the unit is read from the tracepoint's format file at start; see decode).
     pub total_vm: u64,
     pub anon_rss: u64,
     pub file_rss: u64,
@@ -119,6 +119,8 @@ pub struct LogLine {
     pub loss: Option<f64>,
     pub loss_scale: Option<f64>,
     pub overflow: bool,
+    /// A failure line of a known family (CUDA, NCCL, IB, storage...): see `joblog`.
+    pub fault: Option<Box<crate::joblog::JobFault>>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -212,7 +214,7 @@ impl Event {
             Detail::Oom(_) => std::mem::size_of::<Oom>(),
             Detail::Tcp(_) => std::mem::size_of::<Tcp>(),
             Detail::Exec { filename } => filename.len(),
-            Detail::Log(l) => std::mem::size_of::<LogLine>() + l.text.len(),
+            Detail::Log(l) => std::mem::size_of::<LogLine>() + l.text.len() + l.fault.as_ref().map_or(0, |f| std::mem::size_of::<crate::joblog::JobFault>() + f.code.as_ref().map_or(0, String::len)),
             Detail::Sample { fields, .. } => 64 + fields.len() * 64,
             Detail::Trigger { reason, .. } => reason.len(),
             _ => 0,
@@ -271,11 +273,11 @@ impl Event {
                 put("victim_comm", comm_str(&o.victim_comm).into());
                 put("victim_job", o.victim_job.into());
                 put("uid", o.uid.into());
-                put("total_vm_kb", (o.total_vm * 4).into());
-                put("anon_rss_kb", (o.anon_rss * 4).into());
-                put("file_rss_kb", (o.file_rss * 4).into());
-                put("shmem_rss_kb", (o.shmem_rss * 4).into());
-                put("pgtables_kb", (o.pgtables * 4).into());
+                put("total_vm_kb", o.total_vm.into());
+                put("anon_rss_kb", o.anon_rss.into());
+                put("file_rss_kb", o.file_rss.into());
+                put("shmem_rss_kb", o.shmem_rss.into());
+                put("pgtables_kb", o.pgtables.into());
                 put("oom_score_adj", o.oom_score_adj.into());
             }
             Detail::Block { dev, error, sector, latency_us, nr_sector, rwbs } => {
@@ -331,6 +333,9 @@ impl Event {
                 }
                 if l.overflow {
                     put("overflow", true.into());
+                }
+                if let Some(f) = &l.fault {
+                    put("fault", serde_json::to_value(f).unwrap_or(Value::Null));
                 }
             }
             Detail::Sample { fields, .. } => {

@@ -1,5 +1,6 @@
 //! nantrace: kernel, GPU and system evidence around the moment a training run's loss turns NaN.
 pub mod classify;
+pub mod joblog;
 pub mod clock;
 pub mod correlate;
 pub mod decode;

@@ -29,7 +29,7 @@ struct RecArgs {
     /// Seconds to keep recording after a trigger, 0 to 86400 (ends early when the job exits)
     #[arg(long, default_value_t = 15.0, value_parser = secs(0.0, 86_400.0))]
     post: f64,
-    /// Turn a trigger off: nan, exit, signal, oom, xid, usr1, file, manual (repeatable)
+    /// Turn a trigger off: nan, exit, signal, oom, xid, job-error, usr1, file, manual (repeatable)
     #[arg(long = "no-trigger", value_parser = parse_trigger)]
     no_trigger: Vec<TriggerKind>,
     /// Dump when this file appears (e.g. on a shared filesystem, for all nodes at once)
@@ -38,6 +38,10 @@ struct RecArgs {
     /// Extra regex that counts as a non-finite loss (repeatable; must not match an empty line)
     #[arg(long = "nan-pattern", value_parser = parse_nan_pattern)]
     nan_patterns: Vec<String>,
+    /// A non-finite gradient norm with a finite loss is: auto = a precursor only when the log
+    /// shows the loss scaler skipped that step (fp16), else the incident (bf16); incident; precursor
+    #[arg(long, value_enum, default_value_t = nantrace::nanscan::GradRule::Auto)]
+    nonfinite_grad_norm: nantrace::nanscan::GradRule,
     /// Block requests at least this slow (ms) are events (0 to 600000)
     #[arg(long, default_value_t = 50.0, value_parser = secs(0.0, 600_000.0))]
     slow_io_ms: f64,
@@ -82,6 +86,7 @@ impl RecArgs {
             no_trigger: self.no_trigger.clone(),
             trigger_file: self.trigger_file.clone(),
             nan_patterns: self.nan_patterns.clone(),
+            grad_rule: self.nonfinite_grad_norm,
             slow_io_ms: self.slow_io_ms,
             sample_s: self.sample,
             no_probes: self.no_probes,

@@ -16,6 +16,22 @@ pub struct LineScan {
     pub loss_scale: Option<f64>,
     /// Gradient overflow / skipped step / loss-scale reduction (a precursor, not a trigger).
     pub overflow: bool,
+    /// The non-finite value is a gradient norm and the loss is finite (or absent): see
+    /// [`GradRule`] for when that is the incident.
+    pub grad_only: bool,
+}
+
+/// A non-finite gradient norm with a finite loss: the incident, or the loss scaler's routine
+/// skip? `Auto` (default): a precursor only when the log shows the scaler skipped that step
+/// (an overflow/skip message in the same line or the 10 lines before, a skipped-iterations
+/// count, or the loss scale dropping); otherwise the incident (bf16 has no scaler: NaN
+/// gradients go into the weights).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum GradRule {
+    #[default]
+    Auto,
+    Incident,
+    Precursor,
 }
 
 const NONFINITE: &str = r"[-+]?(?:nan|inf(?:inity)?)";
@@ -24,14 +40,33 @@ const METRIC: &str = r"(?:[a-z0-9]+[_ /.-])?(?:[a-z0-9]+[_ ])?(?:loss|grad[_ ]?n
 
 static NONFINITE_METRIC: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(&format!(
-        r#"(?i)(?:^|[^a-z0-9_])({METRIC})['"]?\s*(?:[:=]|\bis\b|\bwas\b|\bbecame\b|\s)\s*(?:tensor\(\[?\s*)?['"]?({NONFINITE})\b"#
+        r#"(?i)(?:^|[^a-z0-9_])({METRIC})['"\]]?\s*(?:[:=]|\bis\b|\bwas\b|\bbecame\b|\s)\s*(?:tensor\(\[?\s*)?['"]?({NONFINITE})\b"#
     ))
     .unwrap()
 });
-/// PyTorch anomaly detection and framework checks that name a non-finite value outright.
+/// PyTorch anomaly detection and framework checks that name a non-finite value outright, and
+/// fatal framework errors that end an overflow spiral or a divergence without a `nan` token.
 static NONFINITE_ERROR: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)(returned (?:nan|inf) values in its \d+\w* output|The loss returned in `?training_step`? is (?:nan|inf)|Loss is (?:nan|inf)\b|non-finite loss|loss (?:is|became) non-finite|detected (?:nan|inf)(?:/(?:nan|inf))? in (?:the )?loss)").unwrap()
+    Regex::new(concat!(
+        r"(?i)(returned (?:nan|inf) values in its \d+\w* output|The loss returned in `?training_step`? is (?:nan|inf)|Loss is (?:nan|inf)\b|non-finite loss|loss (?:is|became|was) non-finite|detected (?:nan|inf)(?:/(?:nan|inf))? in (?:the )?loss",
+        r"|NanLossDuringTrainingError|NaN loss during training|Minimum loss scale reached|loss scale (?:is )?already at minimum|Current loss scale already at minimum|training (?:has )?diverged|model diverged|Loss diverged|loss exploded|gradients? (?:are|is|contains?) (?:inf/nan|nan/inf|nan|inf|non-finite)",
+        r"|AssertionError:.*\b(?:nan|NaN|inf|non-finite|isfinite|isnan)\b.*\b(?:loss|grad|norm)|AssertionError:.*\b(?:loss|grad|norm)\w*\b.*\b(?:nan|NaN|is not finite|non-finite|isfinite|isnan)",
+        r"|FloatingPointError:.*\b(?:loss|grad|norm|nan|inf|overflow|scale)",
+        r"|tensor\(\s*(?:nan|inf|-inf)\b[^)]*grad_fn=<\w*(?:Loss|Nll|Entropy|Mse|Mean|Sum|Div|Add|Mul)\w*Backward\d*>",
+        r"|\bloss\b[^\n]{0,40}tensor\(\s*\[?\s*(?:nan|inf|-inf)\b",
+        r"|Invalid loss, terminating training|\b(?:outputs?|predictions?|logits)\b[^\n]{0,20}\b(?:is|are|contains?|has|became)\s+nan\b",
+        r"|^\s*\d+/\d+\s+[\d.]+G\s+(?:nan|inf)\s)"
+    ))
+    .unwrap()
 });
+/// A line of source code (a traceback's frame, `raise ...`, `assert ...`): it names NaN checks
+/// without reporting one.
+static SOURCE_LINE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\s+(?:raise|assert|if|elif|while|return|print|logger\.\w+|logging\.\w+|log\.\w+)\b|^\s*File \x22").unwrap());
+/// Metric names whose `inf` is an initial value in a config or state dump (`best_valid_loss: inf`).
+static INITIAL_KEY: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)(best|min|lowest|prev|previous|initial|init|last_best|patience)").unwrap());
+static GRAD_KEY: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)grad[_ ]?norm|gradient[_ ]norm|gnorm").unwrap());
+/// The loss scaler skipped this step (Megatron prints the count in the same line).
+static SKIPPED: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)skipped (?:iterations|steps?)\s*[:=]\s*[1-9]|skipping (?:step|update)|overflow|inf checks|found inf").unwrap());
 static STEP: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r#"(?i)(?:^|[^a-z0-9_])(?:global_step|step|iteration|iter|it)['"]?\s*[:= ]\s*\[?\s*(\d+)"#).unwrap()
 });
@@ -53,24 +88,31 @@ static COUNTER_KEY: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)(count|n
 #[derive(Clone, Debug, Default)]
 pub struct Scanner {
     extra: Vec<Regex>,
+    pub grad_rule: GradRule,
 }
 
 impl Scanner {
     pub fn new(extra: &[String]) -> Result<Self, regex::Error> {
-        Ok(Self { extra: extra.iter().map(|p| Regex::new(p)).collect::<Result<_, _>>()? })
+        Ok(Self { extra: extra.iter().map(|p| Regex::new(p)).collect::<Result<_, _>>()?, grad_rule: GradRule::Auto })
     }
 
     pub fn scan(&self, line: &str) -> LineScan {
         let mut out = LineScan::default();
-        for c in NONFINITE_METRIC.captures_iter(line) {
+        let source = SOURCE_LINE.is_match(line);
+        for c in NONFINITE_METRIC.captures_iter(line).filter(|_| !source) {
             let key = c[1].trim();
             if COUNTER_KEY.is_match(key) {
+                continue;
+            }
+            // `best_valid_loss: inf` is where a minimum starts, not a divergence.
+            let value = c[2].to_ascii_lowercase();
+            if INITIAL_KEY.is_match(key) && value.trim_start_matches(['+', '-']).starts_with("inf") {
                 continue;
             }
             out.nonfinite = Some(key.to_string());
             break;
         }
-        if out.nonfinite.is_none() {
+        if out.nonfinite.is_none() && !source {
             if let Some(m) = NONFINITE_ERROR.find(line) {
                 out.nonfinite = Some(m.as_str().to_string());
             }
@@ -89,7 +131,8 @@ impl Scanner {
                 _ => v.parse().ok(),
             }
         });
-        out.overflow = OVERFLOW.is_match(line);
+        out.overflow = OVERFLOW.is_match(line) || (out.nonfinite.as_deref().is_some_and(|k| GRAD_KEY.is_match(k)) && SKIPPED.is_match(line));
+        out.grad_only = out.nonfinite.as_deref().is_some_and(|k| GRAD_KEY.is_match(k)) && !out.loss.is_some_and(|l| !l.is_finite());
         out.loss_scale = REDUCING
             .captures(line)
             .or_else(|| LOSS_SCALE.captures(line))
@@ -136,6 +179,18 @@ mod tests {
         ("INFO: loss scale info: dynamic", false),
         ("skipped nan steps: 0", false),
         ("[INFO] step 5 done in 12 ns", false),
+        // Fatal framework errors with no metric token.
+        ("AssertionError: loss is nan at step 1200", true),
+        ("AssertionError: grad norm is not finite", true),
+        ("FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding. Try lowering the learning rate, using gradient clipping or increasing the batch size.", true),
+        ("tensorflow.python.training.basic_session_run_hooks.NanLossDuringTrainingError: NaN loss during training.", true),
+        ("Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.", true),
+        ("RuntimeError: training diverged at step 3400", true),
+        ("tensor(nan, device='cuda:0', grad_fn=<NllLossBackward0>)", true),
+        // Initial values in config/state dumps.
+        ("best_valid_loss: inf", false),
+        ("{'best_loss': inf, 'patience': 3}", false),
+        ("min_val_loss = inf", false),
         // Precursors do not trigger.
         ("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768", false),
         ("gradient overflow detected, ignoring gradient, setting loss scale to: 64.0", false),
@@ -190,8 +245,8 @@ mod tests {
 
     #[test]
     fn user_pattern() {
-        let s = Scanner::new(&["DIVERGED at step".to_string()]).unwrap();
-        assert!(s.scan("model DIVERGED at step 17").nonfinite.unwrap().starts_with("pattern"));
+        let s = Scanner::new(&["WEIGHTS BLEW UP at step".to_string()]).unwrap();
+        assert!(s.scan("WEIGHTS BLEW UP at step 17").nonfinite.unwrap().starts_with("pattern"));
         assert!(Scanner::new(&["(".to_string()]).is_err());
     }
 }

@@ -1,8 +1,14 @@
 //! The flight recorder: every event from every source, bounded by a time window and a memory
 //! cap. The oldest go first; evictions are counted by cause and by source.
+//!
+//! Two classes share the cap: the job's log lines, and everything else (kernel, hardware,
+//! system evidence). When the cap is reached, log lines evict log lines first; evidence is
+//! evicted only while it holds more than its reserved share (`EVIDENCE_SHARE` of the cap), so a
+//! log flood cannot push an Xid out of the window. Memory evictions are counted per source:
+//! the report says the window is incomplete for a source that lost events.
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::event::Event;
+use crate::event::{Detail, Event};
 
 #[derive(Clone, Debug, Default, serde::Serialize, PartialEq)]
 pub struct RecorderStats {
@@ -10,48 +16,79 @@ pub struct RecorderStats {
     pub bytes: u64,
     pub evicted_by_time: u64,
     pub evicted_by_memory: u64,
+    /// Events evicted (by time or memory) per source.
     pub evicted_per_source: BTreeMap<String, u64>,
+    /// Events evicted by the memory cap per source (the window is incomplete for these).
+    pub evicted_by_memory_per_source: BTreeMap<String, u64>,
     pub window_s: f64,
     pub cap_bytes: u64,
 }
 
-pub struct Recorder {
+#[derive(Default)]
+struct Lane {
     events: VecDeque<Event>,
     bytes: usize,
+}
+
+pub struct Recorder {
+    logs: Lane,
+    evidence: Lane,
     window_ns: u64,
     cap_bytes: usize,
     evicted_time: u64,
     evicted_mem: u64,
     evicted_src: BTreeMap<&'static str, u64>,
+    evicted_mem_src: BTreeMap<&'static str, u64>,
 }
+
+/// The share of the cap that log lines cannot take from kernel/hardware/system evidence.
+pub const EVIDENCE_SHARE: f64 = 0.5;
 
 impl Recorder {
     pub fn new(window_ns: u64, cap_bytes: usize) -> Self {
         Self {
-            events: VecDeque::new(),
-            bytes: 0,
+            logs: Lane::default(),
+            evidence: Lane::default(),
             window_ns,
             cap_bytes,
             evicted_time: 0,
             evicted_mem: 0,
             evicted_src: BTreeMap::new(),
+            evicted_mem_src: BTreeMap::new(),
         }
     }
 
-    fn pop_front(&mut self) -> Option<Event> {
-        let e = self.events.pop_front()?;
-        self.bytes -= e.bytes();
-        *self.evicted_src.entry(e.source()).or_default() += 1;
-        Some(e)
+    fn lane(&mut self, log: bool) -> &mut Lane {
+        if log {
+            &mut self.logs
+        } else {
+            &mut self.evidence
+        }
+    }
+
+    fn pop_front(&mut self, log: bool) -> Option<&'static str> {
+        let lane = self.lane(log);
+        let e = lane.events.pop_front()?;
+        lane.bytes -= e.bytes();
+        let src = e.source();
+        *self.evicted_src.entry(src).or_default() += 1;
+        Some(src)
     }
 
     /// Add an event. Events arrive nearly in time order (per-CPU ring order); the recorder keeps
     /// arrival order and the exporters sort.
     pub fn push(&mut self, e: Event) {
-        self.bytes += e.bytes();
-        self.events.push_back(e);
-        while self.bytes > self.cap_bytes && self.events.len() > 1 {
-            self.pop_front();
+        let log = matches!(e.detail, Detail::Log(_));
+        let lane = self.lane(log);
+        lane.bytes += e.bytes();
+        lane.events.push_back(e);
+        while self.bytes() > self.cap_bytes && self.len() > 1 {
+            let reserved = (self.cap_bytes as f64 * EVIDENCE_SHARE) as usize;
+            // Logs go first, unless evidence holds more than its share or there are no logs.
+            let from_logs = !self.logs.events.is_empty() && (self.evidence.bytes <= reserved || self.logs.bytes > self.cap_bytes - reserved.min(self.cap_bytes));
+            let from_logs = from_logs || self.evidence.events.is_empty();
+            let Some(src) = self.pop_front(from_logs) else { break };
+            *self.evicted_mem_src.entry(src).or_default() += 1;
             self.evicted_mem += 1;
         }
     }
@@ -59,42 +96,46 @@ impl Recorder {
     /// Drop events older than the window, relative to `now_mono_ns`.
     pub fn expire(&mut self, now_mono_ns: u64) {
         let horizon = now_mono_ns.saturating_sub(self.window_ns);
-        while self.events.front().is_some_and(|e| e.mono_ns < horizon) {
-            self.pop_front();
-            self.evicted_time += 1;
+        for log in [true, false] {
+            while self.lane(log).events.front().is_some_and(|e| e.mono_ns < horizon) {
+                self.pop_front(log);
+                self.evicted_time += 1;
+            }
         }
     }
 
     pub fn len(&self) -> usize {
-        self.events.len()
+        self.logs.events.len() + self.evidence.events.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.events.is_empty()
+        self.len() == 0
     }
 
     pub fn bytes(&self) -> usize {
-        self.bytes
+        self.logs.bytes + self.evidence.bytes
     }
 
+    /// Every event, evidence first then log lines (not in time order: see `sorted`).
     pub fn iter(&self) -> impl Iterator<Item = &Event> {
-        self.events.iter()
+        self.evidence.events.iter().chain(self.logs.events.iter())
     }
 
     /// Events sorted by time (a copy, for a bundle).
     pub fn sorted(&self) -> Vec<Event> {
-        let mut v: Vec<Event> = self.events.iter().cloned().collect();
+        let mut v: Vec<Event> = self.iter().cloned().collect();
         v.sort_by_key(|e| e.mono_ns);
         v
     }
 
     pub fn stats(&self) -> RecorderStats {
         RecorderStats {
-            events: self.events.len() as u64,
-            bytes: self.bytes as u64,
+            events: self.len() as u64,
+            bytes: self.bytes() as u64,
             evicted_by_time: self.evicted_time,
             evicted_by_memory: self.evicted_mem,
             evicted_per_source: self.evicted_src.iter().map(|(k, v)| ((*k).to_string(), *v)).collect(),
+            evicted_by_memory_per_source: self.evicted_mem_src.iter().map(|(k, v)| ((*k).to_string(), *v)).collect(),
             window_s: self.window_ns as f64 / 1e9,
             cap_bytes: self.cap_bytes as u64,
         }
@@ -136,6 +177,36 @@ mod tests {
         assert_eq!(r.stats().evicted_by_memory, 15);
         assert_eq!(r.iter().next().unwrap().mono_ns, 15);
         assert!(r.bytes() <= one * 10);
+        assert_eq!(r.stats().evicted_by_memory_per_source["exit"], 15);
+    }
+
+    fn log(t: u64) -> Event {
+        let l = crate::event::LogLine { text: "step 1 loss 2.0".into(), stream: 1, nonfinite: false, step: None, loss: None, loss_scale: None, overflow: false, fault: None };
+        Event { mono_ns: t, pid: 1, tid: 1, comm: crate::event::Comm::NONE, job: true, detail: Detail::Log(Box::new(l)) }
+    }
+
+    #[test]
+    fn a_log_flood_does_not_evict_kernel_evidence() {
+        // Redteam 7.5: an Xid, then a flood of log lines far over the cap.
+        let cap = 100 * log(0).bytes();
+        let mut r = Recorder::new(u64::MAX, cap);
+        r.push(ev(0));
+        for t in 1..100_000 {
+            r.push(log(t));
+        }
+        assert!(r.bytes() <= cap);
+        assert_eq!(r.iter().filter(|e| e.source() == "exit").count(), 1, "the evidence event survived");
+        let s = r.stats();
+        assert_eq!(s.evicted_by_memory_per_source.get("exit"), None);
+        assert!(s.evicted_by_memory_per_source["log"] > 99_000);
+        // Evidence beyond its share is evicted (oldest first) when logs also fill theirs.
+        let mut r = Recorder::new(u64::MAX, cap);
+        for t in 0..10_000 {
+            r.push(if t % 2 == 0 { ev(t) } else { log(t) });
+        }
+        assert!(r.bytes() <= cap);
+        assert!(r.stats().evicted_by_memory_per_source["exit"] > 0);
+        assert!(r.iter().any(|e| e.source() == "log") && r.iter().any(|e| e.source() == "exit"));
     }
 
     #[test]

@@ -16,6 +16,8 @@ pub struct Field {
 pub struct Format {
     pub id: Option<u32>,
     pub fields: Vec<Field>,
+    /// The `print fmt:` line (it carries units: `total-vm=%lukB`).
+    pub print_fmt: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +36,10 @@ impl Format {
             let line = line.trim();
             if let Some(id) = line.strip_prefix("ID:") {
                 out.id = id.trim().parse().ok();
+                continue;
+            }
+            if let Some(p) = line.strip_prefix("print fmt:") {
+                out.print_fmt = p.trim().to_string();
                 continue;
             }
             let Some(rest) = line.strip_prefix("field:") else { continue };
@@ -64,6 +70,17 @@ impl Format {
             });
         }
         out
+    }
+
+    /// KiB per unit of `oom:mark_victim`'s memory fields. Kernels that added total_vm/anon_rss
+    /// to the tracepoint (6.8+) store kB and print `total-vm=%lukB`; a format that prints
+    /// no unit is taken as pages (4 KiB).
+    pub fn oom_kb_per_unit(&self) -> u64 {
+        if self.print_fmt.is_empty() || self.print_fmt.contains("kB") {
+            1
+        } else {
+            4
+        }
     }
 
     pub fn field(&self, name: &str) -> Option<&Field> {

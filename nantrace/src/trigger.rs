@@ -17,6 +17,10 @@ pub enum TriggerKind {
     Oom,
     /// An Xid (or fallen-off-the-bus) of critical severity.
     Xid,
+    /// A fatal failure line in the job's output of a family that can be the machine (GPU,
+    /// network, host memory, storage) or a collective hang: the job is about to die, dump now.
+    #[serde(rename = "job-error")]
+    JobError,
     /// SIGUSR1 sent to nantrace.
     Usr1,
     /// The `--trigger-file` appeared.
@@ -26,12 +30,13 @@ pub enum TriggerKind {
 }
 
 impl TriggerKind {
-    pub const ALL: [TriggerKind; 8] = [
+    pub const ALL: [TriggerKind; 9] = [
         TriggerKind::Nan,
         TriggerKind::Exit,
         TriggerKind::Signal,
         TriggerKind::Oom,
         TriggerKind::Xid,
+        TriggerKind::JobError,
         TriggerKind::Usr1,
         TriggerKind::File,
         TriggerKind::Manual,
@@ -44,6 +49,7 @@ impl TriggerKind {
             TriggerKind::Signal => "signal",
             TriggerKind::Oom => "oom",
             TriggerKind::Xid => "xid",
+            TriggerKind::JobError => "job-error",
             TriggerKind::Usr1 => "usr1",
             TriggerKind::File => "file",
             TriggerKind::Manual => "manual",
@@ -80,9 +86,22 @@ impl Enabled {
 /// Does this event fire a trigger by itself? (Exit of the job and signals to nantrace are
 /// decided by the session, which knows the job's root.)
 pub fn from_event(e: &Event, seen_nan: bool) -> Option<Fired> {
+    from_event_seen(e, seen_nan, false)
+}
+
+/// As [`from_event`], also told whether a job-error trigger already fired in this session
+/// (the first failure line opens the incident; the many that follow it do not).
+pub fn from_event_seen(e: &Event, seen_nan: bool, seen_job_error: bool) -> Option<Fired> {
+    use crate::joblog::JobFamily as F;
     let fired = |kind, reason: String| Some(Fired { kind, mono_ns: e.mono_ns, reason });
     match &e.detail {
         Detail::Log(l) if l.nonfinite && !seen_nan => fired(TriggerKind::Nan, l.text.to_string()),
+        Detail::Log(l) if !seen_job_error => match l.fault.as_deref() {
+            Some(f) if f.fatal && !f.generic && matches!(f.family, F::GpuHw | F::GpuAmbiguous | F::Network | F::HostMemory | F::Storage | F::Hang) => {
+                fired(TriggerKind::JobError, format!("{}: {}", f.what, l.text))
+            }
+            _ => None,
+        },
         Detail::Oom(o) if o.victim_job => fired(
             TriggerKind::Oom,
             format!("OOM kill of job process {} ({})", o.victim_pid, crate::event::comm_str(&o.victim_comm)),
@@ -109,7 +128,7 @@ mod tests {
             tid: 1,
             comm: crate::event::Comm::NONE,
             job: true,
-            detail: Detail::Log(Box::new(LogLine { text: text.into(), stream: 1, nonfinite, step: None, loss: None, loss_scale: None, overflow: false })),
+            detail: Detail::Log(Box::new(LogLine { text: text.into(), stream: 1, nonfinite, step: None, loss: None, loss_scale: None, overflow: false, fault: None })),
         }
     }
 
@@ -130,6 +149,23 @@ mod tests {
         assert_eq!(from_event(&kmsg("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."), false).unwrap().kind, TriggerKind::Xid);
         assert!(from_event(&kmsg("NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x, Graphics Exception"), false).is_none());
         assert!(from_event(&kmsg("NVRM: Xid (PCI:0000:3b:00): 43, pid=1, name=x, Ch 00000010"), false).is_none());
+    }
+
+    #[test]
+    fn a_machine_family_failure_line_fires_once_and_software_does_not() {
+        let line = |t: &str| {
+            let mut r = crate::session::LineReader::new(crate::nanscan::Scanner::default());
+            Event { mono_ns: 7, pid: 1, tid: 1, comm: crate::event::Comm::NONE, job: true, detail: Detail::Log(Box::new(r.read(t))) }
+        };
+        let ecc = line("RuntimeError: CUDA error: uncorrectable ECC error encountered");
+        let f = from_event_seen(&ecc, false, false).unwrap();
+        assert_eq!(f.kind, TriggerKind::JobError);
+        assert!(f.reason.starts_with("uncorrectable ECC error: RuntimeError"), "{}", f.reason);
+        assert_eq!(from_event_seen(&ecc, false, true), None, "only the first one");
+        assert_eq!(from_event_seen(&line("RuntimeError: CUDA error: device-side assert triggered"), false, false), None);
+        assert_eq!(from_event_seen(&line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"), false, false), None);
+        assert_eq!(from_event_seen(&line("NCCL WARN NET/IB : Got completion from peer 10.0.0.2<1234> with status=12 opcode=0 len=0 vendor err 129"), false, false).map(|f| f.kind), Some(TriggerKind::JobError));
+        assert_eq!(TriggerKind::parse("job-error"), Some(TriggerKind::JobError));
     }
 
     #[test]

@@ -96,11 +96,19 @@ fn oom_kill_in_memory_limited_cgroup_is_a_job_event() {
     assert_eq!(o["victim_pid"].as_u64(), Some(kid));
     assert_eq!(o["victim_comm"], "tail");
     assert_eq!(o["victim_job"], true);
-    assert!(o["anon_rss_kb"].as_u64().unwrap() > 20_000, "victim RSS {o}");
+    // The victim's RSS is in kB and fits the 48 MiB limit (it was 4x too large when the
+    // tracepoint's kB values were taken for pages).
+    let rss = o["anon_rss_kb"].as_u64().unwrap();
+    assert!(rss > 20_000 && rss <= 48 * 1024, "victim RSS {rss} kB, limit 49152 kB: {o}");
     let (x, _) = w.wait_for("victim's exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(kid));
     assert_eq!(x["signal"], "SIGKILL");
     // The kernel's own OOM report line also arrives through printk.
-    w.wait_for("OOM kill line", Duration::from_secs(10), |v| v["class"] == "oom_kill" && v["victim_pid"].as_u64() == Some(kid));
+    let (line, _) = w.wait_for("OOM kill line", Duration::from_secs(10), |v| v["class"] == "oom_kill" && v["victim_pid"].as_u64() == Some(kid));
+    // Two witnesses of one kill agree on its size: the kernel's own line prints anon-rss in kB.
+    let text = line["text"].as_str().unwrap_or("");
+    if let Some(kb) = text.split("anon-rss:").nth(1).and_then(|r| r.split("kB").next()).and_then(|n| n.trim().parse::<u64>().ok()) {
+        assert!(kb.abs_diff(rss) * 10 <= kb.max(1), "tracepoint {rss} kB vs kernel line {kb} kB");
+    }
     let _ = root.wait();
     let _ = std::fs::remove_file(&go);
     let _ = std::fs::remove_file(format!("{}.kid", go.display()));

@@ -136,3 +136,24 @@ fn oom_net_io_demos_put_the_injected_fault_on_top() {
         assert!(t["accounting"]["injected"].as_str().unwrap().contains(scenario));
     }
 }
+
+#[test]
+fn ecc_demo_names_the_gpu_from_the_jobs_own_line_and_the_xid() {
+    if !privileged("ecc_demo_names_the_gpu_from_the_jobs_own_line_and_the_xid") {
+        return;
+    }
+    let b = demo("ecc");
+    let report = std::fs::read_to_string(b.join("report.md")).unwrap();
+    let verdict = report.lines().find(|l| l.starts_with("**")).unwrap();
+    assert!(verdict.starts_with("**PROBABLY THE MACHINE (GPU)"), "{verdict}");
+    let first = report.lines().find(|l| l.starts_with("1. ")).unwrap();
+    assert!(first.contains("uncorrectable ECC error (cudaErrorECCUncorrectable (214))") && first.contains("the kernel saw Xid 48"), "{first}");
+    assert!(report.contains("Xid 48 (Double Bit ECC Error)"), "{report}");
+    assert!(report.contains("NVIDIA's recommended action: follow NVIDIA's ECC workflow"), "{report}");
+    let t = read_json(&b.join("timeline.json"));
+    let kinds: Vec<&str> = t["triggers"].as_array().map(|a| a.iter().filter_map(|x| x["kind"].as_str()).collect()).unwrap_or_default();
+    assert!(kinds.contains(&"xid") && kinds.contains(&"job-error"), "{kinds:?}");
+    // The CUDA boilerplate after the error is not a second finding.
+    let faults = t["events"].as_array().unwrap().iter().filter(|e| e["fault"].is_object()).count();
+    assert_eq!(faults, 1);
+}

@@ -11,7 +11,9 @@ use serde_json::{json, Value};
 use super::redact;
 
 static ENV_NAME: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^(CUDA|NCCL|TORCH|PYTORCH|TF_|TF$|XLA|NVIDIA|CUBLAS|CUDNN|OMP|HF_|HUGGING|TRANSFORMERS|ACCELERATE|DEEPSPEED|DS_|MEGATRON|NVTE|APEX|JAX|MKL|KMP|LD_LIBRARY_PATH|PYTHONPATH|SLURM_|KUBERNETES|POD_|WORLD_SIZE|RANK|LOCAL_RANK|MASTER_ADDR|MASTER_PORT|NODE_RANK)|AMP|FP16|BF16|FP8|TF32|PRECISION|MIXED|DTYPE|HALF").unwrap()
+    // TensorFlow's own TF_* variables (the seed's intent), not every TF_ prefix: Terraform's
+    // TF_CLI_CONFIG_FILE, TF_VAR_*, TF_TOKEN_* are not numerics (and may hold secrets).
+    Regex::new(r"^(CUDA|NCCL|TORCH|PYTORCH|TF_(?:CPP_|FORCE_|ENABLE_|XLA_|GPU_|CUDNN_|DETERMINISTIC|FP16|CONFIG$|NUM_|USE_|SYNC_|AUTOTUNE|KERAS|MKL|DISABLE_|ROCM|TRT|TENSORRT|NEED_|CUDA_|AUTO_MIXED|INTER_OP|INTRA_OP|MIXED)|XLA|NVIDIA|CUBLAS|CUDNN|OMP|HF_|HUGGING|TRANSFORMERS|ACCELERATE|DEEPSPEED|DS_|MEGATRON|NVTE|APEX|JAX|MKL|KMP|LD_LIBRARY_PATH|PYTHONPATH|SLURM_|KUBERNETES|POD_|WORLD_SIZE|RANK|LOCAL_RANK|MASTER_ADDR|MASTER_PORT|NODE_RANK)|AMP|FP16|BF16|FP8|TF32|PRECISION|MIXED|DTYPE|HALF").unwrap()
 });
 
 /// Libraries whose loaded versions matter: (label, file-name regex capturing the version).
@@ -221,6 +223,10 @@ mod tests {
         assert_eq!(e["NVIDIA_TF32_OVERRIDE"], "0");
         assert_eq!(e["HF_HUB_URL"], "https://u:<redacted>@hub/x");
         assert!(!e.contains_key("PATH") && !e.contains_key("HOME") && !e.contains_key("WANDB_API_KEY"));
+        // TensorFlow's variables, not Terraform's.
+        let e = job_env(b"TF_CLI_CONFIG_FILE=/home/u/.terraformrc\0TF_VAR_region=eu\0TF_LOG=DEBUG\0TF_CPP_MIN_LOG_LEVEL=2\0TF_FORCE_GPU_ALLOW_GROWTH=true\0TF_ENABLE_AUTO_MIXED_PRECISION=1\0TF_CONFIG={}\0");
+        assert!(!e.contains_key("TF_CLI_CONFIG_FILE") && !e.contains_key("TF_VAR_region") && !e.contains_key("TF_LOG"), "{e:?}");
+        assert!(e.contains_key("TF_CPP_MIN_LOG_LEVEL") && e.contains_key("TF_FORCE_GPU_ALLOW_GROWTH") && e.contains_key("TF_ENABLE_AUTO_MIXED_PRECISION") && e.contains_key("TF_CONFIG"), "{e:?}");
     }
 
     #[test]

@@ -249,6 +249,31 @@ pub fn sample_event(mono_ns: u64, source: &'static str, fields: Map<String, Valu
     Event { mono_ns, pid: 0, tid: 0, comm: crate::event::Comm::NONE, job: false, detail: Detail::Sample { source, fields: Box::new(fields) } }
 }
 
+/// All-CPU time counters from /proc/stat, in top's order: us, sy, ni, id, wa, hi, si, st.
+fn cpu_split() -> Option<[u64; 8]> {
+    let c = procfs::KernelStats::current().ok()?.total;
+    Some([c.user, c.system, c.nice, c.idle, c.iowait.unwrap_or(0), c.irq.unwrap_or(0), c.softirq.unwrap_or(0), c.steal.unwrap_or(0)])
+}
+
+/// What `top` shows in its `%Cpu(s)` header, over `interval`: the share of CPU time per state.
+pub fn cpu_breakdown(interval: std::time::Duration) -> Value {
+    let Some(a) = cpu_split() else { return json!({ "error": "/proc/stat unreadable" }) };
+    std::thread::sleep(interval);
+    let Some(b) = cpu_split() else { return json!({ "error": "/proc/stat unreadable" }) };
+    cpu_breakdown_from(a, b, interval.as_secs_f64())
+}
+
+fn cpu_breakdown_from(a: [u64; 8], b: [u64; 8], interval_s: f64) -> Value {
+    let d: Vec<u64> = a.iter().zip(b).map(|(x, y)| y.saturating_sub(*x)).collect();
+    let total: u64 = d.iter().sum();
+    let pct = |i: usize| if total == 0 { 0.0 } else { (d[i] as f64 / total as f64 * 1000.0).round() / 10.0 };
+    json!({
+        "interval_s": interval_s,
+        "us": pct(0), "sy": pct(1), "ni": pct(2), "id": pct(3), "wa": pct(4), "hi": pct(5), "si": pct(6), "st": pct(7),
+        "iowait_pct": pct(4),
+    })
+}
+
 /// The system part of snapshot.json.
 pub fn snapshot(job: &std::collections::BTreeSet<u32>) -> Value {
     let disks: BTreeMap<String, Value> = procfs::diskstats()
@@ -260,12 +285,22 @@ pub fn snapshot(job: &std::collections::BTreeSet<u32>) -> Value {
         "psi": psi(),
         "disks_since_boot": disks,
         "cpus": procfs::CpuInfo::current().map(|c| c.num_cores()).ok(),
+        "cpu_breakdown": cpu_breakdown(std::time::Duration::from_millis(250)),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_breakdown_like_tops_header() {
+        let v = cpu_breakdown_from([100, 50, 0, 800, 50, 0, 0, 0], [160, 70, 0, 880, 90, 0, 0, 0], 0.25);
+        assert_eq!((v["us"].as_f64(), v["sy"].as_f64(), v["id"].as_f64(), v["wa"].as_f64(), v["st"].as_f64()), (Some(30.0), Some(10.0), Some(40.0), Some(20.0), Some(0.0)));
+        let live = cpu_breakdown(std::time::Duration::from_millis(50));
+        let sum: f64 = ["us", "sy", "ni", "id", "wa", "hi", "si", "st"].iter().map(|k| live[k].as_f64().unwrap()).sum();
+        assert!(sum == 0.0 || (sum - 100.0).abs() < 1.0, "{live}");
+    }
 
     #[test]
     fn iostat_figures_from_two_reads() {

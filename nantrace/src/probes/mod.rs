@@ -89,6 +89,7 @@ pub fn offsets(root: &Path) -> (TpOffsets, BTreeMap<String, String>) {
     };
     let printk = fmt("printk", "console");
     let oom = fmt("oom", "mark_victim");
+    crate::decode::set_oom_kb_per_unit(oom.oom_kb_per_unit());
     let issue = fmt("block", "block_rq_issue");
     let done = fmt("block", "block_rq_complete");
     let tcp = fmt("tcp", "tcp_retransmit_skb");

@@ -2,6 +2,7 @@
 //! Ranked suspects come from the signal table in [`rules`]; when nothing fires, the report says
 //! so plainly and lists what was checked.
 pub mod rules;
+mod joblog;
 mod render;
 
 pub use render::{for_bundle, markdown};
@@ -25,11 +26,16 @@ pub struct Finding {
     pub touches_job: bool,
     pub count: usize,
     pub score: f64,
+    /// What NVIDIA's catalog recommends for this Xid/SXid (in words), when it is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<&'static str>,
 }
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Analysis {
     pub verdict: String,
+    /// The family the verdict names (`GPU`, `network`, ..., `none`).
+    pub family: String,
     pub machine: bool,
     pub reference: String,
     pub suspects: Vec<Finding>,
@@ -41,10 +47,10 @@ fn f(v: &Value) -> Option<f64> {
     v.as_f64()
 }
 
-fn when(rel: f64) -> String {
+fn when(rel: f64, reference: &str) -> String {
     let a = rel.abs();
     let t = if a < 1.0 { format!("{:.0} ms", a * 1000.0) } else if a < 120.0 { format!("{a:.1} s") } else { format!("{:.1} min", a / 60.0) };
-    if rel <= 0.0 { format!("{t} before the first NaN") } else { format!("{t} after the first NaN") }
+    if rel <= 0.0 { format!("{t} before {reference}") } else { format!("{t} after {reference}") }
 }
 
 struct Ctx<'a> {
@@ -62,6 +68,11 @@ impl Ctx<'_> {
     /// through the job's pipe).
     fn src<'b>(&'b self, s: &'b str) -> impl Iterator<Item = &'b (f64, &'b Value)> + 'b {
         self.by_src.get(s).into_iter().flatten().filter(|(r, _)| *r <= 0.2)
+    }
+
+    /// Every event of one source in the window, before and after the reference.
+    fn all<'b>(&'b self, s: &'b str) -> impl Iterator<Item = &'b (f64, &'b Value)> + 'b {
+        self.by_src.get(s).into_iter().flatten()
     }
 }
 
@@ -81,8 +92,14 @@ impl Acc {
                 }
             }
             None => {
-                self.out.insert(k, Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: rel, text: text(), touches_job: touches, count: 1, score: 0.0 });
+                self.out.insert(k, Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: rel, text: text(), touches_job: touches, count: 1, score: 0.0, action: None });
             }
+        }
+    }
+
+    fn set_action(&mut self, sig: &'static Signal, key: &str, action: &str) {
+        if let Some(f) = self.out.get_mut(&format!("{}/{key}", sig.id)) {
+            f.action = Some(crate::classify::action_text(action));
         }
     }
 }
@@ -145,6 +162,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     // Kernel log classes (and the AER tracepoint).
     let nvml_xids: Vec<(f64, &Value)> = ctx.src("nvml_xid").map(|(r, e)| (*r, *e)).collect();
     let kernel: Vec<(f64, &Value)> = ["kmsg", "xid", "aer"].iter().flat_map(|s| ctx.src(s)).map(|(r, e)| (*r, *e)).collect();
+    let mut corrected: BTreeMap<String, (Vec<f64>, bool, String)> = BTreeMap::new();
     for (rel, e) in &kernel {
         let class = e["class"].as_str().unwrap_or("");
         match class {
@@ -168,6 +186,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
                         if witnessed { " [two witnesses: kernel log and NVML]" } else { "" }
                     )
                 });
+                acc.set_action(sig, &format!("{xid}/{pci}"), e["action"].as_str().unwrap_or(""));
             }
             "gpu_fallen_off_bus" => {
                 let pci = e["pci"].as_str().unwrap_or("?");
@@ -188,20 +207,54 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
                 acc.add(sig, &v.to_string(), *rel, job, || format!("OOM kill of {} {v}{}", e["victim_comm"].as_str().unwrap_or("?"), if job { " (job)" } else { "" }));
             }
             "hung_task" => acc.add(signal("hung_task"), e["task"].as_str().unwrap_or(""), *rel, false, || format!("hung task {}:{} blocked {} s", e["task"].as_str().unwrap_or("?"), e["task_pid"], e["seconds"])),
-            "machine_check" => acc.add(signal("machine_check"), "mce", *rel, false, || format!("machine check: {}", e["message"].as_str().unwrap_or("").chars().take(100).collect::<String>())),
+            "machine_check" => {
+                let sig = if e["uncorrected"] == true { signal("machine_check") } else { signal("machine_check_corrected") };
+                acc.add(sig, "mce", *rel, false, || format!("machine check: {}", e["message"].as_str().unwrap_or("").chars().take(100).collect::<String>()));
+            }
             "link_down" => acc.add(signal("ib_link_down"), e["iface"].as_str().unwrap_or(""), *rel, false, || format!("link down on {}", e["iface"].as_str().unwrap_or("?"))),
+            "nic_error" => acc.add(signal("nic_error"), e["device"].as_str().unwrap_or(""), *rel, false, || format!("NIC error on {}: {}", e["device"].as_str().unwrap_or("?"), e["message"].as_str().unwrap_or(""))),
+            "soft_lockup" => acc.add(signal("soft_lockup"), "lockup", *rel, false, || format!("soft lockup: CPU#{} stuck for {} s", e["cpu"], e["seconds"])),
+            "rcu_stall" => acc.add(signal("rcu_stall"), "rcu", *rel, false, || "RCU stall reported by the kernel".to_string()),
+            "cpu_thermal" => acc.add(signal("cpu_thermal"), e["scope"].as_str().unwrap_or(""), *rel, false, || format!("CPU{} {} temperature above threshold, clock throttled", e["cpu"], e["scope"].as_str().unwrap_or("?"))),
+            "net_fs_down" => acc.add(signal("netfs_down"), e["server"].as_str().unwrap_or(""), *rel, false, || format!("{} server {} not responding", e["fs"].as_str().unwrap_or("?"), e["server"].as_str().unwrap_or("?"))),
+            "stale_handle" => acc.add(signal("stale_handle"), "stale", *rel, false, || format!("stale file handle: {}", e["message"].as_str().unwrap_or("").chars().take(100).collect::<String>())),
+            "block_error" => {
+                let dev = e["dev"].as_str().unwrap_or("?");
+                acc.add(signal("block_io_error"), dev, *rel, false, || format!("{} on {dev} (kernel log)", e["kind"].as_str().unwrap_or("I/O error").replace('_', " ")));
+            }
+            "segfault" => {
+                // Only a crash of a job process inside the GPU libraries is worth a line; the
+                // comm in these lines is the process's own text and is never matched.
+                let victim = e["crashed_pid"].as_u64();
+                if e["gpu_library"] == true && victim.is_some_and(|v| ctx.job_pids.contains(&v)) {
+                    acc.add(signal("segfault_gpu_library"), e["library"].as_str().unwrap_or("?"), *rel, true, || format!("job process {} crashed inside {}", victim.unwrap_or(0), e["library"].as_str().unwrap_or("?")));
+                }
+            }
             _ => {}
         }
         if e["source"] == "aer" {
             let dev = e["device"].as_str().unwrap_or("?").to_string();
             let touches = ctx.job_gpus.contains(&dev);
             let sev = e["aer_severity"].as_str().unwrap_or("");
-            let sig = match sev {
-                "uncorrected_fatal" => signal("aer_fatal"),
-                "uncorrected_nonfatal" => signal("aer_nonfatal"),
-                _ => signal("aer_corrected_burst"),
-            };
-            acc.add(sig, &dev, *rel, touches, || format!("PCIe AER {} on {dev}{}", sev.replace('_', " "), e["error_type"].as_str().map_or(String::new(), |t| format!(" ({t})"))));
+            let ty = e["error_type"].as_str().map_or(String::new(), |t| format!(" ({t})"));
+            match sev {
+                "uncorrected_fatal" | "uncorrected_nonfatal" => {
+                    let sig = if sev == "uncorrected_fatal" { signal("aer_fatal") } else { signal("aer_nonfatal") };
+                    acc.add(sig, &dev, *rel, touches, || format!("PCIe AER {} on {dev}{ty}", sev.replace('_', " ")));
+                }
+                // Corrected errors count only as a burst (threshold), below.
+                _ => corrected.entry(dev).or_insert_with(|| (Vec::new(), touches, ty)).0.push(*rel),
+            }
+        }
+    }
+    {
+        let sig = signal("aer_corrected_burst");
+        for (dev, (rels, touches, ty)) in corrected {
+            if rels.len() as f64 >= sig.threshold {
+                for r in &rels {
+                    acc.add(sig, &dev, *r, touches, || format!("PCIe AER corrected on {dev}{ty}"));
+                }
+            }
         }
     }
     for (rel, n) in &nvml_xids {
@@ -225,16 +278,26 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     for (rel, e) in ctx.src("signal") {
         let name = e["signal"].as_str().unwrap_or("");
         let target = e["target_pid"].as_u64().unwrap_or(0);
-        let sender_in_job = e["job"] == true;
-        // The job stopping its own workers (SIGKILL/SIGTERM from a job process) is housekeeping.
-        let housekeeping = sender_in_job && matches!(name, "SIGKILL" | "SIGTERM");
-        if ctx.job_pids.contains(&target) && name != "SIGTERM" && !housekeeping {
-            acc.add(signal("job_fatal_signal"), &format!("{name}/{target}"), *rel, true, || format!("{name} to {} {target} (job) from {} {}", e["target_comm"].as_str().unwrap_or("?"), e["comm"].as_str().unwrap_or("?"), e["pid"]));
+        let sender = e["pid"].as_u64().unwrap_or(0);
+        let sender_in_job = e["job"] == true || ctx.job_pids.contains(&sender);
+        if !ctx.job_pids.contains(&target) || matches!(name, "SIGTERM" | "SIGINT" | "SIGHUP" | "SIGPIPE" | "SIGCHLD" | "SIGUSR1" | "SIGUSR2" | "signal") {
+            continue;
+        }
+        let crash = matches!(name, "SIGSEGV" | "SIGABRT" | "SIGFPE" | "SIGILL" | "SIGBUS");
+        if crash && (sender == target || sender_in_job) {
+            // The job crashed by itself: software, unless a hardware signal corroborates it.
+            acc.add(signal("job_crash"), &format!("{name}/{target}"), *rel, true, || format!("{name} in job process {} {target} (raised by the job itself)", e["target_comm"].as_str().unwrap_or("?")));
+        } else if !sender_in_job {
+            // The job stopping its own workers is housekeeping; a kill from outside is not.
+            acc.add(signal("job_fatal_signal"), &format!("{name}/{target}"), *rel, true, || format!("{name} to {} {target} (job) from {} {sender} (outside the job)", e["target_comm"].as_str().unwrap_or("?"), e["comm"].as_str().unwrap_or("?")));
         }
     }
+    let forked: std::collections::HashMap<u64, f64> = ctx.all("fork").filter_map(|(r, e)| Some((e["child_pid"].as_u64()?, *r))).collect();
     for (rel, e) in ctx.src("exit") {
         let pid = e["pid"].as_u64();
-        if e["job"] == true && pid != ctx.root && e["exit_code"].as_i64().is_some_and(|c| c != 0) {
+        // A helper that lived less than the threshold (`grep -q`, a pyenv shim) is not a worker.
+        let lived = pid.and_then(|p| forked.get(&p)).map_or(f64::INFINITY, |f| rel - f);
+        if e["job"] == true && pid != ctx.root && e["exit_code"].as_i64().is_some_and(|c| c != 0) && lived >= signal("worker_exit").threshold {
             acc.add(signal("worker_exit"), &pid.unwrap_or(0).to_string(), *rel, true, || format!("job process {} {} exited with code {}", e["comm"].as_str().unwrap_or("?"), pid.unwrap_or(0), e["exit_code"]));
         }
     }
@@ -334,7 +397,15 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     }
     for (rel, e) in ctx.src("net_change") {
         let c = e["change"].as_str().unwrap_or("");
-        let sig = if c.to_ascii_lowercase().contains("-> down") || c.contains("-> 1: DOWN") || c.contains("DOWN") { signal("ib_link_down") } else { signal("link_errors") };
+        // The state it went to decides: `ACTIVE -> DOWN` is a link down, `DOWN -> ACTIVE` is not.
+        let to = c.rsplit_once("->").map_or("", |(_, t)| t).to_ascii_lowercase();
+        let sig = if c.contains("->") && (to.trim_start().starts_with("down") || to.contains(": down") || to.contains("polling") || to.contains("disabled")) {
+            signal("ib_link_down")
+        } else if c.contains("->") && c.contains("state") {
+            continue;
+        } else {
+            signal("link_errors")
+        };
         acc.add(sig, e["link"].as_str().unwrap_or(""), *rel, false, || c.to_string());
     }
     // Numerics: the loss scale and the loss curve before the NaN.
@@ -363,6 +434,10 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         }
     }
 
+    // The job's own failure lines, at any time in the window.
+    joblog::detect(&ctx, &mut acc, f64::INFINITY);
+
+    let ref_name = if nan_off.is_some() { "the first NaN" } else { "the trigger" };
     let mut suspects: Vec<Finding> = acc.out.into_values().collect();
     for s in &mut suspects {
         let closeness = 1.0 / (1.0 + s.rel_s.abs() / 60.0);
@@ -371,24 +446,74 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             s.text.push_str(&format!(" (×{})", s.count));
         }
         let sep = if s.text.ends_with(" since") { " " } else { ", " };
-        s.text = format!("{}{sep}{}", s.text, when(s.rel_s));
+        s.text = format!("{}{sep}{}", s.text, when(s.rel_s, ref_name));
     }
     suspects.sort_by(|a, b| b.score.total_cmp(&a.score));
 
     let window_min = timeline["window"]["pre_s"].as_f64().unwrap_or(600.0) / 60.0;
+    let (verdict, family) = verdict(&suspects, timeline, snapshot, window_min, ref_name);
     let machine: Vec<&Finding> = suspects.iter().filter(|s| s.family.is_machine()).collect();
-    let verdict = match machine.first() {
-        Some(top) if top.severity >= 60 => format!("PROBABLY THE MACHINE: {}", top.text),
-        Some(top) => format!("POSSIBLY THE MACHINE (weak signals only): {}", top.text),
-        None => format!(
-            "NOT THE MACHINE, as far as nantrace can see: no hardware, kernel or system anomaly in the {window_min:.0} minutes before the first NaN. Look at the model side: learning rate, data, precision. (Silent data corruption, ~1 faulty device in 1000, logs nothing: if the run is otherwise healthy, re-run the step on other GPUs.)"
-        ),
-    };
     let reference = match nan_off {
         Some(_) => format!("first NaN at {} ({}): {}", timeline["first_nan"]["time"].as_str().unwrap_or("?"), local_time(timeline["first_nan"]["time"].as_str()), timeline["first_nan"]["line"].as_str().unwrap_or("")),
         None => format!("no NaN in the log; times are relative to the trigger ({} at {})", timeline["trigger"]["kind"].as_str().unwrap_or("?"), timeline["trigger"]["time"].as_str().unwrap_or("?")),
     };
-    Analysis { verdict, machine: !machine.is_empty(), reference, suspects, checked: checked(timeline, snapshot), facts: facts(timeline, snapshot) }
+    Analysis { verdict, family, machine: !machine.is_empty(), reference, suspects, checked: checked(timeline, snapshot), facts: facts(timeline, snapshot) }
+}
+
+/// The verdict and the family it names. Any machine-family suspect (GPU, PCIe, host memory,
+/// host kernel/CPU, storage, network) makes it "PROBABLY" (a strong signal) or "POSSIBLY"
+/// THE MACHINE: nantrace never says "not the machine" while the machine spoke. Without one,
+/// the job's own software or GPU-memory-limit error is named, then an unexplained hang; only
+/// with none of these, and with eyes (probes or NVML), "NOT THE MACHINE as far as nantrace can see".
+fn verdict(suspects: &[Finding], timeline: &Value, snapshot: &Value, window_min: f64, ref_name: &str) -> (String, String) {
+    let first = |pred: &dyn Fn(&Finding) -> bool| suspects.iter().find(|s| pred(s));
+    let label = |f: &Finding| f.family.label().to_string();
+    if let Some(top) = first(&|s| s.family.is_machine()) {
+        let job_sw = first(&|s| matches!(s.family, Family::Software | Family::GpuMemoryLimit)).map_or(String::new(), |s| format!(" (the job also reported: {})", s.text));
+        return if top.severity >= 60 {
+            (format!("PROBABLY THE MACHINE ({}): {}{job_sw}", top.family.label(), top.text), label(top))
+        } else {
+            (format!("POSSIBLY THE MACHINE ({}, weak signals only): {}{job_sw}", top.family.label(), top.text), label(top))
+        };
+    }
+    if let Some(top) = first(&|s| matches!(s.family, Family::Software | Family::GpuMemoryLimit)) {
+        let why = if top.family == Family::GpuMemoryLimit { "a resource limit, not a fault: reduce the batch or sequence length, or use more GPUs" } else { "a bug or a configuration problem in the job, not a machine fault" };
+        return (format!("NOT THE MACHINE ({}): {}; {why}", top.family.label(), top.text), label(top));
+    }
+    if let Some(top) = first(&|s| s.family == Family::Hang) {
+        return (format!("UNDECIDED ({}): {}. No GPU, network or host fault on this node in the window: the rank that stopped is elsewhere; merge the other nodes' bundles (nantrace merge)", top.family.label(), top.text), label(top));
+    }
+    let acc = &timeline["accounting"];
+    let probes = acc["probes_attached"].as_array().is_some_and(|a| !a.is_empty());
+    let nvml = snapshot["gpu"]["available"].as_bool() == Some(true);
+    if !probes && !nvml {
+        return (
+            format!(
+                "CANNOT TELL: nantrace saw neither kernel events ({}) nor GPU health (NVML: {}); the job's output names no machine fault. Run as root with the probes to answer.",
+                acc["probes_error"].as_str().unwrap_or("probes not loaded"),
+                snapshot["gpu"]["reason"].as_str().unwrap_or("not available")
+            ),
+            "unknown".into(),
+        );
+    }
+    let incomplete = incomplete_classes(acc);
+    let window = if incomplete.is_empty() {
+        format!("in the {window_min:.0} minutes before {ref_name}")
+    } else {
+        format!("in what the window kept before {ref_name} (INCOMPLETE: {} evicted for memory)", incomplete.join(", "))
+    };
+    (
+        format!("NOT THE MACHINE, as far as nantrace can see: no hardware, kernel, system or job-output fault {window}. Look at the model side: learning rate, data, precision. (Silent data corruption, ~1 faulty device in 1000, logs nothing: if the run is otherwise healthy, re-run the step on other GPUs.)"),
+        "none".into(),
+    )
+}
+
+/// Sources of machine evidence that lost events to the memory cap (the window is incomplete).
+fn incomplete_classes(acc: &Value) -> Vec<String> {
+    let ev = &acc["recorder"]["evicted_by_memory_per_source"];
+    ev.as_object()
+        .map(|m| m.iter().filter(|(k, v)| k.as_str() != "log" && v.as_u64().unwrap_or(0) > 0).map(|(k, v)| format!("{k} ×{v}")).collect())
+        .unwrap_or_default()
 }
 
 fn local_time(utc: Option<&str>) -> String {

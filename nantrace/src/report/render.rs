@@ -41,7 +41,10 @@ pub fn markdown(a: &Analysis, timeline: &Value) -> String {
         s.push_str("None: no signal in the table fired.\n");
     }
     for (i, f) in a.suspects.iter().enumerate() {
-        s.push_str(&format!("{}. [{:?}, severity {}{}] {}\n", i + 1, f.family, f.severity, if f.touches_job { ", touches the job" } else { "" }, md(&f.text)));
+        s.push_str(&format!("{}. [{}, severity {}{}] {}\n", i + 1, f.family.label(), f.severity, if f.touches_job { ", touches the job" } else { "" }, md(&f.text)));
+        if let Some(act) = f.action {
+            s.push_str(&format!("   - NVIDIA's recommended action: {act}\n"));
+        }
     }
     s.push_str("\n## What was checked\n\n");
     for c in &a.checked {
@@ -50,7 +53,7 @@ pub fn markdown(a: &Analysis, timeline: &Value) -> String {
     s.push_str("\n## Facts for the ML team\n\n");
     let fa = &a.facts;
     s.push_str(&format!("- command: {} (pid {}), exit: {}\n", md(&fa["job"]["command"].as_array().map(|c| c.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" ")).unwrap_or_default()), fa["job"]["root_pid"], match (fa["job"]["exit_code"].as_i64(), fa["job"]["exit_signal"].as_i64()) { (_, Some(sg)) => format!("signal {sg}"), (Some(c), _) => format!("code {c}"), _ => "still running".into() }));
-    s.push_str(&format!("- NVIDIA driver: {}\n- CUDA driver: {}\n- nvcc: {}\n", fa["nvidia_driver"].as_str().unwrap_or("?").lines().next().unwrap_or(""), fa["cuda_driver"], fa["nvcc"].as_str().unwrap_or("?")));
+    s.push_str(&format!("- NVIDIA driver: {}\n- CUDA driver: {}\n- nvcc: {}\n", fa["nvidia_driver"].as_str().unwrap_or("none").lines().next().unwrap_or(""), or_none(&fa["cuda_driver"]), fa["nvcc"].as_str().unwrap_or("none")));
     if let Some(l) = fa["libraries"].as_object() {
         for (k, v) in l {
             let pkg = v["package"].as_str().map_or(String::new(), |p| format!(" ({p})"));
@@ -63,12 +66,40 @@ pub fn markdown(a: &Analysis, timeline: &Value) -> String {
         }
     }
     s.push_str(&format!("- precision-related environment: {}\n", if fa["precision_env"].as_object().is_some_and(|m| !m.is_empty()) { fa["precision_env"].to_string() } else { "none set".into() }));
-    s.push_str(&format!("- scheduler: slurm={} kubernetes={} cgroup memory limit={}\n", fa["scheduler"]["slurm"]["job_id"], fa["scheduler"]["kubernetes"]["pod_uid"], fa["scheduler"]["cgroup"]["memory"]["limit_bytes"]));
+    s.push_str(&format!(
+        "- scheduler: slurm={} kubernetes={} cgroup memory limit={}\n",
+        or_none(&fa["scheduler"]["slurm"]["job_id"]),
+        or_none(&fa["scheduler"]["kubernetes"]["pod_uid"]),
+        memory_limit(&fa["scheduler"]["cgroup"]["memory"]["limit_bytes"])
+    ));
     s.push_str("\nLast loss values before the end:\n\n| step | loss | t (s, vs trigger) |\n|---|---|---|\n");
     for l in fa["last_losses"].as_array().unwrap_or(&Vec::new()) {
         s.push_str(&format!("| {} | {} | {:.2} |\n", l["step"], l["loss"], l["offset_s"].as_f64().unwrap_or(0.0)));
     }
     s
+}
+
+/// A JSON value as report text: `none` for null/absent, strings without quotes.
+fn or_none(v: &Value) -> String {
+    match v {
+        Value::Null => "none".into(),
+        Value::String(s) if s.is_empty() => "none".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// A cgroup memory limit: `unlimited` for "max", absent, or the page-rounded i64::MAX that
+/// cgroup v1 reports (9223372036854771712).
+fn memory_limit(v: &Value) -> String {
+    match v.as_u64() {
+        Some(b) if b < 1 << 60 => format!("{:.1} GiB ({b} bytes)", b as f64 / f64::from(1u32 << 30)),
+        Some(_) => "unlimited".into(),
+        None => match v.as_str() {
+            Some("max") | None => "unlimited".into(),
+            Some(s) => s.to_string(),
+        },
+    }
 }
 
 /// The report for a bundle directory on disk (`nantrace report BUNDLE`).
@@ -80,3 +111,18 @@ pub fn for_bundle(dir: &std::path::Path) -> anyhow::Result<(Analysis, Value, Val
     Ok((analyze(&t, &snap), t, snap))
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nulls_and_unlimited_limits_read_as_words() {
+        assert_eq!(or_none(&Value::Null), "none");
+        assert_eq!(or_none(&json!("12345")), "12345");
+        assert_eq!(memory_limit(&json!(9_223_372_036_854_771_712u64)), "unlimited");
+        assert_eq!(memory_limit(&json!("max")), "unlimited");
+        assert_eq!(memory_limit(&Value::Null), "unlimited");
+        assert_eq!(memory_limit(&json!(1u64 << 30)), "1.0 GiB (1073741824 bytes)");
+    }
+}

@@ -98,7 +98,7 @@ fn xid_79_on_the_jobs_gpu_is_the_top_suspect() {
 fn xid_48_is_the_top_suspect() {
     let a = Scenario::healthy().with(kmsg(-20.0, "NVRM: Xid (PCI:0000:5e:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.")).analyze();
     assert_eq!(top(&a).signal, "xid_critical");
-    assert!(top(&a).text.starts_with("Xid 48 (double-bit ECC error) on 0000:5e:00.0"));
+    assert!(top(&a).text.starts_with("Xid 48 (Double Bit ECC Error) on 0000:5e:00.0"), "{}", top(&a).text);
 }
 
 #[test]
@@ -196,4 +196,151 @@ fn an_xid_seen_by_the_kernel_log_and_nvml_is_one_suspect_with_two_witnesses() {
     let b = Scenario::healthy().with(json!({ "offset_s": -5.9, "source": "nvml_xid", "xid": 79, "pci": "0000:3b:00.0" })).analyze();
     assert_eq!(top(&b).signal, "gpu_fallen_off_bus");
     assert!(top(&b).text.contains("(NVML event)"));
+}
+
+/// A job output line as the session records it (the real reader: scanner + classifier).
+fn job_line(t: f64, line: &str) -> Value {
+    let mut r = crate::session::LineReader::new(crate::nanscan::Scanner::default());
+    let l = r.read(line);
+    let mut e = json!({ "offset_s": t, "source": "log", "pid": ROOT, "job": true, "line": line });
+    if let Some(f) = &l.fault {
+        e["fault"] = serde_json::to_value(f).unwrap();
+    }
+    e
+}
+
+#[test]
+fn the_issue_9_job_gets_a_gpu_verdict_not_not_the_machine() {
+    let a = Scenario::healthy()
+        .with(job_line(-9.0, "[rank1]: RuntimeError: CUDA error: uncorrectable ECC error encountered"))
+        .with(job_line(-5.0, "[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 milliseconds before timing out."))
+        .with(job_line(-4.0, "node7:311:402 [0] NCCL WARN NET/IB : Got completion from peer 10.0.3.9<52431> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:10.0.3.7"))
+        .analyze();
+    assert!(a.machine);
+    assert_eq!(a.family, "GPU");
+    assert!(a.verdict.starts_with("PROBABLY THE MACHINE (GPU): job output: uncorrectable ECC error (cudaErrorECCUncorrectable (214))"), "{}", a.verdict);
+    assert_eq!(top(&a).signal, "joblog_gpu_hw");
+    assert!(top(&a).text.contains("rank 1"), "{}", top(&a).text);
+    let net = a.suspects.iter().find(|s| s.signal == "joblog_network").expect("the IB error is a suspect");
+    assert!(net.text.contains("ibv status 12 (transport retry counter exceeded"), "{}", net.text);
+    let hang = a.suspects.iter().find(|s| s.signal == "joblog_hang").expect("the hang is listed");
+    assert!(hang.text.contains("ALLREDUCE SeqNum=812") && hang.text.contains("points at the network"), "{}", hang.text);
+}
+
+#[test]
+fn each_machine_family_of_job_output_names_its_family() {
+    for (line, family, signal) in [
+        ("RuntimeError: DataLoader worker (pid 4412) is killed by signal: Killed.", "host memory", "joblog_host_memory"),
+        ("OSError: [Errno 5] Input/output error: '/mnt/lustre/shards/train-00017.tar'", "storage", "joblog_storage"),
+        ("misc/ibvwrap.cc:252 NCCL WARN Call to ibv_modify_qp failed with error Connection timed out", "network", "joblog_network"),
+        ("RuntimeError: CUDA error: unspecified launch failure", "GPU", "joblog_gpu_hw"),
+    ] {
+        let a = Scenario::healthy().with(job_line(-2.0, line)).analyze();
+        assert_eq!((a.family.as_str(), top(&a).signal), (family, signal), "{line}: {}", a.verdict);
+        assert!(a.verdict.starts_with("PROBABLY THE MACHINE"), "{}", a.verdict);
+    }
+}
+
+#[test]
+fn software_and_gpu_memory_limits_never_blame_the_machine() {
+    for (line, family) in [
+        ("RuntimeError: CUDA error: device-side assert triggered", "software/configuration"),
+        ("RuntimeError: mat1 and mat2 shapes cannot be multiplied (64x512 and 256x10)", "software/configuration"),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 1.2 GiB is free.", "GPU memory limit"),
+    ] {
+        let a = Scenario::healthy().with(job_line(-1.0, line)).analyze();
+        assert!(!a.machine, "{line}: {:?}", a.suspects);
+        assert_eq!(a.family, family);
+        assert!(a.verdict.starts_with(&format!("NOT THE MACHINE ({family})")), "{}", a.verdict);
+    }
+}
+
+#[test]
+fn an_ambiguous_gpu_fault_with_a_hardware_xid_is_hardware_and_with_xid_13_stays_ambiguous() {
+    let hw = Scenario::healthy()
+        .with(kmsg(-3.0, "NVRM: Xid (PCI:0000:3b:00): 95, pid=4242, name=python3, Uncontained: FBHUB. RST: Yes, D-RST: No"))
+        .with(job_line(-1.0, "RuntimeError: CUDA error: an illegal memory access was encountered"))
+        .analyze();
+    assert_eq!(top(&hw).signal, "joblog_gpu_corroborated", "{:?}", hw.suspects);
+    assert!(top(&hw).text.contains("with Xid 95") && top(&hw).text.ends_with("1.0 s before the first NaN"), "{}", top(&hw).text);
+    let app = Scenario::healthy()
+        .with(kmsg(-3.0, "NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address"))
+        .with(job_line(-1.0, "RuntimeError: CUDA error: an illegal memory access was encountered"))
+        .analyze();
+    let amb = app.suspects.iter().find(|s| s.signal == "joblog_gpu_ambiguous").expect("ambiguous GPU finding");
+    assert!(amb.text.contains("Xid 13 on 0000:3b:00.0 confirms a GPU fault"), "{}", amb.text);
+}
+
+#[test]
+fn a_hang_alone_is_undecided_and_generic_lines_give_way_to_specific_ones() {
+    let a = Scenario::healthy()
+        .with(job_line(-1.0, "[rank3]:[E ProcessGroupNCCL.cpp:1316] [PG 0 Rank 3] Heartbeat monitor timed out! Process will be terminated after dumping debug info."))
+        .analyze();
+    assert!(a.verdict.starts_with("UNDECIDED (collective hang)"), "{}", a.verdict);
+    let b = Scenario::healthy()
+        .with(job_line(-2.0, "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5"))
+        .with(job_line(-2.0, "node1:88:88 [0] misc/shmutils.cc:72 NCCL WARN Error: failed to extend /dev/shm/nccl-Gx1T to 9637892 bytes"))
+        .analyze();
+    assert_eq!(top(&b).signal, "joblog_host_memory", "{:?}", b.suspects);
+    assert!(!b.suspects.iter().any(|s| s.signal == "joblog_network_generic"), "{:?}", b.suspects);
+}
+
+#[test]
+fn a_process_named_like_a_kernel_message_forges_nothing() {
+    // Redteam 3.5: a uid-65534 process renamed `EDAC MC0: 1 UE` crashes.
+    let a = Scenario::healthy().with(kmsg(-2.0, "EDAC MC0: 1 UE[20803]: segfault at 0 ip 000055d0c0a0113d sp 00007ffd3b1c0a20 error 6 in spoof[55d0c0a01000+1000]")).analyze();
+    assert!(a.suspects.is_empty(), "{:?}", a.suspects);
+    let b = Scenario::healthy().with(kmsg(-2.0, "x Link is Down[777]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 4 in spoof[401000+1000]")).analyze();
+    assert!(b.suspects.is_empty(), "{:?}", b.suspects);
+}
+
+#[test]
+fn a_helper_exit_and_the_jobs_own_crash_are_not_the_machine() {
+    // Redteam 6.12: `grep -q` exits 1 a few ms after its fork.
+    let a = Scenario::healthy()
+        .with(json!({ "offset_s": -3.010, "source": "fork", "pid": ROOT, "child_pid": 5001, "job": true }))
+        .with(json!({ "offset_s": -3.002, "source": "exit", "pid": 5001, "comm": "grep", "exit_code": 1, "job": true }))
+        .analyze();
+    assert!(a.suspects.is_empty(), "{:?}", a.suspects);
+    // Redteam 6.9/6.10: a SIGSEGV the job raised itself is a software crash.
+    let b = Scenario::healthy().with(json!({ "offset_s": -0.5, "source": "signal", "signal": "SIGSEGV", "target_pid": ROOT, "target_comm": "python3", "pid": ROOT, "comm": "python3", "job": true })).analyze();
+    assert!(!b.machine, "{}", b.verdict);
+    assert_eq!(top(&b).signal, "job_crash");
+}
+
+#[test]
+fn a_single_corrected_aer_is_not_a_burst() {
+    let a = Scenario::healthy().with(kmsg(-30.0, "pcieport 0000:3a:00.0: AER: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)")).analyze();
+    assert!(a.suspects.is_empty(), "{:?}", a.suspects);
+}
+
+#[test]
+fn an_ib_port_coming_back_up_is_not_a_link_down() {
+    let a = Scenario::healthy().with(json!({ "offset_s": -10.0, "source": "net_change", "link": "ib/mlx5_0/1", "change": "ib/mlx5_0/1: state 1: DOWN / 3: Disabled -> 4: ACTIVE / 5: LinkUp" })).analyze();
+    assert!(a.suspects.is_empty(), "{:?}", a.suspects);
+    let b = Scenario::healthy().with(json!({ "offset_s": -10.0, "source": "net_change", "link": "ib/mlx5_0/1", "change": "ib/mlx5_0/1: state 4: ACTIVE / 5: LinkUp -> 1: DOWN / 5: LinkUp" })).analyze();
+    assert_eq!(top(&b).signal, "ib_link_down");
+}
+
+#[test]
+fn without_probes_or_nvml_the_report_cannot_tell() {
+    let mut s = Scenario::healthy();
+    s.snapshot = json!({ "gpu": { "available": false, "reason": "NVML not found" } });
+    let mut evs = s.events.clone();
+    evs.sort_by(|a, b| a["offset_s"].as_f64().unwrap().total_cmp(&b["offset_s"].as_f64().unwrap()));
+    let t = json!({ "first_nan": { "offset_s": 0.0 }, "trigger": { "kind": "nan" }, "window": { "pre_s": 600.0 }, "accounting": { "probes_attached": [], "probes_error": "not root" }, "events": evs });
+    let a = analyze(&t, &s.snapshot);
+    assert!(a.verdict.starts_with("CANNOT TELL"), "{}", a.verdict);
+}
+
+#[test]
+fn an_evicted_class_makes_the_window_incomplete() {
+    let mut s = Scenario::healthy();
+    s.events.push(json!({ "offset_s": -1.0, "source": "system" }));
+    let mut evs = s.events.clone();
+    evs.sort_by(|a, b| a["offset_s"].as_f64().unwrap().total_cmp(&b["offset_s"].as_f64().unwrap()));
+    let t = json!({ "first_nan": { "offset_s": 0.0 }, "trigger": { "kind": "nan" }, "window": { "pre_s": 600.0 }, "accounting": { "probes_attached": ["printk:console"], "recorder": { "evicted_by_memory_per_source": { "xid": 3, "log": 100 } } }, "events": evs });
+    let a = analyze(&t, &s.snapshot);
+    assert!(a.verdict.contains("INCOMPLETE: xid ×3 evicted"), "{}", a.verdict);
+    assert!(!a.verdict.contains("10 minutes"), "{}", a.verdict);
 }

@@ -13,55 +13,156 @@ use crate::clock::monotonic_ns;
 use crate::event::{comm_from, Detail, Event, LogLine};
 use crate::nanscan::Scanner;
 
-/// Split a byte stream into lines (`\n` or `\r`, so progress bars count), bounded in length.
+/// Split a byte stream into lines (`\n` or `\r`, so progress bars count), bounded in length:
+/// a line longer than `MAX` keeps its first `MAX - TAIL` bytes and its last `TAIL` bytes (a
+/// NaN printed at the end of a 50 MB line is still seen), with a marker of what was cut.
 #[derive(Default)]
 pub struct LineSplitter {
     buf: Vec<u8>,
+    /// Ring of the last `TAIL` bytes once the line is over `MAX - TAIL`.
+    tail: Vec<u8>,
+    tail_at: usize,
+    cut: u64,
 }
 
 impl LineSplitter {
     pub const MAX: usize = 64 * 1024;
+    const TAIL: usize = 4096;
+
+    fn emit(&mut self, out: &mut impl FnMut(String)) {
+        if self.buf.is_empty() && self.tail.is_empty() {
+            return;
+        }
+        let mut line = std::mem::take(&mut self.buf);
+        if self.cut > 0 || !self.tail.is_empty() {
+            let (a, b) = self.tail.split_at(self.tail_at.min(self.tail.len()));
+            line.extend_from_slice(format!(" [... {} bytes not kept ...] ", self.cut).as_bytes());
+            line.extend_from_slice(b);
+            line.extend_from_slice(a);
+        }
+        self.tail.clear();
+        self.tail_at = 0;
+        self.cut = 0;
+        out(String::from_utf8_lossy(&line).into_owned());
+        line.clear();
+        self.buf = line;
+    }
 
     pub fn push(&mut self, chunk: &[u8], mut out: impl FnMut(String)) {
         for &b in chunk {
             if b == b'\n' || b == b'\r' {
-                if !self.buf.is_empty() {
-                    out(String::from_utf8_lossy(&self.buf).into_owned());
-                    self.buf.clear();
-                }
-            } else if self.buf.len() < Self::MAX {
+                self.emit(&mut out);
+            } else if self.buf.len() < Self::MAX - Self::TAIL {
                 self.buf.push(b);
+            } else if self.tail.len() < Self::TAIL {
+                self.tail.push(b);
+            } else {
+                self.tail[self.tail_at] = b;
+                self.tail_at = (self.tail_at + 1) % Self::TAIL;
+                self.cut += 1;
             }
         }
     }
 
     pub fn finish(&mut self, mut out: impl FnMut(String)) {
-        if !self.buf.is_empty() {
-            out(String::from_utf8_lossy(&self.buf).into_owned());
-            self.buf.clear();
-        }
+        self.emit(&mut out);
     }
 }
 
-pub(super) fn log_event(scanner: &Scanner, line: String, stream: u8, pid: u32, comm: crate::event::Comm) -> Event {
-    let s = scanner.scan(&line);
-    Event {
-        mono_ns: monotonic_ns(),
-        pid,
-        tid: pid,
-        comm,
-        job: true,
-        detail: Detail::Log(Box::new(LogLine {
+/// Reads the job's lines: the NaN scanner and the failure-line classifier, with the state a
+/// traceback needs. One per stream.
+pub struct LineReader {
+    scanner: Scanner,
+    faults: crate::joblog::Reader,
+    /// Loss columns of the last table header (`Epoch GPU_mem box_loss cls_loss ...`).
+    header: Option<(Vec<String>, Vec<usize>)>,
+    lines: u64,
+    last_overflow: Option<u64>,
+    last_scale: Option<f64>,
+}
+
+/// A table header: three or more word-like columns, at least one of them a loss.
+fn table_header(line: &str) -> Option<(Vec<String>, Vec<usize>)> {
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    if cols.len() < 3 || cols.len() > 40 {
+        return None;
+    }
+    let wordy = cols.iter().all(|c| c.chars().next().is_some_and(char::is_alphabetic) && c.chars().all(|ch| ch.is_alphanumeric() || "_/.-()%".contains(ch)));
+    let loss: Vec<usize> = cols.iter().enumerate().filter(|(_, c)| c.to_ascii_lowercase().contains("loss")).map(|(i, _)| i).collect();
+    (wordy && !loss.is_empty()).then(|| (cols.iter().map(|c| (*c).to_string()).collect(), loss))
+}
+
+impl LineReader {
+    pub fn new(scanner: Scanner) -> Self {
+        Self { scanner, faults: crate::joblog::Reader::default(), header: None, lines: 0, last_overflow: None, last_scale: None }
+    }
+
+    /// A row under the last table header whose loss column is non-finite (YOLO-style logs).
+    fn table_row(&self, line: &str) -> Option<String> {
+        let (cols, loss) = self.header.as_ref()?;
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        if cells.len() < cols.len() || !cells[0].starts_with(|c: char| c.is_ascii_digit()) {
+            return None;
+        }
+        loss.iter().find_map(|&i| {
+            let v = cells[i].trim_end_matches([',', ':', ';']).to_ascii_lowercase();
+            matches!(v.trim_start_matches(['-', '+']), "nan" | "inf" | "infinity").then(|| cols[i].clone())
+        })
+    }
+
+    pub fn read(&mut self, line: &str) -> LogLine {
+        use crate::nanscan::GradRule;
+        let clean = crate::joblog::strip_ansi(line);
+        let mut s = self.scanner.scan(&clean);
+        if s.nonfinite.is_none() {
+            s.nonfinite = self.table_row(&clean);
+        }
+        if let Some(h) = table_header(&clean) {
+            self.header = Some(h);
+        }
+        self.lines += 1;
+        // A non-finite gradient norm with a finite loss: the scaler's routine skip, or the NaN?
+        if s.nonfinite.is_some() && s.grad_only {
+            let skipped = s.overflow
+                || self.last_overflow.is_some_and(|l| self.lines - l <= 10)
+                || matches!((s.loss_scale, self.last_scale), (Some(now), Some(before)) if now < before);
+            let precursor = match self.scanner.grad_rule {
+                GradRule::Auto => skipped,
+                GradRule::Precursor => true,
+                GradRule::Incident => false,
+            };
+            if precursor {
+                s.nonfinite = None;
+                s.overflow = true;
+            }
+        }
+        if s.overflow {
+            self.last_overflow = Some(self.lines);
+        }
+        if let Some(sc) = s.loss_scale {
+            self.last_scale = Some(sc);
+        }
+        let fault = self.faults.line(&clean);
+        LogLine {
             // Scanned above; redacted before it is kept (it will leave the process, 4.5).
-            text: crate::collect::redact::log_line(line).into(),
-            stream,
+            text: crate::collect::redact::log_line(line.to_owned()).into(),
+            stream: 0,
             nonfinite: s.nonfinite.is_some(),
             step: s.step,
             loss: s.loss,
             loss_scale: s.loss_scale,
             overflow: s.overflow,
-        })),
+            // A line that reports the NaN itself (`AssertionError: loss is nan`) is the NaN
+            // incident, not a software fault.
+            fault: fault.filter(|_| s.nonfinite.is_none()).map(Box::new),
+        }
     }
+}
+
+pub(super) fn log_event(reader: &mut LineReader, line: String, stream: u8, pid: u32, comm: crate::event::Comm) -> Event {
+    let mut l = reader.read(&line);
+    l.stream = stream;
+    Event { mono_ns: monotonic_ns(), pid, tid: pid, comm, job: true, detail: Detail::Log(Box::new(l)) }
 }
 
 /// Pass a child's output through unchanged, and scan it line by line.
@@ -76,6 +177,7 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut split = LineSplitter::default();
+    let mut reader = LineReader::new(scanner);
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
@@ -87,13 +189,13 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         let mut lines = Vec::new();
         split.push(&buf[..n], |l| lines.push(l));
         for l in lines {
-            let _ = tx.send(Input::Log(log_event(&scanner, l, stream, pid, comm))).await;
+            let _ = tx.send(Input::Log(log_event(&mut reader, l, stream, pid, comm))).await;
         }
     }
     let mut last = None;
     split.finish(|l| last = Some(l));
     if let Some(l) = last {
-        let _ = tx.send(Input::Log(log_event(&scanner, l, stream, pid, comm))).await;
+        let _ = tx.send(Input::Log(log_event(&mut reader, l, stream, pid, comm))).await;
     }
 }
 
@@ -101,6 +203,7 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 pub(super) fn follow_file(path: PathBuf, pid: u32, scanner: Scanner, tx: mpsc::Sender<Input>) {
     std::thread::spawn(move || {
         let comm = comm_of(pid);
+        let mut reader = LineReader::new(scanner);
         let mut file: Option<(std::fs::File, u64)> = None;
         let mut pos = 0u64;
         let mut split = LineSplitter::default();
@@ -124,9 +227,9 @@ pub(super) fn follow_file(path: PathBuf, pid: u32, scanner: Scanner, tx: mpsc::S
                         if n == 0 {
                             break;
                         }
-                        split.push(&buf[..n], |l| { let _ = tx.blocking_send(Input::Log(log_event(&scanner, l, 0, pid, comm))); });
+                        split.push(&buf[..n], |l| { let _ = tx.blocking_send(Input::Log(log_event(&mut reader, l, 0, pid, comm))); });
                     }
-                    split.finish(|l| { let _ = tx.blocking_send(Input::Log(log_event(&scanner, l, 0, pid, comm))); });
+                    split.finish(|l| { let _ = tx.blocking_send(Input::Log(log_event(&mut reader, l, 0, pid, comm))); });
                 }
                 if let (Ok(mut f), Some(m)) = (std::fs::File::open(&path), &meta) {
                     // On attach, start up to 256 KiB back so the bundle has the recent history.
@@ -159,7 +262,7 @@ pub(super) fn follow_file(path: PathBuf, pid: u32, scanner: Scanner, tx: mpsc::S
                         break;
                     }
                     pos += n as u64;
-                    split.push(&buf[..n], |l| { let _ = tx.blocking_send(Input::Log(log_event(&scanner, l, 0, pid, comm))); });
+                    split.push(&buf[..n], |l| { let _ = tx.blocking_send(Input::Log(log_event(&mut reader, l, 0, pid, comm))); });
                 }
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -193,6 +296,55 @@ mod tests {
         s.push(&vec![b'x'; LineSplitter::MAX * 2], |l| out.push(l));
         s.push(b"\n", |l| out.push(l));
         assert_eq!(out.len(), 1);
-        assert_eq!(out[0].len(), LineSplitter::MAX);
+        assert!(out[0].len() <= LineSplitter::MAX + 64, "{}", out[0].len());
+        // The end of a very long line is kept: a NaN printed there is still seen.
+        let mut big = vec![b'x'; 50 * 1024 * 1024];
+        big.extend_from_slice(b" step 9 loss: nan\n");
+        out.clear();
+        s.push(&big, |l| out.push(l));
+        assert_eq!(out.len(), 1);
+        assert!(out[0].ends_with("step 9 loss: nan") && out[0].contains("bytes not kept"), "{}", &out[0][out[0].len() - 80..]);
+        let mut r = super::LineReader::new(crate::nanscan::Scanner::default());
+        assert!(r.read(&out[0]).nonfinite);
+        // Colour codes inside the value do not hide the NaN (redteam 2.5).
+        assert!(r.read("step 2 | loss: \x1b[31mnan\x1b[0m").nonfinite);
+    }
+
+    #[test]
+    fn table_rows_under_a_header_are_read_by_column() {
+        let mut r = super::LineReader::new(crate::nanscan::Scanner::default());
+        assert!(!r.read("      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size").nonfinite);
+        assert!(!r.read("      1/100      3.15G      1.234      2.345      1.111         22        640: 100%|##########| 8/8 [00:02<00:00,  3.09it/s]").nonfinite);
+        let l = r.read("      2/100      3.15G        nan        nan        nan         22        640: 100%|##########| 8/8 [00:02<00:00,  3.09it/s]");
+        assert!(l.nonfinite);
+        // A NaN in a column that is not a loss is not the incident.
+        let mut r = super::LineReader::new(crate::nanscan::Scanner::default());
+        r.read("Epoch   lr   val_loss   acc");
+        assert!(!r.read("3   nan   0.52   0.91").nonfinite);
+    }
+
+    #[test]
+    fn nonfinite_grad_norm_is_a_precursor_only_when_the_scaler_skipped() {
+        use crate::nanscan::{GradRule, Scanner};
+        // fp16 with the scaler's overflow message just before: routine.
+        let mut r = super::LineReader::new(Scanner::default());
+        r.read("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768");
+        let l = r.read("step 120 | loss 2.31 | grad_norm nan");
+        assert!(!l.nonfinite && l.overflow);
+        // Megatron counts the skip in the same line.
+        let mut r = super::LineReader::new(Scanner::default());
+        assert!(!r.read(" iteration 10/100 | lm loss: 2.1E+00 | loss scale: 32768.0 | grad norm: nan | number of skipped iterations:   1 |").nonfinite);
+        // bf16: no scaler, no skip message: the incident.
+        let mut r = super::LineReader::new(Scanner::default());
+        assert!(r.read("{'loss': 2.31, 'grad_norm': nan, 'learning_rate': 1e-4}").nonfinite);
+        // The option changes the rule.
+        let mut sc = Scanner::default();
+        sc.grad_rule = GradRule::Precursor;
+        assert!(!super::LineReader::new(sc).read("{'loss': 2.31, 'grad_norm': nan}").nonfinite);
+        let mut sc = Scanner::default();
+        sc.grad_rule = GradRule::Incident;
+        let mut r = super::LineReader::new(sc);
+        r.read("OVERFLOW! Skipping step");
+        assert!(r.read("step 1 | loss 2.0 | grad_norm inf").nonfinite);
     }
 }

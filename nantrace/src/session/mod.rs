@@ -13,6 +13,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 mod logs;
+pub use logs::{LineReader, LineSplitter};
 
 use crate::bundle::{self, Host, Incident, JobInfo};
 use crate::clock::{monotonic_ns, ClockMap};
@@ -32,6 +33,7 @@ pub struct SessionOpts {
     pub no_trigger: Vec<TriggerKind>,
     pub trigger_file: Option<PathBuf>,
     pub nan_patterns: Vec<String>,
+    pub grad_rule: crate::nanscan::GradRule,
     pub slow_io_ms: f64,
     pub sample_s: f64,
     /// Run without eBPF (tests of the log path, unprivileged use): said in the bundle.
@@ -54,6 +56,7 @@ impl Default for SessionOpts {
             no_trigger: Vec::new(),
             trigger_file: None,
             nan_patterns: Vec::new(),
+            grad_rule: crate::nanscan::GradRule::Auto,
             slow_io_ms: 50.0,
             sample_s: 1.0,
             no_probes: false,
@@ -91,7 +94,8 @@ pub struct Outcome {
 
 /// Run a session to its end; returns the job's exit code (run mode) and the bundles written.
 pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
-    let scanner = Scanner::new(&opts.nan_patterns).context("--nan-pattern")?;
+    let mut scanner = Scanner::new(&opts.nan_patterns).context("--nan-pattern")?;
+    scanner.grad_rule = opts.grad_rule;
     // A bundle that cannot be written must be said before hours of training, not after.
     crate::safefs::check_out_dir(&opts.out)?;
     let enabled = Enabled::all_but(&opts.no_trigger);
@@ -323,6 +327,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
     let mut incident: Vec<Fired> = Vec::new();
     let mut deadline: Option<u64> = None;
     let mut seen_nan = false;
+    let mut seen_job_error = false;
     let mut job_done = false;
     let mut finish = false;
     let mut bundles = Vec::new();
@@ -372,8 +377,9 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                     }
                     Input::Log(e) => {
                         *counts.entry("log").or_default() += 1;
-                        if let Some(f) = trigger::from_event(&e, seen_nan) {
-                            seen_nan = true;
+                        if let Some(f) = trigger::from_event_seen(&e, seen_nan, seen_job_error) {
+                            seen_nan |= f.kind == TriggerKind::Nan;
+                            seen_job_error |= f.kind == TriggerKind::JobError;
                             fire(f, &mut incident, &mut deadline, &mut rec);
                         }
                         rec.push(e);

@@ -1,0 +1,139 @@
+//! Detector for the job's own failure lines (see `crate::joblog`): one suspect per rule and
+//! code, with the ranks that printed it, corroborated by the kernel side for GPU faults.
+//!
+//! Rules: the job's lines count at any time in the window (a CUDA error is reported at the
+//! next synchronisation, often after the NaN it caused); a generic line (NCCL `unhandled
+//! system error`, `remote process exited`, a communicator abort) gives way to a specific one
+//! within the threshold or in the same traceback; an ambiguous GPU fault becomes hardware when
+//! a hardware Xid (NVIDIA's catalog) is on the job's GPUs within 30 s, and stays ambiguous
+//! (with the Xid named) when the Xid is one NVIDIA lists as possibly the application's.
+use std::collections::BTreeSet;
+
+
+use super::rules::signal;
+use super::{Acc, Ctx};
+use crate::joblog::JobFamily;
+
+struct Line<'a> {
+    rel: f64,
+    family: JobFamily,
+    kind: &'a str,
+    what: &'a str,
+    code: Option<&'a str>,
+    generic: bool,
+    rank: Option<u64>,
+    group: u64,
+    text: &'a str,
+}
+
+/// A short, single-line excerpt of a line the job printed (the renderers escape it).
+fn excerpt(s: &str) -> String {
+    let s: String = s.chars().filter(|c| !c.is_control()).collect();
+    let s = s.trim();
+    if s.chars().count() > 160 {
+        format!("{}…", s.chars().take(160).collect::<String>())
+    } else {
+        s.to_string()
+    }
+}
+
+fn ranks(r: &BTreeSet<u64>) -> String {
+    match r.len() {
+        0 => String::new(),
+        1 => format!(", rank {}", r.iter().next().unwrap_or(&0)),
+        n if n <= 8 => format!(", ranks {}", r.iter().map(u64::to_string).collect::<Vec<_>>().join(",")),
+        n => format!(", {n} ranks"),
+    }
+}
+
+pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
+    let lines: Vec<Line<'_>> = ctx
+        .all("log")
+        .filter(|(r, _)| *r <= window_end)
+        .filter_map(|(r, e)| {
+            let f = &e["fault"];
+            let family = JobFamily::parse(f["family"].as_str()?)?;
+            Some(Line {
+                rel: *r,
+                family,
+                kind: f["kind"].as_str().unwrap_or("?"),
+                what: f["what"].as_str().unwrap_or("?"),
+                code: f["code"].as_str(),
+                generic: f["generic"] == true,
+                rank: f["rank"].as_u64(),
+                group: f["group"].as_u64().unwrap_or(0),
+                text: e["line"].as_str().unwrap_or(""),
+            })
+        })
+        .collect();
+    if lines.is_empty() {
+        return;
+    }
+    // Hardware Xids (kernel log or NVML) near a GPU fault decide whether it is the hardware.
+    let xids: Vec<(f64, u32, String, bool)> = ["xid", "nvml_xid"]
+        .iter()
+        .flat_map(|s| ctx.all(s))
+        .filter_map(|(r, e)| {
+            let x = u32::try_from(e["xid"].as_u64()?).ok()?;
+            let pci = e["pci"].as_str().unwrap_or("?").to_string();
+            let job = ctx.job_gpus.is_empty() || ctx.job_gpus.contains(&pci) || e["xid_pid"].as_u64().is_some_and(|p| ctx.job_pids.contains(&p));
+            Some((*r, x, pci, job))
+        })
+        .collect();
+    let generic_window = signal("joblog_network_generic").threshold;
+    let corroborate_window = signal("joblog_gpu_corroborated").threshold;
+    let has_network = lines.iter().any(|l| l.family == JobFamily::Network && !l.generic)
+        || ctx.all("kmsg").any(|(_, e)| matches!(e["class"].as_str(), Some("link_down" | "nic_error")));
+
+    let mut merged: std::collections::BTreeMap<String, (&'static super::rules::Signal, f64, BTreeSet<u64>, usize, String)> = Default::default();
+    for l in &lines {
+        // A generic line gives way to a specific one near it or in the same traceback.
+        if l.generic
+            && lines.iter().any(|o| !o.generic && o.family != JobFamily::Hang && ((l.group != 0 && o.group == l.group) || (o.rel - l.rel).abs() <= generic_window))
+        {
+            continue;
+        }
+        let code = l.code.map_or(String::new(), |c| format!(" ({c})"));
+        let (sig, note) = match l.family {
+            JobFamily::GpuHw => {
+                let x = xids.iter().filter(|x| x.3 && (x.0 - l.rel).abs() <= corroborate_window).min_by(|a, b| (a.0 - l.rel).abs().total_cmp(&(b.0 - l.rel).abs()));
+                (signal("joblog_gpu_hw"), x.map_or(String::new(), |x| format!("; the kernel saw Xid {} on {}", x.1, x.2)))
+            }
+            JobFamily::GpuAmbiguous => {
+                let near: Vec<&(f64, u32, String, bool)> = xids.iter().filter(|x| x.3 && (x.0 - l.rel).abs() <= corroborate_window).collect();
+                if let Some(hw) = near.iter().find(|x| !crate::classify::xid_maybe_application(x.1)) {
+                    let (name, _) = crate::classify::xid_info(hw.1);
+                    (signal("joblog_gpu_corroborated"), format!("; with Xid {} ({name}) on {} {:.1} s {}: hardware", hw.1, hw.2, (hw.0 - l.rel).abs(), if hw.0 <= l.rel { "before" } else { "after" }))
+                } else if let Some(app) = near.first() {
+                    (signal("joblog_gpu_ambiguous"), format!("; Xid {} on {} confirms a GPU fault, which NVIDIA lists as possibly the application's: hardware or software", app.1, app.2))
+                } else {
+                    (signal("joblog_gpu_ambiguous"), "; no hardware Xid near it: hardware or software".to_string())
+                }
+            }
+            JobFamily::Network if l.generic => (signal("joblog_network_generic"), String::new()),
+            JobFamily::Network => (signal("joblog_network"), String::new()),
+            JobFamily::Hang => (
+                signal("joblog_hang"),
+                if has_network { "; a network error is also in the window: that points at the network".into() } else { "; no cause in view on this node: look at the other ranks (nantrace merge)".into() },
+            ),
+            JobFamily::HostMemory => (signal("joblog_host_memory"), String::new()),
+            JobFamily::GpuOom => (signal("joblog_gpu_oom"), String::new()),
+            JobFamily::Storage => (signal("joblog_storage"), String::new()),
+            JobFamily::Software => (signal("joblog_software"), String::new()),
+        };
+        let key = format!("{}/{}/{}", sig.id, l.kind, l.code.unwrap_or(""));
+        let slot = merged.entry(key).or_insert_with(|| (sig, l.rel, BTreeSet::new(), 0, format!("job output: {}{code}{note}: \"{}\"", l.what, excerpt(l.text))));
+        if l.rel.abs() < slot.1.abs() {
+            slot.1 = l.rel;
+        }
+        slot.2.extend(l.rank);
+        slot.3 += 1;
+    }
+    for (key, (sig, rel, rk, n, text)) in merged {
+        let text = format!("{text}{}", ranks(&rk));
+        let touches = true;
+        for _ in 0..n {
+            acc.add(sig, &key, rel, touches, || text.clone());
+        }
+    }
+}
