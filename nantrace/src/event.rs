@@ -3,6 +3,7 @@ use serde_json::{json, Map, Value};
 
 use crate::classify::KmsgClass;
 use crate::clock::{rfc3339, ClockMap};
+use crate::source::Source;
 
 /// A task name, interned: the recorder keeps 4 bytes per event instead of 16 (a machine has a
 /// few hundred distinct comms; the table is capped, overflow maps to the empty name).
@@ -137,31 +138,35 @@ pub enum Detail {
     Signal { sig: i32, code: i32, target_pid: u32, result: i32, target_comm: Comm },
     Log(Box<LogLine>),
     /// A sample or notable change from a userspace collector (GPU, system, network...).
-    Sample { source: &'static str, fields: Box<Map<String, Value>> },
+    Sample { source: Source, fields: Box<Map<String, Value>> },
     /// A trigger fired.
     Trigger { kind: &'static str, reason: Box<String> },
 }
 
 impl Detail {
-    pub fn source(&self) -> &'static str {
+    pub fn kind(&self) -> Source {
         match self {
             Detail::Kmsg(k) => match k.class.as_deref() {
-                Some(KmsgClass::Xid { .. }) => "xid",
-                Some(KmsgClass::Aer { .. }) => "aer",
-                _ => "kmsg",
+                Some(KmsgClass::Xid { .. }) => Source::Xid,
+                Some(KmsgClass::Aer { .. }) => Source::Aer,
+                _ => Source::Kmsg,
             },
-            Detail::Aer(_) => "aer",
-            Detail::Oom(_) => "oom",
-            Detail::Block { .. } => "block",
-            Detail::Tcp(_) => "tcp_retransmit",
-            Detail::Fork { .. } => "fork",
-            Detail::Exec { .. } => "exec",
-            Detail::Exit { .. } => "exit",
-            Detail::Signal { .. } => "signal",
-            Detail::Log(_) => "log",
-            Detail::Sample { source, .. } => source,
-            Detail::Trigger { .. } => "trigger",
+            Detail::Aer(_) => Source::Aer,
+            Detail::Oom(_) => Source::Oom,
+            Detail::Block { .. } => Source::Block,
+            Detail::Tcp(_) => Source::TcpRetransmit,
+            Detail::Fork { .. } => Source::Fork,
+            Detail::Exec { .. } => Source::Exec,
+            Detail::Exit { .. } => Source::Exit,
+            Detail::Signal { .. } => Source::Signal,
+            Detail::Log(_) => Source::Log,
+            Detail::Sample { source, .. } => *source,
+            Detail::Trigger { .. } => Source::Trigger,
         }
+    }
+
+    pub fn source(&self) -> &'static str {
+        self.kind().as_str()
     }
 }
 

@@ -16,6 +16,7 @@ pub mod collect;
 pub mod export;
 pub mod nanscan;
 pub mod session;
+pub mod source;
 pub mod trigger;
 pub mod demo;
 pub mod merge;

@@ -51,14 +51,14 @@ pub fn spawn_samplers(interval_s: f64, root_pid: Option<u32>, sink: impl Fn(Vec<
                         for i in 0..count {
                             let Ok(d) = n.device_by_index(i as u32) else { continue };
                             let r = gpu::read(&d, i as u32);
-                            batch.push(sample_event(now, "gpu", gpu::sample_fields(&r)));
+                            batch.push(sample_event(now, crate::source::Source::Gpu, gpu::sample_fields(&r)));
                             if let Some(p) = &prev_gpu[i] {
                                 for c in gpu::changes(p, &r) {
                                     let mut f = Map::new();
                                     f.insert("gpu".into(), json!(i));
                                     f.insert("pci".into(), json!(r.pci));
                                     f.insert("change".into(), json!(c));
-                                    batch.push(sample_event(now, "gpu_change", f));
+                                    batch.push(sample_event(now, crate::source::Source::GpuChange, f));
                                 }
                             }
                             prev_gpu[i] = Some(r);
@@ -68,7 +68,7 @@ pub fn spawn_samplers(interval_s: f64, root_pid: Option<u32>, sink: impl Fn(Vec<
                 if gaps > 0 {
                     let mut f = Map::new();
                     f.insert("dropped_sample_batches".into(), json!(gaps));
-                    batch.push(sample_event(now, "collector_gap", f));
+                    batch.push(sample_event(now, crate::source::Source::CollectorGap, f));
                 }
                 if !batch.is_empty() {
                     if sink(batch) {
@@ -114,7 +114,7 @@ fn spawn_xid_listener(sink: impl Fn(Vec<Event>) -> bool + Send + 'static) {
                         f.insert("pci".into(), json!(ev.device.pci_info().map(|p| crate::classify::normalize_pci(&p.bus_id)).unwrap_or_default()));
                         f.insert("gpu_uuid".into(), json!(ev.device.uuid().unwrap_or_default()));
                         f.insert("witness".into(), json!("nvml"));
-                        if !sink(vec![sample_event(crate::clock::monotonic_ns(), "nvml_xid", f)]) {
+                        if !sink(vec![sample_event(crate::clock::monotonic_ns(), crate::source::Source::NvmlXid, f)]) {
                             // queue full: the kernel-log witness of the same Xid still arrives
                         }
                     }

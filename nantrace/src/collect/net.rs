@@ -104,7 +104,7 @@ impl Sampler {
                 let re = cur.0.saturating_sub(p.0);
                 f.insert("tcp_retrans_per_s".into(), json!(re as f64 / dt));
                 f.insert("tcp_out_segs_per_s".into(), json!(cur.1.saturating_sub(p.1) as f64 / dt));
-                out.push(sample_event(now, "net", f));
+                out.push(sample_event(now, crate::source::Source::Net, f));
             }
             self.prev_tcp = Some(cur);
         }
@@ -114,7 +114,7 @@ impl Sampler {
                 let mut f = Map::new();
                 f.insert("link".into(), json!(link));
                 f.insert("change".into(), json!(msg));
-                out.push(sample_event(now, "net_change", f));
+                out.push(sample_event(now, crate::source::Source::NetChange, f));
             }
         }
         self.prev_links = Some(cur);

@@ -191,7 +191,7 @@ impl Sampler {
             f.insert("psi_cpu_some_avg10".into(), json!(p.some.avg10));
         }
         if !f.is_empty() {
-            out.push(sample_event(now, "system", f));
+            out.push(sample_event(now, crate::source::Source::System, f));
         }
         if let Ok(disks) = procfs::diskstats() {
             let mut d = Map::new();
@@ -211,7 +211,7 @@ impl Sampler {
             if !d.is_empty() {
                 let mut f = Map::new();
                 f.insert("disks".into(), Value::Object(d));
-                out.push(sample_event(now, "disk", f));
+                out.push(sample_event(now, crate::source::Source::Disk, f));
             }
         }
         if let Some(root) = self.root_pid {
@@ -237,7 +237,7 @@ impl Sampler {
                 if primed {
                     f.insert("job_cpu_pct".into(), json!(cpu));
                 }
-                out.push(sample_event(now, "job_procs", f));
+                out.push(sample_event(now, crate::source::Source::JobProcs, f));
             }
         }
         self.prev.mono_ns = now;
@@ -245,7 +245,7 @@ impl Sampler {
     }
 }
 
-pub fn sample_event(mono_ns: u64, source: &'static str, fields: Map<String, Value>) -> Event {
+pub fn sample_event(mono_ns: u64, source: crate::source::Source, fields: Map<String, Value>) -> Event {
     Event { mono_ns, pid: 0, tid: 0, comm: crate::event::Comm::NONE, job: false, detail: Detail::Sample { source, fields: Box::new(fields) } }
 }
 

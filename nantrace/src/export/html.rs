@@ -4,6 +4,7 @@
 use serde_json::Value;
 
 use crate::report::Analysis;
+use crate::source::Source;
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
@@ -24,20 +25,10 @@ impl Axis {
 }
 
 fn lane_of(src: &str) -> Option<usize> {
-    Some(match src {
-        "xid" | "nvml_xid" | "gpu_change" => 0,
-        "aer" | "kmsg" => 1,
-        "oom" | "system" => 2,
-        "block" => 3,
-        "tcp_retransmit" | "net_change" => 4,
-        "fork" | "exec" | "exit" | "signal" | "scheduler_change" => 5,
-        "log" => 6,
-        "trigger" => 7,
-        _ => return None,
-    })
+    Source::parse(src).and_then(Source::lane)
 }
 
-const LANES: &[&str] = &["GPU / Xid", "kernel log, AER", "memory, OOM", "block I/O", "network", "job processes", "training log", "triggers"];
+const LANES: [&str; 8] = Source::LANES;
 
 fn color(e: &Value) -> &'static str {
     match e["severity"].as_str() {
@@ -47,6 +38,11 @@ fn color(e: &Value) -> &'static str {
         _ => match e["source"].as_str() {
             Some("trigger") => "#8e44ad",
             Some("log") if e["nonfinite"] == true => "#c0392b",
+            Some("log") if e["fault"].is_object() => match e["fault"]["family"].as_str() {
+                Some("software" | "gpu_oom") => "#2e86c1",
+                Some("hang") => "#d4ac0d",
+                _ => "#e67e22",
+            },
             Some("log") if e["overflow"] == true => "#d4ac0d",
             Some("oom") | Some("signal") => "#e67e22",
             _ => "#5d6d7e",
@@ -54,7 +50,19 @@ fn color(e: &Value) -> &'static str {
     }
 }
 
-fn polyline(points: &[(f64, f64)], ax: &Axis, y0: f64, h: f64, color: &str, log: bool) -> String {
+/// A value for an axis label: short, with its unit.
+fn fmt_val(v: f64, unit: &str) -> String {
+    let a = v.abs();
+    if unit == "KiB" && a >= 1_048_576.0 {
+        return format!("{:.2} GiB", v / 1_048_576.0);
+    }
+    let n = if a != 0.0 && a < 1e-3 { format!("{v:.2e}") } else if a >= 100.0 || v.fract() == 0.0 { format!("{v:.0}") } else { format!("{v:.3}") };
+    if unit.is_empty() { n } else { format!("{n} {unit}") }
+}
+
+/// One series in its own band: the line, its y-axis (min and max labelled, with the unit) and
+/// its name in its colour, so every line's magnitude can be read.
+fn band(points: &[(f64, f64)], ax: &Axis, y0: f64, h: f64, color: &str, name: &str, unit: &str, log: bool) -> String {
     let vals: Vec<f64> = points.iter().map(|p| if log { p.1.max(1e-12).log10() } else { p.1 }).collect();
     let (mn, mx) = vals.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(*v), b.max(*v)));
     if !mn.is_finite() {
@@ -62,7 +70,21 @@ fn polyline(points: &[(f64, f64)], ax: &Axis, y0: f64, h: f64, color: &str, log:
     }
     let span = (mx - mn).max(1e-9);
     let pts: Vec<String> = points.iter().zip(&vals).map(|(p, v)| format!("{:.1},{:.1}", ax.x(p.0), y0 + h - (v - mn) / span * h)).collect();
-    format!(r#"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"/>"#, pts.join(" "))
+    let real = |v: f64| if log { 10f64.powf(v) } else { v };
+    let (top, bottom) = (fmt_val(real(mx), unit), fmt_val(real(mn), unit));
+    format!(
+        r##"<g class="series" data-name="{name}"><line x1="{LEFT}" y1="{y0:.1}" x2="{LEFT}" y2="{yb:.1}" stroke="#aab7b8"/><line x1="{l5}" y1="{y0:.1}" x2="{LEFT}" y2="{y0:.1}" stroke="#aab7b8"/><line x1="{l5}" y1="{yb:.1}" x2="{LEFT}" y2="{yb:.1}" stroke="#aab7b8"/><text x="4" y="{yn:.1}" fill="{color}" class="legend">{name}{scale}</text><text x="{lt}" y="{yt:.1}" class="ylab" text-anchor="end">{top}</text><text x="{lt}" y="{yb:.1}" class="ylab" text-anchor="end">{bottom}</text><polyline fill="none" stroke="{color}" stroke-width="1.5" points="{pts}"/></g>"##,
+        yb = y0 + h,
+        l5 = LEFT - 4.0,
+        lt = LEFT - 6.0,
+        yn = y0 + h / 2.0 + 4.0,
+        yt = y0 + 9.0,
+        name = esc(name),
+        scale = if log { " (log)" } else { "" },
+        top = esc(&top),
+        bottom = esc(&bottom),
+        pts = pts.join(" "),
+    )
 }
 
 pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
@@ -109,13 +131,11 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
     let mut drawn = std::collections::HashSet::new();
     for (src, list) in &by_src {
         let src = *src;
-        if matches!(src, "system" | "gpu" | "disk" | "net" | "job_procs") {
-            continue;
-        }
+        // Samples are counters (charts below): they have no lane.
         let Some(l) = lane_of(src) else { continue };
         for (r, e) in list {
         let e = *e;
-        if src == "log" && e["nonfinite"] != true && e["overflow"] != true {
+        if src == "log" && e["nonfinite"] != true && e["overflow"] != true && !e["fault"].is_object() {
             continue;
         }
         let x = ax.x(*r);
@@ -144,37 +164,34 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
         let step = (v.len() / 2000).max(1);
         v.into_iter().step_by(step).collect()
     };
-    // (points, colour, label, log scale)
-    type Line<'a> = (Vec<(f64, f64)>, &'a str, &'a str, bool);
+    // (points, colour, name, unit, log scale): each series in its own labelled band.
+    type Line<'a> = (Vec<(f64, f64)>, &'a str, &'a str, &'a str, bool);
     let chart = |id: &str, title: &str, lines: Vec<Line>| -> String {
-        let h = 110.0;
-        let mut c = format!(r#"<h3>{}</h3><svg id="{id}" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{}">"#, esc(title), h + 20.0);
+        let bh = 46.0;
+        let shown: Vec<&Line> = lines.iter().filter(|l| l.0.len() >= 2).collect();
+        let h = (bh + 8.0) * shown.len().max(1) as f64;
+        let mut c = format!(r#"<h3>{}</h3><svg id="{id}" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{}">"#, esc(title), h + 12.0);
         c.push_str(&format!(r##"<rect x="{LEFT}" y="5" width="{}" height="{h}" fill="#fbfcfc" stroke="#d5d8dc"/>"##, W - LEFT - 20.0));
-        let mut any = false;
-        for (i, (pts, col, name, log)) in lines.iter().enumerate() {
-            if pts.len() >= 2 {
-                any = true;
-                c.push_str(&polyline(pts, &ax, 8.0, h - 6.0, col, *log));
-                c.push_str(&format!(r#"<text x="4" y="{}" fill="{col}" class="lane">{}</text>"#, 22.0 + 14.0 * i as f64, esc(name)));
-            }
+        for (i, (pts, col, name, unit, log)) in shown.iter().enumerate() {
+            c.push_str(&band(pts, &ax, 9.0 + (bh + 8.0) * i as f64, bh, col, name, unit, *log));
         }
-        if !any {
-            c.push_str(&format!(r#"<text x="{}" y="60" class="lane">no data in this window</text>"#, LEFT + 10.0));
+        if shown.is_empty() {
+            c.push_str(&format!(r#"<text x="{}" y="30" class="lane">no data in this window</text>"#, LEFT + 10.0));
         }
         c.push_str(&format!(r##"<line x1="{x0:.1}" y1="5" x2="{x0:.1}" y2="{}" stroke="#c0392b"/></svg>"##, h + 5.0));
         c
     };
-    let loss_chart = chart("loss", "Loss (log scale) and fp16 loss scale", vec![(series("log", "loss"), "#1f618d", "loss", true), (series("log", "loss_scale"), "#d4ac0d", "loss scale", true)]);
+    let loss_chart = chart("loss", "Loss and fp16 loss scale", vec![(series("log", "loss"), "#1f618d", "loss", "", true), (series("log", "loss_scale"), "#d4ac0d", "loss scale", "", true)]);
     let gpu_note = if snapshot["gpu"]["available"] == true { String::new() } else { format!(" — {}", snapshot["gpu"]["reason"].as_str().unwrap_or("no GPU data")) };
-    let gpu_chart = chart("gpu", &format!("GPU temperature, power, utilization{gpu_note}"), vec![(series("gpu", "temp_c"), "#c0392b", "temp C", false), (series("gpu", "power_w"), "#e67e22", "power W", false), (series("gpu", "util_gpu_pct"), "#27ae60", "util %", false)]);
-    let sys_chart = chart("system", "Memory available, swap-in, iowait", vec![(series("system", "mem_available_kb"), "#1f618d", "mem available", false), (series("system", "swap_in_kb_s"), "#c0392b", "swap-in KiB/s", false), (series("system", "iowait_pct"), "#7d3c98", "iowait %", false)]);
+    let gpu_chart = chart("gpu", &format!("GPU temperature, power, utilization{gpu_note}"), vec![(series("gpu", "temp_c"), "#c0392b", "temperature", "°C", false), (series("gpu", "power_w"), "#e67e22", "power", "W", false), (series("gpu", "util_gpu_pct"), "#27ae60", "utilization", "%", false)]);
+    let sys_chart = chart("system", "Memory available, swap-in, iowait", vec![(series("system", "mem_available_kb"), "#1f618d", "mem available", "KiB", false), (series("system", "swap_in_kb_s"), "#c0392b", "swap-in", "KiB/s", false), (series("system", "iowait_pct"), "#7d3c98", "iowait", "%", false)]);
 
     let mut sus = String::new();
     if a.suspects.is_empty() {
         sus.push_str("<li class=\"none\">none: no signal in the table fired</li>");
     }
     for (i, s) in a.suspects.iter().enumerate() {
-        sus.push_str(&format!(r#"<li class="suspect {}"><b>#{}</b> <span class="fam">{:?}</span> sev {} {}</li>"#, if s.family.is_machine() { "machine" } else { "numerics" }, i + 1, s.family, s.severity, esc(&s.text)));
+        sus.push_str(&format!(r#"<li class="suspect {}"><b>#{}</b> <span class="fam">{}</span> sev {} {}</li>"#, if s.family.is_machine() { "machine" } else { "numerics" }, i + 1, esc(s.family.label()), s.severity, esc(&s.text)));
     }
     let checked: String = a.checked.iter().map(|c| format!("<li>{}</li>", esc(c))).collect();
     let facts = esc(&serde_json::to_string_pretty(&a.facts).unwrap_or_default());
@@ -188,7 +205,7 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
 body{{font:14px/1.4 system-ui,sans-serif;margin:16px;color:#17202a;max-width:1140px}}
 h1{{font-size:20px;margin:0 0 8px}} h2{{font-size:16px;margin:18px 0 6px}} h3{{font-size:13px;margin:10px 0 2px;color:#566573}}
 #verdict{{padding:10px;border-left:6px solid {vcol};background:#fdfefe;font-weight:600}}
-.lane,.tick{{font-size:11px;fill:#566573}} .nan{{font-size:11px;fill:#c0392b}} .sus{{font-size:10px;fill:#8e44ad}}
+.lane,.tick,.ylab{{font-size:11px;fill:#566573}} .legend{{font-size:11px;font-weight:600}} .nan{{font-size:11px;fill:#c0392b}} .sus{{font-size:10px;fill:#8e44ad}}
 li.suspect.machine{{color:#922b21}} .fam{{font-size:11px;color:#566573}}
 pre{{background:#f4f6f7;padding:8px;overflow:auto;max-height:360px;font-size:12px}}
 </style></head><body>
@@ -212,4 +229,30 @@ pre{{background:#f4f6f7;padding:8px;overflow:auto;max-height:360px;font-size:12p
         tkind = esc(timeline["trigger"]["kind"].as_str().unwrap_or("?")),
         ttime = esc(timeline["trigger"]["time"].as_str().unwrap_or("?")),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn every_chart_line_has_its_own_labelled_axis_and_legend() {
+        let mut evs = Vec::new();
+        for i in 0..20 {
+            let t = -20.0 + f64::from(i);
+            evs.push(json!({ "offset_s": t, "source": "log", "loss": 2.0 - f64::from(i) * 0.05, "loss_scale": 65536.0 / f64::from(1 + i % 3), "line": "x" }));
+            evs.push(json!({ "offset_s": t, "source": "system", "mem_available_kb": 20_000_000 - i * 1000, "swap_in_kb_s": 0.0, "iowait_pct": 1.5 + f64::from(i) }));
+        }
+        let t = json!({ "first_nan": { "offset_s": 0.0 }, "events": evs, "accounting": {} });
+        let a = crate::report::analyze(&t, &json!({}));
+        let html = super::render(&a, &t, &json!({}));
+        for name in ["loss (log)", "loss scale (log)", "mem available", "swap-in", "iowait"] {
+            assert!(html.contains(&format!(">{name}</text>")), "legend {name}");
+        }
+        // The y-axis labels carry magnitudes and units.
+        assert!(html.contains(">19.07 GiB</text>") && html.contains(">19.06 GiB</text>"), "memory axis");
+        assert!(html.contains(">20.500 %</text>") && html.contains(">1.500 %</text>"), "iowait axis");
+        assert!(html.contains(">65536</text>"), "loss scale axis");
+        assert_eq!(html.matches("class=\"series\"").count(), 5, "one band per series with data (no GPU here)");
+    }
 }

@@ -42,19 +42,9 @@ pub fn rank(ph: &str) -> u8 {
     }
 }
 
-const FAMILIES: &[(u64, &str)] = &[(1, "kernel log"), (2, "GPU"), (3, "system"), (4, "job processes"), (5, "training log"), (6, "network"), (7, "storage"), (8, "incident")];
 
 fn family(source: &str) -> u64 {
-    match source {
-        "kmsg" | "xid" | "aer" => 1,
-        "gpu" | "gpu_change" | "nvml_xid" => 2,
-        "system" | "job_procs" | "collector_gap" => 3,
-        "fork" | "exec" | "exit" | "signal" | "oom" => 4,
-        "log" => 5,
-        "tcp_retransmit" | "net" | "net_change" => 6,
-        "block" | "disk" => 7,
-        _ => 8,
-    }
+    crate::source::Source::parse(source).map_or(8, |s| s.trace_family().0)
 }
 
 struct Builder {
@@ -118,6 +108,11 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
                 }
                 if let Some(s) = e["loss_scale"].as_f64() {
                     b.counter(ts, 5, "loss scale", json!({ "loss_scale": s }));
+                }
+                if e["fault"].is_object() {
+                    let f = &e["fault"];
+                    let name = format!("{}: {}", f["family"].as_str().unwrap_or("?"), f["what"].as_str().unwrap_or("?"));
+                    b.instant(ts, 5, 3, "job errors", &name, json!({ "line": e["line"], "code": f["code"], "rank": f["rank"] }), false);
                 }
                 if e["nonfinite"] == true {
                     b.instant(ts, 5, 1, "non-finite values", "non-finite loss", json!({ "line": e["line"] }), false);
@@ -226,7 +221,8 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
     }
     let prefix = node.map_or(String::new(), |n| format!("{}: ", n.1));
     let mut meta = Vec::new();
-    for (fam, name) in FAMILIES {
+    let families: std::collections::BTreeSet<(u64, &str)> = crate::source::Source::ALL.iter().map(|s| s.trace_family()).collect();
+    for (fam, name) in &families {
         meta.push(Ev { name: "process_name".into(), ph: "M", s: None, ts: None, pid: b.pid(*fam), tid: 0, args: json!({ "name": format!("{prefix}{name}") }) });
         meta.push(Ev { name: "process_sort_index".into(), ph: "M", s: None, ts: None, pid: b.pid(*fam), tid: 0, args: json!({ "sort_index": b.pid(*fam) }) });
     }

@@ -1,8 +1,8 @@
 //! `nantrace report`: answers "was it the machine?" from a bundle's timeline and snapshot.
 //! Ranked suspects come from the signal table in [`rules`]; when nothing fires, the report says
 //! so plainly and lists what was checked.
+mod detect;
 pub mod rules;
-mod joblog;
 mod render;
 
 pub use render::{for_bundle, markdown};
@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use rules::{signal, Family, Signal};
+use rules::{Family, Signal};
+
+use crate::source::Source;
 
 /// One suspect: a signal that fired, with its evidence.
 #[derive(Clone, Debug, Serialize)]
@@ -66,13 +68,13 @@ impl Ctx<'_> {
     /// Events of one source that can be causes: a cause precedes its effect, so only what
     /// happened before the reference (with 0.2 s of slack for the log line's own delivery
     /// through the job's pipe).
-    fn src<'b>(&'b self, s: &'b str) -> impl Iterator<Item = &'b (f64, &'b Value)> + 'b {
-        self.by_src.get(s).into_iter().flatten().filter(|(r, _)| *r <= 0.2)
+    fn src(&self, s: Source) -> impl Iterator<Item = &(f64, &Value)> + '_ {
+        self.by_src.get(s.as_str()).into_iter().flatten().filter(|(r, _)| *r <= 0.2)
     }
 
     /// Every event of one source in the window, before and after the reference.
-    fn all<'b>(&'b self, s: &'b str) -> impl Iterator<Item = &'b (f64, &'b Value)> + 'b {
-        self.by_src.get(s).into_iter().flatten()
+    fn all(&self, s: Source) -> impl Iterator<Item = &(f64, &Value)> + '_ {
+        self.by_src.get(s.as_str()).into_iter().flatten()
     }
 }
 
@@ -157,285 +159,8 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         root,
     };
     let mut acc = Acc { out: BTreeMap::new() };
-    let gpu_of_job = |pci: &str, pid: Option<u64>| ctx.job_gpus.contains(pci) || pid.is_some_and(|p| ctx.job_pids.contains(&p));
 
-    // Kernel log classes (and the AER tracepoint).
-    let nvml_xids: Vec<(f64, &Value)> = ctx.src("nvml_xid").map(|(r, e)| (*r, *e)).collect();
-    let kernel: Vec<(f64, &Value)> = ["kmsg", "xid", "aer"].iter().flat_map(|s| ctx.src(s)).map(|(r, e)| (*r, *e)).collect();
-    let mut corrected: BTreeMap<String, (Vec<f64>, bool, String)> = BTreeMap::new();
-    for (rel, e) in &kernel {
-        let class = e["class"].as_str().unwrap_or("");
-        match class {
-            "xid" => {
-                let xid = e["xid"].as_u64().unwrap_or(0);
-                let pci = e["pci"].as_str().unwrap_or("?");
-                let touches = gpu_of_job(pci, e["xid_pid"].as_u64());
-                let sig = match (xid, e["severity"].as_str().unwrap_or("")) {
-                    (79, _) => signal("gpu_fallen_off_bus"),
-                    (_, "critical") => signal("xid_critical"),
-                    (_, "error") => signal("xid_error"),
-                    (_, "warning") => signal("xid_warning"),
-                    _ => continue,
-                };
-                let witnessed = nvml_xids.iter().any(|(r, n)| n["xid"].as_u64() == Some(xid) && n["pci"] == pci && (r - rel).abs() < 5.0);
-                acc.add(sig, &format!("{xid}/{pci}"), *rel, touches, || {
-                    format!(
-                        "Xid {xid} ({}) on {pci}{}{}",
-                        e["meaning"].as_str().unwrap_or(""),
-                        if touches { ", a GPU of this job" } else { "" },
-                        if witnessed { " [two witnesses: kernel log and NVML]" } else { "" }
-                    )
-                });
-                acc.set_action(sig, &format!("{xid}/{pci}"), e["action"].as_str().unwrap_or(""));
-            }
-            "gpu_fallen_off_bus" => {
-                let pci = e["pci"].as_str().unwrap_or("?");
-                acc.add(signal("gpu_fallen_off_bus"), &format!("79/{pci}"), *rel, gpu_of_job(pci, None), || format!("GPU {pci} has fallen off the bus (NVRM, no Xid)"));
-            }
-            "sxid" => {
-                let sx = e["sxid"].as_u64().unwrap_or(0);
-                acc.add(signal("sxid"), &sx.to_string(), *rel, false, || format!("NVSwitch SXid {sx} on {}", e["pci"].as_str().unwrap_or("?")));
-            }
-            "oom_kill" => {
-                let v = e["victim_pid"].as_u64().unwrap_or(0);
-                // The oom:mark_victim probe saw the same kill: one kill, two witnesses.
-                if ctx.src("oom").any(|(_, o)| o["victim_pid"].as_u64() == Some(v)) {
-                    continue;
-                }
-                let job = ctx.job_pids.contains(&v);
-                let sig = if job { signal("oom_kill_job") } else { signal("oom_kill_other") };
-                acc.add(sig, &v.to_string(), *rel, job, || format!("OOM kill of {} {v}{}", e["victim_comm"].as_str().unwrap_or("?"), if job { " (job)" } else { "" }));
-            }
-            "hung_task" => acc.add(signal("hung_task"), e["task"].as_str().unwrap_or(""), *rel, false, || format!("hung task {}:{} blocked {} s", e["task"].as_str().unwrap_or("?"), e["task_pid"], e["seconds"])),
-            "machine_check" => {
-                let sig = if e["uncorrected"] == true { signal("machine_check") } else { signal("machine_check_corrected") };
-                acc.add(sig, "mce", *rel, false, || format!("machine check: {}", e["message"].as_str().unwrap_or("").chars().take(100).collect::<String>()));
-            }
-            "link_down" => acc.add(signal("ib_link_down"), e["iface"].as_str().unwrap_or(""), *rel, false, || format!("link down on {}", e["iface"].as_str().unwrap_or("?"))),
-            "nic_error" => acc.add(signal("nic_error"), e["device"].as_str().unwrap_or(""), *rel, false, || format!("NIC error on {}: {}", e["device"].as_str().unwrap_or("?"), e["message"].as_str().unwrap_or(""))),
-            "soft_lockup" => acc.add(signal("soft_lockup"), "lockup", *rel, false, || format!("soft lockup: CPU#{} stuck for {} s", e["cpu"], e["seconds"])),
-            "rcu_stall" => acc.add(signal("rcu_stall"), "rcu", *rel, false, || "RCU stall reported by the kernel".to_string()),
-            "cpu_thermal" => acc.add(signal("cpu_thermal"), e["scope"].as_str().unwrap_or(""), *rel, false, || format!("CPU{} {} temperature above threshold, clock throttled", e["cpu"], e["scope"].as_str().unwrap_or("?"))),
-            "net_fs_down" => acc.add(signal("netfs_down"), e["server"].as_str().unwrap_or(""), *rel, false, || format!("{} server {} not responding", e["fs"].as_str().unwrap_or("?"), e["server"].as_str().unwrap_or("?"))),
-            "stale_handle" => acc.add(signal("stale_handle"), "stale", *rel, false, || format!("stale file handle: {}", e["message"].as_str().unwrap_or("").chars().take(100).collect::<String>())),
-            "block_error" => {
-                let dev = e["dev"].as_str().unwrap_or("?");
-                acc.add(signal("block_io_error"), dev, *rel, false, || format!("{} on {dev} (kernel log)", e["kind"].as_str().unwrap_or("I/O error").replace('_', " ")));
-            }
-            "segfault" => {
-                // Only a crash of a job process inside the GPU libraries is worth a line; the
-                // comm in these lines is the process's own text and is never matched.
-                let victim = e["crashed_pid"].as_u64();
-                if e["gpu_library"] == true && victim.is_some_and(|v| ctx.job_pids.contains(&v)) {
-                    acc.add(signal("segfault_gpu_library"), e["library"].as_str().unwrap_or("?"), *rel, true, || format!("job process {} crashed inside {}", victim.unwrap_or(0), e["library"].as_str().unwrap_or("?")));
-                }
-            }
-            _ => {}
-        }
-        if e["source"] == "aer" {
-            let dev = e["device"].as_str().unwrap_or("?").to_string();
-            let touches = ctx.job_gpus.contains(&dev);
-            let sev = e["aer_severity"].as_str().unwrap_or("");
-            let ty = e["error_type"].as_str().map_or(String::new(), |t| format!(" ({t})"));
-            match sev {
-                "uncorrected_fatal" | "uncorrected_nonfatal" => {
-                    let sig = if sev == "uncorrected_fatal" { signal("aer_fatal") } else { signal("aer_nonfatal") };
-                    acc.add(sig, &dev, *rel, touches, || format!("PCIe AER {} on {dev}{ty}", sev.replace('_', " ")));
-                }
-                // Corrected errors count only as a burst (threshold), below.
-                _ => corrected.entry(dev).or_insert_with(|| (Vec::new(), touches, ty)).0.push(*rel),
-            }
-        }
-    }
-    {
-        let sig = signal("aer_corrected_burst");
-        for (dev, (rels, touches, ty)) in corrected {
-            if rels.len() as f64 >= sig.threshold {
-                for r in &rels {
-                    acc.add(sig, &dev, *r, touches, || format!("PCIe AER corrected on {dev}{ty}"));
-                }
-            }
-        }
-    }
-    for (rel, n) in &nvml_xids {
-        let xid = n["xid"].as_u64().unwrap_or(0);
-        let pci = n["pci"].as_str().unwrap_or("?");
-        let (meaning, sev) = crate::classify::xid_info(xid as u32);
-        let key = format!("{xid}/{pci}");
-        let seen = acc.out.keys().any(|k| k.ends_with(&key));
-        if !seen {
-            let sig = if xid == 79 { signal("gpu_fallen_off_bus") } else if sev == crate::classify::Severity::Critical { signal("xid_critical") } else { signal("xid_error") };
-            acc.add(sig, &key, *rel, gpu_of_job(pci, None), || format!("Xid {xid} ({meaning}) on {pci} (NVML event)"));
-        }
-    }
-    // OOM tracepoint, signals, exits, block errors.
-    for (rel, e) in ctx.src("oom") {
-        let v = e["victim_pid"].as_u64().unwrap_or(0);
-        let job = e["victim_job"] == true || ctx.job_pids.contains(&v);
-        let sig = if job { signal("oom_kill_job") } else { signal("oom_kill_other") };
-        acc.add(sig, &v.to_string(), *rel, job, || format!("OOM kill of {} {v}{}, RSS {} MB", e["victim_comm"].as_str().unwrap_or("?"), if job { " (job)" } else { "" }, e["anon_rss_kb"].as_u64().unwrap_or(0) / 1024));
-    }
-    for (rel, e) in ctx.src("signal") {
-        let name = e["signal"].as_str().unwrap_or("");
-        let target = e["target_pid"].as_u64().unwrap_or(0);
-        let sender = e["pid"].as_u64().unwrap_or(0);
-        let sender_in_job = e["job"] == true || ctx.job_pids.contains(&sender);
-        if !ctx.job_pids.contains(&target) || matches!(name, "SIGTERM" | "SIGINT" | "SIGHUP" | "SIGPIPE" | "SIGCHLD" | "SIGUSR1" | "SIGUSR2" | "signal") {
-            continue;
-        }
-        let crash = matches!(name, "SIGSEGV" | "SIGABRT" | "SIGFPE" | "SIGILL" | "SIGBUS");
-        if crash && (sender == target || sender_in_job) {
-            // The job crashed by itself: software, unless a hardware signal corroborates it.
-            acc.add(signal("job_crash"), &format!("{name}/{target}"), *rel, true, || format!("{name} in job process {} {target} (raised by the job itself)", e["target_comm"].as_str().unwrap_or("?")));
-        } else if !sender_in_job {
-            // The job stopping its own workers is housekeeping; a kill from outside is not.
-            acc.add(signal("job_fatal_signal"), &format!("{name}/{target}"), *rel, true, || format!("{name} to {} {target} (job) from {} {sender} (outside the job)", e["target_comm"].as_str().unwrap_or("?"), e["comm"].as_str().unwrap_or("?")));
-        }
-    }
-    let forked: std::collections::HashMap<u64, f64> = ctx.all("fork").filter_map(|(r, e)| Some((e["child_pid"].as_u64()?, *r))).collect();
-    for (rel, e) in ctx.src("exit") {
-        let pid = e["pid"].as_u64();
-        // A helper that lived less than the threshold (`grep -q`, a pyenv shim) is not a worker.
-        let lived = pid.and_then(|p| forked.get(&p)).map_or(f64::INFINITY, |f| rel - f);
-        if e["job"] == true && pid != ctx.root && e["exit_code"].as_i64().is_some_and(|c| c != 0) && lived >= signal("worker_exit").threshold {
-            acc.add(signal("worker_exit"), &pid.unwrap_or(0).to_string(), *rel, true, || format!("job process {} {} exited with code {}", e["comm"].as_str().unwrap_or("?"), pid.unwrap_or(0), e["exit_code"]));
-        }
-    }
-    for (rel, e) in ctx.src("block") {
-        if e["error"].as_i64().is_some_and(|x| x != 0) {
-            let dev = e["dev"].as_str().unwrap_or("?");
-            acc.add(signal("block_io_error"), dev, *rel, e["job"] == true, || format!("block I/O error {} on device {dev}", e["error"]));
-        }
-    }
-    // Rates: the minute before vs the minute earlier.
-    {
-        let sig = signal("disk_stall");
-        // Per device (by name when the block event could be resolved, so the probe's events
-        // and the iostat samples of one disk are one suspect): (recent, earlier, first slow).
-        let mut per_dev: BTreeMap<String, (Vec<f64>, Vec<f64>, f64)> = BTreeMap::new();
-        let mut job_devs = BTreeSet::new();
-        for (r, e) in ctx.src("block").chain(ctx.src("disk")).filter(|(r, _)| *r > -120.0) {
-            let mut push = |dev: String, v: f64| {
-                let slot = per_dev.entry(dev).or_insert((Vec::new(), Vec::new(), f64::INFINITY));
-                if *r > -60.0 {
-                    slot.0.push(v);
-                    if v >= 100.0 {
-                        slot.2 = slot.2.min(*r);
-                    }
-                } else {
-                    slot.1.push(v);
-                }
-            };
-            if e["source"] == "block" {
-                let name = e["disk"].as_str().or(e["dev"].as_str()).unwrap_or("?").to_string();
-                if e["job"] == true {
-                    job_devs.insert(name.clone());
-                }
-                if let Some(l) = f(&e["latency_ms"]) {
-                    push(name, l);
-                }
-            } else if let Some(m) = e["disks"].as_object() {
-                for (d, v) in m {
-                    push(d.clone(), f(&v["r_await_ms"]).unwrap_or(0.0).max(f(&v["w_await_ms"]).unwrap_or(0.0)));
-                }
-            }
-        }
-        for (dev, (recent, earlier, first_slow)) in per_dev {
-            let had_earlier = !earlier.is_empty();
-            let (Some(r), e) = (p99(recent), p99(earlier).unwrap_or(1.0).max(1.0)) else { continue };
-            if r >= 100.0 && r >= sig.threshold * e {
-                let vs = if had_earlier { format!("{:.0}× the minute earlier", r / e) } else { "no I/O seen the minute earlier".to_string() };
-                acc.add(sig, &dev, first_slow.min(0.0), job_devs.contains(&dev), || format!("block I/O p99 on {dev} {r:.0} ms in the minute before ({vs}), slow since"));
-            }
-        }
-    }
-    {
-        let sig = signal("retransmit_storm");
-        let mut per_peer: BTreeMap<String, (usize, usize, f64, bool)> = BTreeMap::new();
-        for (r, e) in ctx.src("tcp_retransmit").filter(|(r, _)| *r > -120.0) {
-            let peer = format!("{}:{}", e["daddr"].as_str().unwrap_or("?"), e["dport"]);
-            let peer_of_job = ctx.job_peers.contains(&peer);
-            let s = per_peer.entry(peer).or_insert((0, 0, f64::NEG_INFINITY, false));
-            if *r > -60.0 { s.0 += 1 } else { s.1 += 1 }
-            s.2 = s.2.max(*r);
-            // Retransmits run in softirq context: tie them to the job through its sockets.
-            let local = format!("{}:{}", e["saddr"].as_str().unwrap_or("?"), e["sport"]);
-            s.3 |= e["job"] == true || peer_of_job || ctx.job_peers.contains(&local);
-        }
-        for (peer, (recent, earlier, last, job)) in per_peer {
-            if recent >= 20 && recent as f64 >= sig.threshold * (earlier.max(1) as f64) {
-                acc.add(sig, &peer, last, job, || format!("TCP retransmits to {peer}{} up {}× ({recent} in the minute before)", if job { ", a peer of this job" } else { "" }, recent / earlier.max(1)));
-            }
-        }
-    }
-    for (rel, e) in ctx.src("system").filter(|(r, _)| *r > -60.0) {
-        if let Some(s) = f(&e["swap_in_kb_s"]).filter(|s| *s >= signal("swap_thrash").threshold) {
-            acc.add(signal("swap_thrash"), "swap", *rel, false, || format!("swap-in {:.0} MB/s", s / 1024.0));
-        }
-        if let Some(p) = f(&e["psi_memory_some_avg10"]).filter(|p| *p >= signal("memory_pressure").threshold) {
-            acc.add(signal("memory_pressure"), "psi", *rel, false, || format!("memory pressure (PSI some avg10) {p:.0}%"));
-        }
-    }
-    for (rel, e) in ctx.src("gpu_change") {
-        let c = e["change"].as_str().unwrap_or("");
-        let pci = e["pci"].as_str().unwrap_or("?");
-        let touches = ctx.job_gpus.contains(pci);
-        let sig = if c.contains("uncorrected ECC") {
-            signal("ecc_uncorrected")
-        } else if c.contains("corrected ECC") {
-            signal("ecc_corrected")
-        } else if c.contains("PCIe replay") {
-            signal("pcie_replay")
-        } else if c.contains("started") && (c.starts_with("HW")) {
-            signal("gpu_hw_slowdown")
-        } else if c.contains("started") || c.contains("temperature") {
-            signal("gpu_power_cap")
-        } else {
-            continue;
-        };
-        acc.add(sig, c, *rel, touches, || c.to_string());
-    }
-    for (rel, e) in ctx.src("net_change") {
-        let c = e["change"].as_str().unwrap_or("");
-        // The state it went to decides: `ACTIVE -> DOWN` is a link down, `DOWN -> ACTIVE` is not.
-        let to = c.rsplit_once("->").map_or("", |(_, t)| t).to_ascii_lowercase();
-        let sig = if c.contains("->") && (to.trim_start().starts_with("down") || to.contains(": down") || to.contains("polling") || to.contains("disabled")) {
-            signal("ib_link_down")
-        } else if c.contains("->") && c.contains("state") {
-            continue;
-        } else {
-            signal("link_errors")
-        };
-        acc.add(sig, e["link"].as_str().unwrap_or(""), *rel, false, || c.to_string());
-    }
-    // Numerics: the loss scale and the loss curve before the NaN.
-    let logs: Vec<(f64, &Value)> = ctx.src("log").filter(|(r, _)| *r <= 0.0).map(|(r, e)| (*r, *e)).collect();
-    {
-        let scales: Vec<(f64, f64, Option<u64>)> = logs.iter().filter_map(|(r, e)| Some((*r, f(&e["loss_scale"])?, e["step"].as_u64()))).collect();
-        let overflow = logs.iter().any(|(_, e)| e["overflow"] == true);
-        if let (Some(max), Some(last)) = (scales.iter().map(|s| s.1).reduce(f64::max), scales.last()) {
-            let sig = signal("loss_scale_collapse");
-            if overflow && (max / last.1.max(1e-12) >= sig.threshold || (last.1 <= 1.0 && max > 1.0)) {
-                let first_max = scales.iter().find(|s| s.1 == max).unwrap();
-                let steps = match (first_max.2, last.2) {
-                    (Some(a), Some(b)) if b > a => format!(" over {} steps", b - a),
-                    _ => String::new(),
-                };
-                acc.add(sig, "scale", last.0, true, || format!("loss scale fell from {max} to {}{steps} (fp16 overflow messages before it)", last.1));
-            }
-        }
-        let losses: Vec<(f64, f64, Option<u64>)> = logs.iter().filter_map(|(r, e)| Some((*r, f(&e["loss"])?, e["step"].as_u64()))).filter(|l| l.1.is_finite()).collect();
-        let tail = &losses[losses.len().saturating_sub(100)..];
-        if let (Some(min), Some(last)) = (tail.iter().map(|l| l.1).reduce(f64::min), tail.last()) {
-            let sig = signal("loss_spike");
-            if min > 0.0 && last.1 / min >= sig.threshold {
-                acc.add(sig, "loss", last.0, true, || format!("loss grew from {min:.4} to {:.4e} before the NaN", last.1));
-            }
-        }
-    }
-
-    // The job's own failure lines, at any time in the window.
-    joblog::detect(&ctx, &mut acc, f64::INFINITY);
+    detect::all(&ctx, &mut acc);
 
     let ref_name = if nan_off.is_some() { "the first NaN" } else { "the trigger" };
     let mut suspects: Vec<Finding> = acc.out.into_values().collect();

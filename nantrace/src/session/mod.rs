@@ -308,7 +308,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                             let batch = changes.into_iter().map(|change| {
                                 let mut f = serde_json::Map::new();
                                 f.insert("change".into(), json!(change));
-                                crate::collect::system::sample_event(monotonic_ns(), "scheduler_change", f)
+                                crate::collect::system::sample_event(monotonic_ns(), crate::source::Source::SchedulerChange, f)
                             }).collect();
                             let _ = tx3.send(Input::Samples(batch)).await;
                         }

@@ -10,9 +10,10 @@
 use std::collections::BTreeSet;
 
 
-use super::rules::signal;
 use super::{Acc, Ctx};
+use crate::report::rules::signal;
 use crate::joblog::JobFamily;
+use crate::source::Source;
 
 struct Line<'a> {
     rel: f64,
@@ -48,7 +49,7 @@ fn ranks(r: &BTreeSet<u64>) -> String {
 
 pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
     let lines: Vec<Line<'_>> = ctx
-        .all("log")
+        .all(Source::Log)
         .filter(|(r, _)| *r <= window_end)
         .filter_map(|(r, e)| {
             let f = &e["fault"];
@@ -70,8 +71,8 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
         return;
     }
     // Hardware Xids (kernel log or NVML) near a GPU fault decide whether it is the hardware.
-    let xids: Vec<(f64, u32, String, bool)> = ["xid", "nvml_xid"]
-        .iter()
+    let xids: Vec<(f64, u32, String, bool)> = [Source::Xid, Source::NvmlXid]
+        .into_iter()
         .flat_map(|s| ctx.all(s))
         .filter_map(|(r, e)| {
             let x = u32::try_from(e["xid"].as_u64()?).ok()?;
@@ -83,9 +84,9 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
     let generic_window = signal("joblog_network_generic").threshold;
     let corroborate_window = signal("joblog_gpu_corroborated").threshold;
     let has_network = lines.iter().any(|l| l.family == JobFamily::Network && !l.generic)
-        || ctx.all("kmsg").any(|(_, e)| matches!(e["class"].as_str(), Some("link_down" | "nic_error")));
+        || ctx.all(Source::Kmsg).any(|(_, e)| matches!(e["class"].as_str(), Some("link_down" | "nic_error")));
 
-    let mut merged: std::collections::BTreeMap<String, (&'static super::rules::Signal, f64, BTreeSet<u64>, usize, String)> = Default::default();
+    let mut merged: std::collections::BTreeMap<String, (&'static crate::report::rules::Signal, f64, BTreeSet<u64>, usize, String)> = Default::default();
     for l in &lines {
         // A generic line gives way to a specific one near it or in the same traceback.
         if l.generic

@@ -1,0 +1,86 @@
+//! GPU: Xids from the kernel log and NVML (one suspect when both saw it, with NVIDIA's action), fallen off the bus, NVSwitch SXids, NVML changes (ECC, throttling, PCIe replays), crashes inside the GPU libraries.
+
+use serde_json::Value;
+
+use super::{kernel_events, Acc, Ctx};
+use crate::report::rules::signal;
+use crate::source::Source;
+
+pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
+    let gpu_of_job = |pci: &str, pid: Option<u64>| ctx.job_gpus.contains(pci) || pid.is_some_and(|p| ctx.job_pids.contains(&p));
+    let nvml_xids: Vec<(f64, &Value)> = ctx.src(Source::NvmlXid).map(|(r, e)| (*r, *e)).collect();
+    for (rel, e) in &kernel_events(ctx) {
+        match e["class"].as_str().unwrap_or("") {
+            "xid" => {
+                let xid = e["xid"].as_u64().unwrap_or(0);
+                let pci = e["pci"].as_str().unwrap_or("?");
+                let touches = gpu_of_job(pci, e["xid_pid"].as_u64());
+                let sig = match (xid, e["severity"].as_str().unwrap_or("")) {
+                    (79, _) => signal("gpu_fallen_off_bus"),
+                    (_, "critical") => signal("xid_critical"),
+                    (_, "error") => signal("xid_error"),
+                    (_, "warning") => signal("xid_warning"),
+                    _ => continue,
+                };
+                let witnessed = nvml_xids.iter().any(|(r, n)| n["xid"].as_u64() == Some(xid) && n["pci"] == pci && (r - rel).abs() < 5.0);
+                acc.add(sig, &format!("{xid}/{pci}"), *rel, touches, || {
+                    format!(
+                        "Xid {xid} ({}) on {pci}{}{}",
+                        e["meaning"].as_str().unwrap_or(""),
+                        if touches { ", a GPU of this job" } else { "" },
+                        if witnessed { " [two witnesses: kernel log and NVML]" } else { "" }
+                    )
+                });
+                acc.set_action(sig, &format!("{xid}/{pci}"), e["action"].as_str().unwrap_or(""));
+            }
+            "gpu_fallen_off_bus" => {
+                let pci = e["pci"].as_str().unwrap_or("?");
+                acc.add(signal("gpu_fallen_off_bus"), &format!("79/{pci}"), *rel, gpu_of_job(pci, None), || format!("GPU {pci} has fallen off the bus (NVRM, no Xid)"));
+            }
+            "sxid" => {
+                let sx = e["sxid"].as_u64().unwrap_or(0);
+                acc.add(signal("sxid"), &sx.to_string(), *rel, false, || format!("NVSwitch SXid {sx} on {}", e["pci"].as_str().unwrap_or("?")));
+            }
+            "segfault" => {
+                // Only a crash of a job process inside the GPU libraries is worth a line; the
+                // comm in these lines is the process's own text and is never matched.
+                let victim = e["crashed_pid"].as_u64();
+                if e["gpu_library"] == true && victim.is_some_and(|v| ctx.job_pids.contains(&v)) {
+                    acc.add(signal("segfault_gpu_library"), e["library"].as_str().unwrap_or("?"), *rel, true, || format!("job process {} crashed inside {}", victim.unwrap_or(0), e["library"].as_str().unwrap_or("?")));
+                }
+            }
+            _ => {}
+        }
+    }
+    // NVML's Xid events: one suspect with the kernel's line when both saw it.
+    for (rel, n) in &nvml_xids {
+        let xid = n["xid"].as_u64().unwrap_or(0);
+        let pci = n["pci"].as_str().unwrap_or("?");
+        let (meaning, sev) = crate::classify::xid_info(xid as u32);
+        let key = format!("{xid}/{pci}");
+        let seen = acc.out.keys().any(|k| k.ends_with(&key));
+        if !seen {
+            let sig = if xid == 79 { signal("gpu_fallen_off_bus") } else if sev == crate::classify::Severity::Critical { signal("xid_critical") } else { signal("xid_error") };
+            acc.add(sig, &key, *rel, gpu_of_job(pci, None), || format!("Xid {xid} ({meaning}) on {pci} (NVML event)"));
+        }
+    }
+    for (rel, e) in ctx.src(Source::GpuChange) {
+        let c = e["change"].as_str().unwrap_or("");
+        let pci = e["pci"].as_str().unwrap_or("?");
+        let touches = ctx.job_gpus.contains(pci);
+        let sig = if c.contains("uncorrected ECC") {
+            signal("ecc_uncorrected")
+        } else if c.contains("corrected ECC") {
+            signal("ecc_corrected")
+        } else if c.contains("PCIe replay") {
+            signal("pcie_replay")
+        } else if c.contains("started") && (c.starts_with("HW")) {
+            signal("gpu_hw_slowdown")
+        } else if c.contains("started") || c.contains("temperature") {
+            signal("gpu_power_cap")
+        } else {
+            continue;
+        };
+        acc.add(sig, c, *rel, touches, || c.to_string());
+    }
+}

@@ -1,0 +1,35 @@
+//! The detectors, one file per evidence family. Each evaluates its rows of the signal table
+//! (`super::rules`) over the incident window and adds what fired to the suspects.
+mod gpu;
+mod host;
+mod joblog;
+mod memory;
+mod network;
+mod numerics;
+mod pcie;
+mod process;
+mod storage;
+
+use serde_json::Value;
+
+use super::{Acc, Ctx};
+use crate::source::Source;
+
+/// Kernel log lines (every class) and the AER tracepoint, before the reference.
+fn kernel_events<'a>(ctx: &'a Ctx<'_>) -> Vec<(f64, &'a Value)> {
+    [Source::Kmsg, Source::Xid, Source::Aer].into_iter().flat_map(|s| ctx.src(s)).map(|(r, e)| (*r, *e)).collect()
+}
+
+/// Every detector, in an order where later ones may read what earlier ones found (NVML's Xid
+/// events after the kernel's lines, the job's own lines after everything they corroborate).
+pub(super) fn all(ctx: &Ctx<'_>, acc: &mut Acc) {
+    gpu::detect(ctx, acc);
+    pcie::detect(ctx, acc);
+    memory::detect(ctx, acc);
+    host::detect(ctx, acc);
+    storage::detect(ctx, acc);
+    network::detect(ctx, acc);
+    process::detect(ctx, acc);
+    numerics::detect(ctx, acc);
+    joblog::detect(ctx, acc, f64::INFINITY);
+}

@@ -1,0 +1,49 @@
+//! Network: links down, NIC (mlx5) errors, TCP retransmit storms to the job's peers, link state changes.
+use std::collections::BTreeMap;
+
+
+use super::{kernel_events, Acc, Ctx};
+use crate::report::rules::signal;
+use crate::source::Source;
+
+pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
+    for (rel, e) in &kernel_events(ctx) {
+        match e["class"].as_str().unwrap_or("") {
+            "link_down" => acc.add(signal("ib_link_down"), e["iface"].as_str().unwrap_or(""), *rel, false, || format!("link down on {}", e["iface"].as_str().unwrap_or("?"))),
+            "nic_error" => acc.add(signal("nic_error"), e["device"].as_str().unwrap_or(""), *rel, false, || format!("NIC error on {}: {}", e["device"].as_str().unwrap_or("?"), e["message"].as_str().unwrap_or(""))),
+            _ => {}
+        }
+    }
+    {
+        let sig = signal("retransmit_storm");
+        let mut per_peer: BTreeMap<String, (usize, usize, f64, bool)> = BTreeMap::new();
+        for (r, e) in ctx.src(Source::TcpRetransmit).filter(|(r, _)| *r > -120.0) {
+            let peer = format!("{}:{}", e["daddr"].as_str().unwrap_or("?"), e["dport"]);
+            let peer_of_job = ctx.job_peers.contains(&peer);
+            let s = per_peer.entry(peer).or_insert((0, 0, f64::NEG_INFINITY, false));
+            if *r > -60.0 { s.0 += 1 } else { s.1 += 1 }
+            s.2 = s.2.max(*r);
+            // Retransmits run in softirq context: tie them to the job through its sockets.
+            let local = format!("{}:{}", e["saddr"].as_str().unwrap_or("?"), e["sport"]);
+            s.3 |= e["job"] == true || peer_of_job || ctx.job_peers.contains(&local);
+        }
+        for (peer, (recent, earlier, last, job)) in per_peer {
+            if recent >= 20 && recent as f64 >= sig.threshold * (earlier.max(1) as f64) {
+                acc.add(sig, &peer, last, job, || format!("TCP retransmits to {peer}{} up {}× ({recent} in the minute before)", if job { ", a peer of this job" } else { "" }, recent / earlier.max(1)));
+            }
+        }
+    }
+    for (rel, e) in ctx.src(Source::NetChange) {
+        let c = e["change"].as_str().unwrap_or("");
+        // The state it went to decides: `ACTIVE -> DOWN` is a link down, `DOWN -> ACTIVE` is not.
+        let to = c.rsplit_once("->").map_or("", |(_, t)| t).to_ascii_lowercase();
+        let sig = if c.contains("->") && (to.trim_start().starts_with("down") || to.contains(": down") || to.contains("polling") || to.contains("disabled")) {
+            signal("ib_link_down")
+        } else if c.contains("->") && c.contains("state") {
+            continue;
+        } else {
+            signal("link_errors")
+        };
+        acc.add(sig, e["link"].as_str().unwrap_or(""), *rel, false, || c.to_string());
+    }
+}
