@@ -1,9 +1,7 @@
 //! The incident bundle: `nantrace-<host>-<UTC time>/` with timeline.json, app.log, kernel.log
 //! (and the evidence files of later stages). Written under a temporary name, then renamed;
 //! files are 0600, the directory 0700: it holds other people's command lines and logs.
-use std::fs::{self, OpenOptions};
-use std::io::Write as _;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -11,6 +9,7 @@ use serde_json::{json, Value};
 
 use crate::clock::{compact_utc, rfc3339, ClockMap};
 use crate::event::{Detail, Event};
+use crate::safefs;
 use crate::trigger::Fired;
 
 pub const SCHEMA: &str = "nantrace.timeline/1";
@@ -75,13 +74,9 @@ pub struct Incident<'a> {
 
 pub struct Written {
     pub dir: PathBuf,
+    /// Non-empty files written in full; 0 means the bundle holds nothing (full disk).
+    pub written: usize,
     pub failures: Vec<String>,
-}
-
-fn write_0600(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
-    f.write_all(data)?;
-    f.sync_all()
 }
 
 /// Index of the first non-finite log line, if any.
@@ -192,19 +187,19 @@ pub fn timeline_bytes(full: &Value) -> Vec<u8> {
 }
 
 /// Write the bundle under `out`. Each file that fails is reported and the others still written.
+/// The directory is created by us (0700) under a random temporary name, filled with O_EXCL
+/// files relative to its descriptor, then claimed under its final name with
+/// `renameat2(RENAME_NOREPLACE)`: a name taken by anything (another instance's bundle, a
+/// dangling symlink) moves on to the next suffix instead of failing (redteam 4.7, 4.13, 6.13).
 pub fn write(out: &Path, inc: &Incident) -> std::io::Result<Written> {
     fs::create_dir_all(out)?;
+    let outd = safefs::Dir::open(out)?;
     let stamp = compact_utc(inc.clock.to_wall(inc.triggers[0].mono_ns));
-    let host = if inc.host.hostname.is_empty() { "host" } else { &inc.host.hostname };
-    let mut name = format!("nantrace-{host}-{stamp}");
-    let mut n = 2;
-    while out.join(&name).exists() {
-        name = format!("nantrace-{host}-{stamp}-{n}");
-        n += 1;
-    }
-    let tmp = out.join(format!(".{name}.tmp-{}", std::process::id()));
-    fs::DirBuilder::new().mode(0o700).create(&tmp)?;
+    let host = safefs::sanitize(&inc.host.hostname, "host");
+    let base = format!("nantrace-{host}-{stamp}");
+    let (tmp, tmp_name) = outd.create_temp_subdir(&format!(".{base}.tmp-{}-", std::process::id()))?;
     let mut failures = Vec::new();
+    let mut written = 0;
     let mut files: Vec<(String, Vec<u8>)> = vec![
         ("app.log".into(), app_log(inc).into_bytes()),
         ("kernel.log".into(), kernel_log(inc).into_bytes()),
@@ -215,11 +210,23 @@ pub fn write(out: &Path, inc: &Incident) -> std::io::Result<Written> {
     }
     files.extend(inc.extra.iter().cloned());
     for (f, data) in &files {
-        if let Err(e) = write_0600(&tmp.join(f), data) {
-            failures.push(format!("{f}: {e}"));
+        match tmp.write_new(f, data) {
+            Err(e) => failures.push(format!("{f}: {e}")),
+            Ok(()) if !data.is_empty() => written += 1,
+            Ok(()) => {}
         }
     }
-    let dir = out.join(&name);
-    fs::rename(&tmp, &dir)?;
-    Ok(Written { dir, failures })
+    let mut name = base.clone();
+    let mut n = 2;
+    loop {
+        match outd.rename_noreplace(&tmp_name, &name) {
+            Ok(()) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 10_000 => {
+                name = format!("{base}-{n}");
+                n += 1;
+            }
+            Err(e) => return Err(std::io::Error::new(e.kind(), format!("{e}; the files are in {}", out.join(&tmp_name).display()))),
+        }
+    }
+    Ok(Written { dir: out.join(&name), written, failures })
 }

@@ -32,9 +32,15 @@ pub fn threads(pid: u32) -> Vec<u32> {
 
 /// The process exists and is not a zombie (a zombie has exited; only its parent's wait is due).
 pub fn alive(pid: u32) -> bool {
+    // The state follows the parenthesised comm, which may itself hold spaces or ')'.
+    let live = |stat: &str| stat.rsplit_once(')').is_some_and(|(_, rest)| !matches!(rest.trim_start().chars().next(), Some('Z' | 'X')));
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the parenthesised comm, which may itself hold spaces or ')'.
-        Ok(s) => s.rsplit_once(')').is_some_and(|(_, rest)| !matches!(rest.trim_start().chars().next(), Some('Z' | 'X'))),
+        Ok(s) if live(&s) => true,
+        // A zombie leader whose other threads still run (the leader called pthread_exit,
+        // redteam 1.10) is a live process: look at its threads.
+        Ok(_) => std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten().any(|t| {
+            t.file_name().to_str().is_some_and(|n| n != pid.to_string()) && std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| live(&s))
+        }),
         Err(_) => false,
     }
 }

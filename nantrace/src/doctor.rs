@@ -76,18 +76,18 @@ pub fn run() -> Report {
 }
 
 pub fn print_human(r: &Report) {
-    println!("kernel        {}", r.kernel);
-    println!("privileges    euid={}{}", r.euid, if r.euid == 0 { " (root)" } else { " (not root)" });
-    println!("tracefs       {}", r.tracefs.as_deref().unwrap_or("NOT MOUNTED"));
-    println!("BTF           {}", if r.btf { "/sys/kernel/btf/vmlinux" } else { "absent" });
-    println!("probes built  {}", if r.probes_built { "yes" } else { "no" });
+    crate::sayout!("kernel        {}", r.kernel);
+    crate::sayout!("privileges    euid={}{}", r.euid, if r.euid == 0 { " (root)" } else { " (not root)" });
+    crate::sayout!("tracefs       {}", r.tracefs.clone().unwrap_or_else(crate::tracefs::why_unavailable));
+    crate::sayout!("BTF           {}", if r.btf { "/sys/kernel/btf/vmlinux" } else { "absent" });
+    crate::sayout!("probes built  {}", if r.probes_built { "yes" } else { "no" });
     if let Some(e) = &r.load_error {
-        println!("load          FAILED: {e}");
+        crate::sayout!("load          FAILED: {e}");
     }
-    println!("NVML          {}", r.nvml);
-    println!("probes:");
+    crate::sayout!("NVML          {}", r.nvml);
+    crate::sayout!("probes:");
     for p in &r.probes {
-        println!(
+        crate::sayout!(
             "  {:<34} {:<12} {}",
             p.tracepoint,
             if p.attached { "attached" } else { "NOT ATTACHED" },
@@ -95,6 +95,6 @@ pub fn print_human(r: &Report) {
         );
     }
     for n in &r.notes {
-        println!("note: {n}");
+        crate::sayout!("note: {n}");
     }
 }

@@ -22,3 +22,6 @@ pub mod demo;
 pub mod merge;
 pub mod report;
 pub mod benchkit;
+pub mod safefs;
+pub mod privdrop;
+pub mod term;

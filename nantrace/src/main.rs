@@ -5,6 +5,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use nantrace::session::{Job, SessionOpts};
 use nantrace::trigger::TriggerKind;
+use nantrace::{say, sayout};
 
 #[derive(Parser)]
 #[command(name = "nantrace", version, about = "Flight recorder for GPU training nodes: was it the machine?")]
@@ -19,14 +20,14 @@ struct RecArgs {
     /// Directory under which bundles are written
     #[arg(long, default_value = ".")]
     out: PathBuf,
-    /// Flight-recorder time window, seconds
-    #[arg(long, default_value_t = 600.0)]
+    /// Flight-recorder time window, seconds (1 to 604800)
+    #[arg(long, default_value_t = 600.0, value_parser = secs(1.0, 604_800.0))]
     window: f64,
-    /// Flight-recorder memory cap, MiB
-    #[arg(long, default_value_t = 256)]
-    mem_cap_mb: usize,
-    /// Seconds to keep recording after a trigger (ends early when the job exits)
-    #[arg(long, default_value_t = 15.0)]
+    /// Flight-recorder memory cap, MiB (1 to 1048576)
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    mem_cap_mb: u64,
+    /// Seconds to keep recording after a trigger, 0 to 86400 (ends early when the job exits)
+    #[arg(long, default_value_t = 15.0, value_parser = secs(0.0, 86_400.0))]
     post: f64,
     /// Turn a trigger off: nan, exit, signal, oom, xid, job-error, usr1, file, manual (repeatable)
     #[arg(long = "no-trigger", value_parser = parse_trigger)]
@@ -34,22 +35,41 @@ struct RecArgs {
     /// Dump when this file appears (e.g. on a shared filesystem, for all nodes at once)
     #[arg(long)]
     trigger_file: Option<PathBuf>,
-    /// Extra regex that counts as a non-finite loss (repeatable)
-    #[arg(long = "nan-pattern")]
+    /// Extra regex that counts as a non-finite loss (repeatable; must not match an empty line)
+    #[arg(long = "nan-pattern", value_parser = parse_nan_pattern)]
     nan_patterns: Vec<String>,
     /// A non-finite gradient norm with a finite loss is: auto = a precursor only when the log
     /// shows the loss scaler skipped that step (fp16), else the incident (bf16); incident; precursor
     #[arg(long, value_enum, default_value_t = nantrace::nanscan::GradRule::Auto)]
     nonfinite_grad_norm: nantrace::nanscan::GradRule,
-    /// Block requests at least this slow (ms) are events
-    #[arg(long, default_value_t = 50.0)]
+    /// Block requests at least this slow (ms) are events (0 to 600000)
+    #[arg(long, default_value_t = 50.0, value_parser = secs(0.0, 600_000.0))]
     slow_io_ms: f64,
-    /// Collector sampling interval, seconds (GPU and system); never below 1 s for NVML
-    #[arg(long, default_value_t = 1.0)]
+    /// Collector sampling interval, seconds (0.1 to 3600; GPU and system); never below 1 s for NVML
+    #[arg(long, default_value_t = 1.0, value_parser = secs(0.1, 3600.0))]
     sample: f64,
     /// Do not load the eBPF probes (log and collectors only)
     #[arg(long)]
     no_probes: bool,
+}
+
+/// A finite number in `lo..=hi` (no NaN, no infinity, no negative durations: redteam 1.25–1.35).
+fn secs(lo: f64, hi: f64) -> impl Fn(&str) -> Result<f64, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let v: f64 = s.trim().parse().map_err(|_| format!("{s:?} is not a number"))?;
+        if !v.is_finite() || v < lo || v > hi {
+            return Err(format!("{s} is out of range: give a number from {lo} to {hi}"));
+        }
+        Ok(v)
+    }
+}
+
+fn parse_nan_pattern(s: &str) -> Result<String, String> {
+    let re = regex::Regex::new(s).map_err(|e| e.to_string())?;
+    if re.is_match("") {
+        return Err(format!("{s:?} matches an empty line, so every line would be a NaN (1.37)"));
+    }
+    Ok(s.to_string())
 }
 
 fn parse_trigger(s: &str) -> Result<TriggerKind, String> {
@@ -61,7 +81,7 @@ impl RecArgs {
         SessionOpts {
             out: self.out.clone(),
             window_s: self.window,
-            mem_cap_mb: self.mem_cap_mb,
+            mem_cap_mb: usize::try_from(self.mem_cap_mb).unwrap_or(usize::MAX),
             post_s: self.post,
             no_trigger: self.no_trigger.clone(),
             trigger_file: self.trigger_file.clone(),
@@ -71,8 +91,25 @@ impl RecArgs {
             sample_s: self.sample,
             no_probes: self.no_probes,
             injected: None,
+            run_as: None,
+            unbuffered: true,
         }
     }
+}
+
+/// Who the job runs as (run only): see docs/security.md, "Privilege model".
+#[derive(Args, Clone)]
+struct UserArgs {
+    /// Run the job as this user (name or uid), with its groups and HOME. Default: the user who
+    /// ran sudo (SUDO_UID), else nantrace's own user
+    #[arg(long, conflicts_with = "as_root")]
+    user: Option<String>,
+    /// Keep root for the job even when started through sudo (prints a warning)
+    #[arg(long)]
+    as_root: bool,
+    /// Do not set PYTHONUNBUFFERED=1 for the job
+    #[arg(long)]
+    no_unbuffered: bool,
 }
 
 #[derive(Subcommand)]
@@ -81,6 +118,8 @@ enum Cmd {
     Run {
         #[command(flatten)]
         rec: RecArgs,
+        #[command(flatten)]
+        who: UserArgs,
         #[arg(trailing_var_arg = true, required = true)]
         cmd: Vec<String>,
     },
@@ -109,14 +148,14 @@ enum Cmd {
         /// Root pid(s) of the job; descendants are followed. Without it: the whole machine.
         #[arg(long = "pid")]
         pids: Vec<u32>,
-        /// Stop after this many seconds
-        #[arg(long)]
+        /// Stop after this many seconds (0 to 31536000)
+        #[arg(long, value_parser = secs(0.0, 31_536_000.0))]
         duration: Option<f64>,
         /// One JSON object per line
         #[arg(long)]
         json: bool,
         /// Block requests at least this slow (ms) are events; errors always are
-        #[arg(long, default_value_t = 50.0)]
+        #[arg(long, default_value_t = 50.0, value_parser = secs(0.0, 600_000.0))]
         slow_io_ms: f64,
     },
     /// Answer "was it the machine?" for a bundle: ranked suspects, what was checked, the facts
@@ -181,34 +220,59 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn session(job: Job, opts: SessionOpts) -> anyhow::Result<i32> {
     let out = runtime()?.block_on(nantrace::session::run(job, opts))?;
-    if out.bundles.is_empty() {
-        eprintln!("nantrace: no incident, no bundle written");
+    if !out.dumped {
+        say!("nantrace: no incident, no bundle written");
     }
     Ok(out.exit_code)
 }
 
+/// A file nantrace writes by itself (snapshot --out): see `safefs::write_file_0600`.
 fn write_0600(path: &std::path::Path, data: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).with_context(|| format!("writing {}", path.display()))?;
-    f.write_all(data)?;
-    Ok(())
+    nantrace::safefs::write_file_0600(path, data).with_context(|| format!("writing {}", path.display()))
+}
+
+/// `merge --out`: a new directory (created 0700), or an existing one that is ours alone;
+/// never an input bundle or a directory inside one (5.24); never chmodded (4.14).
+fn merge_out_dir(out: &std::path::Path, inputs: &[PathBuf]) -> anyhow::Result<nantrace::safefs::Dir> {
+    for b in inputs {
+        anyhow::ensure!(!nantrace::safefs::is_within(out, b) && !nantrace::safefs::is_within(b, out), "--out {} is (or contains, or is inside) the input bundle {}: it would be overwritten; give a new directory", out.display(), b.display());
+    }
+    match std::fs::symlink_metadata(out) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+            let name = out.file_name().and_then(|n| n.to_str()).with_context(|| format!("--out {}: not a directory name", out.display()))?;
+            Ok(nantrace::safefs::Dir::open(parent)?.create_subdir(name).with_context(|| format!("creating {}", out.display()))?)
+        }
+        Err(e) => Err(e).with_context(|| format!("--out {}", out.display())),
+        Ok(_) => nantrace::safefs::Dir::open_private(out).with_context(|| format!("--out {}: give a new directory, or one only you can write", out.display())),
+    }
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let code = match cli.cmd {
-        Cmd::Run { rec, cmd } => session(Job::Spawn(cmd), rec.opts())?,
+        Cmd::Run { rec, who, cmd } => {
+            let choice = match (who.user, who.as_root) {
+                (Some(u), _) => nantrace::privdrop::Choice::User(u),
+                (None, true) => nantrace::privdrop::Choice::AsRoot,
+                (None, false) => nantrace::privdrop::Choice::Auto,
+            };
+            let mut opts = rec.opts();
+            opts.run_as = nantrace::privdrop::resolve(&choice, |k| std::env::var(k).ok())?;
+            opts.unbuffered = !who.no_unbuffered;
+            session(Job::Spawn(cmd), opts)?
+        }
         Cmd::Attach { pid, logs, rec } => session(Job::Attach { pid, logs }, rec.opts())?,
         Cmd::Demo { scenario, rec } => {
             anyhow::ensure!(nantrace::demo::SCENARIOS.contains(&scenario.as_str()), "unknown scenario {scenario:?}; known: {:?}", nantrace::demo::SCENARIOS);
             let me = std::env::current_exe().context("locating the nantrace binary")?;
             let mut opts = rec.opts();
             opts.injected = (scenario != "numeric").then(|| format!("demo scenario {scenario}: fault injected through real kernel mechanisms"));
-            eprintln!("nantrace demo: running the built-in training job (scenario {scenario}); it diverges to NaN in a few seconds");
+            say!("nantrace demo: running the built-in training job (scenario {scenario}); it diverges to NaN in a few seconds");
             let job = Job::Spawn(vec![me.display().to_string(), "demo-train".into(), "--scenario".into(), scenario]);
             let code = session(job, opts)?;
-            eprintln!("nantrace demo: the demo job exited with {code} (it stops itself when its loss is NaN)");
+            say!("nantrace demo: the demo job exited with {code} (it stops itself when its loss is NaN)");
             0
         }
         Cmd::Watch { pids, duration, json, slow_io_ms } => {
@@ -217,10 +281,12 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Report { bundle, write } => {
             let (a, t, snap) = nantrace::report::for_bundle(&bundle)?;
-            print!("{}", nantrace::report::markdown(&a, &t));
+            nantrace::term::print_out(&nantrace::term::clean_lines(&nantrace::report::markdown(&a, &t)));
             if write {
+                // Only into a bundle directory that is ours alone; files replaced by rename (4.11).
+                let dir = nantrace::safefs::Dir::open_private(&bundle).with_context(|| format!("report --write {}", bundle.display()))?;
                 for (name, data) in nantrace::export::derived(&t, &snap).0 {
-                    write_0600(&bundle.join(name), &data)?;
+                    dir.replace(&name, &data).with_context(|| format!("writing {}/{name}", bundle.display()))?;
                 }
             }
             0
@@ -231,15 +297,14 @@ fn main() -> anyhow::Result<()> {
             let trace = nantrace::merge::trace(&merged, &nodes);
             let snap = nodes[0].snapshot.clone();
             let a = nantrace::report::analyze(&merged, &snap);
-            std::fs::create_dir_all(&out)?;
-            std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-            write_0600(&out.join("timeline.json"), &serde_json::to_vec_pretty(&merged)?)?;
-            write_0600(&out.join("trace.json"), &serde_json::to_vec(&trace)?)?;
+            let dir = merge_out_dir(&out, &bundles)?;
+            dir.replace("timeline.json", &serde_json::to_vec_pretty(&merged)?)?;
+            dir.replace("trace.json", &serde_json::to_vec(&trace)?)?;
             let md = nantrace::report::markdown(&a, &merged);
-            write_0600(&out.join("report.md"), md.as_bytes())?;
-            write_0600(&out.join("report.html"), nantrace::export::html::render(&a, &merged, &snap).as_bytes())?;
-            eprintln!("nantrace: merged {} bundles into {}: {}", nodes.len(), out.display(), merged["clock_statement"].as_str().unwrap_or(""));
-            println!("{}", a.verdict);
+            dir.replace("report.md", md.as_bytes())?;
+            dir.replace("report.html", nantrace::export::html::render(&a, &merged, &snap).as_bytes())?;
+            say!("nantrace: merged {} bundles into {}: {}", nodes.len(), out.display(), merged["clock_statement"].as_str().unwrap_or(""));
+            sayout!("{}", nantrace::term::clean(&a.verdict));
             0
         }
         Cmd::Snapshot { pid, out } => {
@@ -250,16 +315,16 @@ fn main() -> anyhow::Result<()> {
             match out {
                 Some(path) => {
                     write_0600(&path, s.as_bytes())?;
-                    eprintln!("nantrace: snapshot written to {}", path.display());
+                    say!("nantrace: snapshot written to {}", path.display());
                 }
-                None => println!("{s}"),
+                None => sayout!("{s}"),
             }
             0
         }
         Cmd::Doctor { json } => {
             let r = nantrace::doctor::run();
             if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
+                sayout!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 nantrace::doctor::print_human(&r);
             }
@@ -278,7 +343,7 @@ fn main() -> anyhow::Result<()> {
                 "bpf-stats" => b::bpf_stats(),
                 other => anyhow::bail!("unknown bench-internal {other}"),
             };
-            println!("{v}");
+            sayout!("{v}");
             0
         }
         Cmd::DemoHog { procs } => nantrace::demo::hog(&procs),

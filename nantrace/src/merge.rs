@@ -23,14 +23,20 @@ pub fn load(dir: &Path) -> anyhow::Result<Node> {
     let t: Value = serde_json::from_slice(&std::fs::read(dir.join("timeline.json")).with_context(|| format!("{}/timeline.json", dir.display()))?)?;
     anyhow::ensure!(t["schema"] == crate::bundle::SCHEMA, "{}: not a node bundle (schema {})", dir.display(), t["schema"]);
     let snapshot = std::fs::read(dir.join("snapshot.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Value::Null);
-    let correction_s = t["clock"]["correction_s"].as_f64().unwrap_or(0.0);
-    let uncertainty_s = t["clock"]["uncertainty_s"].as_f64();
+    let mut correction_s = t["clock"]["correction_s"].as_f64().unwrap_or(0.0);
+    let mut uncertainty_s = t["clock"]["uncertainty_s"].as_f64();
+    // An NTP correction is seconds at most; anything beyond a day is a broken or hostile
+    // bundle (redteam 5.21): not applied, and the node counts as unsynchronised.
+    if correction_s.is_nan() || correction_s.abs() > 86_400.0 {
+        correction_s = 0.0;
+        uncertainty_s = None;
+    }
     Ok(Node { name: t["host"]["hostname"].as_str().unwrap_or("node").to_string(), dir: dir.to_path_buf(), timeline: t, snapshot, correction_s, uncertainty_s })
 }
 
 fn shifted(time: &str, by_s: f64) -> (String, i128) {
     let t = time::OffsetDateTime::parse(time, &time::format_description::well_known::Rfc3339).map(|t| t.unix_timestamp_nanos()).unwrap_or(0);
-    let n = t + (by_s * 1e9) as i128;
+    let n = t.saturating_add((by_s * 1e9) as i128);
     (crate::clock::rfc3339(n), n)
 }
 
@@ -46,7 +52,8 @@ pub fn merge(nodes: &mut [Node]) -> Value {
     let mut triggers = Vec::new();
     let mut nans = Vec::new();
     for n in nodes.iter() {
-        for e in n.timeline["events"].as_array().into_iter().flatten() {
+        // Junk (a number, a string) is not an event: skipped, not a panic (redteam 5.22).
+        for e in n.timeline["events"].as_array().into_iter().flatten().filter(|e| e.is_object()) {
             let (t, ns) = shifted(e["time"].as_str().unwrap_or(""), n.correction_s);
             let mut e = e.clone();
             e["time_node_clock"] = e["time"].clone();
@@ -59,6 +66,9 @@ pub fn merge(nodes: &mut [Node]) -> Value {
         if let Some(tn) = n.timeline["first_nan"]["time"].as_str() {
             let (t, ns) = shifted(tn, n.correction_s);
             let mut fnan = n.timeline["first_nan"].clone();
+            if !fnan.is_object() {
+                continue;
+            }
             fnan["time"] = json!(t);
             fnan["node"] = json!(n.name);
             nans.push((ns, fnan));

@@ -108,6 +108,27 @@ pub fn root() -> Option<PathBuf> {
     (rc == 0 && Path::new("/sys/kernel/tracing/events").is_dir()).then(|| PathBuf::from("/sys/kernel/tracing"))
 }
 
+/// Why [`root`] found no usable tracefs: mounted but unreadable (not root) is not "not
+/// mounted" (redteam 6.14a).
+pub fn why_unavailable() -> String {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mounted: Vec<&str> = mounts.lines().filter_map(|l| {
+        let mut f = l.split_whitespace();
+        let (_, dir, kind) = (f.next()?, f.next()?, f.next()?);
+        (kind == "tracefs").then_some(dir)
+    }).collect();
+    // SAFETY: geteuid has no failure mode.
+    let euid = unsafe { libc::geteuid() };
+    match mounted.first() {
+        Some(dir) => match std::fs::read_dir(Path::new(dir).join("events")) {
+            Err(e) => format!("tracefs is mounted at {dir} but not readable by uid {euid} ({e}): root is needed"),
+            Ok(_) => format!("tracefs is mounted at {dir} but has no events directory"),
+        },
+        None if euid == 0 => "tracefs is not mounted and could not be mounted at /sys/kernel/tracing".into(),
+        None => format!("tracefs is not mounted, and uid {euid} may not mount it: root is needed"),
+    }
+}
+
 /// Read and parse `events/<group>/<name>/format` under `root`.
 pub fn read_format(root: &Path, group: &str, name: &str) -> Result<Format, FormatError> {
     let path = root.join("events").join(group).join(name).join("format");

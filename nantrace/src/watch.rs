@@ -50,12 +50,12 @@ pub fn start_probes(pids: &[u32], slow_io_ms: f64) -> anyhow::Result<Probes> {
     let mut probes = Probes::load(&opts).context("starting the kernel probes")?;
     for s in &probes.status {
         if !s.attached {
-            eprintln!("nantrace: probe {} not attached: {}", s.tracepoint, s.reason.as_deref().unwrap_or("?"));
+            crate::say!("nantrace: probe {} not attached: {}", s.tracepoint, s.reason.as_deref().unwrap_or("?"));
         }
     }
     for pid in pids {
         if !crate::correlate::alive(*pid) {
-            eprintln!("nantrace: pid {pid} does not exist (already exited?); watching for it anyway");
+            crate::say!("nantrace: pid {pid} does not exist (already exited?); watching for it anyway");
         }
     }
     for p in crate::correlate::descendants(pids) {
@@ -95,7 +95,7 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
     let (tx, mut rx) = mpsc::channel(256);
     let (stats, _reader) = crate::stream::spawn(ring, tx);
     let mut clock = ClockMap::sample();
-    eprintln!(
+    crate::say!(
         "nantrace: watching {} ({} of {} probes attached){}",
         if args.pids.is_empty() { "the whole machine".to_string() } else { format!("pids {:?} and descendants", args.pids) },
         probes.attached(),
@@ -134,9 +134,9 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
     acct.decode_errors = stats.decode_errors.load(Ordering::Relaxed);
     let doc = serde_json::json!({ "accounting": acct });
     if args.json {
-        println!("{doc}");
+        crate::sayout!("{doc}");
     } else {
-        eprintln!("{}", serde_json::to_string_pretty(&doc)?);
+        crate::say!("{}", serde_json::to_string_pretty(&doc)?);
     }
     Ok(())
 }

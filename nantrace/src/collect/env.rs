@@ -148,7 +148,7 @@ pub fn snapshot(pid: Option<u32>, nvml_driver: Option<(String, Option<i32>)>) ->
             Err(e) => errors.push(format!("/proc/{pid}/environ: {e} (root needed for other users' processes)")),
         }
         cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok().map(|b| {
-            redact::text(&b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect::<Vec<_>>().join(" "))
+            redact::argv(&b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect::<Vec<_>>()).join(" ")
         });
     }
     json!({

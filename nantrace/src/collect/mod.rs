@@ -97,7 +97,7 @@ fn spawn_xid_listener(sink: impl Fn(Vec<Event>) -> bool + Send + 'static) {
                 match d.register_events(nvml_wrapper::bitmasks::event::EventTypes::CRITICAL_XID_ERROR, set) {
                     Ok(s) => set = s,
                     Err(e) => {
-                        eprintln!("nantrace: NVML Xid events unavailable on GPU {i}: {:?}", e.error);
+                        crate::say!("nantrace: NVML Xid events unavailable on GPU {i}: {:?}", e.error);
                         return;
                     }
                 }
@@ -120,7 +120,7 @@ fn spawn_xid_listener(sink: impl Fn(Vec<Event>) -> bool + Send + 'static) {
                     }
                     Err(nvml_wrapper::error::NvmlError::Timeout) => {}
                     Err(e) => {
-                        eprintln!("nantrace: NVML Xid event wait failed, stopping that listener: {e}");
+                        crate::say!("nantrace: NVML Xid event wait failed, stopping that listener: {e}");
                         return;
                     }
                 }

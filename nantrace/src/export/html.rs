@@ -111,12 +111,20 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
         svg.push_str(&format!(r##"<rect x="{LEFT}" y="{y}" width="{}" height="{lane_h}" fill="{}"/><text x="4" y="{}" class="lane">{}</text>"##, W - LEFT - 20.0, if i % 2 == 0 { "#f4f6f7" } else { "#fbfcfc" }, y + 17.0, esc(name)));
     }
     // Ticks.
-    let step = [0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0].into_iter().find(|s| (hi - lo) / s <= 12.0).unwrap_or(600.0);
-    let mut t = (lo / step).ceil() * step;
-    while t <= hi {
-        let x = ax.x(t);
-        svg.push_str(&format!(r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{}" stroke="#d5d8dc"/><text x="{x:.1}" y="{}" class="tick">{t:+.1}s</text>"##, height - 22.0, height - 8.0));
-        t += step;
+    // At most ~12 ticks whatever the span (a 1970 clock or an offset of 1e300 s in a hostile
+    // bundle once made this loop run for ever: redteam 5.19-5.21).
+    let span = hi - lo;
+    let step = [0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0].into_iter().find(|s| span / s <= 12.0).unwrap_or_else(|| 10f64.powf((span / 12.0).log10().ceil()));
+    if span.is_finite() && step.is_finite() && step > 0.0 {
+        let first = (lo / step).ceil();
+        for i in 0..=13 {
+            let t = (first + f64::from(i)) * step;
+            if t > hi {
+                break;
+            }
+            let x = ax.x(t);
+            svg.push_str(&format!(r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{}" stroke="#d5d8dc"/><text x="{x:.1}" y="{}" class="tick">{t:+.1}s</text>"##, height - 22.0, height - 8.0));
+        }
     }
     // Events (samples are counters, drawn below, not dots). A dense window is thinned to one
     // marker per lane per pixel column, so the page stays small and fast.

@@ -47,6 +47,15 @@ pub fn derived(t: &serde_json::Value, snapshot: &serde_json::Value) -> (Vec<(Str
     })
 }
 
+/// "ended by SIGINT", "exit code 3", "still running".
+pub fn exit_text(code: Option<i32>, signal: Option<i32>) -> String {
+    match (code, signal) {
+        (_, Some(s)) => format!("ended by {}", crate::event::signal_name(s)),
+        (Some(c), None) => format!("exit code {c}"),
+        _ => "still running".into(),
+    }
+}
+
 fn count(events: &[Event], f: impl Fn(&Event) -> bool) -> usize {
     events.iter().filter(|e| f(e)).count()
 }
@@ -59,7 +68,7 @@ pub fn summary(dir: &Path, inc: &Incident) -> String {
     let ev = inc.events;
     let nan = first_nan(ev).map_or("no non-finite value in the log".to_string(), |e| {
         let Detail::Log(l) = &e.detail else { unreachable!() };
-        format!("first NaN at {:+.1} s{}: {}", rel(e.mono_ns), l.step.map_or(String::new(), |s| format!(" (step {s})")), l.text.chars().take(80).collect::<String>())
+        format!("first NaN at {:+.1} s{}: {}", rel(e.mono_ns), l.step.map_or(String::new(), |s| format!(" (step {s})")), crate::term::clean(&l.text.chars().take(80).collect::<String>()))
     });
     let xids: Vec<&Event> = ev.iter().filter(|e| matches!(&e.detail, Detail::Kmsg(k) if matches!(k.class.as_deref(), Some(KmsgClass::Xid { .. }) | Some(KmsgClass::GpuFallenOffBus { .. })))).collect();
     let worst = xids.iter().max_by_key(|e| match &e.detail { Detail::Kmsg(k) => k.class.as_deref().map(KmsgClass::severity), _ => None }).map(|e| match &e.detail {
@@ -74,11 +83,7 @@ pub fn summary(dir: &Path, inc: &Incident) -> String {
     let aers = count(ev, |e| e.source() == "aer");
     let sigs = count(ev, |e| e.job && matches!(e.detail, Detail::Signal { .. }));
     let forks = count(ev, |e| e.job && matches!(e.detail, Detail::Fork { .. }));
-    let exit = match (inc.job.exit_code, inc.job.exit_signal) {
-        (_, Some(s)) => format!("ended by {}", crate::event::signal_name(s)),
-        (Some(c), None) => format!("exit code {c}"),
-        _ => "still running".into(),
-    };
+    let exit = exit_text(inc.job.exit_code, inc.job.exit_signal);
     let rs = &inc.accounting["recorder"];
     let drops: u64 = inc.accounting["kernel_drops"].as_object().map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum());
     let span = match (ev.first(), ev.last()) {
@@ -88,11 +93,11 @@ pub fn summary(dir: &Path, inc: &Incident) -> String {
     let verdict = inc.verdict.as_ref();
     format!(
         "{}nantrace: incident bundle written: {}\n  trigger  {} at {}: {}\n  log      {}\n  kernel   {} Xid{}, {} OOM kill(s), {} AER, {} fatal signal(s) to the job\n  job      pid {} {}, {} fork(s); {} events over {:.1} s, {} drops, {} evictions",
-        verdict.map_or(String::new(), |v| format!("nantrace: {}\n", v.chars().take(220).collect::<String>())),
+        verdict.map_or(String::new(), |v| format!("nantrace: {}\n", crate::term::clean(&v.chars().take(220).collect::<String>()))),
         dir.display(),
         t.kind.name(),
         rfc3339(inc.clock.to_wall(t.mono_ns)),
-        t.reason.chars().take(100).collect::<String>(),
+        crate::term::clean(&t.reason.chars().take(100).collect::<String>()),
         nan,
         xids.len(),
         worst,

@@ -52,8 +52,8 @@ pub struct ProbeStatus {
 pub enum ProbeError {
     #[error("the eBPF object was not built into this binary: run `cargo xtask build` (it builds the probes, then the CLI)")]
     NotBuilt,
-    #[error("tracefs is not mounted and could not be mounted at /sys/kernel/tracing (are you root?)")]
-    NoTracefs,
+    #[error("{0}")]
+    NoTracefs(String),
     #[error("loading the eBPF object failed (root or CAP_BPF+CAP_PERFMON needed): {0}")]
     Load(#[from] aya::EbpfError),
     #[error("map {0}: {1}")]
@@ -166,7 +166,7 @@ impl Probes {
         if BPF_OBJ.is_empty() {
             return Err(ProbeError::NotBuilt);
         }
-        let root = tracefs::root().ok_or(ProbeError::NoTracefs)?;
+        let root = tracefs::root().ok_or_else(|| ProbeError::NoTracefs(tracefs::why_unavailable()))?;
         let (off, missing) = offsets(&root);
         let cfg = Config {
             slow_io_ns: opts.slow_io_ns,

@@ -3,14 +3,36 @@ use serde_json::{json, Value};
 
 use super::{analyze, Analysis};
 
+/// Untrusted text (log lines, process names, kernel lines, command lines) inside report.md:
+/// one line, no HTML, no Markdown structure (headings, images, links, emphasis), no
+/// control characters (redteam 3.3, 3.4).
+pub fn md(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in crate::term::clean(s).chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            // Links and images need `[`; emphasis needs `*` (`_` inside words is literal, and
+            // escaping it would garble process names such as pt_data_worker).
+            '\\' | '`' | '*' | '[' | ']' | '~' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// report.md (also report.txt): the answer first, then suspects, what was checked, the facts.
 pub fn markdown(a: &Analysis, timeline: &Value) -> String {
     let mut s = String::new();
     s.push_str("# nantrace incident report\n\n");
-    s.push_str(&format!("**{}**\n\n", a.verdict));
-    s.push_str(&format!("- trigger: {} at {} — {}\n", timeline["trigger"]["kind"].as_str().unwrap_or("?"), timeline["trigger"]["time"].as_str().unwrap_or("?"), timeline["trigger"]["reason"].as_str().unwrap_or("")));
-    s.push_str(&format!("- {}\n", a.reference));
-    s.push_str(&format!("- host {} (kernel {})\n", timeline["host"]["hostname"].as_str().unwrap_or("?"), timeline["host"]["kernel"].as_str().unwrap_or("?")));
+    s.push_str(&format!("**{}**\n\n", md(&a.verdict)));
+    s.push_str(&format!("- trigger: {} at {} — {}\n", md(timeline["trigger"]["kind"].as_str().unwrap_or("?")), md(timeline["trigger"]["time"].as_str().unwrap_or("?")), md(timeline["trigger"]["reason"].as_str().unwrap_or(""))));
+    s.push_str(&format!("- {}\n", md(&a.reference)));
+    s.push_str(&format!("- host {} (kernel {})\n", md(timeline["host"]["hostname"].as_str().unwrap_or("?")), md(timeline["host"]["kernel"].as_str().unwrap_or("?"))));
     if let Some(i) = a.facts["injected"].as_str() {
         s.push_str(&format!("- NOTE: {i} (this incident was staged)\n"));
     }
@@ -19,18 +41,18 @@ pub fn markdown(a: &Analysis, timeline: &Value) -> String {
         s.push_str("None: no signal in the table fired.\n");
     }
     for (i, f) in a.suspects.iter().enumerate() {
-        s.push_str(&format!("{}. [{}, severity {}{}] {}\n", i + 1, f.family.label(), f.severity, if f.touches_job { ", touches the job" } else { "" }, f.text));
+        s.push_str(&format!("{}. [{}, severity {}{}] {}\n", i + 1, f.family.label(), f.severity, if f.touches_job { ", touches the job" } else { "" }, md(&f.text)));
         if let Some(act) = f.action {
             s.push_str(&format!("   - NVIDIA's recommended action: {act}\n"));
         }
     }
     s.push_str("\n## What was checked\n\n");
     for c in &a.checked {
-        s.push_str(&format!("- {c}\n"));
+        s.push_str(&format!("- {}\n", md(c)));
     }
     s.push_str("\n## Facts for the ML team\n\n");
     let fa = &a.facts;
-    s.push_str(&format!("- command: `{}` (pid {}), exit: {}\n", fa["job"]["command"].as_array().map(|c| c.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" ")).unwrap_or_default(), fa["job"]["root_pid"], match (fa["job"]["exit_code"].as_i64(), fa["job"]["exit_signal"].as_i64()) { (_, Some(sg)) => format!("signal {sg}"), (Some(c), _) => format!("code {c}"), _ => "still running".into() }));
+    s.push_str(&format!("- command: {} (pid {}), exit: {}\n", md(&fa["job"]["command"].as_array().map(|c| c.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" ")).unwrap_or_default()), fa["job"]["root_pid"], match (fa["job"]["exit_code"].as_i64(), fa["job"]["exit_signal"].as_i64()) { (_, Some(sg)) => format!("signal {sg}"), (Some(c), _) => format!("code {c}"), _ => "still running".into() }));
     s.push_str(&format!("- NVIDIA driver: {}\n- CUDA driver: {}\n- nvcc: {}\n", fa["nvidia_driver"].as_str().unwrap_or("none").lines().next().unwrap_or(""), or_none(&fa["cuda_driver"]), fa["nvcc"].as_str().unwrap_or("none")));
     if let Some(l) = fa["libraries"].as_object() {
         for (k, v) in l {

@@ -144,7 +144,8 @@ impl LineReader {
         }
         let fault = self.faults.line(&clean);
         LogLine {
-            text: line.into(),
+            // Scanned above; redacted before it is kept (it will leave the process, 4.5).
+            text: crate::collect::redact::log_line(line.to_owned()).into(),
             stream: 0,
             nonfinite: s.nonfinite.is_some(),
             step: s.step,

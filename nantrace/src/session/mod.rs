@@ -2,6 +2,7 @@
 //! job's output and collector samples flow into the flight recorder; triggers open an incident;
 //! after the post-window (or the job's end) the bundle is written.
 use std::collections::BTreeMap;
+use std::os::unix::fs::FileTypeExt as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -39,6 +40,10 @@ pub struct SessionOpts {
     pub no_probes: bool,
     /// Label for injected faults (demo scenarios), recorded in the bundle.
     pub injected: Option<String>,
+    /// Run mode: the identity the job is switched to (see `privdrop`); None: nantrace's own.
+    pub run_as: Option<crate::privdrop::RunAs>,
+    /// Run mode: set PYTHONUNBUFFERED=1 for the job unless it is already set (redteam 2.14).
+    pub unbuffered: bool,
 }
 
 impl Default for SessionOpts {
@@ -56,6 +61,8 @@ impl Default for SessionOpts {
             sample_s: 1.0,
             no_probes: false,
             injected: None,
+            run_as: None,
+            unbuffered: true,
         }
     }
 }
@@ -73,19 +80,24 @@ enum Input {
     Log(Event),
     Samples(Vec<Event>),
     JobExit { code: Option<i32>, signal: Option<i32> },
-    Fire(TriggerKind, String),
+    /// A trigger from outside, with the time it was received.
+    Fire(TriggerKind, String, u64),
 }
 
 /// What the session did, for the caller (exit code) and tests.
 pub struct Outcome {
     pub exit_code: i32,
     pub bundles: Vec<PathBuf>,
+    /// An incident was dumped (even when its bundle could not be written).
+    pub dumped: bool,
 }
 
 /// Run a session to its end; returns the job's exit code (run mode) and the bundles written.
 pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
     let mut scanner = Scanner::new(&opts.nan_patterns).context("--nan-pattern")?;
     scanner.grad_rule = opts.grad_rule;
+    // A bundle that cannot be written must be said before hours of training, not after.
+    crate::safefs::check_out_dir(&opts.out)?;
     let enabled = Enabled::all_but(&opts.no_trigger);
     let host = Host::read();
     let (tx, mut rx) = mpsc::channel::<Input>(4096);
@@ -110,14 +122,14 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         }) {
             Ok(p) => Some(p),
             Err(e) => {
-                eprintln!("nantrace: WARNING: kernel probes unavailable, recording the job's output only: {e:#}");
+                crate::say!("nantrace: WARNING: kernel probes unavailable, recording the job's output only: {e:#}");
                 probe_error = Some(format!("{e:#}"));
                 None
             }
         }
     };
     let mut acct = probes.as_ref().map(|p| Accounting::with_probes(&p.status)).unwrap_or_default();
-    eprintln!(
+    crate::say!(
         "nantrace: recording ({} kernel probes attached; window {} s, cap {} MiB, post-window {} s)",
         probes.as_ref().map_or(0, |p| p.attached()),
         opts.window_s,
@@ -146,6 +158,22 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         Job::Spawn(argv) => {
             anyhow::ensure!(!argv.is_empty(), "no command given after --");
             let mut cmd = tokio::process::Command::new(&argv[0]);
+            if opts.unbuffered && std::env::var_os("PYTHONUNBUFFERED").is_none() {
+                // Block-buffered Python output arrives late and is stamped late (2.14).
+                cmd.env("PYTHONUNBUFFERED", "1");
+            }
+            match &opts.run_as {
+                Some(ra) => {
+                    ra.apply(cmd.as_std_mut());
+                    crate::say!("nantrace: the job runs as {}", ra.describe());
+                }
+                None => {
+                    // SAFETY: geteuid has no failure mode.
+                    if unsafe { libc::geteuid() } == 0 {
+                        crate::say!("nantrace: the job runs as root");
+                    }
+                }
+            }
             cmd.args(&argv[1..]).stdin(std::process::Stdio::inherit()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
             // nantrace's own pid is in the job map while it forks the child, so the kernel map
             // holds the child from its first instruction (no race with early worker forks).
@@ -162,7 +190,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             let mut child = spawned.with_context(|| format!("starting {:?}", argv[0]))?;
             let pid = child.id().unwrap_or(0);
             info.root_pid = Some(pid);
-            info.command = argv.clone();
+            info.command = crate::collect::redact::argv(argv);
             let comm = comm_from(std::path::Path::new(&argv[0]).file_name().and_then(|s| s.to_str()).unwrap_or("job"));
             let out = tokio::spawn(pump(child.stdout.take().unwrap(), tokio::io::stdout(), 1, pid, comm, scanner.clone(), tx.clone()));
             let err = tokio::spawn(pump(child.stderr.take().unwrap(), tokio::io::stderr(), 2, pid, comm, scanner.clone(), tx.clone()));
@@ -186,12 +214,13 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         Job::Attach { pid, logs } => {
             info.root_pid = Some(*pid);
             info.command = std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|b| b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+                .map(|b| crate::collect::redact::argv(&b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect::<Vec<_>>()))
                 .unwrap_or_default();
             if !crate::correlate::alive(*pid) {
                 anyhow::bail!("pid {pid} does not exist");
             }
             for l in logs {
+                check_log(l)?;
                 follow_file(l.clone(), *pid, scanner.clone(), tx.clone());
             }
             // The root's end: from /proc (the kernel exit event, when seen, gives the code).
@@ -213,19 +242,30 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         let mut usr1 = signal(SignalKind::user_defined1())?;
         let mut int = signal(SignalKind::interrupt())?;
         let mut term = signal(SignalKind::terminate())?;
+        let mut hup = signal(SignalKind::hangup())?;
         let child = info.root_pid.filter(|_| matches!(job, Job::Spawn(_)));
+        // Run mode: SIGINT, SIGHUP and SIGTERM go on to the job at once (6.1, 6.3, 6.6); the
+        // bundle is written when the job has ended (or the post-window is over), and nantrace
+        // exits with the job's status. A terminal's Ctrl-C or hangup already reached the job
+        // (same foreground process group): those are not sent a second time.
+        let forward = move |sig: libc::c_int| {
+            if let Some(c) = child {
+                if sig == libc::SIGTERM || !job_got_it_from_the_terminal() {
+                    // SAFETY: sending a signal to our own child; no memory is involved.
+                    unsafe { libc::kill(c as i32, sig) };
+                }
+            }
+        };
         tokio::spawn(async move {
             loop {
-                tokio::select! {
-                    _ = usr1.recv() => { let _ = tx2.send(Input::Fire(TriggerKind::Usr1, "SIGUSR1 sent to nantrace".into())).await; }
-                    _ = int.recv() => { let _ = tx2.send(Input::Fire(TriggerKind::Manual, "SIGINT to nantrace".into())).await; }
-                    _ = term.recv() => {
-                        if let Some(c) = child {
-                            // SAFETY: forwarding SIGTERM to our own child.
-                            unsafe { libc::kill(c as i32, libc::SIGTERM) };
-                        }
-                        let _ = tx2.send(Input::Fire(TriggerKind::Manual, "SIGTERM to nantrace".into())).await;
-                    }
+                let (kind, why) = tokio::select! {
+                    _ = usr1.recv() => (TriggerKind::Usr1, "SIGUSR1 sent to nantrace"),
+                    _ = int.recv() => { forward(libc::SIGINT); (TriggerKind::Manual, "SIGINT to nantrace") }
+                    _ = term.recv() => { forward(libc::SIGTERM); (TriggerKind::Manual, "SIGTERM to nantrace") }
+                    _ = hup.recv() => { forward(libc::SIGHUP); (TriggerKind::Manual, "SIGHUP to nantrace") }
+                };
+                if tx2.send(Input::Fire(kind, why.into(), monotonic_ns())).await.is_err() {
+                    break;
                 }
             }
         });
@@ -239,7 +279,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 let now = tf.exists();
                 if now && !was {
-                    let _ = tx2.send(Input::Fire(TriggerKind::File, format!("trigger file {} appeared", tf.display()))).await;
+                    let _ = tx2.send(Input::Fire(TriggerKind::File, format!("trigger file {} appeared", tf.display()), monotonic_ns())).await;
                 }
                 was = now;
             }
@@ -281,7 +321,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
     let mut snapshot_task: Option<tokio::task::JoinHandle<serde_json::Value>> = None;
     drop(tx);
 
-    let mut rec = Recorder::new((opts.window_s * 1e9) as u64, opts.mem_cap_mb << 20);
+    let mut rec = Recorder::new((opts.window_s * 1e9) as u64, opts.mem_cap_mb.saturating_mul(1 << 20));
     let mut clock = ClockMap::sample();
     let mut last_clock = monotonic_ns();
     let mut incident: Vec<Fired> = Vec::new();
@@ -291,6 +331,11 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
     let mut job_done = false;
     let mut finish = false;
     let mut bundles = Vec::new();
+    // When the last dump ended: a signal received while dumping is answered by that dump,
+    // not by a second, duplicate bundle (6.5, 6.6).
+    let mut last_dump_end = 0u64;
+    let mut dumped_any = false;
+    let mut quiet_exit = false;
     let root = info.root_pid.unwrap_or(0);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let post_ns = (opts.post_s * 1e9) as u64;
@@ -300,7 +345,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         if !enabled.on(f.kind) {
             return;
         }
-        eprintln!("nantrace: trigger {}: {}", f.kind.name(), f.reason.chars().take(160).collect::<String>());
+        crate::say!("nantrace: trigger {}: {}", f.kind.name(), crate::term::clean(&f.reason.chars().take(160).collect::<String>()));
         rec.push(Event { mono_ns: f.mono_ns, pid: 0, tid: 0, comm: crate::event::Comm::NONE, job: false, detail: Detail::Trigger { kind: f.kind.name(), reason: Box::new(f.reason.clone()) } });
         if incident.is_empty() {
             *deadline = Some(monotonic_ns() + post_ns);
@@ -347,7 +392,9 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                         }
                         let now = monotonic_ns();
                         let (code, signal) = (info.exit_code, info.exit_signal);
-                        if let Some(s) = signal {
+                        if quiet_exit && incident.is_empty() {
+                            crate::say!("nantrace: the job ended ({}) after the signal that the last bundle answered", crate::export::exit_text(code, signal));
+                        } else if let Some(s) = signal {
                             fire(Fired { kind: TriggerKind::Signal, mono_ns: now, reason: format!("job {root} ended by {}", crate::event::signal_name(s)) }, &mut incident, &mut deadline, &mut rec);
                         } else if let Some(c) = code.filter(|c| *c != 0) {
                             fire(Fired { kind: TriggerKind::Exit, mono_ns: now, reason: format!("job {root} exited with code {c}") }, &mut incident, &mut deadline, &mut rec);
@@ -358,12 +405,24 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                             deadline = Some(deadline.unwrap_or(now).min(now + grace_ns));
                         }
                     }
-                    Input::Fire(kind, reason) => {
+                    Input::Fire(kind, reason, at) => {
                         let now = monotonic_ns();
-                        fire(Fired { kind, mono_ns: now, reason }, &mut incident, &mut deadline, &mut rec);
+                        let during_dump = at <= last_dump_end;
+                        if !during_dump {
+                            fire(Fired { kind, mono_ns: now, reason }, &mut incident, &mut deadline, &mut rec);
+                        }
                         if kind == TriggerKind::Manual {
-                            finish = true;
-                            deadline = Some(now + 300_000_000);
+                            if matches!(job, Job::Spawn(_)) && !job_done {
+                                // The signal went on to the job: its end ends the session. Its
+                                // death by a signal that the last dump already answered is
+                                // not a new incident.
+                                quiet_exit |= during_dump;
+                            } else {
+                                finish = true;
+                                if !incident.is_empty() {
+                                    deadline = Some(now + 300_000_000);
+                                }
+                            }
                         }
                     }
                 }
@@ -416,13 +475,19 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             match bundle::write(&opts.out, &inc) {
                 Ok(w) => {
                     for f in &w.failures {
-                        eprintln!("nantrace: WARNING: bundle file not written: {f}");
+                        crate::say!("nantrace: WARNING: bundle file not written: {f}");
                     }
-                    eprintln!("{}", crate::export::summary(&w.dir, &inc));
-                    bundles.push(w.dir);
+                    if w.written == 0 {
+                        crate::say!("nantrace: ERROR: no file of the bundle could be written (see above); {} is empty", w.dir.display());
+                    } else {
+                        crate::say!("{}", crate::export::summary(&w.dir, &inc));
+                        bundles.push(w.dir);
+                    }
                 }
-                Err(e) => eprintln!("nantrace: ERROR: could not write the bundle under {}: {e}", opts.out.display()),
+                Err(e) => crate::say!("nantrace: ERROR: could not write the bundle under {}: {e}", opts.out.display()),
             }
+            dumped_any = true;
+            last_dump_end = monotonic_ns();
             incident.clear();
             deadline = None;
             if job_done {
@@ -438,6 +503,41 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         (Some(c), None) => c,
         (None, None) => 0,
     };
-    Ok(Outcome { exit_code, bundles })
+    Ok(Outcome { exit_code, bundles, dumped: dumped_any })
+}
+
+/// True when a terminal's own SIGINT/SIGHUP reached the job already: nantrace is in the
+/// terminal's foreground process group, which the job shares.
+fn job_got_it_from_the_terminal() -> bool {
+    for fd in [0, 2] {
+        // SAFETY: isatty/tcgetpgrp/getpgrp only read kernel state for a descriptor we hold.
+        unsafe {
+            if libc::isatty(fd) == 1 {
+                let fg = libc::tcgetpgrp(fd);
+                return fg > 0 && fg == libc::getpgrp();
+            }
+        }
+    }
+    false
+}
+
+/// `--log` that can never be read is an error; one that does not exist yet is waited for
+/// (redteam 1.11, 1.12, 1.14).
+fn check_log(l: &std::path::Path) -> anyhow::Result<()> {
+    match std::fs::metadata(l) {
+        Ok(m) if m.is_dir() => anyhow::bail!("--log {} is a directory, not a log file", l.display()),
+        Ok(m) if m.file_type().is_fifo() || m.is_file() => {
+            // O_NONBLOCK: opening a FIFO without a writer must not block the check.
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(l).with_context(|| format!("--log {} cannot be read", l.display()))?;
+            Ok(())
+        }
+        Ok(_) => anyhow::bail!("--log {} is not a regular file or a pipe", l.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            crate::say!("nantrace: --log {} does not exist yet: waiting for it", l.display());
+            Ok(())
+        }
+        Err(e) => Err(e).with_context(|| format!("--log {}", l.display())),
+    }
 }
 
