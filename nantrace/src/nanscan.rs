@@ -62,6 +62,10 @@ static NONFINITE_ERROR: LazyLock<Regex> = LazyLock::new(|| {
 /// A line of source code (a traceback's frame, `raise ...`, `assert ...`): it names NaN checks
 /// without reporting one.
 static SOURCE_LINE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\s+(?:raise|assert|if|elif|while|return|print|logger\.\w+|logging\.\w+|log\.\w+)\b|^\s*File \x22").unwrap());
+/// A word that every non-finite pattern (metric or error) contains.
+static NONFINITE_HINT: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
+    regex::bytes::RegexBuilder::new(r"(?i)nan|inf|diverg|explod|minimum|finite|invalid loss").unicode(false).build().expect("hint compiles")
+});
 /// Metric names whose `inf` is an initial value in a config or state dump (`best_valid_loss: inf`).
 static INITIAL_KEY: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)(best|min|lowest|prev|previous|initial|init|last_best|patience)").unwrap());
 static GRAD_KEY: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)grad[_ ]?norm|gradient[_ ]norm|gnorm").unwrap());
@@ -98,8 +102,11 @@ impl Scanner {
 
     pub fn scan(&self, line: &str) -> LineScan {
         let mut out = LineScan::default();
-        let source = SOURCE_LINE.is_match(line);
-        for c in NONFINITE_METRIC.captures_iter(line).filter(|_| !source) {
+        // Every non-finite pattern names one of these words: one literal search (ASCII, no
+        // Unicode tables) spares the expensive patterns on the lines that cannot match.
+        let hint = NONFINITE_HINT.is_match(line.as_bytes());
+        let source = hint && SOURCE_LINE.is_match(line);
+        for c in NONFINITE_METRIC.captures_iter(line).filter(|_| hint && !source) {
             let key = c[1].trim();
             if COUNTER_KEY.is_match(key) {
                 continue;
@@ -112,7 +119,7 @@ impl Scanner {
             out.nonfinite = Some(key.to_string());
             break;
         }
-        if out.nonfinite.is_none() && !source {
+        if out.nonfinite.is_none() && hint && !source {
             if let Some(m) = NONFINITE_ERROR.find(line) {
                 out.nonfinite = Some(m.as_str().to_string());
             }
