@@ -171,7 +171,7 @@ pub fn dump(n: u64, out: &std::path::Path) -> Value {
     // NANTRACE_BENCH_PROFILE=1: print the time of each stage (how the dump was profiled).
     if std::env::var_os("NANTRACE_BENCH_PROFILE").is_some() {
         let ev = r.sorted();
-        let inc = crate::bundle::Incident { host: &host, clock: &clock, triggers: &trig, job: &job, accounting: json!({}), events: &ev, window_pre_s: 600.0, post_s: 0.0, extra: Vec::new(), timeline: None, verdict: None };
+        let inc = crate::bundle::Incident { host: &host, clock: &clock, triggers: &trig, job: &job, accounting: json!({}), events: &ev, window_pre_s: 600.0, post_s: 0.0 };
         let t = Instant::now();
         let tl = crate::bundle::timeline(&inc);
         eprintln!("timeline {:?}", t.elapsed());
@@ -197,10 +197,8 @@ pub fn dump(n: u64, out: &std::path::Path) -> Value {
     }
     let start = Instant::now();
     let events = r.sorted();
-    let inc = crate::bundle::Incident { host: &host, clock: &clock, triggers: &trig, job: &job, accounting: json!({}), events: &events, window_pre_s: 600.0, post_s: 0.0, extra: Vec::new(), timeline: None, verdict: None };
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    let inc = rt.block_on(crate::export::add_evidence(inc, snapshot));
-    let w = crate::bundle::write(out, &inc);
+    let inc = crate::bundle::Incident { host: &host, clock: &clock, triggers: &trig, job: &job, accounting: json!({}), events: &events, window_pre_s: 600.0, post_s: 0.0 };
+    let w = crate::bundle::write(out, &inc, &snapshot);
     let s = start.elapsed().as_secs_f64();
     let size: u64 = w.as_ref().ok().and_then(|w| std::fs::read_dir(&w.dir).ok()).map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum()).unwrap_or(0);
     if let Ok(w) = &w {

@@ -55,6 +55,7 @@ pub struct JobInfo {
     pub exit_signal: Option<i32>,
 }
 
+/// What one incident holds: everything the bundle is made from, nothing filled in later.
 pub struct Incident<'a> {
     pub host: &'a Host,
     pub clock: &'a ClockMap,
@@ -64,12 +65,6 @@ pub struct Incident<'a> {
     pub events: &'a [Event],
     pub window_pre_s: f64,
     pub post_s: f64,
-    /// Extra files (name, contents) from later stages: snapshot.json, trace.json, reports.
-    pub extra: Vec<(String, Vec<u8>)>,
-    /// timeline.json, when a later stage already built it.
-    pub timeline: Option<Value>,
-    /// The report's first line, once the report was made.
-    pub verdict: Option<String>,
 }
 
 pub struct Written {
@@ -77,6 +72,8 @@ pub struct Written {
     /// Non-empty files written in full; 0 means the bundle holds nothing (full disk).
     pub written: usize,
     pub failures: Vec<String>,
+    /// The report's analysis (its verdict is printed with the summary).
+    pub analysis: crate::report::Analysis,
 }
 
 /// Index of the first non-finite log line, if any.
@@ -84,19 +81,11 @@ pub fn first_nan(events: &[Event]) -> Option<&Event> {
     events.iter().find(|e| matches!(&e.detail, Detail::Log(l) if l.nonfinite))
 }
 
-pub fn timeline(inc: &Incident) -> Value {
+/// Everything in timeline.json but the events.
+pub fn timeline_head(inc: &Incident) -> Value {
     let first = &inc.triggers[0];
     let t0 = first.mono_ns;
     let off = |m: u64| (m as f64 - t0 as f64) / 1e9;
-    let events: Vec<Value> = inc
-        .events
-        .iter()
-        .map(|e| {
-            let mut j = e.to_json(inc.clock);
-            j["offset_s"] = json!(off(e.mono_ns));
-            j
-        })
-        .collect();
     let nan = first_nan(inc.events).map(|e| {
         let Detail::Log(l) = &e.detail else { unreachable!() };
         json!({ "time": rfc3339(inc.clock.to_wall(e.mono_ns)), "offset_s": off(e.mono_ns), "line": l.text.as_ref(), "step": l.step })
@@ -136,62 +125,128 @@ pub fn timeline(inc: &Incident) -> Value {
         },
         "job": inc.job,
         "accounting": inc.accounting,
-        "events": events,
     })
 }
 
-pub fn app_log(inc: &Incident) -> String {
-    let mut out = String::new();
+/// One event as it appears in timeline.json.
+fn event_json(inc: &Incident, e: &Event) -> Value {
+    let t0 = inc.triggers[0].mono_ns;
+    let mut j = e.to_json(inc.clock);
+    j["offset_s"] = json!((e.mono_ns as f64 - t0 as f64) / 1e9);
+    j
+}
+
+/// The whole timeline as one value (small incidents: tests, the benchmark's profile). The
+/// bundle itself streams it (see [`write`]).
+pub fn timeline(inc: &Incident) -> Value {
+    let mut t = timeline_head(inc);
+    t["events"] = Value::Array(inc.events.iter().map(|e| event_json(inc, e)).collect());
+    t
+}
+
+/// timeline.json, streamed: the head pretty, then one event per line (compact, greppable,
+/// and never the whole window as one JSON tree in memory).
+fn write_timeline(w: &mut dyn std::io::Write, inc: &Incident, head: &Value) -> std::io::Result<()> {
+    let mut h = serde_json::to_vec_pretty(head)?;
+    h.truncate(h.len().saturating_sub(2)); // reopen the object: drop "\n}"
+    w.write_all(&h)?;
+    w.write_all(b",\n  \"events\": [\n")?;
+    for (i, e) in inc.events.iter().enumerate() {
+        w.write_all(b"    ")?;
+        serde_json::to_writer(&mut *w, &event_json(inc, e))?;
+        w.write_all(if i + 1 < inc.events.len() { b",\n" } else { b"\n" })?;
+    }
+    w.write_all(b"  ]\n}\n")
+}
+
+fn write_app_log(w: &mut dyn std::io::Write, inc: &Incident) -> std::io::Result<()> {
     let first = first_nan(inc.events).map(|e| e as *const Event);
     for e in inc.events {
         if let Detail::Log(l) = &e.detail {
             if Some(e as *const Event) == first {
-                out.push_str(&format!(">>>>> nantrace: FIRST NON-FINITE VALUE on the next line ({}) <<<<<\n", rfc3339(inc.clock.to_wall(e.mono_ns))));
+                writeln!(w, ">>>>> nantrace: FIRST NON-FINITE VALUE on the next line ({}) <<<<<", rfc3339(inc.clock.to_wall(e.mono_ns)))?;
             }
             let stream = match l.stream { 1 => "stdout", 2 => "stderr", _ => "file" };
-            out.push_str(&format!("{} [{stream}] {}\n", rfc3339(inc.clock.to_wall(e.mono_ns)), l.text));
+            writeln!(w, "{} [{stream}] {}", rfc3339(inc.clock.to_wall(e.mono_ns)), l.text)?;
         }
     }
-    out
+    Ok(())
 }
 
-pub fn kernel_log(inc: &Incident) -> String {
-    let mut out = String::new();
+fn write_kernel_log(w: &mut dyn std::io::Write, inc: &Incident) -> std::io::Result<()> {
     for e in inc.events {
         if let Detail::Kmsg(k) = &e.detail {
             for line in k.text.lines() {
-                out.push_str(&format!("{} {}\n", rfc3339(inc.clock.to_wall(e.mono_ns)), line));
+                writeln!(w, "{} {}", rfc3339(inc.clock.to_wall(e.mono_ns)), line)?;
             }
         }
     }
-    out
+    Ok(())
 }
 
-/// timeline.json: one event per line (compact, greppable, fast to write for 100 k events).
-pub fn timeline_bytes(full: &Value) -> Vec<u8> {
-    // Everything but the events, pretty; then the events, one per line (no deep clone).
-    let head: serde_json::Map<String, Value> = full.as_object().map(|m| m.iter().filter(|(k, _)| *k != "events").map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
-    let events = &full["events"];
-    let mut out = serde_json::to_vec_pretty(&head).unwrap_or_default();
-    out.truncate(out.len().saturating_sub(2)); // reopen the object: drop "\n}"
-    out.extend_from_slice(b",\n  \"events\": [\n");
-    if let Value::Array(a) = events {
-        for (i, e) in a.iter().enumerate() {
-            out.extend_from_slice(b"    ");
-            out.extend_from_slice(&serde_json::to_vec(e).unwrap_or_default());
-            out.extend_from_slice(if i + 1 < a.len() { b",\n" } else { b"\n" });
-        }
+pub fn app_log(inc: &Incident) -> String {
+    let mut v = Vec::new();
+    let _ = write_app_log(&mut v, inc);
+    String::from_utf8_lossy(&v).into_owned()
+}
+
+pub fn kernel_log(inc: &Incident) -> String {
+    let mut v = Vec::new();
+    let _ = write_kernel_log(&mut v, inc);
+    String::from_utf8_lossy(&v).into_owned()
+}
+
+/// The most events the analysis (report, trace, HTML) holds as JSON values at once: about
+/// 1 KiB each, so the dump stays within the recorder's cap plus ~64 MiB whatever the flood.
+pub const DIGEST_MAX: usize = 40_000;
+
+/// Does the analysis need this event? Plain log lines (no loss, no step, nothing flagged) never
+/// are: they are in app.log and timeline.json, not in the reasoning.
+fn digest_rank(e: &Event) -> u8 {
+    match &e.detail {
+        Detail::Log(l) if l.nonfinite || l.overflow || l.fault.is_some() || l.loss_scale.is_some() => 0,
+        Detail::Log(l) if l.loss.is_some() => 2,
+        Detail::Log(_) => 9,
+        Detail::Fork { .. } | Detail::Exec { .. } | Detail::Block { .. } | Detail::Tcp(_) => 3,
+        Detail::Exit { code, signal } if *code == 0 && *signal == 0 => 3,
+        Detail::Kmsg(k) if k.class.is_none() => 3,
+        _ => 1,
     }
-    out.extend_from_slice(b"  ]\n}\n");
-    out
 }
 
-/// Write the bundle under `out`. Each file that fails is reported and the others still written.
+/// The timeline the analysis reads: every event that matters for a suspect, up to
+/// [`DIGEST_MAX`], the most important first and, within a rank, the closest to the trigger.
+/// What it left out is counted in `accounting.digest` (the report says so).
+pub fn digest(inc: &Incident, head: &Value) -> Value {
+    let t0 = inc.triggers[0].mono_ns;
+    let mut idx: Vec<(u8, u64, usize)> = inc.events.iter().enumerate().filter_map(|(i, e)| {
+        let r = digest_rank(e);
+        (r < 9).then(|| (r, e.mono_ns.abs_diff(t0), i))
+    }).collect();
+    let plain = inc.events.len() - idx.len();
+    let omitted = idx.len().saturating_sub(DIGEST_MAX);
+    if idx.len() > DIGEST_MAX {
+        idx.select_nth_unstable(DIGEST_MAX);
+        idx.truncate(DIGEST_MAX);
+    }
+    let mut keep: Vec<usize> = idx.into_iter().map(|x| x.2).collect();
+    keep.sort_unstable();
+    let mut t = head.clone();
+    t["events"] = Value::Array(keep.iter().map(|&i| event_json(inc, &inc.events[i])).collect());
+    t["accounting"]["digest"] = json!({ "events": inc.events.len(), "analysed": keep.len(), "plain_log_lines_not_analysed": plain, "over_the_cap_not_analysed": omitted });
+    t
+}
+
+/// Write the bundle under `out`, one way: the typed events stream into timeline.json,
+/// app.log and kernel.log; the analysis reads a bounded digest of them and renders report.md,
+/// report.txt, trace.json and report.html; the snapshot goes as is. Each file that fails is
+/// reported and the others still written.
+///
 /// The directory is created by us (0700) under a random temporary name, filled with O_EXCL
 /// files relative to its descriptor, then claimed under its final name with
 /// `renameat2(RENAME_NOREPLACE)`: a name taken by anything (another instance's bundle, a
 /// dangling symlink) moves on to the next suffix instead of failing (redteam 4.7, 4.13, 6.13).
-pub fn write(out: &Path, inc: &Incident) -> std::io::Result<Written> {
+pub fn write(out: &Path, inc: &Incident, snapshot: &Value) -> std::io::Result<Written> {
     fs::create_dir_all(out)?;
     let outd = safefs::Dir::open(out)?;
     let stamp = compact_utc(inc.clock.to_wall(inc.triggers[0].mono_ns));
@@ -200,22 +255,34 @@ pub fn write(out: &Path, inc: &Incident) -> std::io::Result<Written> {
     let (tmp, tmp_name) = outd.create_temp_subdir(&format!(".{base}.tmp-{}-", std::process::id()))?;
     let mut failures = Vec::new();
     let mut written = 0;
-    let mut files: Vec<(String, Vec<u8>)> = vec![
-        ("app.log".into(), app_log(inc).into_bytes()),
-        ("kernel.log".into(), kernel_log(inc).into_bytes()),
-    ];
-    if !inc.extra.iter().any(|(n, _)| n == "timeline.json") {
-        let t = inc.timeline.clone().unwrap_or_else(|| timeline(inc));
-        files.push(("timeline.json".into(), timeline_bytes(&t)));
-    }
-    files.extend(inc.extra.iter().cloned());
-    for (f, data) in &files {
-        match tmp.write_new(f, data) {
-            Err(e) => failures.push(format!("{f}: {e}")),
-            Ok(()) if !data.is_empty() => written += 1,
-            Ok(()) => {}
-        }
-    }
+    let mut put = |name: &str, fill: &mut dyn FnMut(&mut dyn std::io::Write) -> std::io::Result<()>| match tmp.write_with(name, |w| fill(w)) {
+        Err(e) => failures.push(format!("{name}: {e}")),
+        Ok(n) if n > 0 => written += 1,
+        Ok(_) => {}
+    };
+    // Smallest and most telling first: on a nearly full disk the job's log and the answer
+    // survive (redteam 1.21).
+    put("app.log", &mut |w| write_app_log(w, inc));
+    put("kernel.log", &mut |w| write_kernel_log(w, inc));
+    let head = timeline_head(inc);
+    let d = digest(inc, &head);
+    // The trace and the report read the same digest: two threads.
+    let analysis = std::thread::scope(|s| {
+        let trace = s.spawn(|| serde_json::to_vec(&crate::export::perfetto::trace(&d)).unwrap_or_default());
+        let a = crate::report::analyze(&d, snapshot);
+        let md = crate::report::markdown(&a, &d);
+        put("report.md", &mut |w| w.write_all(md.as_bytes()));
+        put("report.txt", &mut |w| w.write_all(md.as_bytes()));
+        put("snapshot.json", &mut |w| serde_json::to_writer_pretty(&mut *w, snapshot).map_err(std::io::Error::from));
+        put("timeline.json", &mut |w| write_timeline(w, inc, &head));
+        let html = crate::export::html::render(&a, &d, snapshot);
+        put("report.html", &mut |w| w.write_all(html.as_bytes()));
+        drop(html);
+        let tr = trace.join().unwrap_or_default();
+        put("trace.json", &mut |w| w.write_all(&tr));
+        a
+    });
+    drop(d);
     let mut name = base.clone();
     let mut n = 2;
     loop {
@@ -228,5 +295,85 @@ pub fn write(out: &Path, inc: &Incident) -> std::io::Result<Written> {
             Err(e) => return Err(std::io::Error::new(e.kind(), format!("{e}; the files are in {}", out.join(&tmp_name).display()))),
         }
     }
-    Ok(Written { dir: out.join(&name), written, failures })
+    Ok(Written { dir: out.join(&name), written, failures, analysis })
+}
+
+/// The rank of an event read back from timeline.json (as [`digest_rank`] for typed events).
+fn json_rank(e: &Value) -> u8 {
+    let flagged = |k: &str| !e[k].is_null() && e[k] != false;
+    match e["source"].as_str().unwrap_or("") {
+        "log" if flagged("nonfinite") || flagged("overflow") || flagged("fault") || flagged("loss_scale") => 0,
+        "log" if flagged("loss") => 2,
+        "log" => 9,
+        "fork" | "exec" | "block" | "tcp_retransmit" => 3,
+        "exit" if e["exit_code"].as_i64() == Some(0) && e["signal"].is_null() => 3,
+        "kmsg" if e["class"].is_null() => 3,
+        _ => 1,
+    }
+}
+
+/// A bundle read back for `report` and `merge`: its timeline (bounded: at most [`DIGEST_MAX`]
+/// events, as at the dump; what was left out is counted in `accounting.digest`) and snapshot.
+/// timeline.json as nantrace writes it (one event per line) is read line by line, so a 200 MB
+/// timeline never becomes one JSON tree; any other layout is parsed whole.
+pub fn load(dir: &Path) -> anyhow::Result<(Value, Value)> {
+    use anyhow::Context as _;
+    use std::io::BufRead as _;
+    let path = dir.join("timeline.json");
+    let f = fs::File::open(&path).with_context(|| format!("{}", path.display()))?;
+    let mut head = String::new();
+    let mut events: Vec<(u8, usize, Value)> = Vec::new();
+    let (mut total, mut plain, mut in_events, mut streamed) = (0usize, 0usize, false, false);
+    for line in std::io::BufReader::new(f).lines() {
+        let line = line.with_context(|| format!("reading {}", path.display()))?;
+        if !in_events {
+            if line == "  \"events\": [" {
+                in_events = true;
+                streamed = true;
+                head.truncate(head.trim_end().trim_end_matches(',').len());
+                head.push_str("\n}");
+            } else {
+                head.push_str(&line);
+                head.push('\n');
+            }
+            continue;
+        }
+        let l = line.trim().trim_end_matches(',');
+        if l == "]" || l.is_empty() {
+            break;
+        }
+        let e: Value = serde_json::from_str(l).with_context(|| format!("{}: event {total} is not valid JSON", path.display()))?;
+        total += 1;
+        let r = json_rank(&e);
+        if r >= 9 {
+            plain += 1;
+            continue;
+        }
+        events.push((r, total, e));
+        if events.len() >= 4 * DIGEST_MAX {
+            // Keep the most important (and the latest of equal rank): memory stays bounded.
+            events.sort_by_key(|x| (x.0, std::cmp::Reverse(x.1)));
+            events.truncate(DIGEST_MAX);
+        }
+    }
+    let mut t: Value = if streamed {
+        serde_json::from_str(&head).context("timeline.json is not valid JSON")?
+    } else {
+        serde_json::from_slice(&fs::read(&path)?).context("timeline.json is not valid JSON")?
+    };
+    if streamed {
+        let over = events.len().saturating_sub(DIGEST_MAX);
+        if events.len() > DIGEST_MAX {
+            events.sort_by_key(|x| (x.0, std::cmp::Reverse(x.1)));
+            events.truncate(DIGEST_MAX);
+        }
+        events.sort_by_key(|x| x.1);
+        let analysed = events.len();
+        t["events"] = Value::Array(events.into_iter().map(|x| x.2).collect());
+        if t["accounting"].is_object() {
+            t["accounting"]["digest"] = json!({ "events": total, "analysed": analysed, "plain_log_lines_not_analysed": plain, "over_the_cap_not_analysed": over });
+        }
+    }
+    let snapshot = fs::read(dir.join("snapshot.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Value::Null);
+    Ok((t, snapshot))
 }

@@ -20,9 +20,8 @@ pub struct Node {
 }
 
 pub fn load(dir: &Path) -> anyhow::Result<Node> {
-    let t: Value = serde_json::from_slice(&std::fs::read(dir.join("timeline.json")).with_context(|| format!("{}/timeline.json", dir.display()))?)?;
+    let (t, snapshot) = crate::bundle::load(dir).with_context(|| format!("{}", dir.display()))?;
     anyhow::ensure!(t["schema"] == crate::bundle::SCHEMA, "{}: not a node bundle (schema {})", dir.display(), t["schema"]);
-    let snapshot = std::fs::read(dir.join("snapshot.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Value::Null);
     let mut correction_s = t["clock"]["correction_s"].as_f64().unwrap_or(0.0);
     let mut uncertainty_s = t["clock"]["uncertainty_s"].as_f64();
     // An NTP correction is seconds at most; anything beyond a day is a broken or hostile

@@ -128,6 +128,15 @@ impl Recorder {
         v
     }
 
+    /// Every event, sorted by time, moved out (a dump takes the window; recording goes on).
+    pub fn take_sorted(&mut self) -> Vec<Event> {
+        let mut v: Vec<Event> = std::mem::take(&mut self.evidence.events).into_iter().chain(std::mem::take(&mut self.logs.events)).collect();
+        self.evidence.bytes = 0;
+        self.logs.bytes = 0;
+        v.sort_by_key(|e| e.mono_ns);
+        v
+    }
+
     pub fn stats(&self) -> RecorderStats {
         RecorderStats {
             events: self.len() as u64,

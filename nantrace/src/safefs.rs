@@ -12,7 +12,7 @@
 //! - final names are claimed with `renameat2(RENAME_NOREPLACE)`: no exists()-then-rename race.
 use std::ffi::CString;
 use std::fs::File;
-use std::io::{self, Write as _};
+use std::io::{self, Write};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
@@ -134,6 +134,23 @@ impl Dir {
             }
         }
         Err(last.unwrap_or_else(|| io::Error::other("no free temporary name")))
+    }
+
+    /// Create `name` with O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600, and stream into it with
+    /// `fill` (a buffered writer). On error the half-written file is removed. Returns the
+    /// bytes written.
+    pub fn write_with(&self, name: &str, fill: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> io::Result<u64> {
+        let c = cstr(name.as_bytes())?;
+        // SAFETY: valid dirfd and NUL-terminated name; the fd is owned by the File below.
+        let fd = cvt(unsafe { libc::openat(self.fd.as_raw_fd(), c.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o600 as libc::c_uint) })?;
+        // SAFETY: fd is fresh and owned by the File.
+        let f = unsafe { File::from_raw_fd(fd) };
+        let mut w = io::BufWriter::with_capacity(1 << 20, f);
+        let r = fill(&mut w).and_then(|()| w.flush()).and_then(|()| w.get_ref().sync_all()).and_then(|()| w.get_ref().metadata().map(|m| m.len()));
+        if r.is_err() {
+            let _ = self.remove(name);
+        }
+        r
     }
 
     /// Create `name` with O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600, and write `data` to it.

@@ -1,32 +1,15 @@
-//! What goes into a bundle besides the timeline, and the summary printed when it is written.
+//! The files rendered from a timeline (report, trace, HTML), and the summary printed when a
+//! bundle is written.
 pub mod html;
 pub mod perfetto;
 
 use std::path::Path;
 
 use crate::bundle::{first_nan, Incident};
+
 use crate::classify::KmsgClass;
 use crate::clock::rfc3339;
 use crate::event::{Detail, Event};
-
-/// Add the evidence files of the other stages (snapshot, reports, trace) to the incident.
-pub async fn add_evidence<'a>(mut inc: Incident<'a>, snapshot: serde_json::Value) -> Incident<'a> {
-    let t = crate::bundle::timeline(&inc);
-    // timeline.json is serialised while the trace and the report are built.
-    let (bytes, (files, analysis)) = std::thread::scope(|s| {
-        let tb = s.spawn(|| crate::bundle::timeline_bytes(&t));
-        let files = derived(&t, &snapshot);
-        (tb.join().unwrap_or_default(), files)
-    });
-    inc.verdict = Some(analysis.verdict);
-    inc.extra.push(("timeline.json".into(), bytes));
-    for (name, data) in files {
-        inc.extra.push((name, data));
-    }
-    inc.extra.push(("snapshot.json".into(), serde_json::to_vec_pretty(&snapshot).unwrap_or_default()));
-    inc.timeline = Some(t);
-    inc
-}
 
 /// report.md, report.txt, trace.json and report.html from a timeline and a snapshot.
 pub fn derived(t: &serde_json::Value, snapshot: &serde_json::Value) -> (Vec<(String, Vec<u8>)>, crate::report::Analysis) {
@@ -61,7 +44,7 @@ fn count(events: &[Event], f: impl Fn(&Event) -> bool) -> usize {
 }
 
 /// The 5-line summary printed when a bundle is written.
-pub fn summary(dir: &Path, inc: &Incident) -> String {
+pub fn summary(dir: &Path, inc: &Incident, verdict: Option<&str>) -> String {
     let t = &inc.triggers[0];
     let t0 = t.mono_ns;
     let rel = |m: u64| (m as f64 - t0 as f64) / 1e9;
@@ -90,7 +73,6 @@ pub fn summary(dir: &Path, inc: &Incident) -> String {
         (Some(a), Some(b)) => (b.mono_ns - a.mono_ns) as f64 / 1e9,
         _ => 0.0,
     };
-    let verdict = inc.verdict.as_ref();
     format!(
         "{}nantrace: incident bundle written: {}\n  trigger  {} at {}: {}\n  log      {}\n  kernel   {} Xid{}, {} OOM kill(s), {} AER, {} fatal signal(s) to the job\n  job      pid {} {}, {} fork(s); {} events over {:.1} s, {} drops, {} evictions",
         verdict.map_or(String::new(), |v| format!("nantrace: {}\n", crate::term::clean(&v.chars().take(220).collect::<String>()))),

@@ -287,6 +287,16 @@ fn checked(timeline: &Value, snapshot: &Value) -> Vec<String> {
     let n = |s: &str| acc["events"][s].as_u64().unwrap_or(0);
     out.push(format!("system samples: {} (memory, swap, CPU, PSI), disk samples: {}, network samples: {}, GPU samples: {}", n("system"), n("disk"), n("net"), n("gpu")));
     out.push(format!("log lines read: {}", n("log")));
+    if let Some(b) = acc["log_bytes_not_scanned"].as_u64().filter(|b| *b > 0) {
+        out.push(format!("job output: {b} bytes passed through to the terminal but NOT scanned (the scanner was behind a flood): lines in them are missing from the evidence"));
+    }
+    let d = &acc["digest"];
+    if d["over_the_cap_not_analysed"].as_u64().unwrap_or(0) > 0 {
+        out.push(format!(
+            "analysis digest: {} of {} events analysed ({} plain log lines are in app.log only, {} more events over the digest cap are in timeline.json only)",
+            d["analysed"], d["events"], d["plain_log_lines_not_analysed"], d["over_the_cap_not_analysed"]
+        ));
+    }
     let drops: u64 = acc["kernel_drops"].as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
     let ev = &acc["recorder"];
     out.push(format!("losses: {drops} kernel events dropped, {} evicted by time, {} by memory", ev["evicted_by_time"], ev["evicted_by_memory"]));

@@ -104,10 +104,9 @@ fn memory_limit(v: &Value) -> String {
 
 /// The report for a bundle directory on disk (`nantrace report BUNDLE`).
 pub fn for_bundle(dir: &std::path::Path) -> anyhow::Result<(Analysis, Value, Value)> {
-    use anyhow::Context as _;
-    let t: Value = serde_json::from_slice(&std::fs::read(dir.join("timeline.json")).with_context(|| format!("{}/timeline.json", dir.display()))?).context("timeline.json is not valid JSON")?;
+    let (t, snap) = crate::bundle::load(dir)?;
     anyhow::ensure!(t["schema"] == crate::bundle::SCHEMA || t["schema"] == crate::merge::SCHEMA, "{}: unknown schema {}", dir.display(), t["schema"]);
-    let snap: Value = std::fs::read(dir.join("snapshot.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_else(|| json!({ "gpu": { "reason": "no snapshot.json in the bundle" } }));
+    let snap = if snap.is_null() { json!({ "gpu": { "reason": "no snapshot.json in the bundle" } }) } else { snap };
     Ok((analyze(&t, &snap), t, snap))
 }
 

@@ -165,7 +165,17 @@ pub(super) fn log_event(reader: &mut LineReader, line: String, stream: u8, pid: 
     Event { mono_ns: monotonic_ns(), pid, tid: pid, comm, job: true, detail: Detail::Log(Box::new(l)) }
 }
 
-/// Pass a child's output through unchanged, and scan it line by line.
+/// Bytes of output waiting to be scanned, per stream, at most.
+const SCAN_QUEUE_BYTES: usize = 64 << 20;
+
+/// Pass a child's output through unchanged, and scan it line by line on a thread of its own.
+///
+/// Reading the job's output never waits for nantrace: the pump reads, writes through, stamps
+/// the chunk with its arrival time and hands it to the scanner with `try_send`. When the
+/// scanner is behind by more than `SCAN_QUEUE_BYTES` (a sustained flood faster than the
+/// classifiers), the chunk is still passed through but not scanned, and counted in
+/// `not_scanned` (bytes), which the bundle's accounting and the report show.
+#[allow(clippy::too_many_arguments, reason = "the stream's identity, its ends and its accounting")]
 pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     mut from: R,
     mut to: W,
@@ -174,29 +184,56 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     comm: crate::event::Comm,
     scanner: Scanner,
     tx: mpsc::Sender<Input>,
-) {
+    not_scanned: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> Option<std::thread::JoinHandle<()>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (chunks, rx) = std::sync::mpsc::channel::<(u64, Vec<u8>)>();
+    let queued = std::sync::Arc::new(AtomicUsize::new(0));
+    let queued2 = queued.clone();
+    let scan = std::thread::Builder::new().name("nantrace-scan".into()).spawn(move || {
+        let mut split = LineSplitter::default();
+        let mut reader = LineReader::new(scanner);
+        let mut last_t = 0;
+        for (t, chunk) in rx {
+            queued2.fetch_sub(chunk.len(), Ordering::Relaxed);
+            last_t = t;
+            let mut lines = Vec::new();
+            split.push(&chunk, |l| lines.push(l));
+            for l in lines {
+                let mut e = log_event(&mut reader, l, stream, pid, comm);
+                e.mono_ns = t;
+                if tx.blocking_send(Input::Log(e)).is_err() {
+                    return;
+                }
+            }
+        }
+        let mut last = None;
+        split.finish(|l| last = Some(l));
+        if let Some(l) = last {
+            let mut e = log_event(&mut reader, l, stream, pid, comm);
+            e.mono_ns = last_t.max(1);
+            let _ = tx.blocking_send(Input::Log(e));
+        }
+    });
     let mut buf = vec![0u8; 64 * 1024];
-    let mut split = LineSplitter::default();
-    let mut reader = LineReader::new(scanner);
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        // The user sees the output first; scanning comes after.
+        // The user sees the output first; scanning comes after, elsewhere.
         let _ = to.write_all(&buf[..n]).await;
         let _ = to.flush().await;
-        let mut lines = Vec::new();
-        split.push(&buf[..n], |l| lines.push(l));
-        for l in lines {
-            let _ = tx.send(Input::Log(log_event(&mut reader, l, stream, pid, comm))).await;
+        if queued.load(Ordering::Relaxed) + n > SCAN_QUEUE_BYTES {
+            not_scanned.fetch_add(n as u64, Ordering::Relaxed);
+        } else {
+            queued.fetch_add(n, Ordering::Relaxed);
+            let _ = chunks.send((monotonic_ns(), buf[..n].to_vec()));
         }
     }
-    let mut last = None;
-    split.finish(|l| last = Some(l));
-    if let Some(l) = last {
-        let _ = tx.send(Input::Log(log_event(&mut reader, l, stream, pid, comm))).await;
-    }
+    drop(chunks);
+    // The scanner finishes what is queued; the caller waits for it before the job's exit.
+    scan.ok()
 }
 
 /// Follow a log file like `tail -F`: survives rotation (new inode) and truncation.

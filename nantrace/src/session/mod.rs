@@ -101,6 +101,8 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
     let enabled = Enabled::all_but(&opts.no_trigger);
     let host = Host::read();
     let (tx, mut rx) = mpsc::channel::<Input>(4096);
+    // Bytes of the job's output passed through but not scanned (the scanner was behind).
+    let not_scanned = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
 
     // Kernel probes: degrade to log-only evidence when they cannot load, and say so.
@@ -192,18 +194,18 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             info.root_pid = Some(pid);
             info.command = crate::collect::redact::argv(argv);
             let comm = comm_from(std::path::Path::new(&argv[0]).file_name().and_then(|s| s.to_str()).unwrap_or("job"));
-            let out = tokio::spawn(pump(child.stdout.take().unwrap(), tokio::io::stdout(), 1, pid, comm, scanner.clone(), tx.clone()));
-            let err = tokio::spawn(pump(child.stderr.take().unwrap(), tokio::io::stderr(), 2, pid, comm, scanner.clone(), tx.clone()));
+            let out = tokio::spawn(pump(child.stdout.take().unwrap(), tokio::io::stdout(), 1, pid, comm, scanner.clone(), tx.clone(), not_scanned.clone()));
+            let err = tokio::spawn(pump(child.stderr.take().unwrap(), tokio::io::stderr(), 2, pid, comm, scanner.clone(), tx.clone(), not_scanned.clone()));
             let tx2 = tx.clone();
             tokio::spawn(async move {
                 let st = child.wait().await;
                 // Let the last lines arrive before the exit is processed (bounded: a grandchild
-                // may hold the pipes open).
-                let _ = tokio::time::timeout(Duration::from_secs(2), async {
-                    let _ = out.await;
-                    let _ = err.await;
-                })
-                .await;
+                // may hold the pipes open), then let the scanners finish their backlog (at
+                // most 64 MiB per stream: seconds).
+                let scanners = tokio::time::timeout(Duration::from_secs(2), async { (out.await.ok().flatten(), err.await.ok().flatten()) }).await.unwrap_or((None, None));
+                for h in [scanners.0, scanners.1].into_iter().flatten() {
+                    let _ = tokio::time::timeout(Duration::from_secs(120), tokio::task::spawn_blocking(move || h.join())).await;
+                }
                 let (code, signal) = match st {
                     Ok(s) => (s.code(), s.signal()),
                     Err(_) => (None, None),
@@ -335,6 +337,10 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
     // not by a second, duplicate bundle (6.5, 6.6).
     let mut last_dump_end = 0u64;
     let mut dumped_any = false;
+    // The dump runs on a blocking thread while this loop goes on draining the job's output
+    // and the kernel stream (redteam 2.8: the job was blocked 12.9 s by an inline dump).
+    let mut dump_task: Option<tokio::task::JoinHandle<DumpDone>> = None;
+    let mut dumping_since: Option<u64> = None;
     let mut quiet_exit = false;
     let root = info.root_pid.unwrap_or(0);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -407,7 +413,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                     }
                     Input::Fire(kind, reason, at) => {
                         let now = monotonic_ns();
-                        let during_dump = at <= last_dump_end;
+                        let during_dump = at <= last_dump_end || dumping_since.is_some_and(|s| at >= s);
                         if !during_dump {
                             fire(Fired { kind, mono_ns: now, reason }, &mut incident, &mut deadline, &mut rec);
                         }
@@ -440,13 +446,28 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             last_clock = now;
         }
         rec.expire(now);
-        if deadline.is_some_and(|d| now >= d) && !incident.is_empty() {
+        if let Some(t) = dump_task.as_ref().filter(|t| t.is_finished()) {
+            let _ = t;
+            let done = dump_task.take().expect("checked").await.unwrap_or_else(|e| DumpDone { lines: vec![format!("nantrace: ERROR: the dump failed: {e}")], dir: None });
+            for l in &done.lines {
+                crate::say!("{l}");
+            }
+            bundles.extend(done.dir);
+            dumped_any = true;
+            last_dump_end = monotonic_ns();
+            dumping_since = None;
+            if job_done && incident.is_empty() {
+                finish = true;
+            }
+        }
+        if deadline.is_some_and(|d| now >= d) && !incident.is_empty() && dump_task.is_none() {
+            // From here a signal is answered by this dump, not by a second bundle (6.5, 6.6).
+            dumping_since = Some(monotonic_ns());
             if let Some(p) = probes.as_ref() {
                 acct.kernel_drops = p.drops().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
             }
             acct.events = counts.iter().map(|(k, v)| ((*k).to_string(), *v)).collect();
             acct.decode_errors = reader_stats.as_ref().map_or(0, |s| s.decode_errors.load(Ordering::Relaxed));
-            let events = rec.sorted();
             let mut accounting = serde_json::to_value(&acct)?;
             accounting["recorder"] = serde_json::to_value(rec.stats())?;
             accounting["probes_error"] = json!(probe_error);
@@ -454,48 +475,35 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                 accounting["io_latency_histograms_log2_us"] = json!(p.io_histograms().into_iter().map(|(d, h)| (format!("{}:{}", d >> 20, d & 0xfffff), h)).collect::<BTreeMap<_, _>>());
             }
             accounting["injected"] = json!(opts.injected);
-            let inc = Incident {
-                host: &host,
-                clock: &clock,
-                triggers: &incident,
-                job: &info,
+            accounting["log_bytes_not_scanned"] = json!(not_scanned.load(Ordering::Relaxed));
+            // The window moves to the dump (no copy: the dump's memory is the recorder's).
+            let d = OwnedDump {
+                out: opts.out.clone(),
+                host: host.clone(),
+                clock: clock.clone(),
+                triggers: std::mem::take(&mut incident),
+                job: info.clone(),
                 accounting,
-                events: &events,
+                events: rec.take_sorted(),
                 window_pre_s: opts.window_s,
                 post_s: opts.post_s,
-                extra: Vec::new(),
-                timeline: None,
-                verdict: None,
+                snapshot: snapshot_task.take(),
             };
-            let snap = match snapshot_task.take() {
-                Some(t) => t.await.unwrap_or_else(|e| json!({ "error": format!("snapshot collector failed: {e}") })),
-                None => json!({ "error": "no snapshot taken" }),
-            };
-            let inc = crate::export::add_evidence(inc, snap).await;
-            match bundle::write(&opts.out, &inc) {
-                Ok(w) => {
-                    for f in &w.failures {
-                        crate::say!("nantrace: WARNING: bundle file not written: {f}");
-                    }
-                    if w.written == 0 {
-                        crate::say!("nantrace: ERROR: no file of the bundle could be written (see above); {} is empty", w.dir.display());
-                    } else {
-                        crate::say!("{}", crate::export::summary(&w.dir, &inc));
-                        bundles.push(w.dir);
-                    }
-                }
-                Err(e) => crate::say!("nantrace: ERROR: could not write the bundle under {}: {e}", opts.out.display()),
-            }
-            dumped_any = true;
-            last_dump_end = monotonic_ns();
-            incident.clear();
+            dump_task = Some(tokio::task::spawn_blocking(move || d.write()));
             deadline = None;
-            if job_done {
-                finish = true;
-            }
         }
-        if finish && incident.is_empty() {
+        if finish && incident.is_empty() && dump_task.is_none() {
             break;
+        }
+    }
+    // A dump still running when the inputs ended is waited for, not abandoned.
+    if let Some(t) = dump_task.take() {
+        if let Ok(done) = t.await {
+            for l in &done.lines {
+                crate::say!("{l}");
+            }
+            bundles.extend(done.dir);
+            dumped_any = true;
         }
     }
     let exit_code = match (info.exit_code, info.exit_signal) {
@@ -504,6 +512,63 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         (None, None) => 0,
     };
     Ok(Outcome { exit_code, bundles, dumped: dumped_any })
+}
+
+/// Everything one dump needs, owned, so it runs on its own thread.
+struct OwnedDump {
+    out: PathBuf,
+    host: Host,
+    clock: ClockMap,
+    triggers: Vec<Fired>,
+    job: JobInfo,
+    accounting: serde_json::Value,
+    events: Vec<Event>,
+    window_pre_s: f64,
+    post_s: f64,
+    /// The snapshot taken at the first trigger (awaited on the dump's thread, not the loop's).
+    snapshot: Option<tokio::task::JoinHandle<serde_json::Value>>,
+}
+
+/// What a dump says when it is done, and the bundle it wrote.
+struct DumpDone {
+    lines: Vec<String>,
+    dir: Option<PathBuf>,
+}
+
+impl OwnedDump {
+    fn write(self) -> DumpDone {
+        let snapshot = match self.snapshot {
+            Some(t) => tokio::runtime::Handle::current().block_on(t).unwrap_or_else(|e| json!({ "error": format!("snapshot collector failed: {e}") })),
+            None => json!({ "error": "no snapshot taken" }),
+        };
+        let inc = Incident {
+            host: &self.host,
+            clock: &self.clock,
+            triggers: &self.triggers,
+            job: &self.job,
+            accounting: self.accounting.clone(),
+            events: &self.events,
+            window_pre_s: self.window_pre_s,
+            post_s: self.post_s,
+        };
+        let mut lines = Vec::new();
+        let mut dir = None;
+        match bundle::write(&self.out, &inc, &snapshot) {
+            Ok(w) => {
+                for f in &w.failures {
+                    lines.push(format!("nantrace: WARNING: bundle file not written: {f}"));
+                }
+                if w.written == 0 {
+                    lines.push(format!("nantrace: ERROR: no file of the bundle could be written (see above); {} is empty", w.dir.display()));
+                } else {
+                    lines.push(crate::export::summary(&w.dir, &inc, Some(&w.analysis.verdict)));
+                    dir = Some(w.dir);
+                }
+            }
+            Err(e) => lines.push(format!("nantrace: ERROR: could not write the bundle under {}: {e}", self.out.display())),
+        }
+        DumpDone { lines, dir }
+    }
 }
 
 /// True when a terminal's own SIGINT/SIGHUP reached the job already: nantrace is in the
