@@ -261,8 +261,8 @@ static PREFIX: LazyLock<Regex> = LazyLock::new(|| {
         r"|\[[A-Z][a-z]{2}\s?\d{1,2} \d\d:\d\d\]|\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]?\d \d\d:\d\d:\d\d \d{4}\]",
         r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[,.]\d+)?(?:[+-]\d\d:?\d\d|Z)?",
         r"|kern\s*:\s*[a-z]+\s*:",
-        r"|\S{3,5}\.?\s+[ \d]?\d \d\d:\d\d:\d\d \S+ kernel:",
-        r"|kernel:",
+        r"|\S{3,5}\.?\s+[ \d]?\d \d\d:\d\d:\d\d(?: \S+)?\s+kernel:",
+        r"|kernel:|\[kernel\]|>(?:\s|$)",
         r"|/var/log/[^:\s]+:",
         r"|[\w.-]+:\s*\[\s*\d+\.\d+\]",
         r")\s*"
@@ -298,7 +298,7 @@ static SXID: LazyLock<Regex> = LazyLock::new(|| {
     re(r"(?:nvidia-nvswitch\d*: )?SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d+), (?:(Non-fatal|Fatal)[^,]*, )?(.*)")
 });
 static OFF_BUS: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"NVRM: (?s:.*?)(?:GPU (?:at (?:PCI:)?)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)(?s:.*))?fallen off the bus")
+    re(r"NVRM: (?s:.*?)(?:GPU (?:at (?:PCI:)?)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)(?s:.*))?(?:fallen off the bus|GPU lost from the bus|NV_ERR_GPU_IS_LOST)")
 });
 static AER_DEV: LazyLock<Regex> = LazyLock::new(|| re(r"(\S+) ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d): (?:AER: )?(.*)$"));
 /// The lines of an AER report after its severity line: status/mask, one per error bit, and
@@ -317,10 +317,10 @@ static OOM_CONSTRAINT: LazyLock<Regex> = LazyLock::new(|| re(r"oom-kill:constrai
 /// `comm invoked oom-killer: gfp_mask=...`: the kernel's own text after the allocating task.
 static OOM_INVOKED: LazyLock<Regex> = LazyLock::new(|| re(r"(?s:.{1,16}?) invoked oom-killer: gfp_mask=0x[0-9a-f]+"));
 static LINK: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?:\S+ \S+?: |\S+ [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d )?(?:\S+: )?(\S+?):? (?:NIC )?(?:[Ll]ink is (Down|Up)|[Ll]ink ([Dd]own|[Uu]p)\b|Port: \d+ Link (ACTIVE|DOWN))")
+    re(r"(?:IPv6: ADDRCONF\(NETDEV_(?:CHANGE|UP)\): (\S+?): link becomes (ready)|(?:\S+ \S+?: |\S+ [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d )?(?:\S+: )?(\S+?):? (?:NIC )?(?:[Ll]ink is (Down|Up)|[Ll]ink ([Dd]own|[Uu]p)\b|Port: \d+ Link (ACTIVE|DOWN)))")
 });
 static NIC_ERR: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"((?:mlx5_core|mlx5_ib|infiniband|mlx5_\d+)[ :]\s*\S*?):? ?(.*(?:CQE error|dump error cqe|dump_cqe|health compromised|[Ff]atal error|FW_FATAL|internal error|syndrome 0x|cmd_work_handler.*timeout|command timeout|wait_func.*(?:timeout|No done completion)|pci_channel_offline|device is in error state|Unrecoverable error|error cqe|\w+ failed(?: with error)?).*)")
+    re(r"((?:mlx5_core|mlx5_ib|infiniband|mlx5_\d+)[ :]\s*\S*?):? ?(.*(?:CQE error|dump error cqe|dump_cqe|health compromised|[Ff]atal error|FW_FATAL|internal error|syndrome 0x|cmd_work_handler.*timeout|synd 0x[0-9a-f]+:|irisc not responding|command timeout|wait_func.*(?:timeout|No done completion)|pci_channel_offline|device is in error state|Unrecoverable error|error cqe|\w+ failed(?: with error)?).*)")
 });
 static HUNG: LazyLock<Regex> = LazyLock::new(|| re(r"INFO: task (.{1,16}?):(\d+) blocked for more than (\d+) seconds"));
 /// The hung-task report's other lines: its hint, and the D-state task dump.
@@ -329,7 +329,7 @@ static SOFT_LOCKUP: LazyLock<Regex> = LazyLock::new(|| re(r"(?:(?:NMI )?watchdog
 static RCU: LazyLock<Regex> = LazyLock::new(|| re(r"(?:rcu: )?(?:INFO: rcu_\w+ (?:self-)?detected (?:expedited )?stalls?|\s*rcu_\w+ kthread (?:starved|timer wakeup didn't happen)|\s*Unless rcu_\w+ kthread gets sufficient CPU time)"));
 static THERMAL: LazyLock<Regex> = LazyLock::new(|| re(r"(?:mce: )?(?:\[Hardware Error\]: )?CPU(\d+): (Core|Package) temperature above threshold"));
 static MCE: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?:mce: \[Hardware Error\]|mce: CPU\d+: Machine Check|Machine check events logged|\{\d+\}\[Hardware Error\]|\[Hardware Error\]|EDAC \S+: ?\d+ (?:CE|UE)|EDAC \S+ (?:MC\d+|[^:]*): .*(?:CE|UE|[Cc]orrected|[Uu]ncorrected)|EDAC MC\d+: .*error|mce: \[Hardware Error\]|CMCI storm detected|mce_notify_irq|Memory failure: 0x[0-9a-f]+|HANDLING MCE MEMORY ERROR)(.*)")
+    re(r"(?:EDAC [^:]*:.*(?:\bCE\b|\bUE\b|[Cc]orrected|[Uu]ncorrected|Machine Check|\bMCE\b|[Ee]rror)|mce: \[Hardware Error\]|mce: CPU\d+: Machine Check|Machine check events logged|\{\d+\}\[Hardware Error\]|\[Hardware Error\]|EDAC \S+: ?\d+ (?:CE|UE)|EDAC \S+ (?:MC\d+|[^:]*): .*(?:CE|UE|[Cc]orrected|[Uu]ncorrected)|EDAC MC\d+: .*error|mce: \[Hardware Error\]|CMCI storm detected|mce_notify_irq|Memory failure: 0x[0-9a-f]+|HANDLING MCE MEMORY ERROR)(.*)")
 });
 static MCE_UNCORRECTED: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)\bUE\b|uncorrect|fatal|Memory failure|Kernel panic|\bPCC\b|recoverable action|severity: (?:fatal|recoverable)").unwrap());
 static NETFS: LazyLock<Regex> = LazyLock::new(|| {
@@ -337,7 +337,7 @@ static NETFS: LazyLock<Regex> = LazyLock::new(|| {
 });
 static STALE: LazyLock<Regex> = LazyLock::new(|| re(r"((?:NFS|nfs|Lustre|LustreError)\S*:? .*[Ss]tale (?:NFS )?file handle.*)"));
 static BLOCK: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?:(?:blk_update_request|print_req_error|critical (?:medium|target|space allocation) error|critical|\S+): )?(?:(I/O error), dev (\w+)|(Buffer I/O error) on (?:dev(?:ice)? )?(\w+)|(?:nvme )?(nvme\d+)(?:n\d+)?: (?:I/O \d+ (?:\(\w+\) )?QID \d+ (timeout)|(controller is down)|(Device not ready)|(Removing after probe failure)|(\w+\(0x[0-9a-f]+\) @ LBA \d+, \d+ blocks, [^(]*Error)|.*?(reset controller)|(resetting controller))|(EXT4-fs error) \(device (\w+)\)|(XFS) \((\w+)\): (?:metadata I/O error|Corruption|log I/O error)|(Aborting journal) on device (\w+))")
+    re(r"(?:(?:blk_update_request|print_req_error|critical (?:medium|target|space allocation) error|critical|\S+): )?(?:(I/O error), dev (\w+)|(Buffer I/O error) on (?:dev(?:ice)? )?(\w+)|(?:nvme )?(nvme\d+)(?:n\d+)?: (?:I/O \d+ (?:\([^)]*\) )?QID \d+ (timeout)|(controller is down)|(Device not ready)|(Removing after probe failure)|(\w+\(0x[0-9a-f]+\) @ LBA \d+, \d+ blocks, [^(]*Error)|.*?(reset controller)|(resetting controller))|(EXT4-fs (?:error|warning)) \(device ([\w-]+)\)|(XFS) \((\w+)\): (?:metadata I/O error|Corruption|log I/O error)|(Aborting journal) on device (\w+))")
 });
 
 fn aer_severity(s: &str) -> String {
@@ -489,7 +489,7 @@ fn classify_line(line: &str) -> Option<KmsgClass> {
             "I/O error" | "Buffer I/O error" => "io_error",
             k if k.ends_with("Error") => "io_error",
             "timeout" => "nvme_timeout",
-            "EXT4-fs error" | "XFS" | "Aborting journal" => "fs_error",
+            "EXT4-fs error" | "EXT4-fs warning" | "XFS" | "Aborting journal" => "fs_error",
             _ => "nvme_reset",
         };
         return Some(KmsgClass::BlockError { dev, kind: kind.to_string() });
@@ -498,8 +498,8 @@ fn classify_line(line: &str) -> Option<KmsgClass> {
         return Some(KmsgClass::NicError { device: c[1].trim().to_string(), message: c[2].trim().chars().take(160).collect() });
     }
     if let Some(c) = LINK.captures(line) {
-        let iface = c[1].trim_end_matches(':').to_string();
-        let state = c.get(2).or(c.get(3)).or(c.get(4)).map_or("", |m| m.as_str()).to_ascii_lowercase();
+        let iface = c.get(1).or(c.get(3)).map_or("", |m| m.as_str()).trim_end_matches(':').to_string();
+        let state = c.get(2).or(c.get(4)).or(c.get(5)).or(c.get(6)).map_or("", |m| m.as_str()).to_ascii_lowercase();
         return Some(if matches!(state.as_str(), "down" | "init") { KmsgClass::LinkDown { iface } } else { KmsgClass::LinkUp { iface } });
     }
     None

@@ -36,7 +36,7 @@ pub enum GradRule {
 
 const NONFINITE: &str = r"[-+]?(?:nan|inf(?:inity)?)";
 /// Loss-like metric names, with optional prefixes (`train_`, `lm `, `train/`) and suffixes.
-const METRIC: &str = r"(?:[a-z0-9]+[_ /.-])?(?:[a-z0-9]+[_ ])?(?:loss|grad[_ ]?norm|gradient[_ ]norm|ppl|perplexity|nll)(?:[_ /.-][a-z0-9]+)?";
+const METRIC: &str = r"(?:[a-z0-9]+[_ /.-])?(?:[a-z0-9]+[_ ])?(?:loss|grad[_ ]?norm|gradient[_ ]norm|ppl|perplexity|nll)(?:[_/.-][a-z0-9]+){0,2}";
 
 static NONFINITE_METRIC: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(&format!(
@@ -54,7 +54,7 @@ static NONFINITE_ERROR: LazyLock<Regex> = LazyLock::new(|| {
         r"|FloatingPointError:.*\b(?:loss|grad|norm|nan|inf|overflow|scale)",
         r"|tensor\(\s*(?:nan|inf|-inf)\b[^)]*grad_fn=<\w*(?:Loss|Nll|Entropy|Mse|Mean|Sum|Div|Add|Mul)\w*Backward\d*>",
         r"|\bloss\b[^\n]{0,40}tensor\(\s*\[?\s*(?:nan|inf|-inf)\b",
-        r"|Invalid loss, terminating training|\b(?:outputs?|predictions?|logits)\b[^\n]{0,20}\b(?:is|are|contains?|has|became)\s+nan\b",
+        r"|Invalid loss, terminating training|found NaN in (?:the )?(?:local )?grad|Unexpected result nan|\b(?:outputs?|predictions?|logits)\b[^\n]{0,20}\b(?:is|are|contains?|has|became)\s+nan\b",
         r"|^\s*\d+/\d+\s+[\d.]+G\s+(?:nan|inf)\s)"
     ))
     .unwrap()
