@@ -171,6 +171,7 @@ pub fn dump(n: u64, out: &std::path::Path) -> Value {
     // NANTRACE_BENCH_PROFILE=1: print the time of each stage (how the dump was profiled).
     if std::env::var_os("NANTRACE_BENCH_PROFILE").is_some() {
         let ev = r.sorted();
+        let ev: Vec<&crate::event::Event> = ev.iter().collect();
         let inc = crate::bundle::Incident { host: &host, clock: &clock, triggers: &trig, job: &job, accounting: json!({}), events: &ev, window_pre_s: 600.0, post_s: 0.0 };
         let t = Instant::now();
         let tl = crate::bundle::timeline(&inc);
@@ -196,7 +197,8 @@ pub fn dump(n: u64, out: &std::path::Path) -> Value {
         eprintln!("logs {:?}", t.elapsed());
     }
     let start = Instant::now();
-    let events = r.sorted();
+    let lanes = r.take_lanes();
+    let events = Recorder::by_time(&lanes);
     let inc = crate::bundle::Incident { host: &host, clock: &clock, triggers: &trig, job: &job, accounting: json!({}), events: &events, window_pre_s: 600.0, post_s: 0.0 };
     let w = crate::bundle::write(out, &inc, &snapshot);
     let s = start.elapsed().as_secs_f64();

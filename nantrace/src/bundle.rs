@@ -62,7 +62,8 @@ pub struct Incident<'a> {
     pub triggers: &'a [Fired],
     pub job: &'a JobInfo,
     pub accounting: Value,
-    pub events: &'a [Event],
+    /// Sorted by time (references into the recorder's lanes: no copy of the window).
+    pub events: &'a [&'a Event],
     pub window_pre_s: f64,
     pub post_s: f64,
 }
@@ -77,8 +78,8 @@ pub struct Written {
 }
 
 /// Index of the first non-finite log line, if any.
-pub fn first_nan(events: &[Event]) -> Option<&Event> {
-    events.iter().find(|e| matches!(&e.detail, Detail::Log(l) if l.nonfinite))
+pub fn first_nan<'a>(events: &[&'a Event]) -> Option<&'a Event> {
+    events.iter().copied().find(|e| matches!(&e.detail, Detail::Log(l) if l.nonfinite))
 }
 
 /// Everything in timeline.json but the events.
@@ -161,7 +162,7 @@ fn write_timeline(w: &mut dyn std::io::Write, inc: &Incident, head: &Value) -> s
 
 fn write_app_log(w: &mut dyn std::io::Write, inc: &Incident) -> std::io::Result<()> {
     let first = first_nan(inc.events).map(|e| e as *const Event);
-    for e in inc.events {
+    for &e in inc.events {
         if let Detail::Log(l) = &e.detail {
             if Some(e as *const Event) == first {
                 writeln!(w, ">>>>> nantrace: FIRST NON-FINITE VALUE on the next line ({}) <<<<<", rfc3339(inc.clock.to_wall(e.mono_ns)))?;
@@ -196,12 +197,17 @@ pub fn kernel_log(inc: &Incident) -> String {
     String::from_utf8_lossy(&v).into_owned()
 }
 
-/// The most events the analysis (report, trace, HTML) holds as JSON values at once: about
-/// 1 KiB each, so the dump stays within the recorder's cap plus ~64 MiB whatever the flood.
-pub const DIGEST_MAX: usize = 40_000;
+/// The most events the analysis (report, trace, HTML) holds as JSON values at once (~1.5 KiB
+/// each), so the dump stays within the recorder's cap plus ~64 MiB whatever the flood.
+pub const DIGEST_MAX: usize = 20_000;
+/// Of those, at most this many loss-curve lines and this many routine kernel events (forks,
+/// block requests, retransmits), the latest ones.
+const DIGEST_CURVE: usize = 5_000;
+const DIGEST_ROUTINE: usize = 10_000;
 
-/// Does the analysis need this event? Plain log lines (no loss, no step, nothing flagged) never
-/// are: they are in app.log and timeline.json, not in the reasoning.
+/// Does the analysis need this event? 0 = always (flagged lines, classified kernel lines,
+/// samples...), 2 = loss-curve lines, 3 = routine kernel events, 9 = never (plain log lines:
+/// they are in app.log and timeline.json, not in the reasoning).
 fn digest_rank(e: &Event) -> u8 {
     match &e.detail {
         Detail::Log(l) if l.nonfinite || l.overflow || l.fault.is_some() || l.loss_scale.is_some() => 0,
@@ -210,30 +216,51 @@ fn digest_rank(e: &Event) -> u8 {
         Detail::Fork { .. } | Detail::Exec { .. } | Detail::Block { .. } | Detail::Tcp(_) => 3,
         Detail::Exit { code, signal } if *code == 0 && *signal == 0 => 3,
         Detail::Kmsg(k) if k.class.is_none() => 3,
-        _ => 1,
+        _ => 0,
     }
 }
 
-/// The timeline the analysis reads: every event that matters for a suspect, up to
-/// [`DIGEST_MAX`], the most important first and, within a rank, the closest to the trigger.
+/// The timeline the analysis reads: every event that matters for a suspect (up to
+/// [`DIGEST_MAX`], the closest to the trigger first), the latest [`DIGEST_CURVE`] loss-curve
+/// lines and the latest [`DIGEST_ROUTINE`] routine kernel events. One pass, bounded memory.
 /// What it left out is counted in `accounting.digest` (the report says so).
 pub fn digest(inc: &Incident, head: &Value) -> Value {
     let t0 = inc.triggers[0].mono_ns;
-    let mut idx: Vec<(u8, u64, usize)> = inc.events.iter().enumerate().filter_map(|(i, e)| {
-        let r = digest_rank(e);
-        (r < 9).then(|| (r, e.mono_ns.abs_diff(t0), i))
-    }).collect();
-    let plain = inc.events.len() - idx.len();
-    let omitted = idx.len().saturating_sub(DIGEST_MAX);
-    if idx.len() > DIGEST_MAX {
-        idx.select_nth_unstable(DIGEST_MAX);
-        idx.truncate(DIGEST_MAX);
+    let mut key: Vec<(u64, usize)> = Vec::new();
+    let mut curve = std::collections::VecDeque::with_capacity(DIGEST_CURVE);
+    let mut routine = std::collections::VecDeque::with_capacity(DIGEST_ROUTINE);
+    let (mut plain, mut candidates) = (0usize, 0usize);
+    for (i, e) in inc.events.iter().enumerate() {
+        let ring = match digest_rank(e) {
+            9 => {
+                plain += 1;
+                continue;
+            }
+            0 => None,
+            2 => Some((&mut curve, DIGEST_CURVE)),
+            _ => Some((&mut routine, DIGEST_ROUTINE)),
+        };
+        candidates += 1;
+        match ring {
+            None => key.push((e.mono_ns.abs_diff(t0), i)),
+            Some((r, cap)) => {
+                if r.len() == cap {
+                    r.pop_front();
+                }
+                r.push_back(i);
+            }
+        }
     }
-    let mut keep: Vec<usize> = idx.into_iter().map(|x| x.2).collect();
+    if key.len() > DIGEST_MAX {
+        key.select_nth_unstable(DIGEST_MAX);
+        key.truncate(DIGEST_MAX);
+    }
+    let room = DIGEST_MAX.saturating_sub(key.len());
+    let mut keep: Vec<usize> = key.into_iter().map(|k| k.1).chain(curve.into_iter().rev().chain(routine.into_iter().rev()).take(room)).collect();
     keep.sort_unstable();
     let mut t = head.clone();
-    t["events"] = Value::Array(keep.iter().map(|&i| event_json(inc, &inc.events[i])).collect());
-    t["accounting"]["digest"] = json!({ "events": inc.events.len(), "analysed": keep.len(), "plain_log_lines_not_analysed": plain, "over_the_cap_not_analysed": omitted });
+    t["events"] = Value::Array(keep.iter().map(|&i| event_json(inc, inc.events[i])).collect());
+    t["accounting"]["digest"] = json!({ "events": inc.events.len(), "analysed": keep.len(), "plain_log_lines_not_analysed": plain, "over_the_cap_not_analysed": candidates - keep.len() });
     t
 }
 

@@ -212,16 +212,25 @@ impl Event {
     }
 
     /// Approximate bytes this event holds (inline + heap), for the recorder's memory cap.
+    /// What the allocator really spends on this event's heap parts: each allocation rounded
+    /// to glibc's chunk (size + 8, 16-aligned, at least 32 bytes).
     pub fn heap_bytes(&self) -> usize {
+        fn a(n: usize) -> usize {
+            if n == 0 {
+                0
+            } else {
+                ((n + 8 + 15) & !15).max(32)
+            }
+        }
         match &self.detail {
-            Detail::Kmsg(k) => std::mem::size_of::<Kmsg>() + k.text.len() + k.class.as_ref().map_or(0, |_| std::mem::size_of::<KmsgClass>() + 32),
-            Detail::Aer(a) => std::mem::size_of::<Aer>() + a.device.len(),
-            Detail::Oom(_) => std::mem::size_of::<Oom>(),
-            Detail::Tcp(_) => std::mem::size_of::<Tcp>(),
-            Detail::Exec { filename } => filename.len(),
-            Detail::Log(l) => std::mem::size_of::<LogLine>() + l.text.len() + l.fault.as_ref().map_or(0, |f| std::mem::size_of::<crate::joblog::JobFault>() + f.code.as_ref().map_or(0, String::len)),
-            Detail::Sample { fields, .. } => 64 + fields.len() * 64,
-            Detail::Trigger { reason, .. } => reason.len(),
+            Detail::Kmsg(k) => a(std::mem::size_of::<Kmsg>()) + a(k.text.len()) + k.class.as_ref().map_or(0, |_| a(std::mem::size_of::<KmsgClass>()) + 64),
+            Detail::Aer(a_) => a(std::mem::size_of::<Aer>()) + a(a_.device.len()),
+            Detail::Oom(_) => a(std::mem::size_of::<Oom>()),
+            Detail::Tcp(_) => a(std::mem::size_of::<Tcp>()),
+            Detail::Exec { filename } => a(filename.len()),
+            Detail::Log(l) => a(std::mem::size_of::<LogLine>()) + a(l.text.len()) + l.fault.as_ref().map_or(0, |f| a(std::mem::size_of::<crate::joblog::JobFault>()) + f.code.as_ref().map_or(0, |c| a(c.len()))),
+            Detail::Sample { fields, .. } => 64 + fields.len() * 96,
+            Detail::Trigger { reason, .. } => a(std::mem::size_of::<String>()) + a(reason.len()),
             _ => 0,
         }
     }

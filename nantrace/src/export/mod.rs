@@ -39,7 +39,7 @@ pub fn exit_text(code: Option<i32>, signal: Option<i32>) -> String {
     }
 }
 
-fn count(events: &[Event], f: impl Fn(&Event) -> bool) -> usize {
+fn count(events: &[&Event], f: impl Fn(&Event) -> bool) -> usize {
     events.iter().filter(|e| f(e)).count()
 }
 
@@ -53,7 +53,7 @@ pub fn summary(dir: &Path, inc: &Incident, verdict: Option<&str>) -> String {
         let Detail::Log(l) = &e.detail else { unreachable!() };
         format!("first NaN at {:+.1} s{}: {}", rel(e.mono_ns), l.step.map_or(String::new(), |s| format!(" (step {s})")), crate::term::clean(&l.text.chars().take(80).collect::<String>()))
     });
-    let xids: Vec<&Event> = ev.iter().filter(|e| matches!(&e.detail, Detail::Kmsg(k) if matches!(k.class.as_deref(), Some(KmsgClass::Xid { .. }) | Some(KmsgClass::GpuFallenOffBus { .. })))).collect();
+    let xids: Vec<&Event> = ev.iter().copied().filter(|e| matches!(&e.detail, Detail::Kmsg(k) if matches!(k.class.as_deref(), Some(KmsgClass::Xid { .. }) | Some(KmsgClass::GpuFallenOffBus { .. })))).collect();
     let worst = xids.iter().max_by_key(|e| match &e.detail { Detail::Kmsg(k) => k.class.as_deref().map(KmsgClass::severity), _ => None }).map(|e| match &e.detail {
         Detail::Kmsg(k) => match k.class.as_deref() {
             Some(KmsgClass::Xid { xid, pci, severity, .. }) => format!(" (worst: Xid {xid} {severity:?} on {pci}, {:+.1} s)", rel(e.mono_ns)),

@@ -166,7 +166,7 @@ pub(super) fn log_event(reader: &mut LineReader, line: String, stream: u8, pid: 
 }
 
 /// Bytes of output waiting to be scanned, per stream, at most.
-const SCAN_QUEUE_BYTES: usize = 64 << 20;
+const SCAN_QUEUE_BYTES: usize = 16 << 20;
 
 /// Pass a child's output through unchanged, and scan it line by line on a thread of its own.
 ///
@@ -187,14 +187,19 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     not_scanned: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) -> Option<std::thread::JoinHandle<()>> {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let (chunks, rx) = std::sync::mpsc::channel::<(u64, Vec<u8>)>();
+    // `None`: output was skipped here; the line in progress is incomplete and dropped.
+    let (chunks, rx) = std::sync::mpsc::channel::<Option<(u64, Vec<u8>)>>();
     let queued = std::sync::Arc::new(AtomicUsize::new(0));
     let queued2 = queued.clone();
     let scan = std::thread::Builder::new().name("nantrace-scan".into()).spawn(move || {
         let mut split = LineSplitter::default();
         let mut reader = LineReader::new(scanner);
         let mut last_t = 0;
-        for (t, chunk) in rx {
+        for item in rx {
+            let Some((t, chunk)) = item else {
+                split = LineSplitter::default();
+                continue;
+            };
             queued2.fetch_sub(chunk.len(), Ordering::Relaxed);
             last_t = t;
             let mut lines = Vec::new();
@@ -216,6 +221,7 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         }
     });
     let mut buf = vec![0u8; 64 * 1024];
+    let mut skipping = false;
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
@@ -226,9 +232,14 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         let _ = to.flush().await;
         if queued.load(Ordering::Relaxed) + n > SCAN_QUEUE_BYTES {
             not_scanned.fetch_add(n as u64, Ordering::Relaxed);
+            if !skipping {
+                skipping = true;
+                let _ = chunks.send(None);
+            }
         } else {
+            skipping = false;
             queued.fetch_add(n, Ordering::Relaxed);
-            let _ = chunks.send((monotonic_ns(), buf[..n].to_vec()));
+            let _ = chunks.send(Some((monotonic_ns(), buf[..n].to_vec())));
         }
     }
     drop(chunks);

@@ -484,7 +484,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                 triggers: std::mem::take(&mut incident),
                 job: info.clone(),
                 accounting,
-                events: rec.take_sorted(),
+                lanes: rec.take_lanes(),
                 window_pre_s: opts.window_s,
                 post_s: opts.post_s,
                 snapshot: snapshot_task.take(),
@@ -522,7 +522,8 @@ struct OwnedDump {
     triggers: Vec<Fired>,
     job: JobInfo,
     accounting: serde_json::Value,
-    events: Vec<Event>,
+    /// The recorder's two lanes (evidence, logs), moved here.
+    lanes: (Vec<Event>, Vec<Event>),
     window_pre_s: f64,
     post_s: f64,
     /// The snapshot taken at the first trigger (awaited on the dump's thread, not the loop's).
@@ -541,13 +542,14 @@ impl OwnedDump {
             Some(t) => tokio::runtime::Handle::current().block_on(t).unwrap_or_else(|e| json!({ "error": format!("snapshot collector failed: {e}") })),
             None => json!({ "error": "no snapshot taken" }),
         };
+        let order = Recorder::by_time(&self.lanes);
         let inc = Incident {
             host: &self.host,
             clock: &self.clock,
             triggers: &self.triggers,
             job: &self.job,
             accounting: self.accounting.clone(),
-            events: &self.events,
+            events: &order,
             window_pre_s: self.window_pre_s,
             post_s: self.post_s,
         };
