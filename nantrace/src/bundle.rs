@@ -291,8 +291,10 @@ pub fn write(out: &Path, inc: &Incident, snapshot: &Value) -> std::io::Result<Wr
     // survive (redteam 1.21).
     put("app.log", &mut |w| write_app_log(w, inc));
     put("kernel.log", &mut |w| write_kernel_log(w, inc));
-    let head = timeline_head(inc);
+    let mut head = timeline_head(inc);
     let d = digest(inc, &head);
+    // timeline.json says what the analysis read of it.
+    head["accounting"]["digest"] = d["accounting"]["digest"].clone();
     // The trace and the report read the same digest: two threads.
     let analysis = std::thread::scope(|s| {
         let trace = s.spawn(|| serde_json::to_vec(&crate::export::perfetto::trace(&d)).unwrap_or_default());

@@ -124,6 +124,65 @@ fn bpf_progs(bin: &Path) -> Result<Vec<serde_json::Value>> {
 }
 
 /// One workload run under one tracer: elapsed, tracer CPU, per-program kernel cost.
+/// A job floods its stdout, then prints a NaN: nantrace's peak RSS (sampled every 20 ms)
+/// against its memory cap, how long the job took with and without nantrace, and the bundle.
+fn flood_dump(bin: &Path, lines: u64, cap_mib: u64, tmp: &Path) -> Result<serde_json::Value> {
+    let job = format!("yes 'step 1 | loss 2.0 | lr 3e-4 | tokens/s 123456 | mfu 41.2%' | head -n {lines}; echo 'step 2 | loss nan'; sleep 0.5");
+    let t = std::time::Instant::now();
+    Command::new("sh").args(["-c", &job]).stdout(std::process::Stdio::null()).status()?;
+    let alone = t.elapsed().as_secs_f64();
+    let out = tmp.join("flood-out");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out)?;
+    let t = std::time::Instant::now();
+    let mut child = Command::new(bin)
+        .args(["run", "--no-probes", "--post", "0.5", "--mem-cap-mb", &cap_mib.to_string(), "--out", out.to_str().unwrap(), "--", "sh", "-c", &job])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let mut peak_kb = 0u64;
+    let status = format!("/proc/{}/status", child.id());
+    let mut job_s = None;
+    while child.try_wait()?.is_none() {
+        if let Ok(st) = std::fs::read_to_string(&status) {
+            if let Some(kb) = st.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()) {
+                peak_kb = peak_kb.max(kb);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let total = t.elapsed().as_secs_f64();
+    let bundle = std::fs::read_dir(&out)?.flatten().map(|e| e.path()).find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("nantrace-")));
+    let mut not_scanned = serde_json::Value::Null;
+    if let Some(b) = &bundle {
+        let head = std::fs::read_to_string(b.join("timeline.json")).unwrap_or_default();
+        not_scanned = head.lines().find_map(|l| l.trim().strip_prefix("\"log_bytes_not_scanned\": ")).map(|v| serde_json::json!(v.trim_end_matches(',').parse::<u64>().unwrap_or(0))).unwrap_or_default();
+        let app = std::fs::read_to_string(b.join("app.log")).unwrap_or_default();
+        // The job's own time: from the first to the last line it printed.
+        let times: Vec<&str> = [app.lines().next(), app.lines().last()].into_iter().flatten().filter_map(|l| l.split(' ').next()).collect();
+        if let [a, z] = times[..] {
+            let p = |s: &str| time_of(s);
+            job_s = Some(p(z) - p(a) + 0.5);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(serde_json::json!({
+        "lines": lines, "cap_mib": cap_mib, "job_s_alone": alone, "nantrace_total_s": total,
+        "job_s_under_nantrace": job_s, "peak_rss_mib": peak_kb / 1024, "over_cap_mib": (peak_kb / 1024) as i64 - cap_mib as i64,
+        "log_bytes_not_scanned": not_scanned, "bundle": bundle.is_some(),
+    }))
+}
+
+/// Seconds of an RFC 3339 time (`2026-11-30T15:00:01.123456789Z`) within its day.
+fn time_of(s: &str) -> f64 {
+    let t = s.split('T').nth(1).unwrap_or("").trim_end_matches('Z');
+    let mut parts = t.split(':');
+    let h: f64 = parts.next().and_then(|x| x.parse().ok()).unwrap_or(0.0);
+    let m: f64 = parts.next().and_then(|x| x.parse().ok()).unwrap_or(0.0);
+    let sec: f64 = parts.next().and_then(|x| x.parse().ok()).unwrap_or(0.0);
+    h * 3600.0 + m * 60.0 + sec
+}
+
 fn run_once(kind: &'static str, bin: &Path, iters: u32, tmp: &Path) -> Result<serde_json::Value> {
     let go = tmp.join("go");
     let _ = std::fs::remove_file(&go);
@@ -323,6 +382,7 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
         dumps.push(internal(bin, &["dump", "--n", if smoke { "2000" } else { "100000" }, "--dir", tmp.to_str().unwrap()])?["seconds"].as_f64().unwrap_or(0.0));
     }
     let idle = idle_cpu(bin, if smoke { 2.0 } else { 10.0 }).ok();
+    let flood = flood_dump(bin, if smoke { 200_000 } else { 8_000_000 }, if smoke { 16 } else { 64 }, &tmp).unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }));
     let uname = Command::new("uname").arg("-r").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
     let date = Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
@@ -336,6 +396,7 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
         "memory": mem, "userspace_drain": drain,
         "dump_s_100k": stats(&mut dumps),
         "idle_cpu_s_per_s": idle,
+        "flood_dump": flood,
     });
     let _ = std::fs::remove_dir_all(&tmp);
     if smoke {
@@ -402,6 +463,9 @@ fn markdown(r: &serde_json::Value) -> String {
     s.push_str(&format!("\n## Memory\n\n{} events pushed at a simulated 1 k events/s (10-minute window; timestamps simulated, not waited for) with the mix of kernel events nantrace records: {:.1} bytes per event in the recorder ({} bytes of `Event` inline + heap for strings), RSS {} KiB after the load (started at {} KiB).\n",
         m["events"], m["bytes_per_event"].as_f64().unwrap_or(0.0), m["event_struct_bytes"], m["rss_kb_after"], m["rss_kb_before"]));
     s.push_str(&format!("\n## Dump latency\n\nTrigger to bundle on disk with 100 000 events in the window (timeline, app/kernel logs, report, trace, HTML): {} s.\n", f(&r["dump_s_100k"], 1.0, "")));
+    let fl = &r["flood_dump"];
+    s.push_str(&format!("\n## A log flood, then the dump (redteam 2.8, 7.3, 7.4)\n\n`nantrace run --no-probes --mem-cap-mb {}` of a job that prints {} lines as fast as `yes | head` can, then a NaN: the job took {} s (alone: {} s); nantrace's peak RSS {} MiB = cap + {} MiB (target: cap + 64 MiB); {} bytes of output passed through unscanned (counted in the bundle); bundle written: {}.\n",
+        fl["cap_mib"], fl["lines"], fl["job_s_under_nantrace"], fl["job_s_alone"], fl["peak_rss_mib"], fl["over_cap_mib"], fl["log_bytes_not_scanned"], fl["bundle"]));
     s.push_str(&format!("\n## CPU at idle\n\n`nantrace watch` on an idle machine: {} CPU-seconds per second.\n", r["idle_cpu_s_per_s"]));
     s.push_str("\n## Against the targets\n\nSee the section written by hand below the generated tables (docs/performance-notes.md).\n");
     s
