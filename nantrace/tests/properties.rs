@@ -75,7 +75,7 @@ fn kernel_and_job_line_classifiers_never_panic() {
     let seeds = seeds();
     let mut r = Rng(0x5eed_1234);
     let mut reader = LineReader::new(nantrace::nanscan::Scanner::default());
-    for i in 0..20_000 {
+    for i in 0..4_000 {
         let pick = r.below(seeds.len());
         let input = if i % 4 == 0 { r.some_bytes(300) } else { mutate(&mut r, seeds[pick].clone()) };
         let s = String::from_utf8_lossy(&input);
@@ -92,7 +92,7 @@ fn kernel_and_job_line_classifiers_never_panic() {
 #[test]
 fn the_line_splitter_bounds_every_line_and_loses_no_separator() {
     let mut r = Rng(0xfeed_beef);
-    for _ in 0..300 {
+    for _ in 0..60 {
         let data = r.some_bytes(200_000);
         let mut split = LineSplitter::default();
         let mut lines = Vec::new();
@@ -115,7 +115,7 @@ fn the_line_splitter_bounds_every_line_and_loses_no_separator() {
 fn the_ring_buffer_decoder_never_panics_on_any_bytes() {
     let mut r = Rng(0xdec0_de00);
     let clock = nantrace::clock::ClockMap::sample();
-    for _ in 0..50_000 {
+    for _ in 0..20_000 {
         let len = r.below(700);
         let mut b = r.bytes(len);
         // Mostly valid kinds, so decoding goes past the header.
@@ -144,7 +144,7 @@ fn the_bundle_loader_gives_an_error_or_a_report_for_any_timeline() {
         ],
     });
     let base = serde_json::to_vec(&base).unwrap();
-    for i in 0..2_000 {
+    for i in 0..400 {
         let bytes = if i % 3 == 0 { r.some_bytes(400) } else { mutate(&mut r, base.clone()) };
         if let Ok((a, t, snap)) = nantrace::report::from_bytes(&bytes, None) {
             let _ = nantrace::report::markdown(&a, &t);
