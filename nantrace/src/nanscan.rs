@@ -139,7 +139,7 @@ impl Scanner {
             }
         });
         out.overflow = OVERFLOW.is_match(line) || (out.nonfinite.as_deref().is_some_and(|k| GRAD_KEY.is_match(k)) && SKIPPED.is_match(line));
-        out.grad_only = out.nonfinite.as_deref().is_some_and(|k| GRAD_KEY.is_match(k)) && !out.loss.is_some_and(|l| !l.is_finite());
+        out.grad_only = out.nonfinite.as_deref().is_some_and(|k| GRAD_KEY.is_match(k)) && out.loss.is_none_or(f64::is_finite);
         out.loss_scale = REDUCING
             .captures(line)
             .or_else(|| LOSS_SCALE.captures(line))

@@ -156,7 +156,7 @@ impl Recorder {
 
     /// References to the events of both lanes in time order (8 bytes per event, not a copy;
     /// a stable sort: lines of one chunk keep their order).
-    pub fn by_time<'a>(lanes: &'a (Vec<Event>, Vec<Event>)) -> Vec<&'a Event> {
+    pub fn by_time(lanes: &(Vec<Event>, Vec<Event>)) -> Vec<&Event> {
         let mut v: Vec<&Event> = lanes.0.iter().chain(lanes.1.iter()).collect();
         v.sort_by_key(|e| e.mono_ns);
         v

@@ -104,30 +104,6 @@ fn tracebacks_are_read_as_one_error_and_the_innermost_cause_wins() {
 
 #[test]
 fn kernel_corpus() {
-    let map = |c: &nantrace::classify::KmsgClass| -> &'static str {
-        use nantrace::classify::KmsgClass::*;
-        match c {
-            Xid { .. } => "xid",
-            Sxid { .. } => "sxid",
-            GpuFallenOffBus { .. } => "gpu_fallen_off_bus",
-            Aer { .. } => "aer",
-            OomKill { .. } | OomInvoked => "oom_kill",
-            LinkDown { .. } => "link_down",
-            LinkUp { .. } => "link_up",
-            NicError { .. } => "mlx5_error",
-            HungTask { .. } => "hung_task",
-            SoftLockup { .. } => "soft_lockup",
-            RcuStall => "rcu_stall",
-            MachineCheck { .. } => "machine_check",
-            CpuThermal { .. } => "cpu_thermal",
-            NetFsDown { .. } => "nfs_not_responding",
-            NetFsOk { .. } => "nfs_ok",
-            StaleHandle { .. } => "stale_handle",
-            BlockError { .. } => "block_io_error",
-            Segfault { gpu_library: true, .. } => "segfault_gpu_lib",
-            Segfault { .. } => "segfault_other",
-        }
-    };
     kernel_file("kernel.tsv", 150);
 }
 

@@ -62,6 +62,7 @@ fn fmt_val(v: f64, unit: &str) -> String {
 
 /// One series in its own band: the line, its y-axis (min and max labelled, with the unit) and
 /// its name in its colour, so every line's magnitude can be read.
+#[expect(clippy::too_many_arguments, reason = "one series: its points, axis, place, colour, name, unit, scale")]
 fn band(points: &[(f64, f64)], ax: &Axis, y0: f64, h: f64, color: &str, name: &str, unit: &str, log: bool) -> String {
     let vals: Vec<f64> = points.iter().map(|p| if log { p.1.max(1e-12).log10() } else { p.1 }).collect();
     let (mn, mx) = vals.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(*v), b.max(*v)));

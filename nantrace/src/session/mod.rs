@@ -480,7 +480,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             let d = OwnedDump {
                 out: opts.out.clone(),
                 host: host.clone(),
-                clock: clock.clone(),
+                clock,
                 triggers: std::mem::take(&mut incident),
                 job: info.clone(),
                 accounting,

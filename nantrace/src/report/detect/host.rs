@@ -1,6 +1,5 @@
 //! Host kernel and CPU: hung tasks, soft lockups, RCU stalls, machine checks (corrected or not), CPU thermal throttling.
 
-
 use super::{kernel_events, Acc, Ctx};
 use crate::report::rules::signal;
 

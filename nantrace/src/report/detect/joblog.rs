@@ -9,7 +9,6 @@
 //! (with the Xid named) when the Xid is one NVIDIA lists as possibly the application's.
 use std::collections::BTreeSet;
 
-
 use super::{Acc, Ctx};
 use crate::report::rules::signal;
 use crate::joblog::JobFamily;

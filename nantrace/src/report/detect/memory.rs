@@ -1,25 +1,19 @@
 //! Host memory: OOM kills (kernel line and oom:mark_victim are one kill), swap thrash, memory pressure.
 
-
 use super::{kernel_events, Acc, Ctx};
 use crate::report::rules::signal;
 use crate::source::Source;
 
 pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
-    for (rel, e) in &kernel_events(ctx) {
-        match e["class"].as_str().unwrap_or("") {
-            "oom_kill" => {
-                let v = e["victim_pid"].as_u64().unwrap_or(0);
-                // The oom:mark_victim probe saw the same kill: one kill, two witnesses.
-                if ctx.src(Source::Oom).any(|(_, o)| o["victim_pid"].as_u64() == Some(v)) {
-                    continue;
-                }
-                let job = ctx.job_pids.contains(&v);
-                let sig = if job { signal("oom_kill_job") } else { signal("oom_kill_other") };
-                acc.add(sig, &v.to_string(), *rel, job, || format!("OOM kill of {} {v}{}", e["victim_comm"].as_str().unwrap_or("?"), if job { " (job)" } else { "" }));
-            }
-            _ => {}
+    for (rel, e) in kernel_events(ctx).iter().filter(|(_, e)| e["class"] == "oom_kill") {
+        let v = e["victim_pid"].as_u64().unwrap_or(0);
+        // The oom:mark_victim probe saw the same kill: one kill, two witnesses.
+        if ctx.src(Source::Oom).any(|(_, o)| o["victim_pid"].as_u64() == Some(v)) {
+            continue;
         }
+        let job = ctx.job_pids.contains(&v);
+        let sig = if job { signal("oom_kill_job") } else { signal("oom_kill_other") };
+        acc.add(sig, &v.to_string(), *rel, job, || format!("OOM kill of {} {v}{}", e["victim_comm"].as_str().unwrap_or("?"), if job { " (job)" } else { "" }));
     }
     for (rel, e) in ctx.src(Source::Oom) {
         let v = e["victim_pid"].as_u64().unwrap_or(0);

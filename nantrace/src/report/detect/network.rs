@@ -1,7 +1,6 @@
 //! Network: links down, NIC (mlx5) errors, TCP retransmit storms to the job's peers, link state changes.
 use std::collections::BTreeMap;
 
-
 use super::{kernel_events, Acc, Ctx};
 use crate::report::rules::signal;
 use crate::source::Source;

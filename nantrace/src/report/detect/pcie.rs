@@ -1,7 +1,6 @@
 //! PCIe AER (kernel log and tracepoint): fatal and non-fatal errors, corrected ones only as a burst.
 use std::collections::BTreeMap;
 
-
 use super::{kernel_events, Acc, Ctx};
 use crate::report::rules::signal;
 

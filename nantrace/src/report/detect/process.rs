@@ -1,6 +1,5 @@
 //! The job's processes: its own crashes (software), fatal signals from outside, long-lived workers that exited non-zero.
 
-
 use super::{Acc, Ctx};
 use crate::report::rules::signal;
 use crate::source::Source;

@@ -1,7 +1,6 @@
 //! Storage: block I/O errors (probe and kernel log), disk stalls (latency vs the minute earlier), network filesystems not responding, stale handles.
 use std::collections::{BTreeMap, BTreeSet};
 
-
 use super::{kernel_events, Acc, Ctx};
 use crate::report::rules::signal;
 use crate::source::Source;
