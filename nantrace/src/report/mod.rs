@@ -207,8 +207,12 @@ fn verdict(suspects: &[Finding], timeline: &Value, snapshot: &Value, window_min:
     let label = |f: &Finding| f.family.label().to_string();
     if let Some(top) = first(&|s| s.family.is_machine()) {
         let job_sw = first(&|s| matches!(s.family, Family::Software | Family::GpuMemoryLimit)).map_or(String::new(), |s| format!(" (the job also reported: {})", s.text));
+        // The GPU faulted, but NVIDIA's catalog (or CUDA) says the job's own code can cause it.
+        let ambiguous = matches!(top.signal, "xid_app_possible" | "joblog_gpu_ambiguous");
         return if top.severity >= 60 {
             (format!("PROBABLY THE MACHINE ({}): {}{job_sw}", top.family.label(), top.text), label(top))
+        } else if ambiguous {
+            (format!("POSSIBLY THE MACHINE ({}, or the job's own code): {}{job_sw}", top.family.label(), top.text), label(top))
         } else {
             (format!("POSSIBLY THE MACHINE ({}, weak signals only): {}{job_sw}", top.family.label(), top.text), label(top))
         };

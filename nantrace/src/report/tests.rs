@@ -344,3 +344,13 @@ fn an_evicted_class_makes_the_window_incomplete() {
     assert!(a.verdict.contains("INCOMPLETE: xid ×3 evicted"), "{}", a.verdict);
     assert!(!a.verdict.contains("10 minutes"), "{}", a.verdict);
 }
+
+#[test]
+fn an_xid_nvidia_lists_as_possibly_the_applications_says_so() {
+    let a = Scenario::healthy().with(kmsg(-2.0, "NVRM: Xid (PCI:0000:3b:00): 31, pid=4242, name=python3, Ch 00000010, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f2d_1a000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ")).analyze();
+    assert_eq!(top(&a).signal, "xid_app_possible");
+    assert!(a.verdict.starts_with("POSSIBLY THE MACHINE (GPU, or the job's own code): Xid 31"), "{}", a.verdict);
+    // A hardware Xid stays PROBABLY.
+    let b = Scenario::healthy().with(kmsg(-2.0, "NVRM: Xid (PCI:0000:3b:00): 94, pid=4242, name=python3, Contained: SM (0x1). RST: No, D-RST: No")).analyze();
+    assert!(b.verdict.starts_with("PROBABLY THE MACHINE (GPU): Xid 94"), "{}", b.verdict);
+}

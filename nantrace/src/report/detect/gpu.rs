@@ -15,9 +15,11 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
                 let xid = e["xid"].as_u64().unwrap_or(0);
                 let pci = e["pci"].as_str().unwrap_or("?");
                 let touches = gpu_of_job(pci, e["xid_pid"].as_u64());
+                let maybe_app = crate::classify::xid_maybe_application(u32::try_from(xid).unwrap_or(0));
                 let sig = match (xid, e["severity"].as_str().unwrap_or("")) {
                     (79, _) => signal("gpu_fallen_off_bus"),
                     (_, "critical") => signal("xid_critical"),
+                    (_, "error" | "warning") if maybe_app => signal("xid_app_possible"),
                     (_, "error") => signal("xid_error"),
                     (_, "warning") => signal("xid_warning"),
                     _ => continue,
@@ -60,7 +62,15 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
         let key = format!("{xid}/{pci}");
         let seen = acc.out.keys().any(|k| k.ends_with(&key));
         if !seen {
-            let sig = if xid == 79 { signal("gpu_fallen_off_bus") } else if sev == crate::classify::Severity::Critical { signal("xid_critical") } else { signal("xid_error") };
+            let sig = if xid == 79 {
+                signal("gpu_fallen_off_bus")
+            } else if sev == crate::classify::Severity::Critical {
+                signal("xid_critical")
+            } else if crate::classify::xid_maybe_application(xid as u32) {
+                signal("xid_app_possible")
+            } else {
+                signal("xid_error")
+            };
             acc.add(sig, &key, *rel, gpu_of_job(pci, None), || format!("Xid {xid} ({meaning}) on {pci} (NVML event)"));
         }
     }
