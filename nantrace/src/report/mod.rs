@@ -205,6 +205,15 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
 fn verdict(suspects: &[Finding], timeline: &Value, snapshot: &Value, window_min: f64, ref_name: &str) -> (String, String) {
     let first = |pred: &dyn Fn(&Finding) -> bool| suspects.iter().find(|s| pred(s));
     let label = |f: &Finding| f.family.label().to_string();
+    // A GPU fault of the kind the job's own code can cause (Xid 13/31/43, illegal address),
+    // next to the job's own software error (a device-side assert): the error explains it.
+    let ambiguous_gpu = |f: &Finding| matches!(f.signal, "xid_app_possible" | "joblog_gpu_ambiguous");
+    if let Some(sw) = first(&|s| s.family == Family::Software && s.signal.starts_with("joblog")) {
+        let machine: Vec<&Finding> = suspects.iter().filter(|s| s.family.is_machine()).collect();
+        if !machine.is_empty() && machine.iter().all(|m| ambiguous_gpu(m) && (m.rel_s - sw.rel_s).abs() <= 30.0) {
+            return (format!("NOT THE MACHINE ({}): {}; the GPU fault next to it follows from it: {}", sw.family.label(), sw.text, machine[0].text), label(sw));
+        }
+    }
     if let Some(top) = first(&|s| s.family.is_machine()) {
         let job_sw = first(&|s| matches!(s.family, Family::Software | Family::GpuMemoryLimit)).map_or(String::new(), |s| format!(" (the job also reported: {})", s.text));
         // The GPU faulted, but NVIDIA's catalog (or CUDA) says the job's own code can cause it.

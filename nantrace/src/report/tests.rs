@@ -354,3 +354,29 @@ fn an_xid_nvidia_lists_as_possibly_the_applications_says_so() {
     let b = Scenario::healthy().with(kmsg(-2.0, "NVRM: Xid (PCI:0000:3b:00): 94, pid=4242, name=python3, Contained: SM (0x1). RST: No, D-RST: No")).analyze();
     assert!(b.verdict.starts_with("PROBABLY THE MACHINE (GPU): Xid 94"), "{}", b.verdict);
 }
+
+#[test]
+fn a_device_side_assert_explains_the_xid_43_that_follows_it() {
+    // As recorded on a real H200: an out-of-range index, the driver's Xid 43 (kernel line and
+    // NVML event), then PyTorch's device-side assert error.
+    let a = Scenario::healthy()
+        .with(kmsg(-0.469, "NVRM: Xid (PCI:0000:00:06): 43, pid=542, name=python3, channel 0x0000000a"))
+        .with(json!({ "offset_s": -0.466, "source": "nvml_xid", "xid": 43, "pci": "0000:00:06.0", "witness": "nvml" }))
+        .with(job_line(-0.2, "torch.AcceleratorError: CUDA error: device-side assert triggered"))
+        .analyze();
+    assert!(!a.machine || a.verdict.starts_with("NOT THE MACHINE (software/configuration)"), "{}", a.verdict);
+    assert!(a.verdict.starts_with("NOT THE MACHINE (software/configuration): job output: device-side assert"), "{}", a.verdict);
+    // The same assert next to an Xid 31 (possibly the application's): still the job's bug.
+    let b = Scenario::healthy()
+        .with(kmsg(-1.0, "NVRM: Xid (PCI:0000:3b:00): 31, pid=4242, name=python3, channel 0x0000000a, intr 00000000. MMU Fault: ENGINE GRAPHICS"))
+        .with(job_line(-0.5, "RuntimeError: CUDA error: device-side assert triggered"))
+        .analyze();
+    assert!(b.verdict.starts_with("NOT THE MACHINE (software/configuration)"), "{}", b.verdict);
+    assert!(b.verdict.contains("the GPU fault next to it follows from it: Xid 31"), "{}", b.verdict);
+    // But a hardware Xid is not explained away.
+    let c = Scenario::healthy()
+        .with(kmsg(-1.0, "NVRM: Xid (PCI:0000:3b:00): 48, pid=4242, name=python3, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0."))
+        .with(job_line(-0.5, "RuntimeError: CUDA error: device-side assert triggered"))
+        .analyze();
+    assert!(c.verdict.starts_with("PROBABLY THE MACHINE (GPU)"), "{}", c.verdict);
+}

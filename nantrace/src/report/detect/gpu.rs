@@ -61,7 +61,8 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
         let (meaning, sev) = crate::classify::xid_info(xid as u32);
         let key = format!("{xid}/{pci}");
         let seen = acc.out.keys().any(|k| k.ends_with(&key));
-        if !seen {
+        // Informational Xids (43 "GPU stopped processing", 45...) are context, as in the kernel log.
+        if !seen && sev != crate::classify::Severity::Info {
             let sig = if xid == 79 {
                 signal("gpu_fallen_off_bus")
             } else if sev == crate::classify::Severity::Critical {
