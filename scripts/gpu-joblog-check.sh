@@ -54,5 +54,22 @@ for j in illegal assert oom; do
     rm -rf "$d"
   done
 done
+# Does nantrace (probes + 1 Hz NVML sampling) slow a CUDA workload? A matmul loop's step time,
+# alone and under `nantrace run`.
+cat > "$OUT/jobs/matmul.py" <<'PY'
+import torch, time, statistics
+x = torch.randn(8192, 8192, device="cuda")
+for _ in range(5): x @ x
+torch.cuda.synchronize()
+t0 = time.time(); st = []
+while time.time() - t0 < 12:
+    a = time.perf_counter(); y = x @ x; torch.cuda.synchronize(); st.append(time.perf_counter() - a)
+print(f"steps={len(st)} median_ms={statistics.median(st)*1e3:.3f} p99_ms={sorted(st)[int(len(st)*0.99)]*1e3:.3f}")
+PY
+"$PY" "$OUT/jobs/matmul.py" > "$OUT/matmul-alone.txt" 2>&1
+mkdir -p "$OUT/b-matmul"
+timeout 60 "$B" run --sample 1 --no-trigger exit --out "$OUT/b-matmul" -- "$PY" "$OUT/jobs/matmul.py" > "$OUT/matmul-nantrace.txt" 2>&1
+"$PY" "$OUT/jobs/matmul.py" > "$OUT/matmul-alone2.txt" 2>&1
+rm -rf "$OUT/b-matmul"
 dmesg 2>/dev/null | grep -E "NVRM|Xid" | tail -20 > "$OUT/dmesg-nvrm.txt"
 ls -la "$OUT"
