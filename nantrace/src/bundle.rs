@@ -167,7 +167,7 @@ fn write_app_log(w: &mut dyn std::io::Write, inc: &Incident) -> std::io::Result<
             if Some(e as *const Event) == first {
                 writeln!(w, ">>>>> nantrace: FIRST NON-FINITE VALUE on the next line ({}) <<<<<", rfc3339(inc.clock.to_wall(e.mono_ns)))?;
             }
-            let stream = match l.stream { 1 => "stdout", 2 => "stderr", _ => "file" };
+            let stream = match l.stream { 1 => "stdout", 2 => "stderr", 3 => "stdout+stderr", _ => "file" };
             writeln!(w, "{} [{stream}] {}", rfc3339(inc.clock.to_wall(e.mono_ns)), l.text)?;
         }
     }

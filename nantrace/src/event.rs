@@ -113,7 +113,7 @@ pub struct Aer {
 #[derive(Clone, Debug, PartialEq)]
 pub struct LogLine {
     pub text: Box<str>,
-    /// 1 = stdout, 2 = stderr, 0 = a followed log file.
+    /// 1 = stdout, 2 = stderr, 3 = both through one pipe (nantrace's own were one file), 0 = a followed log file.
     pub stream: u8,
     pub nonfinite: bool,
     pub step: Option<u64>,
@@ -332,7 +332,7 @@ impl Event {
             }
             Detail::Log(l) => {
                 put("line", l.text.as_ref().into());
-                put("stream", match l.stream { 1 => "stdout", 2 => "stderr", _ => "file" }.into());
+                put("stream", match l.stream { 1 => "stdout", 2 => "stderr", 3 => "stdout+stderr", _ => "file" }.into());
                 if l.nonfinite {
                     put("nonfinite", true.into());
                 }

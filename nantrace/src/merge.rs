@@ -50,7 +50,22 @@ pub fn merge(nodes: &mut [Node]) -> Value {
     let mut events: Vec<(i128, Value)> = Vec::new();
     let mut triggers = Vec::new();
     let mut nans = Vec::new();
-    for n in nodes.iter() {
+    // The same bundle given twice (or two copies of it) would double every event (5.23): one
+    // incident is one (boot, trigger instant); later copies are skipped, and said.
+    let mut seen = std::collections::BTreeMap::new();
+    let mut skipped = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let key = (n.timeline["host"]["boot_id"].to_string(), n.timeline["trigger"]["mono_ns"].to_string());
+        if key.0 != "null" && key.1 != "null" {
+            if let Some(first) = seen.get(&key) {
+                crate::say!("nantrace: WARNING: {} is the same incident as {} (same boot and trigger): merged once", n.dir.display(), first);
+                skipped.push(i);
+                continue;
+            }
+            seen.insert(key, n.dir.display().to_string());
+        }
+    }
+    for (_, n) in nodes.iter().enumerate().filter(|(i, _)| !skipped.contains(i)) {
         // Junk (a number, a string) is not an event: skipped, not a panic (redteam 5.22).
         for e in n.timeline["events"].as_array().into_iter().flatten().filter(|e| e.is_object()) {
             let (t, ns) = shifted(e["time"].as_str().unwrap_or(""), n.correction_s);

@@ -1050,3 +1050,88 @@ fn r2_8_r7_3_r7_4_a_flood_and_its_dump_stay_bounded_and_never_block_the_job() {
     let o = nantrace(&["report", b[0].to_str().unwrap()], &[]);
     assert!(o.status.success(), "{:?}", text(&o));
 }
+
+/// 2.7: with nantrace's stdout and stderr in one file (`2>&1`), the job's two streams keep
+/// their order (one pipe for both).
+#[test]
+fn r2_7_two_streams_into_one_file_keep_their_order() {
+    let d = Scratch::new("interleave");
+    let out = d.join("o");
+    let f = std::fs::File::create(d.join("both.txt")).unwrap();
+    let st = Command::new(BIN)
+        .args(["run", "--no-probes", "--post", "0.3", "--out", out.to_str().unwrap(), "--", "sh", "-c", "for i in 1 2 3 4 5 6 7 8; do echo HOSTILE-out$i; echo HOSTILE-err$i >&2; done; exit 1"])
+        .env_remove("SUDO_UID")
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(f.try_clone().unwrap()))
+        .stderr(Stdio::from(f))
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(1));
+    let both = std::fs::read_to_string(d.join("both.txt")).unwrap();
+    let order: Vec<&str> = both.lines().filter(|l| l.starts_with("HOSTILE-")).collect();
+    let want: Vec<String> = (1..=8).flat_map(|i| [format!("HOSTILE-out{i}"), format!("HOSTILE-err{i}")]).collect();
+    assert_eq!(order, want.iter().map(String::as_str).collect::<Vec<_>>());
+    let b = bundles(&out);
+    let app = std::fs::read_to_string(b[0].join("app.log")).unwrap();
+    assert!(app.contains("[stdout+stderr] HOSTILE-err1"), "{app}");
+}
+
+/// 5.23: the same bundle merged twice is merged once, with a warning.
+#[test]
+fn r5_23_the_same_bundle_twice_is_merged_once() {
+    let d = Scratch::new("mergetwice");
+    let b = make_bundle(&d, "in");
+    let out = d.join("m");
+    let o = nantrace(&["merge", b.to_str().unwrap(), b.to_str().unwrap(), "--out", out.to_str().unwrap()], &[]);
+    let (_, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("same incident") && err.contains("merged once"), "{err}");
+    let single: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(b.join("timeline.json")).unwrap()).unwrap();
+    let merged: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("timeline.json")).unwrap()).unwrap();
+    assert_eq!(merged["events"].as_array().unwrap().len(), single["events"].as_array().unwrap().len());
+}
+
+/// 2.13: a line written 30 ms before a copytruncate rotation is not lost (inotify wakes the
+/// follower at the write, not at the next 100 ms poll).
+#[test]
+fn r2_13_a_line_just_before_copytruncate_is_kept() {
+    use std::io::Write as _;
+    let d = Scratch::new("copytrunc");
+    let out = d.join("o");
+    let log = d.join("train.log");
+    std::fs::write(&log, "HOSTILE-ct step 0 | loss 3.0\n").unwrap();
+    let mut job = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut nt = Command::new(BIN)
+        .args(["attach", "--no-probes", "--pid", &job.id().to_string(), "--log", log.to_str().unwrap(), "--out", out.to_str().unwrap(), "--post", "0.5"])
+        .env_remove("SUDO_UID")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    let append = |s: &str| {
+        let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        f.write_all(s.as_bytes()).unwrap();
+    };
+    for round in 1..=5 {
+        append(&format!("HOSTILE-ct step {round} | loss 2.{round} (written just before the rotation)\n"));
+        std::thread::sleep(Duration::from_millis(30));
+        // copytruncate: copy, then truncate in place.
+        std::fs::copy(&log, d.join(&format!("train.log.{round}"))).unwrap();
+        std::fs::OpenOptions::new().write(true).truncate(true).open(&log).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    append("HOSTILE-ct step 6 | loss nan\n");
+    let t0 = Instant::now();
+    while bundles(&out).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "no bundle");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = job.kill();
+    let _ = job.wait();
+    let _ = nt.wait();
+    let app = std::fs::read_to_string(bundles(&out)[0].join("app.log")).unwrap();
+    for round in 1..=5 {
+        assert!(app.contains(&format!("HOSTILE-ct step {round} |")), "step {round} lost:\n{app}");
+    }
+}

@@ -257,6 +257,7 @@ pub(super) fn follow_file(path: PathBuf, pid: u32, scanner: Scanner, tx: mpsc::S
         let mut split = LineSplitter::default();
         let mut first = true;
         let mut buf = vec![0u8; 64 * 1024];
+        let wake = DirWatch::new(&path);
         loop {
             if tx.is_closed() {
                 return;
@@ -313,9 +314,49 @@ pub(super) fn follow_file(path: PathBuf, pid: u32, scanner: Scanner, tx: mpsc::S
                     split.push(&buf[..n], |l| { let _ = tx.blocking_send(Input::Log(log_event(&mut reader, l, 0, pid, comm))); });
                 }
             }
-            std::thread::sleep(Duration::from_millis(100));
+            // Woken by any change in the log's directory (a write, a rotation), else every
+            // 100 ms: a line is read right after it is written, before a copytruncate can
+            // remove it (redteam 2.13).
+            match &wake {
+                Some(w) => w.wait(Duration::from_millis(100)),
+                None => std::thread::sleep(Duration::from_millis(100)),
+            }
         }
     });
+}
+
+/// inotify on a log file's directory: reports writes to the file, and its rotation.
+struct DirWatch(std::os::fd::OwnedFd);
+
+impl DirWatch {
+    fn new(path: &std::path::Path) -> Option<Self> {
+        use std::os::fd::FromRawFd as _;
+        use std::os::unix::ffi::OsStrExt as _;
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+        // SAFETY: inotify_init1 returns a new descriptor we own (or -1).
+        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: fd is fresh and owned here.
+        let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let mask = libc::IN_MODIFY | libc::IN_CREATE | libc::IN_MOVED_TO | libc::IN_MOVED_FROM | libc::IN_DELETE | libc::IN_ATTRIB | libc::IN_CLOSE_WRITE;
+        // SAFETY: valid inotify fd and NUL-terminated path.
+        (unsafe { libc::inotify_add_watch(fd, c.as_ptr(), mask) } >= 0).then_some(DirWatch(owned))
+    }
+
+    /// Wait for a change or the timeout, then drain the pending events.
+    fn wait(&self, timeout: Duration) {
+        use std::os::fd::AsRawFd as _;
+        let fd = self.0.as_raw_fd();
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, i32::try_from(timeout.as_millis()).unwrap_or(100)) };
+        let mut b = [0u8; 4096];
+        // SAFETY: reading into our buffer from our non-blocking descriptor.
+        while unsafe { libc::read(fd, b.as_mut_ptr().cast(), b.len()) } > 0 {}
+    }
 }
 
 pub(super) fn comm_of(pid: u32) -> crate::event::Comm {

@@ -176,7 +176,13 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                     }
                 }
             }
-            cmd.args(&argv[1..]).stdin(std::process::Stdio::inherit()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+            cmd.args(&argv[1..]).stdin(std::process::Stdio::inherit());
+            // When nantrace's stdout and stderr go to the same place (`2>&1`, one terminal),
+            // the job gets one pipe for both, so their order survives (redteam 2.7).
+            let merged = if same_destination() { one_pipe_for_both(&mut cmd) } else { None };
+            if merged.is_none() {
+                cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+            }
             // nantrace's own pid is in the job map while it forks the child, so the kernel map
             // holds the child from its first instruction (no race with early worker forks).
             let spawned = cmd.spawn();
@@ -194,8 +200,16 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             info.root_pid = Some(pid);
             info.command = crate::collect::redact::argv(argv);
             let comm = comm_from(std::path::Path::new(&argv[0]).file_name().and_then(|s| s.to_str()).unwrap_or("job"));
-            let out = tokio::spawn(pump(child.stdout.take().unwrap(), tokio::io::stdout(), 1, pid, comm, scanner.clone(), tx.clone(), not_scanned.clone()));
-            let err = tokio::spawn(pump(child.stderr.take().unwrap(), tokio::io::stderr(), 2, pid, comm, scanner.clone(), tx.clone(), not_scanned.clone()));
+            let (out, err) = match merged {
+                Some(rx) => (
+                    tokio::spawn(pump(rx, tokio::io::stdout(), 3, pid, comm, scanner.clone(), tx.clone(), not_scanned.clone())),
+                    tokio::spawn(async { None }),
+                ),
+                None => (
+                    tokio::spawn(pump(child.stdout.take().unwrap(), tokio::io::stdout(), 1, pid, comm, scanner.clone(), tx.clone(), not_scanned.clone())),
+                    tokio::spawn(pump(child.stderr.take().unwrap(), tokio::io::stderr(), 2, pid, comm, scanner.clone(), tx.clone(), not_scanned.clone())),
+                ),
+            };
             let tx2 = tx.clone();
             tokio::spawn(async move {
                 let st = child.wait().await;
@@ -571,6 +585,33 @@ impl OwnedDump {
         }
         DumpDone { lines, dir }
     }
+}
+
+/// Do nantrace's stdout and stderr lead to the same file (`2>&1`, one terminal)?
+fn same_destination() -> bool {
+    // SAFETY: fstat on our own descriptors with valid out-parameters.
+    unsafe {
+        let (mut a, mut b): (libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed());
+        libc::fstat(1, &mut a) == 0 && libc::fstat(2, &mut b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino
+    }
+}
+
+/// Give the job one pipe for stdout and stderr; returns its read end (non-blocking, async).
+fn one_pipe_for_both(cmd: &mut tokio::process::Command) -> Option<tokio::net::unix::pipe::Receiver> {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two descriptors we then own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return None;
+    }
+    // SAFETY: fresh descriptors from pipe2, owned once each.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let w2 = w.try_clone().ok()?;
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&r), libc::F_SETFL, libc::O_NONBLOCK) };
+    let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(r).ok()?;
+    cmd.stdout(std::process::Stdio::from(w)).stderr(std::process::Stdio::from(w2));
+    Some(rx)
 }
 
 /// True when a terminal's own SIGINT/SIGHUP reached the job already: nantrace is in the
