@@ -97,7 +97,7 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
         let (sig, note) = match l.family {
             JobFamily::GpuHw => {
                 let x = xids.iter().filter(|x| x.3 && (x.0 - l.rel).abs() <= corroborate_window).min_by(|a, b| (a.0 - l.rel).abs().total_cmp(&(b.0 - l.rel).abs()));
-                (signal("joblog_gpu_hw"), x.map_or(String::new(), |x| format!("; the kernel saw Xid {} on {}", x.1, x.2)))
+                (signal("joblog_gpu_hw"), x.map_or_else(|| "; no Xid from the kernel or NVML near it: the job's own words".to_string(), |x| format!("; the kernel saw Xid {} on {}", x.1, x.2)))
             }
             JobFamily::GpuAmbiguous => {
                 let near: Vec<&(f64, u32, String, bool)> = xids.iter().filter(|x| x.3 && (x.0 - l.rel).abs() <= corroborate_window).collect();
