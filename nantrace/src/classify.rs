@@ -288,7 +288,9 @@ fn re(body: &str) -> Regex {
 /// A line the kernel starts with a process name: `comm[pid]: segfault at ...`,
 /// `traps: comm[pid] general protection fault ...`. comm is at most 15 bytes and may be anything.
 static PROC_MSG: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?:traps: )?(?s)(.{1,16}?)\[(\d+)\]:? (?:segfault at|trap |general protection|potentially unexpected fatal signal|bad frame|invalid opcode)(?-s)(?:.*? in ([^\[\s]+)\[)?")
+    // Greedy: the kernel's `[pid]` is the last one within the 16 bytes a comm can take, so a
+    // name that holds a forged `[pid] trap` does not choose the pid.
+    re(r"(?:traps: )?(?s)(.{1,16})\[(\d+)\]:? (?:segfault at|trap |general protection|potentially unexpected fatal signal|bad frame|invalid opcode)(?-s)(?:.*? in ([^\[\s]+)\[)?")
 });
 static XID: LazyLock<Regex> = LazyLock::new(|| {
     re(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{2,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)(?: GPU-I:(\d+))?(?: GPU-C:\d+)?\): (\d+)(?:, pid=(?:'?<unknown>'?|(\d+)))?(?:, name=([^,]*))?,?\s*(.*)")
@@ -678,6 +680,8 @@ mod tests {
         ] {
             assert!(matches!(classify(l), Some(KmsgClass::Segfault { .. }) | None), "{l}: {:?}", classify(l));
         }
+        // A name holding a forged `[pid] trap` does not choose the crashed pid.
+        assert!(matches!(classify("traps: a[21615] trap x[21624] trap invalid opcode ip:401000 sp:7ffc error:0"), Some(KmsgClass::Segfault { crashed_pid: 21624, .. })));
         // A hung task named like an Xid is a hung task.
         assert!(matches!(classify("INFO: task NVRM: Xid (PCI:0:42 blocked for more than 120 seconds."), Some(KmsgClass::HungTask { .. })));
         // Unanchored text later in a line is not a kernel subsystem's message.

@@ -133,12 +133,13 @@ const RULES: &[Rule] = &[
     ignore("nccl_info", r"\bNCCL INFO\b"),
     // Only when the hint is the line (a line that starts with the error itself is the error).
     ignore("cuda_async_hint", r"(?i)^\W*(?:CUDA kernel errors might be asynchronously reported|For debugging consider passing CUDA_LAUNCH_BLOCKING|Compile with .?TORCH_USE_CUDA_DSA|HIP kernel errors might be|Search for .cudaError\w+. in https://docs\.nvidia\.com)"),
-    ignore("not_a_failure", r"(?i)this is not a failure|is not a failure, but|may not be a failure|retrying allocation|will retry"),
+    ignore("not_a_failure", r"(?i)this is not a failure|is not a failure, but|may not be a failure|retrying allocation|will retry|Retrying in \d|entering retry loop|The client socket has failed to connect|waiting for (?:the )?(?:master|store|rendezvous)"),
+    // A literal in code or configuration (`RETRYABLE = ['unspecified launch failure', ...]`).
+    ignore("literal", r#"^\s*[A-Za-z_][\w.]*\s*=\s*[\[{(]?\s*['"]"#),
     ignore("cxx_frame", r"^\s*(?:frame #\d+:|Exception raised from |\d+\s+0x[0-9a-f]+ |#\d+ 0x[0-9a-f]+ in )"),
     ignore("deprecation", r"(?i)\bis deprecated\b|\bdeprecat(?:ed|ion) warning|FutureWarning|DeprecationWarning"),
     ignore("env_dump", r"(?i)^\s*(?:export\s+)?[A-Z][A-Z0-9_]*=\S*\s*$"),
     ignore("teardown", r#"(?i)"should dump" flag|Failed to get exception dump flag|failed to shutdown the rendezvous|has shut down too early|killed by signal: (?:Terminated|Interrupt)|^\s*traceback\s*:\s*Signal \d+ \(SIG(?:ABRT|TERM|INT)\)|^\s*Aborted(?: \(core dumped\))?\s*$"#),
-    ignore("python_warning", r"\b(?:UserWarning|RuntimeWarning|ResourceWarning|FutureWarning):"),
     ignore("ulimit_listing", r"^\s*max locked memory\s+\(kbytes"),
     ignore("zero_count", r"(?i)\b(?:0|no) (?:errors?|failures?|processes) (?:found|killed|detected)|\bkilled 0\b|errors?\s*[:=]\s*0\b"),
     // Host shared memory, before storage (ENOSPC in /dev/shm) and NCCL's generic system error.
@@ -149,13 +150,15 @@ const RULES: &[Rule] = &[
     // GPU memory limit.
     r("gpu_oom", GpuOom, "GPU out of memory (a resource limit, not a fault)", r"(?i)CUDA out of memory|torch\.(?:cuda\.)?OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|Cuda failure '?out of memory|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|\bRESOURCE_EXHAUSTED\b|OOM when allocating|out of memory (?:on|in) (?:device|GPU)|HIP out of memory|cuMemAlloc\w*[^\n]*OUT_OF_MEMORY|XlaRuntimeError: RESOURCE_EXHAUSTED|Out of memory while trying to allocate|failed to allocate [\d.]+\s*[KMGT]?i?B[^\n]* (?:from|on) device|NVML_ERROR_INSUFFICIENT_RESOURCES|BufferAssignment OOM|THCudaCheck FAIL[^\n]*out of memory|Cuda failure (?:\d+ )?'?out of memory").code("cudaErrorMemoryAllocation (2)"),
     // GPU hardware and driver.
-    r("cuda_ecc", GpuHw, "uncorrectable ECC error", r"(?i)uncorrectable ECC|ECC_UNCORRECTABLE|cudaErrorECCUncorrectable|ECCUncorrectable|cuda runtime error \(39\)|CUDA error (?:214|39)\b|double[- ]bit ECC|\bDBE\b").code("cudaErrorECCUncorrectable (214)"),
-    r("gpu_lost", GpuHw, "GPU lost / fallen off the bus", r"(?i)GPU is lost|fallen off the bus|GPU has fallen|NVML_ERROR_GPU_IS_LOST|GPU_IS_LOST|GPU (?:\S+ )?(?:was )?lost\b|Unable to determine the device handle for GPU|lost (?:the )?connection to (?:the )?GPU|cudaErrorDevicesUnavailable[^\n]*lost"),
+    r("cuda_ecc", GpuHw, "uncorrectable ECC error", r"(?i)uncorrectable ECC|ECC_UNCORRECTABLE|cudaErrorECCUncorrectable|ECCUncorrectable|cuda runtime error \(39\)|CUDA error (?:214|39)\b").code("cudaErrorECCUncorrectable (214)"),
+    r("gpu_lost", GpuHw, "GPU lost / fallen off the bus", r"(?i)GPU is lost|fallen off the bus|GPU has fallen|NVML_ERROR_GPU_IS_LOST|GPU_IS_LOST|GPU lost from the bus|Unable to determine the device handle for GPU|lost (?:the )?connection to (?:the )?GPU|cudaErrorDevicesUnavailable[^\n]*lost"),
     r("cuda_launch_failure", GpuHw, "unspecified launch failure", r"(?i)unspecified launch failure|CUDA_ERROR_LAUNCH_FAILED|cudaErrorLaunchFailure|cuda runtime error \(4\)").code("cudaErrorLaunchFailure (719)"),
     r("cuda_launch_timeout", GpuHw, "kernel launch timed out", r"(?i)the launch timed out and was terminated|CUDA_ERROR_LAUNCH_TIMEOUT|cudaErrorLaunchTimeout|cuda runtime error \(6\)").code("cudaErrorLaunchTimeout (702)"),
-    r("nvlink_error", GpuHw, "NVLink error", r"(?i)uncorrectable NVLink|NVLINK_UNCORRECTABLE|cudaErrorNvlinkUncorrectable|NVLink (?:error|failure|fatal|fault|link down|training failed)|nvlink[^\n]{0,40}(?:fatal|uncorrectable|failed)").code("cudaErrorNvlinkUncorrectable (220)"),
-    r("cuda_unknown_error", GpuHw, "CUDA/driver 'unknown error'", r"(?i)CUDA error: unknown error|CUDA_ERROR_UNKNOWN|cudaErrorUnknown|cuda runtime error \(30\)|CUDA driver error: unknown error|THCudaCheck FAIL[^\n]*unknown error|Cuda failure (?:\d+ )?'?unknown error").code("cudaErrorUnknown (999)"),
-    r("driver_unreachable", GpuHw, "the NVIDIA driver or GPU stopped answering", r"(?i)couldn'?t communicate with the NVIDIA driver|NVML_ERROR_UNKNOWN|Unable to determine the device handle|GPU requires reset|NVML_ERROR_RESET_REQUIRED|Xid \((?:PCI:)?[0-9a-fA-F:.]+\): (?:48|62|64|74|79|92|94|95|119|120|140)\b|system not yet initialized|cudaErrorSystemNotReady|CUDA_ERROR_SYSTEM_NOT_READY|fabric manager"),
+    r("nvlink_error", GpuHw, "NVLink error", r"(?i)uncorrectable NVLink|NVLINK_UNCORRECTABLE|cudaErrorNvlinkUncorrectable|NVLink (?:error|failure|fault) (?:detected|occurred|on link|reported)|NVLink (?:fatal|link down|training failed)|nvlink[^\n]{0,40}(?:fatal|uncorrectable)").code("cudaErrorNvlinkUncorrectable (220)"),
+    r("cuda_unknown_error", GpuHw, "CUDA/driver 'unknown error'", r"(?i)CUDA error: unknown error|CUDA_ERROR_UNKNOWN|cudaErrorUnknown|cuda runtime error \(30\)|CUDA driver error: unknown error|CUDA unknown error|THCudaCheck FAIL[^\n]*unknown error|Cuda failure (?:\d+ )?'?unknown error").code("cudaErrorUnknown (999)"),
+    r("driver_unreachable", GpuHw, "the NVIDIA driver or GPU stopped answering", r"(?i)couldn'?t communicate with the NVIDIA driver|NVML_ERROR_UNKNOWN|Unable to determine the device handle|GPU requires reset|NVML_ERROR_RESET_REQUIRED|Xid \((?:PCI:)?[0-9a-fA-F:.]+\): (?:48|62|64|74|79|92|94|95|119|120|140)\b|system not yet initialized|cudaErrorSystemNotReady|CUDA_ERROR_SYSTEM_NOT_READY|fabric ?manager[^\n]*(?:not running|failed|error|inactive \(dead\))"),
+    // Python warnings are not failures (after the GPU rules: a CUDA driver error in a warning is one).
+    ignore("python_warning", r"\b(?:UserWarning|RuntimeWarning|ResourceWarning|FutureWarning):"),
     // GPU, hardware or software.
     r("cuda_illegal_address", GpuAmbiguous, "illegal memory access (hardware or software)", r"(?i)illegal memory access|CUDA_ERROR_ILLEGAL_ADDRESS|cudaErrorIllegalAddress|cuda runtime error \(77\)|CUDA error 700\b").code("cudaErrorIllegalAddress (700)"),
     r("cuda_misaligned", GpuAmbiguous, "misaligned address (hardware or software)", r"(?i)misaligned address|CUDA_ERROR_MISALIGNED_ADDRESS|cudaErrorMisalignedAddress").code("cudaErrorMisalignedAddress (716)"),
@@ -191,17 +194,17 @@ const RULES: &[Rule] = &[
     r("enospc", Storage, "no space left on device", r"(?i)\[Errno 28\]|No space left on device|\bENOSPC\b|out of disk space|not enough (?:free )?disk space").code("ENOSPC (errno 28)"),
     r("edquot", Storage, "disk quota exceeded", r"(?i)\[Errno 122\]|Disk quota exceeded|\bEDQUOT\b").code("EDQUOT (errno 122)"),
     r("erofs", Storage, "read-only file system (remounted after errors?)", r"(?i)\[Errno 30\]|Read-only file system|\bEROFS\b").code("EROFS (errno 30)"),
-    r("fs_disconnected", Storage, "network or FUSE filesystem went away", r"(?i)Transport endpoint is not connected|\[Errno 107\]|\[Errno 121\]|Remote I/O error|\bENOTCONN\b|Host is down|\[Errno 112\]|Lustre|lustre[^\n]*(?:error|evict)|GPFS[^\n]*(?:error|fail)|mmfs[^\n]*error").code("ENOTCONN (errno 107)"),
-    r("object_store_timeout", Storage, "object store / remote dataset read timed out or throttled", r"(?i)(?:ReadTimeoutError|ConnectTimeoutError|ServerTimeoutError|ReadTimeout|Read timed out|ConnectTimeout|SlowDown|503 Slow Down|RequestTimeout|IncompleteRead|ResponseStreamingError|EndpointConnectionError|ClientPayloadError)[^\n]*|(?:s3|S3|gcs|GCS|gcsfs|s3fs|fsspec|botocore|boto3|azure|blob|bucket|huggingface\.co|storage\.googleapis|amazonaws)[^\n]*(?:timed? ?out|Timeout|connection (?:reset|aborted|broken)|throttl)"),
+    r("fs_disconnected", Storage, "network or FUSE filesystem went away", r"(?i)Transport endpoint is not connected|\[Errno 107\]|\[Errno 121\]|Remote I/O error|\bENOTCONN\b|Host is down|\[Errno 112\]|LustreError|lustre[^\n]*evicted|mmfs\w*: [^\n]*(?:Error|error)").code("ENOTCONN (errno 107)"),
+    r("object_store_timeout", Storage, "object store / remote dataset read timed out or throttled", r"(?:ReadTimeoutError|ConnectTimeoutError|ServerTimeoutError|Read timed out|\bSlowDown\b|503 Slow Down|RequestTimeout\b|IncompleteRead|ResponseStreamingError|EndpointConnectionError|ClientPayloadError)|(?i:s3|gcs|gcsfs|s3fs|fsspec|botocore|boto3|azure|huggingface\.co|storage\.googleapis|amazonaws)[^\n]*(?i:timed out|TimeoutError|read timeout|connect timeout|connection (?:reset|aborted|broken)|throttl)"),
     // Host memory.
     r("dataloader_killed", HostMemory, "DataLoader worker killed (host OOM killer or shared memory)", r"(?i)DataLoader worker \(pids?\(?s?\)?\s*[\d, ]+\)?\s*(?:is killed by signal: (?:Killed|Bus error)|exited unexpectedly)|worker[^\n]*killed by signal: (?:Killed|Bus error)"),
     r("slurm_oom", HostMemory, "the scheduler reports the task ran out of host memory", r"(?i)srun: error: [^\n]*task \d+: Out Of Memory|slurmstepd: error: [^\n]*(?:oom|Out Of Memory)|task \d+: Out Of Memory"),
     r("bus_error", HostMemory, "bus error (usually /dev/shm too small for DataLoader tensors)", r"(?i)\bBus error\b|SIGBUS|signal: Bus error").code("SIGBUS"),
-    r("oom_killed", HostMemory, "killed by the host OOM killer", r"(?i)oom[-_ ]kill(?:ed)?\b|OOM Killed|Detected \d+ oom[-_]kill event|out of memory: killed process|Memory cgroup out of memory|killed by the OOM|exitcode\s*:\s*-9\b|terminated with signal SIGKILL|Signal 9 \(SIGKILL\)|died with <Signals\.SIGKILL: 9>|exit(?:ed)? with (?:exit )?code 137\b|exit code:? 137\b|returned non-zero exit status -9\b|got signal: 9\b").code("SIGKILL"),
-    r("shell_killed", HostMemory, "killed (SIGKILL, usually the host OOM killer)", r"(?:: line \d+:\s+\d+\s+Killed\s)|^\s*(?:\S+: line \d+:\s+)?(?:\[\d+\][+-]?\s+)?(?:\d+\s+)?(?:Killed|Getötet|Processus arrêté|Terminado \(killed\)|Matado|Ucciso|Morto|Убито|Убит|已杀死|已殺死|強制終了|죽었음|Zabity|Zabit|Dood|Avslutad|Tué)(?:\s|$)").code("SIGKILL"),
-    r("host_memory_error", HostMemory, "host memory allocation failed", r"(?:\bMemoryError\b|std::bad_alloc|throw_bad_alloc|CPUAllocator|posix_memalign\([^\n]*\b12 vs 0|\bbad_alloc\b|Cannot allocate memory|\[Errno 12\]|DefaultCPUAllocator: (?:can't allocate|not enough) memory|Unable to allocate [\d.]+ [KMGT]i?B for an array|out of memory \(host\)|host memory allocation failed|ENOMEM|malloc(?:\(\))? failed|failed to allocate[^\n]*(?:pinned|host) memory)").code("ENOMEM (errno 12)"),
+    r("oom_killed", HostMemory, "killed by the host OOM killer", r"(?i)OOM Killed|OOMKilled|Detected [1-9]\d* oom[-_]kill event|oom[-_]kill event|out of memory: killed process|Memory cgroup out of memory|killed by the OOM|exitcode\s*:\s*-9\b|terminated with signal SIGKILL|Signal 9 \(SIGKILL\)|died with <Signals\.SIGKILL: 9>|exit(?:ed)? with (?:exit )?code 137\b|finished with exit code 137\b|returned non-zero exit status -9\b|got signal: 9\b").code("SIGKILL"),
+    r("shell_killed", HostMemory, "killed (SIGKILL, usually the host OOM killer)", r"(?:: line \d+:\s+\d+\s+Killed\s)|^\s*(?:\S+: line \d+:\s+)?(?:\[\d+\][+-]?\s+)?(?:\d+\s+)?(?:Killed|Getötet|Processus arrêté|Terminado \(killed\)|Matado|Ucciso|Morto|Убито|Убит|已杀死|已殺死|強制終了|죽었음|Zabity|Zabit|Dood|Avslutad|Tué)(?:\s*$|\s{2,}\S)").code("SIGKILL"),
+    r("host_memory_error", HostMemory, "host memory allocation failed", r"(?:(?:^|[\s\]:])MemoryError(?::|\s*$)|std::bad_alloc|throw_bad_alloc|CPUAllocator|posix_memalign\([^\n]*\b12 vs 0|\bbad_alloc\b|Cannot allocate memory|\[Errno 12\]|DefaultCPUAllocator: (?:can't allocate|not enough) memory|Unable to allocate [\d.]+ [KMGT]i?B for an array|out of memory \(host\)|host memory allocation failed|ENOMEM|malloc(?:\(\))? failed|failed to allocate[^\n]*(?:pinned|host) memory)").code("ENOMEM (errno 12)"),
     // Collective hangs (after every concrete cause: a watchdog line that names one is that cause).
-    r("nccl_watchdog_timeout", Hang, "collective timed out (NCCL watchdog)", r"(?i)Watchdog caught collective operation timeout|collective operation timeout|WorkNCCL\(SeqNum=\d+[^)]*\) ran for \d+ milliseconds before timing out|Some NCCL operations have failed or timed out|ran for \d+ milliseconds before timing out|NCCL (?:operation )?timed? ?out|Timed out waiting \d+ ?ms for|ProcessGroupNCCL[^\n]*(?:timeout|timed out)|watchdog (?:thread )?(?:timeout|timed out)|collective[^\n]*timed out|barrier[^\n]*timed out|Timeout\(ms\)=\d+\) ran for|failure detected by watchdog|preparing to dump debug info|Watchdog caught|ran for \d+ ms before timing out|waiting for remainder of ranks|will cause deadlock|stalled ranks"),
+    r("nccl_watchdog_timeout", Hang, "collective timed out (NCCL watchdog)", r"(?i)Watchdog caught collective operation timeout|collective operation timeout|WorkNCCL\(SeqNum=\d+[^)]*\) ran for \d+ milliseconds before timing out|ran for \d+ milliseconds before timing out|NCCL (?:operation )?timed out|NCCL timeout (?:reached|exceeded|expired)|Timed out waiting \d+ ?ms for|ProcessGroupNCCL[^\n]*(?:timeout|timed out)|watchdog (?:thread )?(?:timeout|timed out)|collective[^\n]*timed out|barrier[^\n]*timed out|Timeout\(ms\)=\d+\) ran for|failure detected by watchdog|preparing to dump debug info|Watchdog caught|ran for \d+ ms before timing out|waiting for remainder of ranks|will cause deadlock|stalled ranks"),
     r("heartbeat_timeout", Hang, "heartbeat monitor timed out (a rank stopped making progress)", r"(?i)heartbeat monitor|Heartbeat monitor timed out|heartbeat (?:timeout|timed out|lost|missed)|no heartbeat|watchdog got stuck|Received a Rank \d+ Watchdog timeout"),
     r("nccl_ops_failed_or_timed_out", Hang, "NCCL operations failed or timed out (the process is taken down)", r"Some NCCL operations have failed or timed out").generic(),
     r("nccl_aborted", Hang, "NCCL communicator aborted (after an error or timeout elsewhere)", r"(?i)NCCL communicator was aborted|communicator (?:was )?aborted|ncclCommAbort|NCCL Abort|process group (?:was )?(?:aborted|terminated)").generic(),
@@ -244,7 +247,7 @@ static WATCHDOG: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"SeqNum=(\d+),\s*OpType=(\w+)(?:[^)]*?Timeout\(ms\)=(\d+))?(?:[^\n]*?ran for (\d+) milliseconds)?").unwrap()
 });
 static SIGNAL: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"killed by signal: ([A-Za-z ]+?)\.?\s*$|signal: ([A-Za-z ]+)").unwrap());
-static TRACEBACK: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^Traceback \(most recent call last\):").unwrap());
+static TRACEBACK: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^(?:Original )?Traceback \(most recent call last\):").unwrap());
 static FRAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r#"^\s+File "[^"]*", line \d+|^\s{2,}\S|^\s*[~^]+\s*$"#).unwrap());
 static CHAIN: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^(?:The above exception was the direct cause of the following exception:|During handling of the above exception, another exception occurred:)").unwrap()
@@ -481,6 +484,38 @@ mod tests {
         ] {
             assert_eq!(classify(l).map(|f| f.kind), None, "{l}");
         }
+    }
+
+    #[test]
+    fn everyday_lines_are_not_evidence() {
+        // Found by a review: status dumps, config, paths and retries that name the words.
+        for l in [
+            "    HW Slowdown                           : Not Active",
+            "        Double Bit ECC                    : 0",
+            "oom_kill 0",
+            "Loading checkpoint from /lustre/fs1/proj/ckpt/step_1000.pt",
+            "/scratch/gpfs/user/error_analysis/run3 created",
+            "ddp config: {'bucket_cap_mb': 25, 'timeout': 1800}",
+            "blob_size=4096 timeout=30",
+            "\u{25cf} nvidia-fabricmanager.service - NVIDIA fabric manager service",
+            "Checking NVLink error counters... all zero, OK",
+            "GPU hours lost to preemption: 12",
+            "Setting NCCL timeout to 1800 s",
+            "Killed 2 stale processes from the previous run",
+            "MemoryError handling: retrying with a smaller batch",
+            "exit code 137 means the process was killed",
+            "wandb: Network error (ReadTimeout), entering retry loop.",
+            "[W socket.cpp:601] [c10d] The client socket has failed to connect to [gpu-node-01]:29500 (errno: 111 - Connection refused).",
+            "RETRYABLE_ERRORS = ['unspecified launch failure', 'an illegal memory access was encountered']",
+        ] {
+            assert_eq!(classify(l).map(|f| (f.family, f.kind)), None, "{l}");
+        }
+        // The same words where they are the error still count.
+        assert_eq!(fam("MemoryError"), Some(HostMemory));
+        assert_eq!(fam("Killed"), Some(HostMemory));
+        assert_eq!(fam("slurmstepd: error: Detected 1 oom_kill event in StepId=123.0. Some of the step tasks have been OOM Killed."), Some(HostMemory));
+        assert_eq!(fam("UserWarning: CUDA initialization: CUDA unknown error - this may be due to an incorrectly set up environment"), Some(GpuHw));
+        assert_eq!(fam("UserWarning: [Errno 28] No space left on device.  joblib will operate in serial mode"), None);
     }
 
     #[test]

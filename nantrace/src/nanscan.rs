@@ -40,7 +40,7 @@ const METRIC: &str = r"(?:[a-z0-9]+[_ /.-])?(?:[a-z0-9]+[_ ])?(?:loss|grad[_ ]?n
 
 static NONFINITE_METRIC: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(&format!(
-        r#"(?i)(?:^|[^a-z0-9_])({METRIC})['"\]]?\s*(?:[:=]|\bis\b|\bwas\b|\bbecame\b|\s)\s*(?:tensor\(\[?\s*)?['"]?({NONFINITE})\b"#
+        r#"(?i)(?:^|[^a-z0-9_])({METRIC})['"\]]?\s*(?:[:=]|(?-u:\b)is(?-u:\b)|(?-u:\b)was(?-u:\b)|(?-u:\b)became(?-u:\b)|\s)\s*(?:tensor\(\[?\s*)?['"]?({NONFINITE})(?-u:\b)"#
     ))
     .unwrap()
 });
@@ -48,20 +48,20 @@ static NONFINITE_METRIC: LazyLock<Regex> = LazyLock::new(|| {
 /// fatal framework errors that end an overflow spiral or a divergence without a `nan` token.
 static NONFINITE_ERROR: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(concat!(
-        r"(?i)(returned (?:nan|inf) values in its \d+\w* output|The loss returned in `?training_step`? is (?:nan|inf)|Loss is (?:nan|inf)\b|non-finite loss|loss (?:is|became|was) non-finite|detected (?:nan|inf)(?:/(?:nan|inf))? in (?:the )?loss",
+        r"(?i)(returned (?:nan|inf) values in its \d+\w* output|The loss returned in `?training_step`? is (?:nan|inf)|Loss is (?:nan|inf)(?-u:\b)|non-finite loss|loss (?:is|became|was) non-finite|detected (?:nan|inf)(?:/(?:nan|inf))? in (?:the )?loss",
         r"|NanLossDuringTrainingError|NaN loss during training|Minimum loss scale reached|loss scale (?:is )?already at minimum|Current loss scale already at minimum|training (?:has )?diverged|model diverged|Loss diverged|loss exploded|gradients? (?:are|is|contains?) (?:inf/nan|nan/inf|nan|inf|non-finite)",
-        r"|AssertionError:.*\b(?:nan|NaN|inf|non-finite|isfinite|isnan)\b.*\b(?:loss|grad|norm)|AssertionError:.*\b(?:loss|grad|norm)\w*\b.*\b(?:nan|NaN|is not finite|non-finite|isfinite|isnan)",
-        r"|FloatingPointError:.*\b(?:loss|grad|norm|nan|inf|overflow|scale)",
-        r"|tensor\(\s*(?:nan|inf|-inf)\b[^)]*grad_fn=<\w*(?:Loss|Nll|Entropy|Mse|Mean|Sum|Div|Add|Mul)\w*Backward\d*>",
-        r"|\bloss\b[^\n]{0,40}tensor\(\s*\[?\s*(?:nan|inf|-inf)\b",
-        r"|Invalid loss, terminating training|found NaN in (?:the )?(?:local )?grad|Unexpected result nan|\b(?:outputs?|predictions?|logits)\b[^\n]{0,20}\b(?:is|are|contains?|has|became)\s+nan\b",
+        r"|AssertionError:.*(?-u:\b)(?:nan|NaN|inf|non-finite|isfinite|isnan)(?-u:\b).*(?-u:\b)(?:loss|grad|norm)|AssertionError:.*(?-u:\b)(?:loss|grad|norm)\w*(?-u:\b).*(?-u:\b)(?:nan|NaN|is not finite|non-finite|isfinite|isnan)",
+        r"|FloatingPointError:.*(?-u:\b)(?:loss|grad|norm|nan|inf|overflow|scale)",
+        r"|tensor\(\s*(?:nan|inf|-inf)(?-u:\b)[^)]*grad_fn=<\w*(?:Loss|Nll|Entropy|Mse|Mean|Sum|Div|Add|Mul)\w*Backward\d*>",
+        r"|(?-u:\b)loss(?-u:\b)[^\n]{0,40}tensor\(\s*\[?\s*(?:nan|inf|-inf)(?-u:\b)",
+        r"|Invalid loss, terminating training|found NaN in (?:the )?(?:local )?grad|Unexpected result nan|(?-u:\b)(?:outputs?|predictions?|logits)(?-u:\b)[^\n]{0,20}(?-u:\b)(?:is|are|contains?|has|became)\s+nan(?-u:\b)",
         r"|^\s*\d+/\d+\s+[\d.]+G\s+(?:nan|inf)\s)"
     ))
     .unwrap()
 });
 /// A line of source code (a traceback's frame, `raise ...`, `assert ...`): it names NaN checks
 /// without reporting one.
-static SOURCE_LINE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\s+(?:raise|assert|if|elif|while|return|print|logger\.\w+|logging\.\w+|log\.\w+)\b|^\s*File \x22").unwrap());
+static SOURCE_LINE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\s+(?:raise|assert|if|elif|while|return|print|logger\.\w+|logging\.\w+|log\.\w+)(?-u:\b)|^\s*File \x22").unwrap());
 /// A word that every non-finite pattern (metric or error) contains.
 static NONFINITE_HINT: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
     regex::bytes::RegexBuilder::new(r"(?i)nan|inf|diverg|explod|minimum|finite|invalid loss").unicode(false).build().expect("hint compiles")
@@ -75,7 +75,7 @@ static STEP: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r#"(?i)(?:^|[^a-z0-9_])(?:global_step|step|iteration|iter|it)['"]?\s*[:= ]\s*\[?\s*(\d+)"#).unwrap()
 });
 static LOSS_VALUE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r#"(?i)(?:^|[^a-z0-9_])(?:(?:train|lm|total|training)[_ ])?loss['"]?\s*[:= ]\s*(?:tensor\(\s*)?['"]?([-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))\b"#).unwrap()
+    Regex::new(r#"(?i)(?:^|[^a-z0-9_])(?:(?:train|lm|total|training)[_ ])?loss['"]?\s*[:= ]\s*(?:tensor\(\s*)?['"]?([-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))(?-u:\b)"#).unwrap()
 });
 static LOSS_SCALE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?i)(?:reducing(?: loss scale)? to|setting loss scale to|loss[ _]scale(?:r)?)\s*[:=]?\s*(\d+(?:\.\d+)?(?:e[-+]?\d+)?)").unwrap()

@@ -154,6 +154,26 @@ impl Recorder {
         (take(false), take(true))
     }
 
+    /// Give back the lanes a dump took: they go before what was recorded during the dump, so
+    /// the next incident still has the history (then the window and the cap apply as usual).
+    pub fn restore(&mut self, lanes: (Vec<Event>, Vec<Event>)) {
+        for (log, old) in [(false, lanes.0), (true, lanes.1)] {
+            let lane = self.lane(log);
+            let newer = std::mem::take(&mut lane.events);
+            let mut d = std::collections::VecDeque::from(old);
+            d.extend(newer);
+            lane.bytes = d.iter().map(Event::heap_bytes).sum();
+            lane.events = d;
+        }
+        while self.bytes() > self.cap_bytes && self.len() > 1 {
+            let log = self.logs.bytes >= self.evidence.bytes && !self.logs.events.is_empty();
+            if let Some(src) = self.pop_front(log || self.evidence.events.is_empty()) {
+                *self.evicted_mem_src.entry(src).or_default() += 1;
+                self.evicted_mem += 1;
+            }
+        }
+    }
+
     /// References to the events of both lanes in time order (8 bytes per event, not a copy;
     /// a stable sort: lines of one chunk keep their order).
     pub fn by_time(lanes: &(Vec<Event>, Vec<Event>)) -> Vec<&Event> {

@@ -153,7 +153,9 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     let empty = Vec::new();
     let evs = timeline["events"].as_array().unwrap_or(&empty);
     let root = timeline["job"]["root_pid"].as_u64();
-    let mut job_pids: BTreeSet<u64> = evs.iter().filter(|e| e["job"] == true).filter_map(|e| e["pid"].as_u64()).collect();
+    // The job's processes: events they caused. A signal event's `job` flag is about its target
+    // (the sender can be anyone), so it does not make its sender a job process.
+    let mut job_pids: BTreeSet<u64> = evs.iter().filter(|e| e["job"] == true && e["source"] != "signal").filter_map(|e| e["pid"].as_u64()).collect();
     job_pids.extend(root);
     for e in evs.iter().filter(|e| e["source"] == "fork" && e["job"] == true) {
         job_pids.extend(e["child_pid"].as_u64());
@@ -208,9 +210,11 @@ fn verdict(suspects: &[Finding], timeline: &Value, snapshot: &Value, window_min:
     // A GPU fault of the kind the job's own code can cause (Xid 13/31/43, illegal address),
     // next to the job's own software error (a device-side assert): the error explains it.
     let ambiguous_gpu = |f: &Finding| matches!(f.signal, "xid_app_possible" | "joblog_gpu_ambiguous");
-    if let Some(sw) = first(&|s| s.family == Family::Software && s.signal.starts_with("joblog")) {
+    // Only a cause explains (a device-side assert, an invalid CUDA call): the abort or the
+    // segfault that follows a GPU fault is its consequence, not its explanation.
+    if let Some(sw) = first(&|s| s.signal == "joblog_software_bug") {
         let machine: Vec<&Finding> = suspects.iter().filter(|s| s.family.is_machine()).collect();
-        if !machine.is_empty() && machine.iter().all(|m| ambiguous_gpu(m) && (m.rel_s - sw.rel_s).abs() <= 30.0) {
+        if !machine.is_empty() && machine.iter().all(|m| ambiguous_gpu(m) && (m.rel_s - sw.rel_s).abs() <= rules::signal("joblog_software_bug").threshold) {
             return (format!("NOT THE MACHINE ({}): {}; the GPU fault next to it follows from it: {}", sw.family.label(), sw.text, machine[0].text), label(sw));
         }
     }

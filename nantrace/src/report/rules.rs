@@ -107,6 +107,7 @@ pub const SIGNALS: &[Signal] = &[
     Signal { id: "joblog_network_generic", family: Family::Network, severity: 56, threshold: 10.0, what: "job output reports NCCL 'unhandled system error' / 'remote process exited or network error' with no more specific line within threshold s" },
     Signal { id: "joblog_hang", family: Family::Hang, severity: 50, threshold: 1.0, what: "job output reports a collective hang (NCCL watchdog / heartbeat timeout): the cause is elsewhere (another rank, the network)" },
     Signal { id: "joblog_gpu_oom", family: Family::GpuMemoryLimit, severity: 42, threshold: 1.0, what: "job output reports GPU out of memory: a resource limit, not a fault" },
+    Signal { id: "joblog_software_bug", family: Family::Software, severity: 41, threshold: 30.0, what: "job output reports a bug that makes a GPU fault (device-side assert, invalid CUDA call, shape/device/ordinal mismatch, no kernel image): it explains a possibly-application GPU fault (Xid 13/31/43, illegal address) within threshold s" },
     Signal { id: "joblog_software", family: Family::Software, severity: 40, threshold: 1.0, what: "job output reports a software or configuration error (device-side assert, shapes, versions, missing library, NCCL misuse, memlock)" },
 ];
 

@@ -380,3 +380,29 @@ fn a_device_side_assert_explains_the_xid_43_that_follows_it() {
         .analyze();
     assert!(c.verdict.starts_with("PROBABLY THE MACHINE (GPU)"), "{}", c.verdict);
 }
+
+#[test]
+fn a_crash_after_a_gpu_fault_does_not_explain_it_and_outside_kills_are_outside() {
+    // The abort that follows an illegal address is its consequence.
+    let a = Scenario::healthy()
+        .with(job_line(-1.0, "[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered"))
+        .with(job_line(-0.9, "Fatal Python error: Aborted"))
+        .analyze();
+    assert!(a.verdict.starts_with("POSSIBLY THE MACHINE (GPU, or the job's own code)"), "{}", a.verdict);
+    // kill -SEGV from outside the job (si_code 0, sender not a job process, though the event's
+    // `job` flag says the target is one): a fatal signal from outside, not the job's crash.
+    let b = Scenario::healthy()
+        .with(json!({ "offset_s": -0.5, "source": "signal", "signal": "SIGSEGV", "si_code": 0, "target_pid": ROOT, "target_comm": "python3", "pid": 999_999, "comm": "kill", "job": true }))
+        .analyze();
+    assert_eq!(top(&b).signal, "job_fatal_signal", "{:?}", b.suspects);
+    // A SIGKILL from outside: the job's `exitcode : -9` is that kill, not the OOM killer.
+    let c = Scenario::healthy()
+        .with(json!({ "offset_s": -0.5, "source": "signal", "signal": "SIGKILL", "si_code": 0, "target_pid": ROOT, "target_comm": "python3", "pid": 999_998, "comm": "kill", "job": true }))
+        .with(job_line(-0.2, "    exitcode  : -9 (pid: 4242)"))
+        .analyze();
+    assert!(!c.suspects.iter().any(|s| s.signal == "joblog_host_memory"), "{:?}", c.suspects);
+    assert_eq!(top(&c).signal, "job_fatal_signal");
+    // A real fault (si_code > 0) in a job process is its own crash.
+    let d = Scenario::healthy().with(json!({ "offset_s": -0.5, "source": "signal", "signal": "SIGSEGV", "si_code": 1, "target_pid": ROOT, "target_comm": "python3", "pid": ROOT, "comm": "python3", "job": true })).analyze();
+    assert_eq!(top(&d).signal, "job_crash");
+}

@@ -344,6 +344,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
     let mut deadline: Option<u64> = None;
     let mut seen_nan = false;
     let mut seen_job_error = false;
+    let mut last_job_error = 0u64;
     let mut job_done = false;
     let mut finish = false;
     let mut bundles = Vec::new();
@@ -399,7 +400,10 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                         *counts.entry("log").or_default() += 1;
                         if let Some(f) = trigger::from_event_seen(&e, seen_nan, seen_job_error) {
                             seen_nan |= f.kind == TriggerKind::Nan;
-                            seen_job_error |= f.kind == TriggerKind::JobError;
+                            if f.kind == TriggerKind::JobError {
+                                seen_job_error = true;
+                                last_job_error = monotonic_ns();
+                            }
                             fire(f, &mut incident, &mut deadline, &mut rec);
                         }
                         rec.push(e);
@@ -460,9 +464,17 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             last_clock = now;
         }
         rec.expire(now);
+        // Once its incident is written, a later failure line can open the next one (at most
+        // one a minute: a job that prints an error per step does not write a bundle per step).
+        if seen_job_error && incident.is_empty() && dump_task.is_none() && now.saturating_sub(last_job_error) > 60_000_000_000 {
+            seen_job_error = false;
+        }
         if let Some(t) = dump_task.as_ref().filter(|t| t.is_finished()) {
             let _ = t;
-            let done = dump_task.take().expect("checked").await.unwrap_or_else(|e| DumpDone { lines: vec![format!("nantrace: ERROR: the dump failed: {e}")], dir: None });
+            let done = dump_task.take().expect("checked").await.unwrap_or_else(|e| DumpDone { lines: vec![format!("nantrace: ERROR: the dump failed: {e}")], dir: None, lanes: None });
+            if let Some(l) = done.lanes {
+                rec.restore(l);
+            }
             for l in &done.lines {
                 crate::say!("{l}");
             }
@@ -520,6 +532,10 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             dumped_any = true;
         }
     }
+    let unscanned = not_scanned.load(Ordering::Relaxed);
+    if unscanned > 0 {
+        crate::say!("nantrace: WARNING: {unscanned} bytes of the job's output were passed through but not scanned (a flood faster than the scanner): a NaN or an error line in them was not seen");
+    }
     let exit_code = match (info.exit_code, info.exit_signal) {
         (_, Some(s)) => 128 + s,
         (Some(c), None) => c,
@@ -548,6 +564,8 @@ struct OwnedDump {
 struct DumpDone {
     lines: Vec<String>,
     dir: Option<PathBuf>,
+    /// The recorder's lanes, handed back for the next incident's history.
+    lanes: Option<(Vec<Event>, Vec<Event>)>,
 }
 
 impl OwnedDump {
@@ -583,7 +601,9 @@ impl OwnedDump {
             }
             Err(e) => lines.push(format!("nantrace: ERROR: could not write the bundle under {}: {e}", self.out.display())),
         }
-        DumpDone { lines, dir }
+        drop(inc);
+        drop(order);
+        DumpDone { lines, dir, lanes: Some(self.lanes) }
     }
 }
 

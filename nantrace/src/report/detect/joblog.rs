@@ -85,8 +85,16 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
     let has_network = lines.iter().any(|l| l.family == JobFamily::Network && !l.generic)
         || ctx.all(Source::Kmsg).any(|(_, e)| matches!(e["class"].as_str(), Some("link_down" | "nic_error")));
 
+    // A SIGKILL that someone outside the job sent (the kernel saw who): the job's `Killed` /
+    // `exitcode: -9` lines are that kill, not the OOM killer.
+    let killed_from_outside = ctx.all(Source::Signal).any(|(_, e)| {
+        e["signal"] == "SIGKILL" && e["target_pid"].as_u64().is_some_and(|t| ctx.job_pids.contains(&t)) && !e["pid"].as_u64().is_some_and(|p| ctx.job_pids.contains(&p))
+    });
     let mut merged: std::collections::BTreeMap<String, (&'static crate::report::rules::Signal, f64, BTreeSet<u64>, usize, String)> = Default::default();
     for l in &lines {
+        if killed_from_outside && l.family == JobFamily::HostMemory && l.code == Some("SIGKILL") {
+            continue;
+        }
         // A generic line gives way to a specific one near it or in the same traceback.
         if l.generic
             && lines.iter().any(|o| !o.generic && o.family != JobFamily::Hang && ((l.group != 0 && o.group == l.group) || (o.rel - l.rel).abs() <= generic_window))
@@ -119,6 +127,7 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
             JobFamily::HostMemory => (signal("joblog_host_memory"), String::new()),
             JobFamily::GpuOom => (signal("joblog_gpu_oom"), String::new()),
             JobFamily::Storage => (signal("joblog_storage"), String::new()),
+            JobFamily::Software if matches!(l.kind, "device_side_assert" | "cuda_misuse" | "shape_or_device_mismatch" | "invalid_device" | "no_kernel_image" | "cuda_code_config" | "pytorch_internal_assert") => (signal("joblog_software_bug"), String::new()),
             JobFamily::Software => (signal("joblog_software"), String::new()),
         };
         let key = format!("{}/{}/{}", sig.id, l.kind, l.code.unwrap_or(""));

@@ -9,12 +9,16 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
         let name = e["signal"].as_str().unwrap_or("");
         let target = e["target_pid"].as_u64().unwrap_or(0);
         let sender = e["pid"].as_u64().unwrap_or(0);
-        let sender_in_job = e["job"] == true || ctx.job_pids.contains(&sender);
+        // The event's `job` flag says the *target* is in the job; the sender is judged by its
+        // own pid. A fault the kernel raised (si_code > 0: SEGV_MAPERR, BUS_ADRERR...) is the
+        // process's own; one sent with kill(2)/tgkill (si_code <= 0) came from its sender.
+        let sender_in_job = ctx.job_pids.contains(&sender);
+        let kernel_fault = e["si_code"].as_i64().is_some_and(|c| c > 0);
         if !ctx.job_pids.contains(&target) || matches!(name, "SIGTERM" | "SIGINT" | "SIGHUP" | "SIGPIPE" | "SIGCHLD" | "SIGUSR1" | "SIGUSR2" | "signal") {
             continue;
         }
         let crash = matches!(name, "SIGSEGV" | "SIGABRT" | "SIGFPE" | "SIGILL" | "SIGBUS");
-        if crash && (sender == target || sender_in_job) {
+        if crash && (kernel_fault || sender == target || sender_in_job) {
             // The job crashed by itself: software, unless a hardware signal corroborates it.
             acc.add(signal("job_crash"), &format!("{name}/{target}"), *rel, true, || format!("{name} in job process {} {target} (raised by the job itself)", e["target_comm"].as_str().unwrap_or("?")));
         } else if !sender_in_job {
