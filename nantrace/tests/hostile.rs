@@ -1135,3 +1135,20 @@ fn r2_13_a_line_just_before_copytruncate_is_kept() {
         assert!(app.contains(&format!("HOSTILE-ct step {round} |")), "step {round} lost:\n{app}");
     }
 }
+
+/// Review: after a first incident's bundle, the next incident keeps its history (the dump
+/// hands the window back): an IB error 3 s before the NaN is still in the NaN's bundle.
+#[test]
+fn review_the_second_incident_keeps_the_history_of_the_first() {
+    let d = Scratch::new("twoinc");
+    let out = d.join("o");
+    let job = "echo 'HOSTILE-two step 1 | loss 2.0'; echo 'node1:1:1 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<1234> with status=12 opcode=0 len=0 vendor err 129 (Recv)' >&2; sleep 3; echo 'HOSTILE-two step 6 loss: nan'; sleep 0.5";
+    let o = nantrace(&["run", "--no-probes", "--post", "0.5", "--out", out.to_str().unwrap(), "--", "sh", "-c", job], &[]);
+    let b = bundles(&out);
+    assert_eq!(b.len(), 2, "{:?}", text(&o));
+    let second = b.iter().map(|p| (p.clone(), std::fs::read_to_string(p.join("timeline.json")).unwrap())).find(|(_, t)| t.contains("\"kind\": \"nan\"")).expect("the NaN bundle").0;
+    let v = verdict_of(&second);
+    assert!(v.contains("THE MACHINE (network)"), "{v}");
+    let app = std::fs::read_to_string(second.join("app.log")).unwrap();
+    assert!(app.contains("HOSTILE-two step 1"), "the history before the first bundle is kept: {app}");
+}
