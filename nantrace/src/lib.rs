@@ -1,6 +1,7 @@
 //! nantrace: kernel, GPU and system evidence around the moment a training run's loss turns NaN.
 pub mod classify;
 pub mod joblog;
+pub mod gpucheck;
 pub mod clock;
 pub mod correlate;
 pub mod decode;

@@ -181,6 +181,29 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Silent-data-corruption check: the same deterministic FP32/FP16/BF16 computation on every
+    /// GPU, repeated and compared bit for bit, plus a memory test (needs the NVIDIA driver)
+    Gpucheck {
+        /// CUDA ordinals to test, comma-separated (default: all)
+        #[arg(long, value_delimiter = ',')]
+        gpus: Option<Vec<u32>>,
+        /// Repetitions per precision
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(2..=1000))]
+        reps: u32,
+        /// Map iterations per thread per repetition (length of each run)
+        #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+        iters: u32,
+        /// Share of free GPU memory the memory test covers (0.0-0.9)
+        #[arg(long, default_value_t = 0.25)]
+        mem_fraction: f64,
+        /// Write gpucheck.json here (mode 0600) instead of printing it
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// TEST ONLY: flip one bit in this GPU's FP32 result of repetition 1 (shows a
+        /// disagreement is detected and named)
+        #[arg(long, hide = true)]
+        corrupt_test: Option<u32>,
+    },
     /// What this machine supports: privileges, tracefs, BTF, each probe, NVML
     Doctor {
         #[arg(long)]
@@ -320,6 +343,17 @@ fn main() -> anyhow::Result<()> {
                 None => sayout!("{s}"),
             }
             0
+        }
+        Cmd::Gpucheck { gpus, reps, iters, mem_fraction, out, corrupt_test } => {
+            anyhow::ensure!((0.0..=0.9).contains(&mem_fraction), "--mem-fraction must be between 0 and 0.9");
+            let v = nantrace::gpucheck::run(&nantrace::gpucheck::Opts { gpus, reps, iters, mem_fraction, corrupt: corrupt_test });
+            say!("{}", nantrace::term::clean_lines(nantrace::gpucheck::summary(&v).trim_end()));
+            let text = serde_json::to_string_pretty(&v)?;
+            match out {
+                Some(p) => write_0600(&p, text.as_bytes())?,
+                None => sayout!("{text}"),
+            }
+            if v["error"].is_string() { 2 } else if nantrace::gpucheck::findings(&v).is_empty() { 0 } else { 1 }
         }
         Cmd::Doctor { json } => {
             let r = nantrace::doctor::run();

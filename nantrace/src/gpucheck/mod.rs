@@ -1,0 +1,343 @@
+//! `nantrace gpucheck`: is a GPU silently computing wrong results? The same deterministic
+//! computation on every GPU, repeated, compared bit for bit across repetitions and across GPUs
+//! of the same model; a memory test with write/read-back patterns; NVML before and after.
+//!
+//! Compute: each thread iterates the logistic map a <- 3.9·a·(1−a) with fused multiply-adds
+//! (FP32, FP16, BF16; kernels in `data/gpucheck.ll`, compiled to PTX that the driver JITs), from
+//! a seeded start. The map is chaotic: one wrong bit anywhere changes the final value, and with
+//! no reductions or atomics the result is bit-exact run to run. Memory: address-in-address,
+//! walking ones and seeded random patterns over a share of free memory, checked on the GPU.
+//! Schema `nantrace.gpucheck/1`, in docs/gpu-check.md.
+pub mod cuda;
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+pub const SCHEMA: &str = "nantrace.gpucheck/1";
+const PTX: &str = include_str!("../../data/gpucheck.ptx");
+const KERNELS: [&str; 5] = ["fma_f32", "fma_f16", "fma_bf16", "mem_fill", "mem_check"];
+/// Threads (and result elements) per compute run.
+const N: u32 = 1 << 20;
+const BLOCK: u32 = 256;
+
+#[derive(Clone, Debug)]
+pub struct Opts {
+    /// CUDA ordinals to test (None: all visible).
+    pub gpus: Option<Vec<u32>>,
+    /// Repetitions per precision.
+    pub reps: u32,
+    /// Map iterations per thread per repetition.
+    pub iters: u32,
+    /// Share of free GPU memory the memory test covers.
+    pub mem_fraction: f64,
+    /// Test-only: flip one bit of this GPU's FP32 result of repetition 1 after the kernel ran
+    /// (proves a disagreement is detected and named).
+    pub corrupt: Option<u32>,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts { gpus: None, reps: 10, iters: 20_000, mem_fraction: 0.25, corrupt: None }
+    }
+}
+
+/// Where two result buffers first differ.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Diff {
+    pub first_index: usize,
+    pub differing: usize,
+    pub want_bits: u32,
+    pub got_bits: u32,
+}
+
+/// Compare two result buffers of `width`-byte elements bit for bit.
+pub fn diff(want: &[u8], got: &[u8], width: usize) -> Option<Diff> {
+    let mut out: Option<Diff> = None;
+    for (i, (a, b)) in want.chunks(width).zip(got.chunks(width)).enumerate() {
+        if a != b {
+            let bits = |x: &[u8]| x.iter().rev().fold(0u32, |acc, v| (acc << 8) | u32::from(*v));
+            match &mut out {
+                Some(d) => d.differing += 1,
+                None => out = Some(Diff { first_index: i, differing: 1, want_bits: bits(a), got_bits: bits(b) }),
+            }
+        }
+    }
+    if want.len() != got.len() && out.is_none() {
+        out = Some(Diff { first_index: want.len().min(got.len()) / width, differing: 1, want_bits: 0, got_bits: 0 });
+    }
+    out
+}
+
+/// FNV-1a, 64 bits: a short fingerprint of a result buffer.
+pub fn fingerprint(b: &[u8]) -> String {
+    let h = b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| (h ^ u64::from(*x)).wrapping_mul(0x0100_0000_01b3));
+    format!("{h:016x}")
+}
+
+/// One GPU's check, run on its own thread with its own context.
+fn check_gpu(cu: &cuda::Cuda, ordinal: u32, o: &Opts) -> Value {
+    let t0 = Instant::now();
+    let (dev, name, pci) = match cu.device(i32::try_from(ordinal).unwrap_or(i32::MAX)) {
+        Ok(d) => d,
+        Err(e) => return json!({ "index": ordinal, "error": e }),
+    };
+    let mut g = json!({ "index": ordinal, "name": name, "pci": crate::classify::normalize_pci(&pci) });
+    if let Err(e) = cu.enter(dev) {
+        g["error"] = json!(e);
+        return g;
+    }
+    let r = (|| -> Result<(), String> {
+        let k = cu.load_ptx(PTX, &KERNELS)?;
+        let mut compute = serde_json::Map::new();
+        for (pi, (prec, width)) in [("fp32", 4usize), ("fp16", 2), ("bf16", 2)].into_iter().enumerate() {
+            let t = Instant::now();
+            let bytes = N as usize * width;
+            let out = cu.alloc(bytes)?;
+            let mut reference: Option<Vec<u8>> = None;
+            let mut mismatches = Vec::new();
+            let mut host = vec![0u8; bytes];
+            for rep in 0..o.reps.max(1) {
+                cu.to_device(out, &vec![0u8; bytes])?;
+                let (mut p_out, mut p_n, mut p_it, mut p_seed) = (out, N, o.iters, 0x5eed_u32);
+                let mut params: [*mut c_void; 4] = [(&mut p_out as *mut u64).cast(), (&mut p_n as *mut u32).cast(), (&mut p_it as *mut u32).cast(), (&mut p_seed as *mut u32).cast()];
+                cu.launch(k[pi], N / BLOCK, BLOCK, &mut params)?;
+                cu.sync()?;
+                cu.to_host(&mut host, out)?;
+                if o.corrupt == Some(ordinal) && prec == "fp32" && rep == 1 {
+                    // Test-only: one flipped bit in one element after the kernel ran.
+                    host[4 * 12_345] ^= 0x01;
+                }
+                match &reference {
+                    None => reference = Some(host.clone()),
+                    Some(want) => {
+                        if let Some(d) = diff(want, &host, width) {
+                            mismatches.push(json!({ "rep": rep, "first_index": d.first_index, "differing_elements": d.differing, "want_bits": format!("{:#x}", d.want_bits), "got_bits": format!("{:#x}", d.got_bits) }));
+                        }
+                    }
+                }
+            }
+            cu.free(out);
+            let reference = reference.unwrap_or_default();
+            compute.insert(
+                prec.to_string(),
+                json!({ "reps": o.reps.max(1), "elements": N, "iterations": o.iters, "fingerprint": fingerprint(&reference), "mismatching_reps": mismatches, "seconds": t.elapsed().as_secs_f64(), "reference_sample_bits": reference.chunks(width).take(4).map(|c| c.iter().rev().fold(0u32, |a, v| (a << 8) | u32::from(*v))).collect::<Vec<_>>() }),
+            );
+        }
+        g["compute"] = Value::Object(compute);
+        // Memory: a share of free memory, three patterns, checked on the GPU.
+        let t = Instant::now();
+        let (free, total) = cu.mem_info()?;
+        let words = ((free as f64 * o.mem_fraction.clamp(0.0, 0.9)) as usize / 4).max(1 << 20);
+        let buf = cu.alloc(words * 4)?;
+        let counters = cu.alloc(16)?;
+        let mut patterns = Vec::new();
+        for kind in 0u32..3 {
+            let (mut p_buf, mut p_n, mut p_kind, mut p_seed) = (buf, words as u64, kind, 0x1234_5678u32 ^ kind);
+            let mut fill: [*mut c_void; 4] = [(&mut p_buf as *mut u64).cast(), (&mut p_n as *mut u64).cast(), (&mut p_kind as *mut u32).cast(), (&mut p_seed as *mut u32).cast()];
+            cu.launch(k[3], 4096, BLOCK, &mut fill)?;
+            cu.sync()?;
+            let init: [u64; 2] = [0, u64::MAX];
+            cu.to_device(counters, &init.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
+            let (mut p_errs, mut p_first) = (counters, counters + 8);
+            let mut check: [*mut c_void; 6] = [(&mut p_buf as *mut u64).cast(), (&mut p_n as *mut u64).cast(), (&mut p_kind as *mut u32).cast(), (&mut p_seed as *mut u32).cast(), (&mut p_errs as *mut u64).cast(), (&mut p_first as *mut u64).cast()];
+            cu.launch(k[4], 4096, BLOCK, &mut check)?;
+            cu.sync()?;
+            let mut c = [0u8; 16];
+            cu.to_host(&mut c, counters)?;
+            let errs = u64::from_le_bytes(c[..8].try_into().unwrap_or_default());
+            let first = u64::from_le_bytes(c[8..].try_into().unwrap_or_default());
+            let pname = ["address", "walking_ones", "random"][kind as usize];
+            patterns.push(json!({ "pattern": pname, "errors": errs, "first_bad_word": if errs > 0 { json!(first) } else { Value::Null } }));
+        }
+        cu.free(counters);
+        cu.free(buf);
+        g["memory"] = json!({ "bytes_tested": words * 4, "free_bytes": free, "total_bytes": total, "patterns": patterns, "seconds": t.elapsed().as_secs_f64() });
+        Ok(())
+    })();
+    if let Err(e) = r {
+        g["error"] = json!(e);
+    }
+    cu.leave(dev);
+    g["seconds"] = json!(t0.elapsed().as_secs_f64());
+    g
+}
+
+/// Run the check on every selected GPU in parallel; gpucheck.json's value.
+pub fn run(o: &Opts) -> Value {
+    let started = crate::clock::rfc3339(crate::clock::ClockMap::sample().to_wall(crate::clock::monotonic_ns()));
+    let cu = match cuda::Cuda::load() {
+        Ok(c) => c,
+        Err(e) => return json!({ "schema": SCHEMA, "started": started, "error": e, "gpus": [] }),
+    };
+    let count = match cu.device_count() {
+        Ok(n) => u32::try_from(n).unwrap_or(0),
+        Err(e) => return json!({ "schema": SCHEMA, "started": started, "error": e, "gpus": [] }),
+    };
+    if count == 0 {
+        return json!({ "schema": SCHEMA, "started": started, "error": "no CUDA device visible", "gpus": [] });
+    }
+    let ordinals: Vec<u32> = o.gpus.clone().unwrap_or_else(|| (0..count).collect()).into_iter().filter(|g| *g < count).collect();
+    let nvml_before = crate::collect::gpu::snapshot();
+    let gpus: Vec<Value> = std::thread::scope(|s| {
+        let hs: Vec<_> = ordinals.iter().map(|&g| s.spawn({ let cu = &cu; move || check_gpu(cu, g, o) })).collect();
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| json!({ "error": "the check's thread panicked" }))).collect()
+    });
+    let nvml_after = crate::collect::gpu::snapshot();
+    let mut v = json!({ "schema": SCHEMA, "started": started, "options": { "reps": o.reps, "iterations": o.iters, "mem_fraction": o.mem_fraction, "corrupt_test": o.corrupt }, "gpus": gpus, "nvml_before": nvml_before, "nvml_after": nvml_after });
+    v["findings"] = json!(findings(&v));
+    v
+}
+
+/// What the check found, as sentences: a GPU whose repetitions disagree, a GPU that disagrees
+/// with its peers of the same model, memory errors, a check that could not run.
+pub fn findings(v: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let gpus = v["gpus"].as_array().cloned().unwrap_or_default();
+    if let Some(e) = v["error"].as_str() {
+        out.push(format!("the check could not run: {e}"));
+    }
+    for g in &gpus {
+        let id = format!("GPU {} ({})", g["index"], g["pci"].as_str().unwrap_or("?"));
+        if let Some(e) = g["error"].as_str() {
+            out.push(format!("{id}: the check did not complete: {e}"));
+        }
+        for (prec, c) in g["compute"].as_object().into_iter().flatten() {
+            let bad = c["mismatching_reps"].as_array().map_or(0, Vec::len);
+            if bad > 0 {
+                let m = &c["mismatching_reps"][0];
+                out.push(format!(
+                    "{id} gave different {} results in {bad} of {} runs (first in repetition {}, element {}: {} instead of {})",
+                    prec.to_uppercase(),
+                    c["reps"],
+                    m["rep"],
+                    m["first_index"],
+                    m["got_bits"].as_str().unwrap_or("?"),
+                    m["want_bits"].as_str().unwrap_or("?")
+                ));
+            }
+        }
+        for p in g["memory"]["patterns"].as_array().into_iter().flatten() {
+            if p["errors"].as_u64().unwrap_or(0) > 0 {
+                out.push(format!("{id}: {} memory errors with the {} pattern (first bad word {})", p["errors"], p["pattern"].as_str().unwrap_or("?"), p["first_bad_word"]));
+            }
+        }
+    }
+    // Across GPUs of one model: the fingerprint most of them share is the reference.
+    let mut by_model: BTreeMap<(String, String), Vec<(String, String)>> = BTreeMap::new();
+    for g in &gpus {
+        for (prec, c) in g["compute"].as_object().into_iter().flatten() {
+            by_model.entry((g["name"].as_str().unwrap_or("?").to_string(), prec.clone())).or_default().push((format!("GPU {}", g["index"]), c["fingerprint"].as_str().unwrap_or("").to_string()));
+        }
+    }
+    for ((model, prec), list) in by_model {
+        if list.len() < 2 {
+            continue;
+        }
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        for (_, f) in &list {
+            *counts.entry(f.as_str()).or_default() += 1;
+        }
+        let (majority, n) = counts.iter().max_by_key(|(_, n)| **n).map(|(f, n)| (*f, *n)).unwrap_or(("", 0));
+        for (gpu, f) in &list {
+            if f != majority {
+                let peers: Vec<&str> = list.iter().filter(|(_, x)| x == majority).map(|(g, _)| g.as_str()).collect();
+                out.push(format!("{gpu} gave different {} results than its {model} peers ({}) [{n} of {} agree]", prec.to_uppercase(), peers.join(", "), list.len()));
+            }
+        }
+    }
+    out
+}
+
+/// The human summary.
+pub fn summary(v: &Value) -> String {
+    let mut s = String::new();
+    for g in v["gpus"].as_array().into_iter().flatten() {
+        s.push_str(&format!("GPU {} {} ({}): ", g["index"], g["name"].as_str().unwrap_or("?"), g["pci"].as_str().unwrap_or("?")));
+        let c = &g["compute"];
+        for p in ["fp32", "fp16", "bf16"] {
+            if c[p].is_object() {
+                s.push_str(&format!("{p} {} runs {} ({:.1} s), ", c[p]["reps"], if c[p]["mismatching_reps"].as_array().is_some_and(Vec::is_empty) { "identical" } else { "DIFFER" }, c[p]["seconds"].as_f64().unwrap_or(0.0)));
+            }
+        }
+        if let Some(m) = g["memory"].as_object() {
+            let errs: u64 = m["patterns"].as_array().into_iter().flatten().filter_map(|p| p["errors"].as_u64()).sum();
+            s.push_str(&format!("memory {:.1} GiB x 3 patterns: {errs} errors ({:.1} s)", m["bytes_tested"].as_f64().unwrap_or(0.0) / f64::from(1u32 << 30), m["seconds"].as_f64().unwrap_or(0.0)));
+        }
+        s.push('\n');
+    }
+    let f = findings(v);
+    if f.is_empty() {
+        s.push_str("gpucheck: every GPU computed bit-identical results run to run (and to its peers), no memory errors\n");
+    } else {
+        for x in f {
+            s.push_str(&format!("gpucheck: {x}\n"));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(i: u32, fp: &str, mism: Value, mem_errs: u64) -> Value {
+        json!({ "index": i, "name": "NVIDIA H200", "pci": format!("0000:{:02x}:00.0", i),
+            "compute": { "fp16": { "reps": 20, "fingerprint": fp, "mismatching_reps": mism, "seconds": 1.0 } },
+            "memory": { "bytes_tested": 1u64 << 30, "patterns": [{ "pattern": "address", "errors": mem_errs, "first_bad_word": if mem_errs > 0 { json!(77) } else { Value::Null } }], "seconds": 1.0 } })
+    }
+
+    #[test]
+    fn diff_finds_the_first_differing_element() {
+        let a: Vec<u8> = (0..64).collect();
+        let mut b = a.clone();
+        assert_eq!(diff(&a, &b, 4), None);
+        b[13] ^= 0x10;
+        b[40] ^= 0x01;
+        let d = diff(&a, &b, 4).unwrap();
+        assert_eq!((d.first_index, d.differing), (3, 2));
+        assert_eq!(d.want_bits ^ d.got_bits, 0x10 << 8);
+        assert_ne!(fingerprint(&a), fingerprint(&b));
+    }
+
+    #[test]
+    fn a_gpu_that_disagrees_with_its_peers_is_named() {
+        let v = json!({ "gpus": [gpu(0, "aa", json!([]), 0), gpu(1, "aa", json!([]), 0), gpu(2, "bb", json!([{ "rep": 3, "first_index": 12345, "want_bits": "0x3c00", "got_bits": "0x3c01" }, { "rep": 7 }]), 0), gpu(3, "aa", json!([]), 0)] });
+        let f = findings(&v);
+        assert!(f.iter().any(|x| x == "GPU 2 (0000:02:00.0) gave different FP16 results in 2 of 20 runs (first in repetition 3, element 12345: 0x3c01 instead of 0x3c00)"), "{f:?}");
+        assert!(f.iter().any(|x| x.starts_with("GPU 2 gave different FP16 results than its NVIDIA H200 peers (GPU 0, GPU 1, GPU 3) [3 of 4 agree]")), "{f:?}");
+        assert_eq!(f.len(), 2, "{f:?}");
+        assert!(summary(&v).contains("fp16 20 runs DIFFER"));
+    }
+
+    #[test]
+    fn clean_gpus_and_memory_errors() {
+        let clean = json!({ "gpus": [gpu(0, "aa", json!([]), 0), gpu(1, "aa", json!([]), 0)] });
+        assert!(findings(&clean).is_empty());
+        assert!(summary(&clean).contains("bit-identical"));
+        let mem = json!({ "gpus": [gpu(0, "aa", json!([]), 5)] });
+        assert_eq!(findings(&mem), vec!["GPU 0 (0000:00:00.0): 5 memory errors with the address pattern (first bad word 77)".to_string()]);
+    }
+
+    #[test]
+    fn without_a_driver_the_check_says_so() {
+        if std::path::Path::new("/proc/driver/nvidia/version").exists() {
+            eprintln!("NOTE: an NVIDIA driver is present here: the no-driver path is not exercised");
+            return;
+        }
+        let v = run(&Opts { reps: 1, iters: 10, ..Opts::default() });
+        assert_eq!(v["schema"], SCHEMA);
+        assert!(v["error"].as_str().unwrap().starts_with("no NVIDIA driver: libcuda.so.1 cannot be loaded"), "{v}");
+        assert_eq!(findings(&v)[0], format!("the check could not run: {}", v["error"].as_str().unwrap()));
+    }
+
+    #[test]
+    fn the_embedded_ptx_has_every_kernel() {
+        for k in KERNELS {
+            assert!(PTX.contains(&format!(".visible .entry {k}(")), "{k}");
+        }
+        assert!(PTX.contains("fma.rn.f32") && PTX.contains("fma.rn.f16") && PTX.contains("fma.rn.bf16"));
+    }
+}
