@@ -110,6 +110,10 @@ struct UserArgs {
     /// Do not set PYTHONUNBUFFERED=1 for the job
     #[arg(long)]
     no_unbuffered: bool,
+    /// After the job has exited, if a NaN bundle has no hardware evidence, check the GPUs for
+    /// silent data corruption (`nantrace gpucheck`, ~10 s per GPU) and add it to the bundle
+    #[arg(long)]
+    gpucheck: bool,
 }
 
 #[derive(Subcommand)]
@@ -191,7 +195,7 @@ enum Cmd {
         #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(2..=1000))]
         reps: u32,
         /// Map iterations per thread per repetition (length of each run)
-        #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+        #[arg(long, default_value_t = 2_000_000, value_parser = clap::value_parser!(u32).range(1..=100_000_000))]
         iters: u32,
         /// Share of free GPU memory the memory test covers (0.0-0.9)
         #[arg(long, default_value_t = 0.25)]
@@ -199,6 +203,9 @@ enum Cmd {
         /// Write gpucheck.json here (mode 0600) instead of printing it
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Add gpucheck.json to this incident bundle and render its report again
+        #[arg(long, conflicts_with = "out")]
+        bundle: Option<PathBuf>,
         /// TEST ONLY: flip one bit in this GPU's FP32 result of repetition 1 (shows a
         /// disagreement is detected and named)
         #[arg(long, hide = true)]
@@ -242,11 +249,36 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn session(job: Job, opts: SessionOpts) -> anyhow::Result<i32> {
+    Ok(session_outcome(job, opts)?.exit_code)
+}
+
+fn session_outcome(job: Job, opts: SessionOpts) -> anyhow::Result<nantrace::session::Outcome> {
     let out = runtime()?.block_on(nantrace::session::run(job, opts))?;
     if !out.dumped {
         say!("nantrace: no incident, no bundle written");
     }
-    Ok(out.exit_code)
+    Ok(out)
+}
+
+/// `run --gpucheck`: the job has exited (its GPUs are free); a NaN bundle without hardware
+/// evidence gets a silent-data-corruption check of the GPUs, and its report says the result.
+fn gpucheck_after(bundles: &[PathBuf]) {
+    let mut result: Option<serde_json::Value> = None;
+    for b in bundles {
+        let Ok((a, t, _)) = nantrace::report::for_bundle(b) else { continue };
+        if t["first_nan"].is_null() || a.machine {
+            continue;
+        }
+        let v = result.get_or_insert_with(|| {
+            say!("nantrace: NaN without hardware evidence: checking the GPUs for silent data corruption (nantrace gpucheck)");
+            nantrace::gpucheck::run(&nantrace::gpucheck::Opts::default())
+        });
+        say!("{}", nantrace::term::clean_lines(nantrace::gpucheck::summary(v).trim_end()));
+        match nantrace::gpucheck::into_bundle(b, v) {
+            Ok(()) => say!("nantrace: gpucheck.json added to {}", b.display()),
+            Err(e) => say!("nantrace: WARNING: could not add gpucheck.json to {}: {e:#}", b.display()),
+        }
+    }
 }
 
 /// A file nantrace writes by itself (snapshot --out): see `safefs::write_file_0600`.
@@ -284,7 +316,11 @@ fn main() -> anyhow::Result<()> {
             let mut opts = rec.opts();
             opts.run_as = nantrace::privdrop::resolve(&choice, |k| std::env::var(k).ok())?;
             opts.unbuffered = !who.no_unbuffered;
-            session(Job::Spawn(cmd), opts)?
+            let out = session_outcome(Job::Spawn(cmd), opts)?;
+            if who.gpucheck {
+                gpucheck_after(&out.bundles);
+            }
+            out.exit_code
         }
         Cmd::Attach { pid, logs, rec } => session(Job::Attach { pid, logs }, rec.opts())?,
         Cmd::Demo { scenario, rec } => {
@@ -344,14 +380,18 @@ fn main() -> anyhow::Result<()> {
             }
             0
         }
-        Cmd::Gpucheck { gpus, reps, iters, mem_fraction, out, corrupt_test } => {
+        Cmd::Gpucheck { gpus, reps, iters, mem_fraction, out, bundle, corrupt_test } => {
             anyhow::ensure!((0.0..=0.9).contains(&mem_fraction), "--mem-fraction must be between 0 and 0.9");
             let v = nantrace::gpucheck::run(&nantrace::gpucheck::Opts { gpus, reps, iters, mem_fraction, corrupt: corrupt_test });
             say!("{}", nantrace::term::clean_lines(nantrace::gpucheck::summary(&v).trim_end()));
             let text = serde_json::to_string_pretty(&v)?;
-            match out {
-                Some(p) => write_0600(&p, text.as_bytes())?,
-                None => sayout!("{text}"),
+            match (out, bundle) {
+                (Some(p), _) => write_0600(&p, text.as_bytes())?,
+                (None, Some(b)) => {
+                    nantrace::gpucheck::into_bundle(&b, &v)?;
+                    say!("nantrace: gpucheck.json added to {}; report.md rendered again", b.display());
+                }
+                (None, None) => sayout!("{text}"),
             }
             if v["error"].is_string() { 2 } else if nantrace::gpucheck::findings(&v).is_empty() { 0 } else { 1 }
         }

@@ -185,8 +185,12 @@ impl Cuda {
 
     /// Launch `f` on `grid` blocks of `block` threads with the given parameters (each a
     /// pointer to the argument's value, as cuLaunchKernel wants).
-    pub fn launch(&self, f: Function, grid: u32, block: u32, params: &mut [*mut c_void]) -> Result<(), String> {
-        // SAFETY: params point to live values of the kernel's parameter types (callers).
+    ///
+    /// # Safety
+    /// `f` is a kernel of this module and `params` point to live values of exactly its
+    /// parameter types, in order.
+    pub unsafe fn launch(&self, f: Function, grid: u32, block: u32, params: &mut [*mut c_void]) -> Result<(), String> {
+        // SAFETY: the caller's contract above.
         self.check(unsafe { (self.launch)(f, grid, 1, 1, block, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut()) }, "cuLaunchKernel")
     }
 }

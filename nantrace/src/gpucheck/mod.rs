@@ -40,7 +40,7 @@ pub struct Opts {
 
 impl Default for Opts {
     fn default() -> Self {
-        Opts { gpus: None, reps: 10, iters: 20_000, mem_fraction: 0.25, corrupt: None }
+        Opts { gpus: None, reps: 10, iters: 2_000_000, mem_fraction: 0.25, corrupt: None }
     }
 }
 
@@ -103,7 +103,8 @@ fn check_gpu(cu: &cuda::Cuda, ordinal: u32, o: &Opts) -> Value {
                 cu.to_device(out, &vec![0u8; bytes])?;
                 let (mut p_out, mut p_n, mut p_it, mut p_seed) = (out, N, o.iters, 0x5eed_u32);
                 let mut params: [*mut c_void; 4] = [(&mut p_out as *mut u64).cast(), (&mut p_n as *mut u32).cast(), (&mut p_it as *mut u32).cast(), (&mut p_seed as *mut u32).cast()];
-                cu.launch(k[pi], N / BLOCK, BLOCK, &mut params)?;
+                // SAFETY: fma_* take (ptr, u32 n, u32 iters, u32 seed): params point to those.
+                unsafe { cu.launch(k[pi], N / BLOCK, BLOCK, &mut params)? };
                 cu.sync()?;
                 cu.to_host(&mut host, out)?;
                 if o.corrupt == Some(ordinal) && prec == "fp32" && rep == 1 {
@@ -137,13 +138,15 @@ fn check_gpu(cu: &cuda::Cuda, ordinal: u32, o: &Opts) -> Value {
         for kind in 0u32..3 {
             let (mut p_buf, mut p_n, mut p_kind, mut p_seed) = (buf, words as u64, kind, 0x1234_5678u32 ^ kind);
             let mut fill: [*mut c_void; 4] = [(&mut p_buf as *mut u64).cast(), (&mut p_n as *mut u64).cast(), (&mut p_kind as *mut u32).cast(), (&mut p_seed as *mut u32).cast()];
-            cu.launch(k[3], 4096, BLOCK, &mut fill)?;
+            // SAFETY: mem_fill takes (ptr, u64 n, u32 kind, u32 seed): params point to those.
+            unsafe { cu.launch(k[3], 4096, BLOCK, &mut fill)? };
             cu.sync()?;
             let init: [u64; 2] = [0, u64::MAX];
             cu.to_device(counters, &init.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
             let (mut p_errs, mut p_first) = (counters, counters + 8);
             let mut check: [*mut c_void; 6] = [(&mut p_buf as *mut u64).cast(), (&mut p_n as *mut u64).cast(), (&mut p_kind as *mut u32).cast(), (&mut p_seed as *mut u32).cast(), (&mut p_errs as *mut u64).cast(), (&mut p_first as *mut u64).cast()];
-            cu.launch(k[4], 4096, BLOCK, &mut check)?;
+            // SAFETY: mem_check takes (ptr, u64, u32, u32, ptr errs, ptr first): params point to those.
+            unsafe { cu.launch(k[4], 4096, BLOCK, &mut check)? };
             cu.sync()?;
             let mut c = [0u8; 16];
             cu.to_host(&mut c, counters)?;
@@ -249,6 +252,20 @@ pub fn findings(v: &Value) -> Vec<String> {
         }
     }
     out
+}
+
+/// Write gpucheck.json into a bundle (a directory that is ours alone, replaced by rename) and
+/// render the bundle's report again so its verdict reads the check.
+pub fn into_bundle(dir: &std::path::Path, v: &Value) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let d = crate::safefs::Dir::open_private(dir).with_context(|| format!("{}", dir.display()))?;
+    d.replace("gpucheck.json", &serde_json::to_vec_pretty(v)?).context("writing gpucheck.json")?;
+    let (a, t, snap) = crate::report::for_bundle(dir)?;
+    for (name, data) in crate::export::derived(&t, &snap).0 {
+        d.replace(&name, &data).with_context(|| format!("writing {name}"))?;
+    }
+    let _ = a;
+    Ok(())
 }
 
 /// The human summary.

@@ -187,6 +187,15 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         let sep = if s.text.ends_with(" since") { " " } else { ", " };
         s.text = format!("{}{sep}{}", s.text, when(s.rel_s, ref_name));
     }
+    // A silent-data-corruption check run after the incident (gpucheck.json in the bundle): a
+    // GPU that disagrees with itself or its peers is the strongest GPU evidence there is.
+    if snapshot["gpucheck"].is_object() && snapshot["gpucheck"]["error"].is_null() {
+        let sig = rules::signal("gpucheck_mismatch");
+        for f in crate::gpucheck::findings(&snapshot["gpucheck"]).into_iter().filter(|f| !f.contains("did not complete")) {
+            let score = f64::from(sig.severity) * 1.25;
+            suspects.push(Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: 0.0, text: format!("nantrace gpucheck after the incident: {f}"), touches_job: true, count: 1, score, action: Some("take the GPU out of service and run the vendor's diagnostics (dcgmi diag -r 3)") });
+        }
+    }
     suspects.sort_by(|a, b| b.score.total_cmp(&a.score));
 
     let window_min = timeline["window"]["pre_s"].as_f64().unwrap_or(600.0) / 60.0;
@@ -256,8 +265,14 @@ fn verdict(suspects: &[Finding], timeline: &Value, snapshot: &Value, window_min:
     } else {
         format!("in what the window kept before {ref_name} (INCOMPLETE: {} evicted for memory)", incomplete.join(", "))
     };
+    let g = &snapshot["gpucheck"];
+    let sdc = if g.is_object() && g["error"].is_null() && crate::gpucheck::findings(g).is_empty() {
+        format!("nantrace gpucheck after the incident: {} GPU(s) computed bit-identical FP32/FP16/BF16 results run to run and to their peers, no memory errors.", g["gpus"].as_array().map_or(0, Vec::len))
+    } else {
+        "(Silent data corruption, ~1 faulty device in 1000, logs nothing: run `nantrace gpucheck --bundle BUNDLE` once the GPUs are free.)".to_string()
+    };
     (
-        format!("NOT THE MACHINE, as far as nantrace can see: no hardware, kernel, system or job-output fault {window}. Look at the model side: learning rate, data, precision. (Silent data corruption, ~1 faulty device in 1000, logs nothing: if the run is otherwise healthy, re-run the step on other GPUs.)"),
+        format!("NOT THE MACHINE, as far as nantrace can see: no hardware, kernel, system or job-output fault {window}. Look at the model side: learning rate, data, precision. {sdc}"),
         "none".into(),
     )
 }

@@ -104,7 +104,15 @@ fn memory_limit(v: &Value) -> String {
 
 /// The report for a bundle directory on disk (`nantrace report BUNDLE`).
 pub fn for_bundle(dir: &std::path::Path) -> anyhow::Result<(Analysis, Value, Value)> {
-    let (t, snap) = crate::bundle::load(dir)?;
+    let (t, mut snap) = crate::bundle::load(dir)?;
+    // A silent-data-corruption check added to the bundle (`nantrace gpucheck --bundle`).
+    if let Some(g) = std::fs::read(dir.join("gpucheck.json")).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok()) {
+        if snap.is_object() {
+            snap["gpucheck"] = g;
+        } else {
+            snap = json!({ "gpucheck": g });
+        }
+    }
     anyhow::ensure!(t["schema"] == crate::bundle::SCHEMA || t["schema"] == crate::merge::SCHEMA, "{}: unknown schema {}", dir.display(), t["schema"]);
     let snap = if snap.is_null() { json!({ "gpu": { "reason": "no snapshot.json in the bundle" } }) } else { snap };
     Ok((analyze(&t, &snap), t, snap))

@@ -58,6 +58,7 @@ pub struct Signal {
 }
 
 pub const SIGNALS: &[Signal] = &[
+    Signal { id: "gpucheck_mismatch", family: Family::Gpu, severity: 98, threshold: 1.0, what: "nantrace gpucheck: a GPU gave results that differ run to run or from its same-model peers, or memory errors (silent data corruption)" },
     Signal { id: "gpu_fallen_off_bus", family: Family::Gpu, severity: 100, threshold: 1.0, what: "Xid 79 or an NVRM 'fallen off the bus' line" },
     Signal { id: "xid_critical", family: Family::Gpu, severity: 95, threshold: 1.0, what: "Xid of critical severity (48 DBE, 62, 64, 74, 95, 119, 120, 140...)" },
     Signal { id: "ecc_uncorrected", family: Family::Gpu, severity: 92, threshold: 1.0, what: "uncorrected (volatile) ECC count went up (NVML)" },

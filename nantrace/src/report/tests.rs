@@ -406,3 +406,19 @@ fn a_crash_after_a_gpu_fault_does_not_explain_it_and_outside_kills_are_outside()
     let d = Scenario::healthy().with(json!({ "offset_s": -0.5, "source": "signal", "signal": "SIGSEGV", "si_code": 1, "target_pid": ROOT, "target_comm": "python3", "pid": ROOT, "comm": "python3", "job": true })).analyze();
     assert_eq!(top(&d).signal, "job_crash");
 }
+
+#[test]
+fn a_gpucheck_disagreement_is_the_top_suspect_and_a_clean_one_is_said() {
+    let gpu = |i: u32, fp: &str, mism: Value| json!({ "index": i, "name": "NVIDIA H200", "pci": format!("0000:{:02x}:00.0", i),
+        "compute": { "fp16": { "reps": 20, "fingerprint": fp, "mismatching_reps": mism, "seconds": 1.0 } },
+        "memory": { "bytes_tested": 1u64 << 30, "patterns": [{ "pattern": "address", "errors": 0 }], "seconds": 1.0 } });
+    let mut s = Scenario::healthy();
+    s.snapshot["gpucheck"] = json!({ "schema": crate::gpucheck::SCHEMA, "gpus": [gpu(0, "aa", json!([])), gpu(1, "aa", json!([])), gpu(2, "bb", json!([{ "rep": 3, "first_index": 7, "want_bits": "0x3c00", "got_bits": "0x3c01" }]))] });
+    let a = s.analyze();
+    assert_eq!(top(&a).signal, "gpucheck_mismatch");
+    assert!(a.verdict.starts_with("PROBABLY THE MACHINE (GPU): nantrace gpucheck after the incident: GPU 2"), "{}", a.verdict);
+    let mut c = Scenario::healthy();
+    c.snapshot["gpucheck"] = json!({ "schema": crate::gpucheck::SCHEMA, "gpus": [gpu(0, "aa", json!([])), gpu(1, "aa", json!([]))] });
+    let b = c.analyze();
+    assert!(b.verdict.starts_with("NOT THE MACHINE") && b.verdict.contains("2 GPU(s) computed bit-identical"), "{}", b.verdict);
+}
