@@ -9,19 +9,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::Value;
 
-fn out_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("nt-bundles-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn only_bundle(out: &Path) -> PathBuf {
-    let b: Vec<PathBuf> = std::fs::read_dir(out).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("nantrace-")).collect();
-    assert_eq!(b.len(), 1, "expected exactly one bundle in {}: {b:?}", out.display());
-    b[0].clone()
-}
-
 fn timeline(bundle: &Path) -> Value {
     let t = std::fs::read_to_string(bundle.join("timeline.json")).expect("timeline.json");
     serde_json::from_str(&t).expect("timeline.json parses")

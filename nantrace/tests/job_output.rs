@@ -2,24 +2,10 @@
 //! trigger, timeline event, top suspect and verdict name that family (root: real probes).
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::*;
 use serde_json::Value;
-
-fn out_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("nt-joblog-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn only_bundle(out: &Path) -> PathBuf {
-    let b: Vec<PathBuf> = std::fs::read_dir(out).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("nantrace-")).collect();
-    assert_eq!(b.len(), 1, "expected exactly one bundle in {}: {b:?}", out.display());
-    b[0].clone()
-}
 
 /// Runs `sh -c script` under `nantrace run`; returns (exit code, timeline, report.md).
 fn run_job(tag: &str, script: &str, extra: &[&str]) -> (Option<i32>, Value, String) {

@@ -12,10 +12,14 @@ use anyhow::Context as _;
 use serde_json::json;
 use tokio::sync::mpsc;
 
+mod dump;
 mod logs;
+mod pipes;
+use dump::{DumpDone, OwnedDump};
+use pipes::{one_pipe_for_both, same_destination};
 pub use logs::{LineReader, LineSplitter};
 
-use crate::bundle::{self, Host, Incident, JobInfo};
+use crate::bundle::{Host, JobInfo};
 use crate::clock::{monotonic_ns, ClockMap};
 use crate::event::{comm_from, Detail, Event};
 use crate::nanscan::Scanner;
@@ -542,96 +546,6 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         (None, None) => 0,
     };
     Ok(Outcome { exit_code, bundles, dumped: dumped_any })
-}
-
-/// Everything one dump needs, owned, so it runs on its own thread.
-struct OwnedDump {
-    out: PathBuf,
-    host: Host,
-    clock: ClockMap,
-    triggers: Vec<Fired>,
-    job: JobInfo,
-    accounting: serde_json::Value,
-    /// The recorder's two lanes (evidence, logs), moved here.
-    lanes: (Vec<Event>, Vec<Event>),
-    window_pre_s: f64,
-    post_s: f64,
-    /// The snapshot taken at the first trigger (awaited on the dump's thread, not the loop's).
-    snapshot: Option<tokio::task::JoinHandle<serde_json::Value>>,
-}
-
-/// What a dump says when it is done, and the bundle it wrote.
-struct DumpDone {
-    lines: Vec<String>,
-    dir: Option<PathBuf>,
-    /// The recorder's lanes, handed back for the next incident's history.
-    lanes: Option<(Vec<Event>, Vec<Event>)>,
-}
-
-impl OwnedDump {
-    fn write(self) -> DumpDone {
-        let snapshot = match self.snapshot {
-            Some(t) => tokio::runtime::Handle::current().block_on(t).unwrap_or_else(|e| json!({ "error": format!("snapshot collector failed: {e}") })),
-            None => json!({ "error": "no snapshot taken" }),
-        };
-        let order = Recorder::by_time(&self.lanes);
-        let inc = Incident {
-            host: &self.host,
-            clock: &self.clock,
-            triggers: &self.triggers,
-            job: &self.job,
-            accounting: self.accounting.clone(),
-            events: &order,
-            window_pre_s: self.window_pre_s,
-            post_s: self.post_s,
-        };
-        let mut lines = Vec::new();
-        let mut dir = None;
-        match bundle::write(&self.out, &inc, &snapshot) {
-            Ok(w) => {
-                for f in &w.failures {
-                    lines.push(format!("nantrace: WARNING: bundle file not written: {f}"));
-                }
-                if w.written == 0 {
-                    lines.push(format!("nantrace: ERROR: no file of the bundle could be written (see above); {} is empty", w.dir.display()));
-                } else {
-                    lines.push(crate::export::summary(&w.dir, &inc, Some(&w.analysis.verdict)));
-                    dir = Some(w.dir);
-                }
-            }
-            Err(e) => lines.push(format!("nantrace: ERROR: could not write the bundle under {}: {e}", self.out.display())),
-        }
-        drop(inc);
-        drop(order);
-        DumpDone { lines, dir, lanes: Some(self.lanes) }
-    }
-}
-
-/// Do nantrace's stdout and stderr lead to the same file (`2>&1`, one terminal)?
-fn same_destination() -> bool {
-    // SAFETY: fstat on our own descriptors with valid out-parameters.
-    unsafe {
-        let (mut a, mut b): (libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed());
-        libc::fstat(1, &mut a) == 0 && libc::fstat(2, &mut b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino
-    }
-}
-
-/// Give the job one pipe for stdout and stderr; returns its read end (non-blocking, async).
-fn one_pipe_for_both(cmd: &mut tokio::process::Command) -> Option<tokio::net::unix::pipe::Receiver> {
-    use std::os::fd::{FromRawFd as _, OwnedFd};
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 fills two descriptors we then own.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return None;
-    }
-    // SAFETY: fresh descriptors from pipe2, owned once each.
-    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let w2 = w.try_clone().ok()?;
-    // SAFETY: fcntl on a descriptor we own.
-    unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&r), libc::F_SETFL, libc::O_NONBLOCK) };
-    let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(r).ok()?;
-    cmd.stdout(std::process::Stdio::from(w)).stderr(std::process::Stdio::from(w2));
-    Some(rx)
 }
 
 /// True when a terminal's own SIGINT/SIGHUP reached the job already: nantrace is in the

@@ -201,3 +201,19 @@ impl Drop for NetPair {
 pub fn kmsg(line: &str) {
     std::fs::write("/dev/kmsg", format!("{line}\n")).expect("write /dev/kmsg");
 }
+
+/// A fresh output directory for a test's bundles.
+pub fn out_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nt-bundles-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The one bundle a test expects under `out`.
+pub fn only_bundle(out: &Path) -> PathBuf {
+    let b: Vec<PathBuf> = std::fs::read_dir(out).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("nantrace-")).collect();
+    assert_eq!(b.len(), 1, "expected exactly one bundle in {}: {b:?}", out.display());
+    b[0].clone()
+}
+

@@ -1,0 +1,75 @@
+//! One dump, on its own thread: the incident's window (moved from the recorder, not copied)
+//! becomes a bundle; the window goes back to the recorder afterwards.
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use crate::bundle::{self, Host, Incident, JobInfo};
+use crate::clock::ClockMap;
+use crate::event::Event;
+use crate::recorder::Recorder;
+use crate::trigger::Fired;
+
+/// Everything one dump needs, owned, so it runs on its own thread.
+pub(super) struct OwnedDump {
+    pub(super) out: PathBuf,
+    pub(super) host: Host,
+    pub(super) clock: ClockMap,
+    pub(super) triggers: Vec<Fired>,
+    pub(super) job: JobInfo,
+    pub(super) accounting: serde_json::Value,
+    /// The recorder's two lanes (evidence, logs), moved here.
+    pub(super) lanes: (Vec<Event>, Vec<Event>),
+    pub(super) window_pre_s: f64,
+    pub(super) post_s: f64,
+    /// The snapshot taken at the first trigger (awaited on the dump's thread, not the loop's).
+    pub(super) snapshot: Option<tokio::task::JoinHandle<serde_json::Value>>,
+}
+
+/// What a dump says when it is done, and the bundle it wrote.
+pub(super) struct DumpDone {
+    pub(super) lines: Vec<String>,
+    pub(super) dir: Option<PathBuf>,
+    /// The recorder's lanes, handed back for the next incident's history.
+    pub(super) lanes: Option<(Vec<Event>, Vec<Event>)>,
+}
+
+impl OwnedDump {
+    pub(super) fn write(self) -> DumpDone {
+        let snapshot = match self.snapshot {
+            Some(t) => tokio::runtime::Handle::current().block_on(t).unwrap_or_else(|e| json!({ "error": format!("snapshot collector failed: {e}") })),
+            None => json!({ "error": "no snapshot taken" }),
+        };
+        let order = Recorder::by_time(&self.lanes);
+        let inc = Incident {
+            host: &self.host,
+            clock: &self.clock,
+            triggers: &self.triggers,
+            job: &self.job,
+            accounting: self.accounting.clone(),
+            events: &order,
+            window_pre_s: self.window_pre_s,
+            post_s: self.post_s,
+        };
+        let mut lines = Vec::new();
+        let mut dir = None;
+        match bundle::write(&self.out, &inc, &snapshot) {
+            Ok(w) => {
+                for f in &w.failures {
+                    lines.push(format!("nantrace: WARNING: bundle file not written: {f}"));
+                }
+                if w.written == 0 {
+                    lines.push(format!("nantrace: ERROR: no file of the bundle could be written (see above); {} is empty", w.dir.display()));
+                } else {
+                    lines.push(crate::export::summary(&w.dir, &inc, Some(&w.analysis.verdict)));
+                    dir = Some(w.dir);
+                }
+            }
+            Err(e) => lines.push(format!("nantrace: ERROR: could not write the bundle under {}: {e}", self.out.display())),
+        }
+        drop(inc);
+        drop(order);
+        DumpDone { lines, dir, lanes: Some(self.lanes) }
+    }
+}
+
