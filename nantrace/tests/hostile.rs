@@ -1152,3 +1152,28 @@ fn review_the_second_incident_keeps_the_history_of_the_first() {
     let app = std::fs::read_to_string(second.join("app.log")).unwrap();
     assert!(app.contains("HOSTILE-two step 1"), "the history before the first bundle is kept: {app}");
 }
+
+/// Review: a NaN printed without a trailing newline, then a hang: the trigger fires within
+/// seconds, not when the job ends.
+#[test]
+fn review_a_nan_without_its_newline_triggers_while_the_job_hangs() {
+    let d = Scratch::new("nonewline");
+    let out = d.join("o");
+    let t = Instant::now();
+    let mut child = Command::new(BIN)
+        .args(["run", "--no-probes", "--post", "0.5", "--out", out.to_str().unwrap(), "--", "sh", "-c", "printf 'HOSTILE-nl step 5 loss: nan'; sleep 30"])
+        .env_remove("SUDO_UID")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    while bundles(&out).is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(15), "no bundle while the job hangs");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let tl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(bundles(&out)[0].join("timeline.json")).unwrap()).unwrap();
+    assert_eq!(tl["trigger"]["kind"], "nan");
+}

@@ -137,6 +137,49 @@ fn res<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> Value {
     }
 }
 
+type RemapFn = unsafe extern "C" fn(*mut std::ffi::c_void, *mut u32, *mut u32, *mut u32, *mut u32) -> u32;
+
+/// `nvmlDeviceGetRemappedRows` (row remapping, the memory-health record of A100/H100/H200;
+/// Xid 63/64 are its log side). nvml-wrapper 0.11 does not wrap it: the driver's library,
+/// already loaded and initialised by nvml-wrapper, is asked directly.
+fn remapped_rows(dev: &Device) -> Value {
+    static REMAP: std::sync::LazyLock<Option<(libloading::Library, RemapFn)>> = std::sync::LazyLock::new(|| {
+        // SAFETY: the same NVML library nvml-wrapper loaded (a refcounted handle to it).
+        let lib = unsafe { libloading::Library::new("libnvidia-ml.so.1") }.ok()?;
+        // SAFETY: the NVML function of this name has this signature (NVML API reference).
+        let f: RemapFn = *unsafe { lib.get::<RemapFn>(b"nvmlDeviceGetRemappedRows\0") }.ok()?;
+        Some((lib, f))
+    });
+    let Some((_, f)) = REMAP.as_ref() else { return json!({ "unavailable": "nvmlDeviceGetRemappedRows not in this driver's NVML" }) };
+    let (mut corr, mut unc, mut pending, mut failed) = (0u32, 0u32, 0u32, 0u32);
+    // SAFETY: a valid device handle of the initialised NVML and four out-parameters.
+    let r = unsafe { f(dev.handle().cast(), &mut corr, &mut unc, &mut pending, &mut failed) };
+    match r {
+        0 => json!({ "correctable": corr, "uncorrectable": unc, "pending": pending != 0, "failure_occurred": failed != 0 }),
+        3 => json!({ "unavailable": "not supported on this GPU" }),
+        e => json!({ "unavailable": format!("NVML error {e}") }),
+    }
+}
+
+/// NVLink error counters per active link (CRC, replay, recovery), where the GPU has NVLink.
+fn nvlink_errors(dev: &Device) -> Value {
+    use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
+    let mut links = Map::new();
+    for l in 0..18u32 {
+        let link = dev.link_wrapper_for(l);
+        if !matches!(link.is_active(), Ok(true)) {
+            continue;
+        }
+        let c = |k| link.error_counter(k).ok();
+        links.insert(l.to_string(), json!({ "crc_flit": c(ErrorCounter::DlCrcFlit), "crc_data": c(ErrorCounter::DlCrcData), "replay": c(ErrorCounter::DlReplay), "recovery": c(ErrorCounter::DlRecovery) }));
+    }
+    if links.is_empty() {
+        json!({ "active_links": 0 })
+    } else {
+        Value::Object(links)
+    }
+}
+
 /// Per-GPU snapshot (nvidia-smi -q -d ECC,POWER,TEMPERATURE,UTILIZATION + retired pages).
 pub fn device_snapshot(dev: &Device, index: u32) -> Value {
     use nvml_wrapper::enum_wrappers::device::RetirementCause;
@@ -154,7 +197,8 @@ pub fn device_snapshot(dev: &Device, index: u32) -> Value {
             "single_bit": res(dev.retired_pages(RetirementCause::MultipleSingleBitEccErrors).map(|v| v.len())),
             "double_bit": res(dev.retired_pages(RetirementCause::DoubleBitEccError).map(|v| v.len())),
         },
-        "remapped_rows": "not exposed by nvml-wrapper 0.11 (see Xid 63/64 in the kernel log)",
+        "remapped_rows": remapped_rows(dev),
+        "nvlink_errors": nvlink_errors(dev),
         "temperature": { "gpu_c": r.temp_c, "slowdown_c": r.slowdown_temp_c, "shutdown_c": dev.temperature_threshold(TemperatureThreshold::Shutdown).ok() },
         "power": { "draw_w": r.power_mw.map(|p| f64::from(p) / 1000.0), "enforced_limit_w": r.enforced_limit_mw.map(|p| f64::from(p) / 1000.0), "management_limit_w": dev.power_management_limit().ok().map(|p| f64::from(p) / 1000.0) },
         "utilization": { "gpu_pct": r.util_gpu_pct, "memory_pct": r.util_mem_pct },

@@ -175,6 +175,16 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     let mut acc = Acc { out: BTreeMap::new() };
 
     detect::all(&ctx, &mut acc);
+    // Row remapping state at the trigger (NVML): a failed remap, or rows waiting for a reset.
+    for d in snapshot["gpu"]["devices"].as_array().into_iter().flatten() {
+        let (rr, pci) = (&d["remapped_rows"], d["pci"].as_str().unwrap_or("?"));
+        let touches = ctx.job_gpus.contains(pci);
+        if rr["failure_occurred"] == true {
+            acc.add(rules::signal("gpu_remap_failure"), pci, 0.0, touches, || format!("row remapping failed on {pci} (NVML: {} uncorrectable remapped rows)", rr["uncorrectable"]));
+        } else if rr["pending"] == true {
+            acc.add(rules::signal("gpu_remap_pending"), pci, 0.0, touches, || format!("rows of {pci} wait for a GPU reset to be remapped (NVML: {} uncorrectable, {} correctable remapped rows)", rr["uncorrectable"], rr["correctable"]));
+        }
+    }
 
     let ref_name = if nan_off.is_some() { "the first NaN" } else { "the trigger" };
     let mut suspects: Vec<Finding> = acc.out.into_values().collect();

@@ -422,3 +422,19 @@ fn a_gpucheck_disagreement_is_the_top_suspect_and_a_clean_one_is_said() {
     let b = c.analyze();
     assert!(b.verdict.starts_with("NOT THE MACHINE") && b.verdict.contains("2 GPU(s) computed bit-identical"), "{}", b.verdict);
 }
+
+#[test]
+fn nvml_remapped_rows_pending_or_failed_are_suspects() {
+    let mut s = Scenario::healthy();
+    s.snapshot["gpu"]["devices"][0]["remapped_rows"] = json!({ "correctable": 0, "uncorrectable": 2, "pending": true, "failure_occurred": false });
+    let a = s.analyze();
+    assert_eq!(top(&a).signal, "gpu_remap_pending");
+    assert!(top(&a).touches_job && top(&a).text.starts_with("rows of 0000:3b:00.0 wait for a GPU reset"), "{}", top(&a).text);
+    let mut f = Scenario::healthy();
+    f.snapshot["gpu"]["devices"][1]["remapped_rows"] = json!({ "correctable": 0, "uncorrectable": 9, "pending": false, "failure_occurred": true });
+    assert_eq!(top(&f.analyze()).signal, "gpu_remap_failure");
+    // An H200 as recorded: nothing pending.
+    let mut ok = Scenario::healthy();
+    ok.snapshot["gpu"]["devices"][0]["remapped_rows"] = json!({ "correctable": 0, "uncorrectable": 0, "pending": false, "failure_occurred": false });
+    assert!(ok.analyze().suspects.is_empty());
+}

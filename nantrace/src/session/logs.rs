@@ -195,7 +195,25 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         let mut split = LineSplitter::default();
         let mut reader = LineReader::new(scanner);
         let mut last_t = 0;
-        for item in rx {
+        loop {
+            // A line the job left without its newline for a second (`print(..., end="")`, then a
+            // hang) is read as a line: a NaN in it triggers now, not at the job's end.
+            let item = match rx.recv_timeout(Duration::from_secs(1)) {
+                Ok(item) => item,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    let mut last = None;
+                    split.finish(|l| last = Some(l));
+                    if let Some(l) = last {
+                        let mut e = log_event(&mut reader, l, stream, pid, comm);
+                        e.mono_ns = last_t.max(1);
+                        if tx.blocking_send(Input::Log(e)).is_err() {
+                            return;
+                        }
+                    }
+                    continue;
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            };
             let Some((t, chunk)) = item else {
                 split = LineSplitter::default();
                 continue;
