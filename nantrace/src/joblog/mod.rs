@@ -127,6 +127,14 @@ const fn ignore(kind: &'static str, re: &'static str) -> Rule {
 
 use JobFamily::{GpuAmbiguous, GpuHw, GpuOom, Hang, HostMemory, Network, Software, Storage};
 
+/// A CUDA error given only as its number, in the shapes runtimes print it
+/// (`cudaGetDeviceProperties returned 35`, THCudaCheck `error=30`, `cudaStat (0 vs. 39)`).
+macro_rules! cuda_code {
+    ($codes:literal) => {
+        concat!(r"(?i:\bcuda[a-z]\w*(?:\(\))? (?:returned|failed with (?:error )?(?:code )?)\s*:?\s*|THCudaCheck FAIL[^\n]*error=|CUDA error:? |cuda runtime error \(|cudaStat \(0 vs\. )", $codes, r"\b")
+    };
+}
+
 /// The rules, in priority order (the first match wins). Keep docs/log-formats.md in step.
 const RULES: &[Rule] = &[
     // Never evidence.
@@ -176,10 +184,10 @@ const RULES: &[Rule] = &[
     r("nccl_unhandled_cuda", GpuAmbiguous, "NCCL: unhandled CUDA error", r"(?i)unhandled cuda error|ncclUnhandledCudaError|NCCL WARN Cuda failure").generic(),
     // CUDA errors given only as a number (`cudaGetDeviceProperties returned 35`, THCudaCheck
     // `error=30`, `cudaStat (0 vs. 39)`); both the old (<= CUDA 10.0) and the current numbering.
-    r("cuda_code_hw", GpuHw, "CUDA error number of a hardware/driver fault (ECC, launch failure, unknown)", r"(?i:\bcuda[a-z]\w*(?:\(\))? (?:returned|failed with (?:error )?(?:code )?)\s*:?\s*|THCudaCheck FAIL[^\n]*error=|CUDA error:? |cuda runtime error \(|cudaStat \(0 vs\. )(?:214|39|719|999|30)\b"),
-    r("cuda_code_ambiguous", GpuAmbiguous, "CUDA error number of an illegal/misaligned address (hardware or software)", r"(?i:\bcuda[a-z]\w*(?:\(\))? (?:returned|failed with (?:error )?(?:code )?)\s*:?\s*|THCudaCheck FAIL[^\n]*error=|CUDA error:? |cuda runtime error \(|cudaStat \(0 vs\. )(?:700|77|716|715|714)\b"),
-    r("cuda_code_oom", GpuOom, "CUDA error number 2 (out of memory)", r"(?i:\bcuda[a-z]\w*(?:\(\))? (?:returned|failed with (?:error )?(?:code )?)\s*:?\s*|THCudaCheck FAIL[^\n]*error=|CUDA error:? |cuda runtime error \(|cudaStat \(0 vs\. )2\b"),
-    r("cuda_code_config", Software, "CUDA error number of a configuration problem (driver too old, no device, invalid device, no kernel image, assert)", r"(?i:\bcuda[a-z]\w*(?:\(\))? (?:returned|failed with (?:error )?(?:code )?)\s*:?\s*|THCudaCheck FAIL[^\n]*error=|CUDA error:? |cuda runtime error \(|cudaStat \(0 vs\. )(?:35|100|101|209|710|38|10|48|59|803|804)\b"),
+    r("cuda_code_hw", GpuHw, "CUDA error number of a hardware/driver fault (ECC, launch failure, unknown)", cuda_code!("(?:214|39|719|999|30)")),
+    r("cuda_code_ambiguous", GpuAmbiguous, "CUDA error number of an illegal/misaligned address (hardware or software)", cuda_code!("(?:700|77|716|715|714)")),
+    r("cuda_code_oom", GpuOom, "CUDA error number 2 (out of memory)", cuda_code!("2")),
+    r("cuda_code_config", Software, "CUDA error number of a configuration problem (driver too old, no device, invalid device, no kernel image, assert)", cuda_code!("(?:35|100|101|209|710|38|10|48|59|803|804)")),
     // Network.
     r("ib_completion", Network, "InfiniBand/RoCE work completion error", r"(?i)Got completion (?:from peer \S+ )?with (?:error|status)|\bwc(?:\.|_)status\s*[=:]|completion with error|IBV_WC_\w+_ERR|transport retry counter exceeded|RNR retry counter exceeded|Work Request Flushed Error|ibv_poll_cq[^\n]*(?:fail|error)"),
     r("ibv_failure", Network, "RDMA verbs call failed", r"(?i)\bibv_\w+(?:\(\))? failed|Call to ibv_\w+ failed|ibv_\w+ (?:returned|error)|NET/IB ?: [^\n]*(?:failed|error|Error)|rdma_\w+ failed|mlx5\w*: [^\n]*(?:error|fail)|No IB devices? found|IB port \d+ (?:is )?down|ibv_open_device"),

@@ -2,7 +2,6 @@
 //! job's output and collector samples flow into the flight recorder; triggers open an incident;
 //! after the post-window (or the job's end) the bundle is written.
 use std::collections::BTreeMap;
-use std::os::unix::fs::FileTypeExt as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -16,7 +15,7 @@ mod dump;
 mod logs;
 mod pipes;
 use dump::{DumpDone, OwnedDump};
-use pipes::{one_pipe_for_both, same_destination};
+use pipes::{check_log, job_got_it_from_the_terminal, one_pipe_for_both, same_destination};
 pub use logs::{LineReader, LineSplitter};
 
 use crate::bundle::{Host, JobInfo};
@@ -114,26 +113,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         Job::Attach { pid, .. } => vec![*pid],
         Job::Spawn(_) => vec![],
     };
-    let mut probe_error = None;
-    let mut probes = if opts.no_probes {
-        probe_error = Some("disabled with --no-probes".to_string());
-        None
-    } else {
-        match start_probes(&attach_pid, opts.slow_io_ms).map(|mut p| {
-            // In run mode the probes follow the job from nantrace's own fork of it: see below.
-            if matches!(job, Job::Spawn(_)) {
-                let _ = p.add_job_pid(std::process::id());
-            }
-            p
-        }) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                crate::say!("nantrace: WARNING: kernel probes unavailable, recording the job's output only: {e:#}");
-                probe_error = Some(format!("{e:#}"));
-                None
-            }
-        }
-    };
+    let (mut probes, probe_error) = load_probes(&job, &attach_pid, &opts);
     let mut acct = probes.as_ref().map(|p| Accounting::with_probes(&p.status)).unwrap_or_default();
     crate::say!(
         "nantrace: recording ({} kernel probes attached; window {} s, cap {} MiB, post-window {} s)",
@@ -548,38 +528,22 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
     Ok(Outcome { exit_code, bundles, dumped: dumped_any })
 }
 
-/// True when a terminal's own SIGINT/SIGHUP reached the job already: nantrace is in the
-/// terminal's foreground process group, which the job shares.
-fn job_got_it_from_the_terminal() -> bool {
-    for fd in [0, 2] {
-        // SAFETY: isatty/tcgetpgrp/getpgrp only read kernel state for a descriptor we hold.
-        unsafe {
-            if libc::isatty(fd) == 1 {
-                let fg = libc::tcgetpgrp(fd);
-                return fg > 0 && fg == libc::getpgrp();
+/// The kernel probes, or why there are none (log-only evidence then, and the bundle says so).
+fn load_probes(job: &Job, attach_pid: &[u32], opts: &SessionOpts) -> (Option<crate::probes::Probes>, Option<String>) {
+    if opts.no_probes {
+        return (None, Some("disabled with --no-probes".to_string()));
+    }
+    match start_probes(attach_pid, opts.slow_io_ms) {
+        Ok(mut p) => {
+            // In run mode the probes follow the job from nantrace's own fork of it: see `run`.
+            if matches!(job, Job::Spawn(_)) {
+                let _ = p.add_job_pid(std::process::id());
             }
+            (Some(p), None)
+        }
+        Err(e) => {
+            crate::say!("nantrace: WARNING: kernel probes unavailable, recording the job's output only: {e:#}");
+            (None, Some(format!("{e:#}")))
         }
     }
-    false
 }
-
-/// `--log` that can never be read is an error; one that does not exist yet is waited for
-/// (redteam 1.11, 1.12, 1.14).
-fn check_log(l: &std::path::Path) -> anyhow::Result<()> {
-    match std::fs::metadata(l) {
-        Ok(m) if m.is_dir() => anyhow::bail!("--log {} is a directory, not a log file", l.display()),
-        Ok(m) if m.file_type().is_fifo() || m.is_file() => {
-            // O_NONBLOCK: opening a FIFO without a writer must not block the check.
-            use std::os::unix::fs::OpenOptionsExt as _;
-            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(l).with_context(|| format!("--log {} cannot be read", l.display()))?;
-            Ok(())
-        }
-        Ok(_) => anyhow::bail!("--log {} is not a regular file or a pipe", l.display()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            crate::say!("nantrace: --log {} does not exist yet: waiting for it", l.display());
-            Ok(())
-        }
-        Err(e) => Err(e).with_context(|| format!("--log {}", l.display())),
-    }
-}
-

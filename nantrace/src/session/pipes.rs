@@ -1,4 +1,8 @@
-//! The job's stdout and stderr: one pipe for both when nantrace's own lead to one file.
+//! The job's stdio and log paths: one pipe for stdout and stderr when nantrace's own lead to
+//! one file, the terminal's own signals, `--log` checks.
+use anyhow::Context as _;
+use std::os::unix::fs::FileTypeExt as _;
+
 /// Do nantrace's stdout and stderr lead to the same file (`2>&1`, one terminal)?
 pub(super) fn same_destination() -> bool {
     // SAFETY: fstat on our own descriptors with valid out-parameters.
@@ -24,5 +28,41 @@ pub(super) fn one_pipe_for_both(cmd: &mut tokio::process::Command) -> Option<tok
     let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(r).ok()?;
     cmd.stdout(std::process::Stdio::from(w)).stderr(std::process::Stdio::from(w2));
     Some(rx)
+}
+
+
+/// True when a terminal's own SIGINT/SIGHUP reached the job already: nantrace is in the
+/// terminal's foreground process group, which the job shares.
+pub(super) fn job_got_it_from_the_terminal() -> bool {
+    for fd in [0, 2] {
+        // SAFETY: isatty/tcgetpgrp/getpgrp only read kernel state for a descriptor we hold.
+        unsafe {
+            if libc::isatty(fd) == 1 {
+                let fg = libc::tcgetpgrp(fd);
+                return fg > 0 && fg == libc::getpgrp();
+            }
+        }
+    }
+    false
+}
+
+/// `--log` that can never be read is an error; one that does not exist yet is waited for
+/// (redteam 1.11, 1.12, 1.14).
+pub(super) fn check_log(l: &std::path::Path) -> anyhow::Result<()> {
+    match std::fs::metadata(l) {
+        Ok(m) if m.is_dir() => anyhow::bail!("--log {} is a directory, not a log file", l.display()),
+        Ok(m) if m.file_type().is_fifo() || m.is_file() => {
+            // O_NONBLOCK: opening a FIFO without a writer must not block the check.
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(l).with_context(|| format!("--log {} cannot be read", l.display()))?;
+            Ok(())
+        }
+        Ok(_) => anyhow::bail!("--log {} is not a regular file or a pipe", l.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            crate::say!("nantrace: --log {} does not exist yet: waiting for it", l.display());
+            Ok(())
+        }
+        Err(e) => Err(e).with_context(|| format!("--log {}", l.display())),
+    }
 }
 

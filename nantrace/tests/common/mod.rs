@@ -4,7 +4,8 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::os::unix::fs::PermissionsExt as _;
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -214,6 +215,62 @@ pub fn out_dir(tag: &str) -> PathBuf {
 pub fn only_bundle(out: &Path) -> PathBuf {
     let b: Vec<PathBuf> = std::fs::read_dir(out).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("nantrace-")).collect();
     assert_eq!(b.len(), 1, "expected exactly one bundle in {}: {b:?}", out.display());
+    b[0].clone()
+}
+
+
+// Helpers of the hostile suites (tests/hostile.rs, tests/hostile_output.rs).
+
+/// A scratch directory for one hostile test, removed at the end.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("nantrace-hostile-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Scratch(p)
+    }
+    pub fn join(&self, s: &str) -> PathBuf {
+        self.0.join(s)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn nantrace(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(BIN);
+    c.args(args).stdin(Stdio::null());
+    // The tests' own environment may come from sudo: the default must not depend on it.
+    c.env_remove("SUDO_UID").env_remove("SUDO_GID").env_remove("SUDO_USER");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run nantrace")
+}
+
+pub fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+pub fn bundles(out: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(out).map(|d| d.flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("nantrace-") && !p.ends_with("nantrace-..") && p.is_dir() && !p.is_symlink()).collect()).unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// A real bundle, made with `run --no-probes` (log-only evidence).
+pub fn make_bundle(dir: &Scratch, name: &str) -> PathBuf {
+    let out = dir.join(name);
+    let o = nantrace(&["run", "--no-probes", "--post", "1", "--out", out.to_str().unwrap(), "--", "sh", "-c", "echo 'HOSTILE-bundle step 1 loss nan'; exit 3"], &[]);
+    assert_eq!(o.status.code(), Some(3), "{:?}", text(&o));
+    let b = bundles(&out);
+    assert_eq!(b.len(), 1, "{:?}", text(&o));
     b[0].clone()
 }
 
