@@ -46,7 +46,12 @@ impl Accounting {
 
 /// Load the probes, seed the job's pids, and report what did not attach on stderr.
 pub fn start_probes(pids: &[u32], slow_io_ms: f64) -> anyhow::Result<Probes> {
-    let opts = Options { slow_io_ns: (slow_io_ms * 1e6) as u64, whole_machine: pids.is_empty(), ..Options::default() };
+    start_probes_with(pids, slow_io_ms, pids.is_empty())
+}
+
+/// As [`start_probes`]; `whole_machine`: abnormal exits and fatal signals of every process.
+pub fn start_probes_with(pids: &[u32], slow_io_ms: f64, whole_machine: bool) -> anyhow::Result<Probes> {
+    let opts = Options { slow_io_ns: (slow_io_ms * 1e6) as u64, whole_machine, ..Options::default() };
     let mut probes = Probes::load(&opts).context("starting the kernel probes")?;
     for s in &probes.status {
         if !s.attached {

@@ -189,3 +189,10 @@ pub fn snapshot(root_pid: Option<u32>) -> Value {
         "scheduler": scheduler::snapshot(root_pid, &env_map),
     })
 }
+
+/// A process's command line, redacted (empty when it is gone or a kernel thread).
+pub fn cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| redact::argv(&b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect::<Vec<_>>()))
+        .unwrap_or_default()
+}

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
+use super::Dumped;
 use crate::bundle::{self, Host, Incident, JobInfo};
 use crate::clock::ClockMap;
 use crate::event::Event;
@@ -20,6 +21,8 @@ pub(super) struct OwnedDump {
     pub(super) accounting: serde_json::Value,
     /// The recorder's two lanes (evidence, logs), moved here.
     pub(super) lanes: (Vec<Event>, Vec<Event>),
+    /// The agent's node-wide events (hardware, other processes' I/O), copied.
+    pub(super) shared: Vec<Event>,
     pub(super) window_pre_s: f64,
     pub(super) post_s: f64,
     /// The snapshot taken at the first trigger (awaited on the dump's thread, not the loop's).
@@ -29,9 +32,15 @@ pub(super) struct OwnedDump {
 /// What a dump says when it is done, and the bundle it wrote.
 pub(super) struct DumpDone {
     pub(super) lines: Vec<String>,
-    pub(super) dir: Option<PathBuf>,
+    pub(super) result: Dumped,
     /// The recorder's lanes, handed back for the next incident's history.
     pub(super) lanes: Option<(Vec<Event>, Vec<Event>)>,
+}
+
+impl DumpDone {
+    pub(super) fn failed(line: String) -> Self {
+        Self { lines: vec![line], result: Dumped { dir: None, verdict: None, family: None, top_suspect: None, trigger: String::new() }, lanes: None }
+    }
 }
 
 impl OwnedDump {
@@ -40,7 +49,11 @@ impl OwnedDump {
             Some(t) => tokio::runtime::Handle::current().block_on(t).unwrap_or_else(|e| json!({ "error": format!("snapshot collector failed: {e}") })),
             None => json!({ "error": "no snapshot taken" }),
         };
-        let order = Recorder::by_time(&self.lanes);
+        let mut order = Recorder::by_time(&self.lanes);
+        if !self.shared.is_empty() {
+            order.extend(self.shared.iter());
+            order.sort_by_key(|e| e.mono_ns);
+        }
         let inc = Incident {
             host: &self.host,
             clock: &self.clock,
@@ -52,7 +65,7 @@ impl OwnedDump {
             post_s: self.post_s,
         };
         let mut lines = Vec::new();
-        let mut dir = None;
+        let mut result = Dumped { dir: None, verdict: None, family: None, top_suspect: None, trigger: self.triggers.first().map(|t| t.kind.name().to_string()).unwrap_or_default() };
         match bundle::write(&self.out, &inc, &snapshot) {
             Ok(w) => {
                 for f in &w.failures {
@@ -62,14 +75,17 @@ impl OwnedDump {
                     lines.push(format!("nantrace: ERROR: no file of the bundle could be written (see above); {} is empty", w.dir.display()));
                 } else {
                     lines.push(crate::export::summary(&w.dir, &inc, Some(&w.analysis.verdict)));
-                    dir = Some(w.dir);
+                    result.verdict = Some(w.analysis.verdict.clone());
+                    result.family = Some(w.analysis.family.clone());
+                    result.top_suspect = w.analysis.suspects.first().map(|f| f.text.clone());
+                    result.dir = Some(w.dir);
                 }
             }
             Err(e) => lines.push(format!("nantrace: ERROR: could not write the bundle under {}: {e}", self.out.display())),
         }
         drop(inc);
         drop(order);
-        DumpDone { lines, dir, lanes: Some(self.lanes) }
+        DumpDone { lines, result, lanes: Some(self.lanes) }
     }
 }
 

@@ -265,17 +265,46 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     scan.ok()
 }
 
+/// How a followed file holds the job's lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// The job's output as it printed it.
+    Plain,
+    /// A container runtime's log file (CRI or Docker json-file): records joined into lines.
+    Cri,
+}
+
 /// Follow a log file like `tail -F`: survives rotation (new inode) and truncation.
-pub(super) fn follow_file(path: PathBuf, pid: u32, scanner: Scanner, tx: mpsc::Sender<Input>) {
+/// `owner`: the file is read only while it belongs to this uid (or root) and is not a symlink
+/// (the agent follows paths a job chose: a link to a root-only file is not read as root).
+pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32>, scanner: Scanner, tx: mpsc::Sender<Input>) {
     std::thread::spawn(move || {
         let comm = comm_of(pid);
         let mut reader = LineReader::new(scanner);
+        let mut cri = super::cri::CriJoiner::default();
         let mut file: Option<(std::fs::File, u64)> = None;
         let mut pos = 0u64;
         let mut split = LineSplitter::default();
         let mut first = true;
+        let mut refused = false;
         let mut buf = vec![0u8; 64 * 1024];
+        let mut lines: Vec<String> = Vec::new();
         let wake = DirWatch::new(&path);
+        let mut send = |lines: &mut Vec<String>| -> bool {
+            for l in lines.drain(..) {
+                let (stream, text) = match format {
+                    LogFormat::Plain => (0, l),
+                    LogFormat::Cri => match cri.push(&l) {
+                        Some(x) => x,
+                        None => continue,
+                    },
+                };
+                if tx.blocking_send(Input::Log(log_event(&mut reader, text, stream, pid, comm))).is_err() {
+                    return false;
+                }
+            }
+            true
+        };
         loop {
             if tx.is_closed() {
                 return;
@@ -294,26 +323,38 @@ pub(super) fn follow_file(path: PathBuf, pid: u32, scanner: Scanner, tx: mpsc::S
                         if n == 0 {
                             break;
                         }
-                        split.push(&buf[..n], |l| { let _ = tx.blocking_send(Input::Log(log_event(&mut reader, l, 0, pid, comm))); });
+                        split.push(&buf[..n], |l| lines.push(l));
                     }
-                    split.finish(|l| { let _ = tx.blocking_send(Input::Log(log_event(&mut reader, l, 0, pid, comm))); });
+                    split.finish(|l| lines.push(l));
+                    if !send(&mut lines) {
+                        return;
+                    }
                 }
-                if let (Ok(mut f), Some(m)) = (std::fs::File::open(&path), &meta) {
-                    // On attach, start up to 256 KiB back so the bundle has the recent history.
-                    pos = if first { m.len().saturating_sub(256 * 1024) } else { 0 };
-                    let _ = f.seek(SeekFrom::Start(pos));
-                    if first && pos > 0 {
-                        split = LineSplitter::default();
-                        let mut skip = [0u8; 1];
-                        while let Ok(1) = f.read(&mut skip) {
-                            pos += 1;
-                            if skip[0] == b'\n' {
-                                break;
+                file = None;
+                match open_log(&path, owner) {
+                    Ok((mut f, m)) => {
+                        refused = false;
+                        // On attach, start up to 256 KiB back so the bundle has the recent history.
+                        pos = if first { m.len().saturating_sub(256 * 1024) } else { 0 };
+                        let _ = f.seek(SeekFrom::Start(pos));
+                        if first && pos > 0 {
+                            split = LineSplitter::default();
+                            let mut skip = [0u8; 1];
+                            while let Ok(1) = f.read(&mut skip) {
+                                pos += 1;
+                                if skip[0] == b'\n' {
+                                    break;
+                                }
                             }
                         }
+                        first = false;
+                        file = Some((f, m.ino()));
                     }
-                    first = false;
-                    file = Some((f, m.ino()));
+                    Err(e) if !refused => {
+                        refused = true;
+                        crate::say!("nantrace: WARNING: not reading {}: {e}", path.display());
+                    }
+                    Err(_) => {}
                 }
             } else if let (Some((f, _)), Some(m)) = (file.as_mut(), &meta) {
                 if m.len() < pos {
@@ -329,7 +370,10 @@ pub(super) fn follow_file(path: PathBuf, pid: u32, scanner: Scanner, tx: mpsc::S
                         break;
                     }
                     pos += n as u64;
-                    split.push(&buf[..n], |l| { let _ = tx.blocking_send(Input::Log(log_event(&mut reader, l, 0, pid, comm))); });
+                    split.push(&buf[..n], |l| lines.push(l));
+                    if !send(&mut lines) {
+                        return;
+                    }
                 }
             }
             // Woken by any change in the log's directory (a write, a rotation), else every
@@ -341,6 +385,26 @@ pub(super) fn follow_file(path: PathBuf, pid: u32, scanner: Scanner, tx: mpsc::S
             }
         }
     });
+}
+
+/// Open a log to follow; with `owner`, only a regular file (not a link) owned by that uid or
+/// root, opened without following a link.
+fn open_log(path: &std::path::Path, owner: Option<u32>) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let Some(uid) = owner else {
+        let f = std::fs::File::open(path)?;
+        let m = f.metadata()?;
+        return Ok((f, m));
+    };
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)?;
+    let m = f.metadata()?;
+    if !m.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    if m.uid() != uid && m.uid() != 0 {
+        return Err(std::io::Error::other(format!("owned by uid {}, not by the job's user {uid}", m.uid())));
+    }
+    Ok((f, m))
 }
 
 /// inotify on a log file's directory: reports writes to the file, and its rotation.

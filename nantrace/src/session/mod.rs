@@ -4,28 +4,31 @@
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use serde_json::json;
 use tokio::sync::mpsc;
 
+mod cri;
 mod dump;
+mod kernel;
 mod logs;
 mod pipes;
+pub use kernel::Kernel;
 use dump::{DumpDone, OwnedDump};
 use pipes::{check_log, job_got_it_from_the_terminal, one_pipe_for_both, same_destination};
-pub use logs::{LineReader, LineSplitter};
+pub use logs::{follow_file, LineReader, LineSplitter, LogFormat};
 
 use crate::bundle::{Host, JobInfo};
 use crate::clock::{monotonic_ns, ClockMap};
 use crate::event::{comm_from, Detail, Event};
 use crate::nanscan::Scanner;
-use logs::{follow_file, pump};
+use logs::pump;
 use crate::recorder::Recorder;
 use crate::trigger::{self, Enabled, Fired, TriggerKind};
-use crate::watch::{start_probes, Accounting};
 
 #[derive(Clone, Debug)]
 pub struct SessionOpts {
@@ -78,7 +81,9 @@ pub enum Job {
     Attach { pid: u32, logs: Vec<PathBuf> },
 }
 
-enum Input {
+/// What reaches a session: kernel batches, the job's lines, collector samples, the job's end,
+/// triggers from outside.
+pub enum Input {
     Kernel(Vec<Event>),
     Log(Event),
     Samples(Vec<Event>),
@@ -95,39 +100,404 @@ pub struct Outcome {
     pub dumped: bool,
 }
 
+/// One bundle written (or not), as the agent's metrics and webhook see it.
+#[derive(Clone, Debug)]
+pub struct Dumped {
+    pub dir: Option<PathBuf>,
+    pub verdict: Option<String>,
+    pub family: Option<String>,
+    pub top_suspect: Option<String>,
+    pub trigger: String,
+}
+
+/// How the job is tied to the session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// nantrace started the job: its exit status comes from `wait`, signals to nantrace go on
+    /// to the job.
+    Spawn,
+    /// A job that was already running (attach, the agent): its exit status comes from the
+    /// kernel's exit event of its root.
+    Follow,
+}
+
+/// One job's recorder: its window, its incident state machine, its dumps. Fed by `on_input`,
+/// advanced by `step`; `drive` does both until the job and its last dump are over.
+pub struct Session {
+    opts: SessionOpts,
+    enabled: Enabled,
+    host: Host,
+    pub info: JobInfo,
+    mode: Mode,
+    rec: Recorder,
+    counts: BTreeMap<&'static str, u64>,
+    incident: Vec<Fired>,
+    deadline: Option<u64>,
+    seen_nan: bool,
+    seen_job_error: bool,
+    last_job_error: u64,
+    job_done: bool,
+    finish: bool,
+    /// When the last dump ended: a signal received while dumping is answered by that dump,
+    /// not by a second, duplicate bundle (6.5, 6.6).
+    last_dump_end: u64,
+    dumping_since: Option<u64>,
+    quiet_exit: bool,
+    /// The dump runs on a blocking thread while the session goes on draining the job's output
+    /// and the kernel stream (redteam 2.8: the job was blocked 12.9 s by an inline dump).
+    dump_task: Option<tokio::task::JoinHandle<DumpDone>>,
+    snapshot_task: Option<tokio::task::JoinHandle<serde_json::Value>>,
+    /// The job's context (environment, libraries, cgroup), refreshed while it is alive.
+    pub job_ctx: Arc<Mutex<Option<serde_json::Value>>>,
+    clock: ClockMap,
+    last_clock: u64,
+    bundles: Vec<PathBuf>,
+    dumped_any: bool,
+    /// Bytes of the job's output passed through but not scanned (the scanner was behind).
+    pub not_scanned: Arc<AtomicU64>,
+    /// Said before every line this session prints (the agent: the job's name).
+    label: String,
+    /// Called with each dump's result (the agent's metrics, webhook, spool).
+    on_dump: Option<Box<dyn Fn(&Dumped) + Send>>,
+}
+
+impl Session {
+    pub fn new(opts: SessionOpts, info: JobInfo, mode: Mode) -> Self {
+        let rec = Recorder::new((opts.window_s * 1e9) as u64, opts.mem_cap_mb.saturating_mul(1 << 20));
+        Self {
+            enabled: Enabled::all_but(&opts.no_trigger),
+            host: Host::read(),
+            info,
+            mode,
+            rec,
+            counts: BTreeMap::new(),
+            incident: Vec::new(),
+            deadline: None,
+            seen_nan: false,
+            seen_job_error: false,
+            last_job_error: 0,
+            job_done: false,
+            finish: false,
+            last_dump_end: 0,
+            dumping_since: None,
+            quiet_exit: false,
+            dump_task: None,
+            snapshot_task: None,
+            job_ctx: Arc::new(Mutex::new(None)),
+            clock: ClockMap::sample(),
+            last_clock: monotonic_ns(),
+            bundles: Vec::new(),
+            dumped_any: false,
+            not_scanned: Arc::new(AtomicU64::new(0)),
+            label: String::new(),
+            on_dump: None,
+            opts,
+        }
+    }
+
+    /// A prefix for this session's messages (`job slurm:42: `).
+    pub fn with_label(mut self, label: String) -> Self {
+        self.label = label;
+        self
+    }
+
+    pub fn on_dump(mut self, f: impl Fn(&Dumped) + Send + 'static) -> Self {
+        self.on_dump = Some(Box::new(f));
+        self
+    }
+
+    /// Bytes held by this session's recorder.
+    pub fn recorder_bytes(&self) -> usize {
+        self.rec.bytes()
+    }
+
+    /// An incident is open or being written.
+    pub fn busy(&self) -> bool {
+        !self.incident.is_empty() || self.dump_task.is_some()
+    }
+
+    fn say(&self, line: &str) {
+        if self.label.is_empty() {
+            crate::say!("{line}");
+        } else {
+            crate::say!("nantrace: {}{}", self.label, line.strip_prefix("nantrace: ").unwrap_or(line));
+        }
+    }
+
+    fn fire(&mut self, f: Fired) {
+        if !self.enabled.on(f.kind) {
+            return;
+        }
+        self.say(&format!("nantrace: trigger {}: {}", f.kind.name(), crate::term::clean(&f.reason.chars().take(160).collect::<String>())));
+        self.rec.push(Event { mono_ns: f.mono_ns, pid: 0, tid: 0, comm: crate::event::Comm::NONE, job: false, detail: Detail::Trigger { kind: f.kind.name(), reason: Box::new(f.reason.clone()) } });
+        if self.incident.is_empty() {
+            self.deadline = Some(monotonic_ns() + (self.opts.post_s * 1e9) as u64);
+        }
+        self.incident.push(f);
+    }
+
+    /// A kernel event or a sample of this job.
+    pub fn on_event(&mut self, e: Event) {
+        *self.counts.entry(e.source()).or_default() += 1;
+        if let Some(f) = trigger::from_event(&e, self.seen_nan) {
+            self.fire(f);
+        }
+        if self.mode == Mode::Follow {
+            if let (Detail::Exit { code, signal }, Some(root)) = (&e.detail, self.info.root_pid) {
+                if e.pid == root {
+                    self.info.exit_code = (*code >= 0).then_some(*code);
+                    self.info.exit_signal = (*signal > 0).then_some(*signal);
+                }
+            }
+        }
+        self.rec.push(e);
+    }
+
+    /// A line of the job's output.
+    pub fn on_log(&mut self, e: Event) {
+        *self.counts.entry("log").or_default() += 1;
+        if let Some(f) = trigger::from_event_seen(&e, self.seen_nan, self.seen_job_error) {
+            self.seen_nan |= f.kind == TriggerKind::Nan;
+            if f.kind == TriggerKind::JobError {
+                self.seen_job_error = true;
+                self.last_job_error = monotonic_ns();
+            }
+            self.fire(f);
+        }
+        self.rec.push(e);
+    }
+
+    /// The job has ended (`code`/`signal` from `wait` in spawn mode; from the kernel otherwise).
+    pub fn on_exit(&mut self, code: Option<i32>, signal: Option<i32>) {
+        self.job_done = true;
+        if self.mode == Mode::Spawn {
+            self.info.exit_code = code;
+            self.info.exit_signal = signal;
+        }
+        let now = monotonic_ns();
+        let (code, signal) = (self.info.exit_code, self.info.exit_signal);
+        let root = self.info.root_pid.unwrap_or(0);
+        if self.quiet_exit && self.incident.is_empty() {
+            self.say(&format!("nantrace: the job ended ({}) after the signal that the last bundle answered", crate::export::exit_text(code, signal)));
+        } else if let Some(s) = signal {
+            self.fire(Fired { kind: TriggerKind::Signal, mono_ns: now, reason: format!("job {root} ended by {}", crate::event::signal_name(s)) });
+        } else if let Some(c) = code.filter(|c| *c != 0) {
+            self.fire(Fired { kind: TriggerKind::Exit, mono_ns: now, reason: format!("job {root} exited with code {c}") });
+        }
+        if self.incident.is_empty() {
+            self.finish = true;
+        } else {
+            self.deadline = Some(self.deadline.unwrap_or(now).min(now + 500_000_000));
+        }
+    }
+
+    /// A trigger from outside (a signal to nantrace, a trigger file, `ctl dump`, a node-wide
+    /// event the agent routed here), received at `at`.
+    pub fn on_fire(&mut self, kind: TriggerKind, reason: String, at: u64) {
+        let now = monotonic_ns();
+        let during_dump = at <= self.last_dump_end || self.dumping_since.is_some_and(|s| at >= s);
+        if !during_dump {
+            self.fire(Fired { kind, mono_ns: now, reason });
+        }
+        if kind == TriggerKind::Manual {
+            if self.mode == Mode::Spawn && !self.job_done {
+                // The signal went on to the job: its end ends the session. Its death by a
+                // signal that the last dump already answered is not a new incident.
+                self.quiet_exit |= during_dump;
+            } else {
+                self.finish = true;
+                if !self.incident.is_empty() {
+                    self.deadline = Some(now + 300_000_000);
+                }
+            }
+        }
+    }
+
+    pub fn on_input(&mut self, input: Input) {
+        match input {
+            Input::Kernel(batch) | Input::Samples(batch) => batch.into_iter().for_each(|e| self.on_event(e)),
+            Input::Log(e) => self.on_log(e),
+            Input::JobExit { code, signal } => self.on_exit(code, signal),
+            Input::Fire(kind, reason, at) => self.on_fire(kind, reason, at),
+        }
+    }
+
+    /// Periodic work: the snapshot at the first trigger, the window's expiry, a finished dump
+    /// collected, a due dump started. `node`: the agent's node-wide recorder, whose window
+    /// joins this job's in its bundle. Returns true when the session is over.
+    pub async fn step(&mut self, kernel: &Kernel, node: Option<&Mutex<Recorder>>) -> bool {
+        if !self.incident.is_empty() && self.snapshot_task.is_none() {
+            // The state at the trigger (not at the dump, when the job may be gone).
+            let (root, cached) = (self.info.root_pid, self.job_ctx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone());
+            self.snapshot_task = Some(tokio::task::spawn_blocking(move || crate::collect::snapshot_with(root, cached)));
+        }
+        let now = monotonic_ns();
+        if now - self.last_clock > 10_000_000_000 {
+            self.clock = ClockMap::sample();
+            self.last_clock = now;
+        }
+        self.rec.expire(now);
+        // Once its incident is written, a later failure line can open the next one (at most
+        // one a minute: a job that prints an error per step does not write a bundle per step).
+        if self.seen_job_error && self.incident.is_empty() && self.dump_task.is_none() && now.saturating_sub(self.last_job_error) > 60_000_000_000 {
+            self.seen_job_error = false;
+        }
+        if self.dump_task.as_ref().is_some_and(tokio::task::JoinHandle::is_finished) {
+            let done = self.dump_task.take().expect("checked").await.unwrap_or_else(|e| DumpDone::failed(format!("nantrace: ERROR: the dump failed: {e}")));
+            self.collect_dump(done);
+            if self.job_done && self.incident.is_empty() {
+                self.finish = true;
+            }
+        }
+        if self.deadline.is_some_and(|d| now >= d) && !self.incident.is_empty() && self.dump_task.is_none() {
+            self.start_dump(kernel, node);
+        }
+        self.finish && self.incident.is_empty() && self.dump_task.is_none()
+    }
+
+    fn collect_dump(&mut self, mut done: DumpDone) {
+        if let Some(l) = done.lanes.take() {
+            self.rec.restore(l);
+        }
+        for l in &done.lines {
+            self.say(l);
+        }
+        if let Some(f) = &self.on_dump {
+            f(&done.result);
+        }
+        self.bundles.extend(done.result.dir.clone());
+        self.dumped_any = true;
+        self.last_dump_end = monotonic_ns();
+        self.dumping_since = None;
+    }
+
+    fn start_dump(&mut self, kernel: &Kernel, node: Option<&Mutex<Recorder>>) {
+        // From here a signal is answered by this dump, not by a second bundle (6.5, 6.6).
+        self.dumping_since = Some(monotonic_ns());
+        let mut accounting = kernel.accounting(&self.counts);
+        accounting["recorder"] = serde_json::to_value(self.rec.stats()).unwrap_or_default();
+        accounting["injected"] = json!(self.opts.injected);
+        accounting["log_bytes_not_scanned"] = json!(self.not_scanned.load(Ordering::Relaxed));
+        // The node's window (the agent): copied, as other jobs share it.
+        let shared = node.map(|n| {
+            let n = n.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            accounting["node_recorder"] = serde_json::to_value(n.stats()).unwrap_or_default();
+            n.iter().cloned().collect::<Vec<Event>>()
+        });
+        // The window moves to the dump (no copy: the dump's memory is the recorder's).
+        let d = OwnedDump {
+            out: self.opts.out.clone(),
+            host: self.host.clone(),
+            clock: self.clock,
+            triggers: std::mem::take(&mut self.incident),
+            job: self.info.clone(),
+            accounting,
+            lanes: self.rec.take_lanes(),
+            shared: shared.unwrap_or_default(),
+            window_pre_s: self.opts.window_s,
+            post_s: self.opts.post_s,
+            snapshot: self.snapshot_task.take(),
+        };
+        self.dump_task = Some(tokio::task::spawn_blocking(move || d.write()));
+        self.deadline = None;
+    }
+
+    /// Feed and advance the session until it is over; then wait for a dump still running.
+    pub async fn drive(mut self, mut rx: mpsc::Receiver<Input>, kernel: Arc<Kernel>, node: Option<Arc<Mutex<Recorder>>>) -> Outcome {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                input = rx.recv() => match input {
+                    Some(i) => self.on_input(i),
+                    None => break,
+                },
+                _ = tick.tick() => {}
+            }
+            if self.step(&kernel, node.as_deref()).await {
+                break;
+            }
+        }
+        // A dump still running when the inputs ended is waited for, not abandoned.
+        if let Some(t) = self.dump_task.take() {
+            if let Ok(done) = t.await {
+                self.collect_dump(done);
+            }
+        }
+        let unscanned = self.not_scanned.load(Ordering::Relaxed);
+        if unscanned > 0 {
+            self.say(&format!("nantrace: WARNING: {unscanned} bytes of the job's output were passed through but not scanned (a flood faster than the scanner): a NaN or an error line in them was not seen"));
+        }
+        let exit_code = match (self.info.exit_code, self.info.exit_signal) {
+            (_, Some(s)) => 128 + s,
+            (Some(c), None) => c,
+            (None, None) => 0,
+        };
+        Outcome { exit_code, bundles: self.bundles, dumped: self.dumped_any }
+    }
+}
+
+/// Refresh the job's context while it is alive (every 5 s); a changed container id (restart,
+/// migration) or a rising cgroup OOM counter is an event.
+pub fn spawn_context_refresh(root: u32, ctx: Arc<Mutex<Option<serde_json::Value>>>, tx: mpsc::Sender<Input>) {
+    tokio::spawn(async move {
+        let mut wait = Duration::from_millis(500);
+        loop {
+            tokio::time::sleep(wait).await;
+            wait = Duration::from_secs(5);
+            if tx.is_closed() {
+                break;
+            }
+            match tokio::task::spawn_blocking(move || crate::collect::job_context(root)).await {
+                Ok(Some(c)) => {
+                    let prev = ctx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).replace(c.clone());
+                    let changes = prev.map(|p| crate::collect::scheduler::changes(&p["scheduler"], &c["scheduler"])).unwrap_or_default();
+                    if !changes.is_empty() {
+                        let batch = changes
+                            .into_iter()
+                            .map(|change| {
+                                let mut f = serde_json::Map::new();
+                                f.insert("change".into(), json!(change));
+                                crate::collect::system::sample_event(monotonic_ns(), crate::source::Source::SchedulerChange, f)
+                            })
+                            .collect();
+                        let _ = tx.send(Input::Samples(batch)).await;
+                    }
+                }
+                _ => break,
+            }
+        }
+    });
+}
+
 /// Run a session to its end; returns the job's exit code (run mode) and the bundles written.
 pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
     let mut scanner = Scanner::new(&opts.nan_patterns).context("--nan-pattern")?;
     scanner.grad_rule = opts.grad_rule;
     // A bundle that cannot be written must be said before hours of training, not after.
     crate::safefs::check_out_dir(&opts.out)?;
-    let enabled = Enabled::all_but(&opts.no_trigger);
-    let host = Host::read();
-    let (tx, mut rx) = mpsc::channel::<Input>(4096);
-    // Bytes of the job's output passed through but not scanned (the scanner was behind).
-    let not_scanned = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let (tx, rx) = mpsc::channel::<Input>(4096);
 
     // Kernel probes: degrade to log-only evidence when they cannot load, and say so.
-    let attach_pid = match &job {
-        Job::Attach { pid, .. } => vec![*pid],
-        Job::Spawn(_) => vec![],
-    };
-    let (mut probes, probe_error) = load_probes(&job, &attach_pid, &opts);
-    let mut acct = probes.as_ref().map(|p| Accounting::with_probes(&p.status)).unwrap_or_default();
+    let kernel = Arc::new(match &job {
+        _ if opts.no_probes => Kernel::none("disabled with --no-probes"),
+        Job::Attach { pid, .. } => Kernel::load(&[*pid], opts.slow_io_ms, false),
+        // In run mode the probes follow the job from nantrace's own fork of it (below).
+        Job::Spawn(_) => {
+            let k = Kernel::load(&[], opts.slow_io_ms, true);
+            k.add_pid(std::process::id());
+            k
+        }
+    });
     crate::say!(
         "nantrace: recording ({} kernel probes attached; window {} s, cap {} MiB, post-window {} s)",
-        probes.as_ref().map_or(0, |p| p.attached()),
+        kernel.attached(),
         opts.window_s,
         opts.mem_cap_mb,
         opts.post_s
     );
-    let mut reader_stats = None;
-    if let Some(p) = probes.as_mut() {
-        let ring = p.take_ring()?;
+    {
         let (ktx, mut krx) = mpsc::channel(256);
-        let (stats, _h) = crate::stream::spawn(ring, ktx);
-        reader_stats = Some(stats);
+        kernel.start_stream(ktx)?;
         let tx2 = tx.clone();
         tokio::spawn(async move {
             while let Some(b) = krx.recv().await {
@@ -138,8 +508,11 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         });
     }
 
+    let mode = if matches!(job, Job::Spawn(_)) { Mode::Spawn } else { Mode::Follow };
+    let session = Session::new(opts.clone(), JobInfo::default(), mode);
+    let not_scanned = session.not_scanned.clone();
+    let mut session = session;
     // The job.
-    let mut info = JobInfo::default();
     match &job {
         Job::Spawn(argv) => {
             anyhow::ensure!(!argv.is_empty(), "no command given after --");
@@ -170,19 +543,14 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             // nantrace's own pid is in the job map while it forks the child, so the kernel map
             // holds the child from its first instruction (no race with early worker forks).
             let spawned = cmd.spawn();
-            let me = std::process::id();
-            if let Some(p) = probes.as_mut() {
-                if let Ok(c) = &spawned {
-                    if let Some(pid) = c.id() {
-                        let _ = p.add_job_pid(pid);
-                    }
-                }
-                let _ = p.remove_job_pid(me);
+            if let Some(pid) = spawned.as_ref().ok().and_then(tokio::process::Child::id) {
+                kernel.add_pid(pid);
             }
+            kernel.remove_pid(std::process::id());
             let mut child = spawned.with_context(|| format!("starting {:?}", argv[0]))?;
             let pid = child.id().unwrap_or(0);
-            info.root_pid = Some(pid);
-            info.command = crate::collect::redact::argv(argv);
+            session.info.root_pid = Some(pid);
+            session.info.command = crate::collect::redact::argv(argv);
             let comm = comm_from(std::path::Path::new(&argv[0]).file_name().and_then(|s| s.to_str()).unwrap_or("job"));
             let (out, err) = match merged {
                 Some(rx) => (
@@ -212,26 +580,16 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             });
         }
         Job::Attach { pid, logs } => {
-            info.root_pid = Some(*pid);
-            info.command = std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|b| crate::collect::redact::argv(&b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect::<Vec<_>>()))
-                .unwrap_or_default();
+            session.info.root_pid = Some(*pid);
+            session.info.command = crate::collect::cmdline(*pid);
             if !crate::correlate::alive(*pid) {
                 anyhow::bail!("pid {pid} does not exist");
             }
             for l in logs {
                 check_log(l)?;
-                follow_file(l.clone(), *pid, scanner.clone(), tx.clone());
+                follow_file(l.clone(), *pid, LogFormat::Plain, None, scanner.clone(), tx.clone());
             }
-            // The root's end: from /proc (the kernel exit event, when seen, gives the code).
-            let (tx2, pid) = (tx.clone(), *pid);
-            tokio::spawn(async move {
-                while crate::correlate::alive(pid) {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                let _ = tx2.send(Input::JobExit { code: None, signal: None }).await;
-            });
+            watch_root_alive(*pid, tx.clone());
         }
     }
 
@@ -243,7 +601,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         let mut int = signal(SignalKind::interrupt())?;
         let mut term = signal(SignalKind::terminate())?;
         let mut hup = signal(SignalKind::hangup())?;
-        let child = info.root_pid.filter(|_| matches!(job, Job::Spawn(_)));
+        let child = session.info.root_pid.filter(|_| matches!(job, Job::Spawn(_)));
         // Run mode: SIGINT, SIGHUP and SIGTERM go on to the job at once (6.1, 6.3, 6.6); the
         // bundle is written when the job has ended (or the post-window is over), and nantrace
         // exits with the job's status. A terminal's Ctrl-C or hangup already reached the job
@@ -285,265 +643,28 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             }
         });
     }
-    crate::collect::spawn_samplers(opts.sample_s, info.root_pid, {
+    crate::collect::spawn_samplers(opts.sample_s, session.info.root_pid, {
         let tx2 = tx.clone();
         move |batch| tx2.try_send(Input::Samples(batch)).is_ok()
     });
-    // The job's context (environment, libraries, cgroup) while it is alive, refreshed; a
-    // changed container id (restart, migration) or a rising cgroup OOM counter is an event.
-    let job_ctx = std::sync::Arc::new(std::sync::Mutex::new(None::<serde_json::Value>));
-    if let Some(root) = info.root_pid {
-        let ctx = job_ctx.clone();
-        let tx3 = tx.clone();
-        tokio::spawn(async move {
-            let mut wait = Duration::from_millis(500);
-            loop {
-                tokio::time::sleep(wait).await;
-                wait = Duration::from_secs(5);
-                match tokio::task::spawn_blocking(move || crate::collect::job_context(root)).await {
-                    Ok(Some(c)) => {
-                        let prev = ctx.lock().unwrap().replace(c.clone());
-                        let changes = prev.map(|p| crate::collect::scheduler::changes(&p["scheduler"], &c["scheduler"])).unwrap_or_default();
-                        if !changes.is_empty() {
-                            let batch = changes.into_iter().map(|change| {
-                                let mut f = serde_json::Map::new();
-                                f.insert("change".into(), json!(change));
-                                crate::collect::system::sample_event(monotonic_ns(), crate::source::Source::SchedulerChange, f)
-                            }).collect();
-                            let _ = tx3.send(Input::Samples(batch)).await;
-                        }
-                    }
-                    _ => break,
-                }
-            }
-        });
+    if let Some(root) = session.info.root_pid {
+        spawn_context_refresh(root, session.job_ctx.clone(), tx.clone());
     }
-    let mut snapshot_task: Option<tokio::task::JoinHandle<serde_json::Value>> = None;
     drop(tx);
-
-    let mut rec = Recorder::new((opts.window_s * 1e9) as u64, opts.mem_cap_mb.saturating_mul(1 << 20));
-    let mut clock = ClockMap::sample();
-    let mut last_clock = monotonic_ns();
-    let mut incident: Vec<Fired> = Vec::new();
-    let mut deadline: Option<u64> = None;
-    let mut seen_nan = false;
-    let mut seen_job_error = false;
-    let mut last_job_error = 0u64;
-    let mut job_done = false;
-    let mut finish = false;
-    let mut bundles = Vec::new();
-    // When the last dump ended: a signal received while dumping is answered by that dump,
-    // not by a second, duplicate bundle (6.5, 6.6).
-    let mut last_dump_end = 0u64;
-    let mut dumped_any = false;
-    // The dump runs on a blocking thread while this loop goes on draining the job's output
-    // and the kernel stream (redteam 2.8: the job was blocked 12.9 s by an inline dump).
-    let mut dump_task: Option<tokio::task::JoinHandle<DumpDone>> = None;
-    let mut dumping_since: Option<u64> = None;
-    let mut quiet_exit = false;
-    let root = info.root_pid.unwrap_or(0);
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    let post_ns = (opts.post_s * 1e9) as u64;
-    let grace_ns = 500_000_000u64;
-
-    let fire = |f: Fired, incident: &mut Vec<Fired>, deadline: &mut Option<u64>, rec: &mut Recorder| {
-        if !enabled.on(f.kind) {
-            return;
-        }
-        crate::say!("nantrace: trigger {}: {}", f.kind.name(), crate::term::clean(&f.reason.chars().take(160).collect::<String>()));
-        rec.push(Event { mono_ns: f.mono_ns, pid: 0, tid: 0, comm: crate::event::Comm::NONE, job: false, detail: Detail::Trigger { kind: f.kind.name(), reason: Box::new(f.reason.clone()) } });
-        if incident.is_empty() {
-            *deadline = Some(monotonic_ns() + post_ns);
-        }
-        incident.push(f);
-    };
-
-    loop {
-        tokio::select! {
-            input = rx.recv() => {
-                let Some(input) = input else { break };
-                match input {
-                    Input::Kernel(batch) | Input::Samples(batch) => {
-                        for e in batch {
-                            *counts.entry(e.source()).or_default() += 1;
-                            if let Some(f) = trigger::from_event(&e, seen_nan) {
-                                fire(f, &mut incident, &mut deadline, &mut rec);
-                            }
-                            if matches!(job, Job::Attach { .. }) {
-                                if let Detail::Exit { code, signal } = e.detail {
-                                    if e.pid == root {
-                                        info.exit_code = (code >= 0).then_some(code);
-                                        info.exit_signal = (signal > 0).then_some(signal);
-                                    }
-                                }
-                            }
-                            rec.push(e);
-                        }
-                    }
-                    Input::Log(e) => {
-                        *counts.entry("log").or_default() += 1;
-                        if let Some(f) = trigger::from_event_seen(&e, seen_nan, seen_job_error) {
-                            seen_nan |= f.kind == TriggerKind::Nan;
-                            if f.kind == TriggerKind::JobError {
-                                seen_job_error = true;
-                                last_job_error = monotonic_ns();
-                            }
-                            fire(f, &mut incident, &mut deadline, &mut rec);
-                        }
-                        rec.push(e);
-                    }
-                    Input::JobExit { code, signal } => {
-                        job_done = true;
-                        if matches!(job, Job::Spawn(_)) {
-                            info.exit_code = code;
-                            info.exit_signal = signal;
-                        }
-                        let now = monotonic_ns();
-                        let (code, signal) = (info.exit_code, info.exit_signal);
-                        if quiet_exit && incident.is_empty() {
-                            crate::say!("nantrace: the job ended ({}) after the signal that the last bundle answered", crate::export::exit_text(code, signal));
-                        } else if let Some(s) = signal {
-                            fire(Fired { kind: TriggerKind::Signal, mono_ns: now, reason: format!("job {root} ended by {}", crate::event::signal_name(s)) }, &mut incident, &mut deadline, &mut rec);
-                        } else if let Some(c) = code.filter(|c| *c != 0) {
-                            fire(Fired { kind: TriggerKind::Exit, mono_ns: now, reason: format!("job {root} exited with code {c}") }, &mut incident, &mut deadline, &mut rec);
-                        }
-                        if incident.is_empty() {
-                            finish = true;
-                        } else {
-                            deadline = Some(deadline.unwrap_or(now).min(now + grace_ns));
-                        }
-                    }
-                    Input::Fire(kind, reason, at) => {
-                        let now = monotonic_ns();
-                        let during_dump = at <= last_dump_end || dumping_since.is_some_and(|s| at >= s);
-                        if !during_dump {
-                            fire(Fired { kind, mono_ns: now, reason }, &mut incident, &mut deadline, &mut rec);
-                        }
-                        if kind == TriggerKind::Manual {
-                            if matches!(job, Job::Spawn(_)) && !job_done {
-                                // The signal went on to the job: its end ends the session. Its
-                                // death by a signal that the last dump already answered is
-                                // not a new incident.
-                                quiet_exit |= during_dump;
-                            } else {
-                                finish = true;
-                                if !incident.is_empty() {
-                                    deadline = Some(now + 300_000_000);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            _ = tick.tick() => {}
-        }
-        if !incident.is_empty() && snapshot_task.is_none() {
-            // The state at the trigger (not at the dump, when the job may be gone).
-            let (root, cached) = (info.root_pid, job_ctx.lock().unwrap().clone());
-            snapshot_task = Some(tokio::task::spawn_blocking(move || crate::collect::snapshot_with(root, cached)));
-        }
-        let now = monotonic_ns();
-        if now - last_clock > 10_000_000_000 {
-            clock = ClockMap::sample();
-            last_clock = now;
-        }
-        rec.expire(now);
-        // Once its incident is written, a later failure line can open the next one (at most
-        // one a minute: a job that prints an error per step does not write a bundle per step).
-        if seen_job_error && incident.is_empty() && dump_task.is_none() && now.saturating_sub(last_job_error) > 60_000_000_000 {
-            seen_job_error = false;
-        }
-        if let Some(t) = dump_task.as_ref().filter(|t| t.is_finished()) {
-            let _ = t;
-            let done = dump_task.take().expect("checked").await.unwrap_or_else(|e| DumpDone { lines: vec![format!("nantrace: ERROR: the dump failed: {e}")], dir: None, lanes: None });
-            if let Some(l) = done.lanes {
-                rec.restore(l);
-            }
-            for l in &done.lines {
-                crate::say!("{l}");
-            }
-            bundles.extend(done.dir);
-            dumped_any = true;
-            last_dump_end = monotonic_ns();
-            dumping_since = None;
-            if job_done && incident.is_empty() {
-                finish = true;
-            }
-        }
-        if deadline.is_some_and(|d| now >= d) && !incident.is_empty() && dump_task.is_none() {
-            // From here a signal is answered by this dump, not by a second bundle (6.5, 6.6).
-            dumping_since = Some(monotonic_ns());
-            if let Some(p) = probes.as_ref() {
-                acct.kernel_drops = p.drops().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-            }
-            acct.events = counts.iter().map(|(k, v)| ((*k).to_string(), *v)).collect();
-            acct.decode_errors = reader_stats.as_ref().map_or(0, |s| s.decode_errors.load(Ordering::Relaxed));
-            let mut accounting = serde_json::to_value(&acct)?;
-            accounting["recorder"] = serde_json::to_value(rec.stats())?;
-            accounting["probes_error"] = json!(probe_error);
-            if let Some(p) = probes.as_ref() {
-                accounting["io_latency_histograms_log2_us"] = json!(p.io_histograms().into_iter().map(|(d, h)| (format!("{}:{}", d >> 20, d & 0xfffff), h)).collect::<BTreeMap<_, _>>());
-            }
-            accounting["injected"] = json!(opts.injected);
-            accounting["log_bytes_not_scanned"] = json!(not_scanned.load(Ordering::Relaxed));
-            // The window moves to the dump (no copy: the dump's memory is the recorder's).
-            let d = OwnedDump {
-                out: opts.out.clone(),
-                host: host.clone(),
-                clock,
-                triggers: std::mem::take(&mut incident),
-                job: info.clone(),
-                accounting,
-                lanes: rec.take_lanes(),
-                window_pre_s: opts.window_s,
-                post_s: opts.post_s,
-                snapshot: snapshot_task.take(),
-            };
-            dump_task = Some(tokio::task::spawn_blocking(move || d.write()));
-            deadline = None;
-        }
-        if finish && incident.is_empty() && dump_task.is_none() {
-            break;
-        }
-    }
-    // A dump still running when the inputs ended is waited for, not abandoned.
-    if let Some(t) = dump_task.take() {
-        if let Ok(done) = t.await {
-            for l in &done.lines {
-                crate::say!("{l}");
-            }
-            bundles.extend(done.dir);
-            dumped_any = true;
-        }
-    }
-    let unscanned = not_scanned.load(Ordering::Relaxed);
-    if unscanned > 0 {
-        crate::say!("nantrace: WARNING: {unscanned} bytes of the job's output were passed through but not scanned (a flood faster than the scanner): a NaN or an error line in them was not seen");
-    }
-    let exit_code = match (info.exit_code, info.exit_signal) {
-        (_, Some(s)) => 128 + s,
-        (Some(c), None) => c,
-        (None, None) => 0,
-    };
-    Ok(Outcome { exit_code, bundles, dumped: dumped_any })
+    Ok(session.drive(rx, kernel, None).await)
 }
 
-/// The kernel probes, or why there are none (log-only evidence then, and the bundle says so).
-fn load_probes(job: &Job, attach_pid: &[u32], opts: &SessionOpts) -> (Option<crate::probes::Probes>, Option<String>) {
-    if opts.no_probes {
-        return (None, Some("disabled with --no-probes".to_string()));
-    }
-    match start_probes(attach_pid, opts.slow_io_ms) {
-        Ok(mut p) => {
-            // In run mode the probes follow the job from nantrace's own fork of it: see `run`.
-            if matches!(job, Job::Spawn(_)) {
-                let _ = p.add_job_pid(std::process::id());
+/// The end of a process nantrace did not start: from /proc (the kernel's exit event, when
+/// seen, gives the code).
+pub fn watch_root_alive(pid: u32, tx: mpsc::Sender<Input>) {
+    tokio::spawn(async move {
+        while crate::correlate::alive(pid) {
+            if tx.is_closed() {
+                return;
             }
-            (Some(p), None)
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        Err(e) => {
-            crate::say!("nantrace: WARNING: kernel probes unavailable, recording the job's output only: {e:#}");
-            (None, Some(format!("{e:#}")))
-        }
-    }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _ = tx.send(Input::JobExit { code: None, signal: None }).await;
+    });
 }
