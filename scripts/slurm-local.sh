@@ -242,9 +242,9 @@ cmd_down() {
   if [ "${NANTRACE_SLURM_KEEP:-0}" = 1 ]; then
     log "down; state kept in $DIR"
   elif [ -d "$DIR" ]; then
-    rm -rf "$DIR"; log "down; removed $DIR"
+    rm -rf "$DIR" "$DIR.lock"; log "down; removed $DIR"
   else
-    log "down (nothing was running)"
+    rm -f "$DIR.lock"; log "down (nothing was running)"
   fi
 }
 
