@@ -260,10 +260,12 @@ cmd_status() {
   squeue || true
 }
 
-mkdir -p "$(dirname "$DIR")"
-# Daemons are started with 9>&- so they do not inherit (and hold) this lock.
-exec 9>"$DIR.lock"
-flock -w 120 9 || die "another slurm-local.sh holds $DIR.lock"
+if [ "${1:-}" = up ] || [ "${1:-}" = down ]; then
+  mkdir -p "$(dirname "$DIR")"
+  # Daemons are started with 9>&- so they do not inherit (and hold) this lock.
+  exec 9>"$DIR.lock"
+  flock -w 120 9 || die "another slurm-local.sh holds $DIR.lock"
+fi
 
 case "${1:-}" in
   up) cmd_up ;;
