@@ -53,6 +53,10 @@ pub struct JobInfo {
     pub command: Vec<String>,
     pub exit_code: Option<i32>,
     pub exit_signal: Option<i32>,
+    /// The agent: which job this is (Slurm job/step/user, pod/namespace/container, or a
+    /// process tree) and why it was watched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity: Option<Value>,
 }
 
 /// What one incident holds: everything the bundle is made from, nothing filled in later.

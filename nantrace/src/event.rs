@@ -109,6 +109,16 @@ pub struct Aer {
     pub tlp_header: Option<[u32; 4]>,
 }
 
+/// The `ras:aer_event` severity code, named.
+pub fn aer_severity_name(code: u32) -> &'static str {
+    match code {
+        0 => "uncorrected_nonfatal",
+        1 => "uncorrected_fatal",
+        2 => "corrected",
+        _ => "unknown",
+    }
+}
+
 /// A line of the job's output.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LogLine {
@@ -272,13 +282,7 @@ impl Event {
             Detail::Aer(a) => {
                 put("device", a.device.clone().into());
                 put("status", format!("{:#010x}", a.status).into());
-                let sev = match a.severity {
-                    0 => "uncorrected_nonfatal",
-                    1 => "uncorrected_fatal",
-                    2 => "corrected",
-                    _ => "unknown",
-                };
-                put("aer_severity", sev.into());
+                put("aer_severity", aer_severity_name(a.severity).into());
                 put("severity", match a.severity { 1 => "critical", 0 => "error", _ => "warning" }.into());
                 put("tlp_header", a.tlp_header.map_or(Value::Null, |t| json!(t.map(|w| format!("{w:08x}")))));
             }

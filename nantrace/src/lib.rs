@@ -17,6 +17,7 @@ pub mod collect;
 pub mod export;
 pub mod nanscan;
 pub mod session;
+pub mod agent;
 pub mod source;
 pub mod trigger;
 pub mod demo;

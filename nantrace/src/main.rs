@@ -211,6 +211,56 @@ enum Cmd {
         #[arg(long, hide = true)]
         corrupt_test: Option<u32>,
     },
+    /// The node agent: finds training jobs by itself (GPU users, Slurm jobs, pods, command
+    /// patterns), records each one, writes bundles to a spool; control socket and /metrics
+    Agent {
+        /// Config file (TOML; every key optional: docs/agent.md)
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Where bundles go (default /var/lib/nantrace/incidents)
+        #[arg(long)]
+        spool: Option<PathBuf>,
+        /// Control socket (default /run/nantrace/agent.sock)
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Prometheus address (default 127.0.0.1:9464; "" = off)
+        #[arg(long)]
+        metrics_addr: Option<String>,
+        /// Also watch processes whose command line matches this regex (repeatable)
+        #[arg(long = "match")]
+        match_commands: Vec<String>,
+        /// Device path prefix that makes a process a GPU job (repeatable; default /dev/nvidia)
+        #[arg(long = "gpu-device")]
+        gpu_devices: Vec<String>,
+        /// Slurm jobs to watch: gpu (default) or all
+        #[arg(long)]
+        slurm_jobs: Option<String>,
+        /// Seconds recorded after a trigger
+        #[arg(long, value_parser = secs(0.0, 3600.0))]
+        post: Option<f64>,
+        /// No eBPF (log and exit evidence only)
+        #[arg(long)]
+        no_probes: bool,
+        /// TESTS ONLY: discover jobs in this /proc-shaped directory
+        #[arg(long, hide = true)]
+        proc_root: Option<PathBuf>,
+    },
+    /// Talk to a running agent: status, jobs, incidents, dump [--job ID], report --last,
+    /// slurm-prolog, slurm-epilog
+    Ctl {
+        cmd: String,
+        /// dump: the job (key from `ctl jobs`, Slurm job id, or root pid); default: every job
+        #[arg(long)]
+        job: Option<String>,
+        /// report: the newest incident (the only choice for now)
+        #[arg(long)]
+        last: bool,
+        #[arg(long, default_value = "/run/nantrace/agent.sock")]
+        socket: PathBuf,
+        /// Print the agent's JSON answer as it is
+        #[arg(long)]
+        json: bool,
+    },
     /// What this machine supports: privileges, tracefs, BTF, each probe, NVML
     Doctor {
         #[arg(long)]
@@ -260,27 +310,6 @@ fn session_outcome(job: Job, opts: SessionOpts) -> anyhow::Result<nantrace::sess
     Ok(out)
 }
 
-/// `run --gpucheck`: the job has exited (its GPUs are free); a NaN bundle without hardware
-/// evidence gets a silent-data-corruption check of the GPUs, and its report says the result.
-fn gpucheck_after(bundles: &[PathBuf]) {
-    let mut result: Option<serde_json::Value> = None;
-    for b in bundles {
-        let Ok((a, t, _)) = nantrace::report::for_bundle(b) else { continue };
-        if t["first_nan"].is_null() || a.machine {
-            continue;
-        }
-        let v = result.get_or_insert_with(|| {
-            say!("nantrace: NaN without hardware evidence: checking the GPUs for silent data corruption (nantrace gpucheck)");
-            nantrace::gpucheck::run(&nantrace::gpucheck::Opts::default())
-        });
-        say!("{}", nantrace::term::clean_lines(nantrace::gpucheck::summary(v).trim_end()));
-        match nantrace::gpucheck::into_bundle(b, v) {
-            Ok(()) => say!("nantrace: gpucheck.json added to {}", b.display()),
-            Err(e) => say!("nantrace: WARNING: could not add gpucheck.json to {}: {e:#}", b.display()),
-        }
-    }
-}
-
 /// A file nantrace writes by itself (snapshot --out): see `safefs::write_file_0600`.
 fn write_0600(path: &std::path::Path, data: &[u8]) -> anyhow::Result<()> {
     nantrace::safefs::write_file_0600(path, data).with_context(|| format!("writing {}", path.display()))
@@ -318,9 +347,37 @@ fn main() -> anyhow::Result<()> {
             opts.unbuffered = !who.no_unbuffered;
             let out = session_outcome(Job::Spawn(cmd), opts)?;
             if who.gpucheck {
-                gpucheck_after(&out.bundles);
+                nantrace::gpucheck::after_nan(&out.bundles);
             }
             out.exit_code
+        }
+        Cmd::Agent { config, spool, socket, metrics_addr, match_commands, gpu_devices, slurm_jobs, post, no_probes, proc_root } => {
+            let args = nantrace::agent::Args { config, spool_dir: spool, socket, metrics_addr, match_commands, gpu_devices, slurm_jobs, post_s: post, no_probes, proc_root };
+            runtime()?.block_on(nantrace::agent::run(args))?;
+            0
+        }
+        Cmd::Ctl { cmd, job, last: _, socket, json } => {
+            let mut req = serde_json::json!({ "cmd": cmd });
+            if let Some(j) = job {
+                req["job"] = j.into();
+            }
+            if cmd == "slurm-prolog" || cmd == "slurm-epilog" {
+                // From Slurm's prolog/epilog environment. Never fail the job's allocation:
+                // an unreachable agent is a message, exit 0.
+                req["job_id"] = std::env::var("SLURM_JOB_ID").unwrap_or_default().into();
+                match nantrace::agent::ctl::request(&socket, &req) {
+                    Ok(v) => say!("nantrace: {cmd}: {v}"),
+                    Err(e) => say!("nantrace: {cmd}: {e:#}"),
+                }
+                return Ok(());
+            }
+            let v = nantrace::agent::ctl::request(&socket, &req)?;
+            if json {
+                sayout!("{v}");
+            } else {
+                nantrace::agent::ctl::print(&cmd, &v);
+            }
+            0
         }
         Cmd::Attach { pid, logs, rec } => session(Job::Attach { pid, logs }, rec.opts())?,
         Cmd::Demo { scenario, rec } => {

@@ -104,6 +104,21 @@ impl Recorder {
         }
     }
 
+    /// A new memory cap (the agent shares one budget among its jobs): over it, the oldest
+    /// events go now, counted as memory evictions. Shrinking the queues gives memory back.
+    pub fn set_cap(&mut self, cap_bytes: usize) {
+        self.cap_bytes = cap_bytes;
+        while self.bytes() > self.cap_bytes && self.len() > 1 {
+            let log = self.logs.bytes >= self.evidence.bytes && !self.logs.events.is_empty();
+            if let Some(src) = self.pop_front(log || self.evidence.events.is_empty()) {
+                *self.evicted_mem_src.entry(src).or_default() += 1;
+                self.evicted_mem += 1;
+            }
+        }
+        self.logs.events.shrink_to_fit();
+        self.evidence.events.shrink_to_fit();
+    }
+
     /// Drop events older than the window, relative to `now_mono_ns`.
     pub fn expire(&mut self, now_mono_ns: u64) {
         let horizon = now_mono_ns.saturating_sub(self.window_ns);

@@ -23,6 +23,8 @@ pub enum TriggerKind {
     JobError,
     /// SIGUSR1 sent to nantrace.
     Usr1,
+    /// `nantrace ctl dump` (the agent).
+    Ctl,
     /// The `--trigger-file` appeared.
     File,
     /// SIGINT/SIGTERM to nantrace: dump what there is, then exit.
@@ -30,7 +32,7 @@ pub enum TriggerKind {
 }
 
 impl TriggerKind {
-    pub const ALL: [TriggerKind; 9] = [
+    pub const ALL: [TriggerKind; 10] = [
         TriggerKind::Nan,
         TriggerKind::Exit,
         TriggerKind::Signal,
@@ -38,6 +40,7 @@ impl TriggerKind {
         TriggerKind::Xid,
         TriggerKind::JobError,
         TriggerKind::Usr1,
+        TriggerKind::Ctl,
         TriggerKind::File,
         TriggerKind::Manual,
     ];
@@ -51,6 +54,7 @@ impl TriggerKind {
             TriggerKind::Xid => "xid",
             TriggerKind::JobError => "job-error",
             TriggerKind::Usr1 => "usr1",
+            TriggerKind::Ctl => "ctl",
             TriggerKind::File => "file",
             TriggerKind::Manual => "manual",
         }

@@ -100,6 +100,8 @@ pub fn snapshot(pid: Option<u32>, env: &BTreeMap<String, String>) -> Value {
         json!({
             "job_id": id,
             "step_id": env.get("SLURM_STEP_ID"),
+            "user": env.get("SLURM_JOB_USER"),
+            "partition": env.get("SLURM_JOB_PARTITION"),
             "node_list": env.get("SLURM_JOB_NODELIST").or(env.get("SLURM_NODELIST")),
             "nodes": env.get("SLURM_JOB_NUM_NODES"),
             "procid": env.get("SLURM_PROCID"),

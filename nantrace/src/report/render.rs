@@ -26,6 +26,24 @@ pub fn md(s: &str) -> String {
 }
 
 /// report.md (also report.txt): the answer first, then suspects, what was checked, the facts.
+/// The agent's record of which job this is, in words (Slurm job/step/user, pod, process tree).
+pub fn job_identity(id: &Value) -> Option<String> {
+    let sch = &id["scheduler"];
+    let s = |k: &str| sch[k].as_str().map(str::to_string).or_else(|| sch[k].as_u64().map(|v| v.to_string()));
+    let text = match sch["kind"].as_str()? {
+        "slurm" => format!("Slurm job {}{}{}", s("job_id")?, s("step_id").map_or(String::new(), |x| format!(", step {x}")), s("user").map_or(String::new(), |u| format!(", user {u}"))),
+        "kubernetes" => format!(
+            "Kubernetes pod {}{} (uid {}){}",
+            s("namespace").map_or(String::new(), |n| format!("{n}/")),
+            s("pod").unwrap_or_else(|| "?".into()),
+            s("pod_uid")?,
+            s("container_id").map_or(String::new(), |c| format!(", container {}", &c[..c.len().min(12)]))
+        ),
+        _ => format!("process tree of pid {}{}", s("root_pid")?, s("user").map_or(String::new(), |u| format!(", user {u}"))),
+    };
+    Some(format!("{text} (watched by the agent, found by {})", id["found_by"].as_str().unwrap_or("?")))
+}
+
 pub fn markdown(a: &Analysis, timeline: &Value) -> String {
     let mut s = String::new();
     s.push_str("# nantrace incident report\n\n");
@@ -33,6 +51,9 @@ pub fn markdown(a: &Analysis, timeline: &Value) -> String {
     s.push_str(&format!("- trigger: {} at {} — {}\n", md(timeline["trigger"]["kind"].as_str().unwrap_or("?")), md(timeline["trigger"]["time"].as_str().unwrap_or("?")), md(timeline["trigger"]["reason"].as_str().unwrap_or(""))));
     s.push_str(&format!("- {}\n", md(&a.reference)));
     s.push_str(&format!("- host {} (kernel {})\n", md(timeline["host"]["hostname"].as_str().unwrap_or("?")), md(timeline["host"]["kernel"].as_str().unwrap_or("?"))));
+    if let Some(line) = job_identity(&timeline["job"]["identity"]) {
+        s.push_str(&format!("- job: {}\n", md(&line)));
+    }
     if let Some(i) = a.facts["injected"].as_str() {
         s.push_str(&format!("- NOTE: {i} (this incident was staged)\n"));
     }

@@ -90,6 +90,8 @@ pub enum Input {
     JobExit { code: Option<i32>, signal: Option<i32> },
     /// A trigger from outside, with the time it was received.
     Fire(TriggerKind, String, u64),
+    /// The recorder's share of the agent's budget changed (bytes).
+    Budget(usize),
 }
 
 /// What the session did, for the caller (exit code) and tests.
@@ -319,6 +321,7 @@ impl Session {
             Input::Log(e) => self.on_log(e),
             Input::JobExit { code, signal } => self.on_exit(code, signal),
             Input::Fire(kind, reason, at) => self.on_fire(kind, reason, at),
+            Input::Budget(bytes) => self.rec.set_cap(bytes),
         }
     }
 

@@ -1,0 +1,162 @@
+//! The agent's configuration: a TOML file (every key optional; unknown keys are an error, so a
+//! typo is not silently ignored), then command-line flags. Reloaded on SIGHUP.
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Where bundles are written (created 0700).
+    pub spool_dir: PathBuf,
+    /// The spool's size limit; the oldest bundles go first.
+    pub spool_max_mb: u64,
+    /// Bundles older than this are removed (0: kept until the size limit).
+    pub spool_max_age_days: f64,
+    /// The control socket (root only, 0600).
+    pub socket: PathBuf,
+    /// Prometheus `/metrics` address ("" = off). Loopback by default.
+    pub metrics_addr: String,
+    /// How often /proc is scanned for new jobs.
+    pub scan_interval_ms: u64,
+    /// Device paths whose open descriptor makes a process a training job (prefixes).
+    pub gpu_devices: Vec<String>,
+    /// Command lines (regular expressions) that make a process a training job, GPU or not.
+    pub match_commands: Vec<String>,
+    /// Slurm jobs to watch: "gpu" (those that use a GPU or match a pattern) or "all".
+    pub slurm_jobs: String,
+    /// Kubernetes container logs.
+    pub pod_log_dir: PathBuf,
+    /// The node's memory budget for recording (MiB): half for node-wide events, half shared by
+    /// the jobs.
+    pub mem_cap_mb: usize,
+    pub window_s: f64,
+    pub post_s: f64,
+    pub sample_s: f64,
+    pub slow_io_ms: f64,
+    /// Triggers that are off (`nan`, `exit`, `signal`, `oom`, `xid`, `job-error`, ...).
+    pub no_trigger: Vec<String>,
+    /// Extra NaN patterns (regular expressions).
+    pub nan_patterns: Vec<String>,
+    /// POST a JSON summary of each incident here (http:// only; "" = off).
+    pub webhook_url: String,
+    pub webhook_timeout_s: f64,
+    pub webhook_retries: u32,
+    /// After a NaN bundle without hardware evidence, check the job's GPUs for silent data
+    /// corruption (`nantrace gpucheck`) once no watched job uses a GPU.
+    pub gpucheck_after_nan: bool,
+    /// At most this many jobs are watched at once (more are listed as not watched).
+    pub max_jobs: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            spool_dir: PathBuf::from("/var/lib/nantrace/incidents"),
+            spool_max_mb: 10_240,
+            spool_max_age_days: 30.0,
+            socket: PathBuf::from("/run/nantrace/agent.sock"),
+            metrics_addr: "127.0.0.1:9464".into(),
+            scan_interval_ms: 500,
+            gpu_devices: vec!["/dev/nvidia".into()],
+            match_commands: Vec::new(),
+            slurm_jobs: "gpu".into(),
+            pod_log_dir: PathBuf::from("/var/log/pods"),
+            mem_cap_mb: 512,
+            window_s: 600.0,
+            post_s: 15.0,
+            sample_s: 1.0,
+            slow_io_ms: 50.0,
+            no_trigger: Vec::new(),
+            nan_patterns: Vec::new(),
+            webhook_url: String::new(),
+            webhook_timeout_s: 5.0,
+            webhook_retries: 3,
+            gpucheck_after_nan: true,
+            max_jobs: 64,
+        }
+    }
+}
+
+impl Config {
+    /// The file (when given; a missing default path is not an error) then checks.
+    pub fn load(path: Option<&Path>) -> anyhow::Result<Self> {
+        let c = match path {
+            Some(p) if p.exists() => {
+                let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+                toml::from_str(&text).with_context(|| format!("{}", p.display()))?
+            }
+            Some(p) if p != Path::new(DEFAULT_PATH) => anyhow::bail!("config file {} does not exist", p.display()),
+            _ => Config::default(),
+        };
+        c.check()?;
+        Ok(c)
+    }
+
+    pub fn check(&self) -> anyhow::Result<()> {
+        for p in &self.match_commands {
+            regex::Regex::new(p).with_context(|| format!("match_commands: {p:?}"))?;
+        }
+        for t in &self.no_trigger {
+            anyhow::ensure!(crate::trigger::TriggerKind::parse(t).is_some(), "no_trigger: unknown trigger {t:?}");
+        }
+        anyhow::ensure!(matches!(self.slurm_jobs.as_str(), "gpu" | "all"), "slurm_jobs must be \"gpu\" or \"all\", not {:?}", self.slurm_jobs);
+        anyhow::ensure!(self.webhook_url.is_empty() || self.webhook_url.starts_with("http://"), "webhook_url: only http:// is supported (put a local relay in front of an https endpoint)");
+        if !self.metrics_addr.is_empty() {
+            self.metrics_addr.parse::<std::net::SocketAddr>().with_context(|| format!("metrics_addr {:?}", self.metrics_addr))?;
+        }
+        anyhow::ensure!(self.mem_cap_mb >= 16, "mem_cap_mb must be at least 16");
+        anyhow::ensure!(self.max_jobs >= 1, "max_jobs must be at least 1");
+        Ok(())
+    }
+
+    pub fn session_opts(&self) -> crate::session::SessionOpts {
+        crate::session::SessionOpts {
+            out: self.spool_dir.clone(),
+            window_s: self.window_s,
+            mem_cap_mb: (self.mem_cap_mb / 2).max(8),
+            post_s: self.post_s,
+            no_trigger: self.no_trigger.iter().filter_map(|t| crate::trigger::TriggerKind::parse(t)).collect(),
+            trigger_file: None,
+            nan_patterns: self.nan_patterns.clone(),
+            grad_rule: crate::nanscan::GradRule::Auto,
+            slow_io_ms: self.slow_io_ms,
+            sample_s: self.sample_s,
+            no_probes: false,
+            injected: None,
+            run_as: None,
+            unbuffered: false,
+        }
+    }
+}
+
+pub const DEFAULT_PATH: &str = "/etc/nantrace/agent.toml";
+
+#[cfg(test)]
+mod tests {
+    use super::Config;
+
+    #[test]
+    fn every_key_is_optional_and_typos_are_errors() {
+        let c: Config = toml::from_str("").unwrap();
+        assert_eq!(c.metrics_addr, "127.0.0.1:9464");
+        let c: Config = toml::from_str("spool_max_mb = 100\nmatch_commands = ['python .*train']\n").unwrap();
+        assert_eq!(c.spool_max_mb, 100);
+        c.check().unwrap();
+        assert!(toml::from_str::<Config>("spool_max_bytes = 1").is_err());
+        let bad: Config = toml::from_str("match_commands = ['(']").unwrap();
+        assert!(bad.check().is_err());
+        let bad: Config = toml::from_str("webhook_url = 'https://x'").unwrap();
+        assert!(bad.check().unwrap_err().to_string().contains("http://"));
+        let bad: Config = toml::from_str("no_trigger = ['nam']").unwrap();
+        assert!(bad.check().is_err());
+    }
+
+    #[test]
+    fn the_shipped_config_parses() {
+        let text = include_str!("../../../dist/agent.toml");
+        let c: Config = toml::from_str(text).unwrap();
+        c.check().unwrap();
+    }
+}

@@ -1,0 +1,148 @@
+//! The control socket: a Unix socket (0600, in a 0700 directory) answering one JSON request
+//! per connection, from root only (SO_PEERCRED); and `nantrace ctl`, its client.
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+use tokio::sync::{mpsc, oneshot};
+
+/// A request and where its answer goes.
+pub type Request = (Value, oneshot::Sender<Value>);
+
+/// Bind the socket: its directory is created 0700 (or must be root's and not writable by
+/// others); a stale socket is replaced, anything else at the path is an error (never
+/// followed, never removed).
+pub fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _};
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !dir.exists() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let dm = std::fs::symlink_metadata(dir).with_context(|| format!("{}", dir.display()))?;
+    anyhow::ensure!(dm.is_dir(), "socket directory {} is not a directory (a link?)", dir.display());
+    // SAFETY: geteuid has no failure mode.
+    let me = unsafe { libc::geteuid() };
+    anyhow::ensure!(dm.uid() == me && dm.mode() & 0o022 == 0, "socket directory {} must belong to uid {me} and not be writable by others", dir.display());
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).with_context(|| format!("removing the stale socket {}", path.display()))?,
+        Ok(_) => anyhow::bail!("{} exists and is not a socket: not touching it", path.display()),
+        Err(_) => {}
+    }
+    // The socket is created with no permission for others from the start (umask), then 0600.
+    // SAFETY: umask only changes this process's file-creation mask.
+    let old = unsafe { libc::umask(0o177) };
+    let l = tokio::net::UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    let l = l.with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
+}
+
+/// Accept connections; each request (one line of JSON, at most 64 KiB, within 5 s) goes to
+/// `tx`; the answer is written back as one line.
+pub fn serve(listener: tokio::net::UnixListener, tx: mpsc::Sender<Request>) {
+    tokio::spawn(async move {
+        loop {
+            let Ok((conn, _)) = listener.accept().await else { continue };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                // SAFETY: geteuid has no failure mode.
+                let me = unsafe { libc::geteuid() };
+                let allowed = conn.peer_cred().is_ok_and(|c| c.uid() == 0 || c.uid() == me);
+                let (r, mut w) = conn.into_split();
+                if !allowed {
+                    let _ = w.write_all(b"{\"error\":\"permission denied: the agent's socket is for root\"}\n").await;
+                    return;
+                }
+                let mut line = String::new();
+                let mut r = tokio::io::BufReader::new(tokio::io::AsyncReadExt::take(r, 64 * 1024));
+                let ok = tokio::time::timeout(Duration::from_secs(5), r.read_line(&mut line)).await.is_ok_and(|x| x.is_ok());
+                let answer = match (ok, serde_json::from_str::<Value>(&line)) {
+                    (true, Ok(req)) => {
+                        let (otx, orx) = oneshot::channel();
+                        if tx.send((req, otx)).await.is_err() {
+                            json!({ "error": "the agent is stopping" })
+                        } else {
+                            tokio::time::timeout(Duration::from_secs(30), orx).await.ok().and_then(Result::ok).unwrap_or_else(|| json!({ "error": "no answer from the agent" }))
+                        }
+                    }
+                    _ => json!({ "error": "bad request: one line of JSON expected" }),
+                };
+                let mut out = answer.to_string();
+                out.push('\n');
+                let _ = tokio::time::timeout(Duration::from_secs(5), w.write_all(out.as_bytes())).await;
+            });
+        }
+    });
+}
+
+/// Send one request to the agent and return its answer.
+pub fn request(socket: &Path, req: &Value) -> anyhow::Result<Value> {
+    use std::io::{BufRead as _, Write as _};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).with_context(|| format!("connecting to the agent at {} (is `nantrace agent` running? root needed)", socket.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    s.write_all(format!("{req}\n").as_bytes())?;
+    let mut line = String::new();
+    std::io::BufReader::new(s).read_line(&mut line)?;
+    let v: Value = serde_json::from_str(&line).context("the agent's answer is not JSON")?;
+    if let Some(e) = v.get("error").and_then(Value::as_str) {
+        anyhow::bail!("agent: {e}");
+    }
+    Ok(v)
+}
+
+/// `nantrace ctl`: print an answer for a person (untrusted text made inert).
+pub fn print(cmd: &str, v: &Value) {
+    let clean = |s: &str| crate::term::clean(s);
+    match cmd {
+        "jobs" => {
+            let jobs = v["jobs"].as_array().cloned().unwrap_or_default();
+            if jobs.is_empty() {
+                crate::sayout!("no job watched");
+            }
+            for j in jobs {
+                crate::sayout!(
+                    "{:<24} root {:<8} pids {:<4} gpus {:<10} {:>6.0} s  incidents {}  {}  logs: {}",
+                    clean(j["key"].as_str().unwrap_or("")),
+                    j["root"],
+                    j["pids"],
+                    clean(&j["gpus"].to_string()),
+                    j["watched_s"].as_f64().unwrap_or(0.0),
+                    j["incidents"],
+                    clean(&j["identity"].to_string()),
+                    clean(&j["logs"].to_string())
+                );
+            }
+        }
+        "incidents" => {
+            let inc = v["incidents"].as_array().cloned().unwrap_or_default();
+            if inc.is_empty() {
+                crate::sayout!("no incident");
+            }
+            for i in inc {
+                crate::sayout!("{}  {:<22} {:<10} {}  {}", clean(i["time"].as_str().unwrap_or("")), clean(i["job"].as_str().unwrap_or("")), clean(i["trigger"].as_str().unwrap_or("")), clean(i["verdict"].as_str().unwrap_or("")), clean(i["bundle"].as_str().unwrap_or("")));
+            }
+        }
+        "report" => crate::sayout!("{}", crate::term::clean_lines(v["report"].as_str().unwrap_or(""))),
+        _ => crate::sayout!("{}", serde_json::to_string_pretty(v).unwrap_or_default()),
+    }
+}
+
+/// The newest bundle's report, from the spool (for `report --last`).
+pub fn last_report(incidents: &[Value], spool: &Path) -> Value {
+    let dir: Option<PathBuf> = incidents.iter().rev().find_map(|i| i["bundle"].as_str().map(PathBuf::from)).or_else(|| super::spool::bundles(spool).pop().map(|b| b.0));
+    let Some(dir) = dir else { return json!({ "error": "no incident yet" }) };
+    let mut text = std::fs::read_to_string(dir.join("report.md")).unwrap_or_else(|e| format!("(report.md unreadable: {e})"));
+    if text.len() > 1 << 20 {
+        let mut end = 1 << 20;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    json!({ "bundle": dir.display().to_string(), "report": text })
+}

@@ -1,0 +1,523 @@
+//! Finding training jobs in /proc without being told: processes that hold a GPU device open
+//! (or match a configured command line), grouped into jobs by Slurm job id (environment or
+//! cgroup), Kubernetes pod (cgroup), or process group otherwise.
+//!
+//! Everything reads from a `/proc`-shaped root so the tests can use recorded contents.
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
+
+use regex::Regex;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+/// What the agent keeps of one process (never its environment: only the scheduler's ids).
+#[derive(Clone, Debug, Default)]
+pub struct Proc {
+    pub pid: u32,
+    pub ppid: u32,
+    pub pgid: u32,
+    pub uid: u32,
+    pub starttime: u64,
+    pub cmdline: String,
+    pub slurm: Option<SlurmRef>,
+    pub pod: Option<PodRef>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SlurmRef {
+    pub job_id: String,
+    pub step_id: Option<String>,
+    pub user: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PodRef {
+    pub uid: String,
+    pub container_id: Option<String>,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+}
+
+/// Distributed launchers: their workers are one job.
+static LAUNCHER: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?:^|/|\s)(?:torchrun|torch\.distributed\.(?:run|launch)|deepspeed|accelerate(?:\s+launch)?|mpirun|mpiexec|horovodrun|srun|composer|lightning)(?:\s|$)").unwrap());
+
+static SLURM_CG: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"/job_(\d+)(?:/step_([A-Za-z0-9_]+))?").unwrap());
+
+/// The Slurm job of a process: `SLURM_JOB_ID` in its environment (any proctrack), or the
+/// cgroup path `.../slurm/uid_U/job_J/step_S` (proctrack/cgroup).
+pub fn slurm_from(environ: &[u8], cgroup: &str) -> Option<SlurmRef> {
+    let mut r = SlurmRef::default();
+    for kv in environ.split(|&b| b == 0) {
+        let Some(eq) = kv.iter().position(|&b| b == b'=') else { continue };
+        let (k, v) = (&kv[..eq], String::from_utf8_lossy(&kv[eq + 1..]).into_owned());
+        match k {
+            b"SLURM_JOB_ID" | b"SLURM_JOBID" if r.job_id.is_empty() => r.job_id = v,
+            b"SLURM_STEP_ID" | b"SLURM_STEPID" => r.step_id = Some(v),
+            b"SLURM_JOB_USER" => r.user = Some(v),
+            _ => {}
+        }
+    }
+    if r.job_id.is_empty() {
+        for l in crate::collect::scheduler::parse_cgroup_file(cgroup) {
+            if l.2.contains("slurm") {
+                if let Some(c) = SLURM_CG.captures(&l.2) {
+                    r.job_id = c[1].to_string();
+                    r.step_id = c.get(2).map(|m| m.as_str().to_string());
+                    break;
+                }
+            }
+        }
+    }
+    (!r.job_id.is_empty() && r.job_id.bytes().all(|b| b.is_ascii_digit() || b == b'_')).then_some(r)
+}
+
+/// The Kubernetes pod of a process, from its cgroup; names from the downward-API variables
+/// when the pod sets them.
+pub fn pod_from(environ: &[u8], cgroup: &str) -> Option<PodRef> {
+    let k = crate::collect::scheduler::parse_cgroup_file(cgroup).iter().find_map(|l| crate::collect::scheduler::kubernetes_from_cgroup(&l.2))?;
+    let mut p = PodRef { uid: k["pod_uid"].as_str()?.to_string(), container_id: k["container_id"].as_str().map(str::to_string), ..PodRef::default() };
+    for kv in environ.split(|&b| b == 0) {
+        if let Some(v) = kv.strip_prefix(b"POD_NAMESPACE=") {
+            p.namespace = Some(String::from_utf8_lossy(v).into_owned());
+        } else if let Some(v) = kv.strip_prefix(b"POD_NAME=") {
+            p.name = Some(String::from_utf8_lossy(v).into_owned());
+        }
+    }
+    Some(p)
+}
+
+/// ppid, pgid and start time from /proc/PID/stat. comm may hold spaces and parentheses: the
+/// fields start after the last ')'.
+fn stat_fields(stat: &str) -> Option<(u32, u32, u64)> {
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let f: Vec<&str> = rest.split(' ').collect();
+    Some((f.get(1)?.parse().ok()?, f.get(2)?.parse().ok()?, f.get(19)?.parse().ok()?))
+}
+
+/// One process from a `/proc`-shaped directory (None: gone, or a kernel thread).
+pub fn read_proc(root: &Path, pid: u32) -> Option<Proc> {
+    let d = root.join(pid.to_string());
+    let (ppid, pgid, starttime) = stat_fields(&std::fs::read_to_string(d.join("stat")).ok()?)?;
+    let cmd = std::fs::read(d.join("cmdline")).unwrap_or_default();
+    if cmd.is_empty() {
+        return None; // kernel thread or zombie
+    }
+    let status = std::fs::read_to_string(d.join("status")).unwrap_or_default();
+    let uid = status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0);
+    let environ = std::fs::read(d.join("environ")).unwrap_or_default();
+    let cgroup = std::fs::read_to_string(d.join("cgroup")).unwrap_or_default();
+    let cmdline = String::from_utf8_lossy(&cmd).split('\0').filter(|s| !s.is_empty()).collect::<Vec<_>>().join(" ");
+    Some(Proc { pid, ppid, pgid, uid, starttime, cmdline, slurm: slurm_from(&environ, &cgroup), pod: pod_from(&environ, &cgroup) })
+}
+
+/// The device paths among a process's open descriptors that start with one of `prefixes`
+/// (at most 4096 descriptors are looked at).
+pub fn devices_held(root: &Path, pid: u32, prefixes: &[String]) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(root.join(pid.to_string()).join("fd")) else { return Vec::new() };
+    let mut out = BTreeSet::new();
+    for e in rd.flatten().take(4096) {
+        if let Ok(t) = std::fs::read_link(e.path()) {
+            let t = t.to_string_lossy();
+            if prefixes.iter().any(|p| t.starts_with(p.as_str())) {
+                out.insert(t.into_owned());
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// GPU minor numbers from device paths (`/dev/nvidia3` -> 3; `nvidiactl`, `nvidia-uvm`: none).
+pub fn gpu_minors(devices: &[String]) -> BTreeSet<u32> {
+    devices.iter().filter_map(|d| d.rsplit('/').next()?.strip_prefix("nvidia")?.parse().ok()).collect()
+}
+
+/// A job as discovery sees it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Found {
+    /// `slurm-42`, `pod-<uid>`, `pid-1234`.
+    pub key: String,
+    pub root: u32,
+    pub pids: BTreeSet<u32>,
+    pub uid: u32,
+    pub gpus: BTreeSet<u32>,
+    pub devices: BTreeSet<String>,
+    pub slurm: Option<SlurmRef>,
+    pub pod: Option<PodRef>,
+    pub command: String,
+    /// Why it is a job: "gpu", "command", "slurm".
+    pub reason: &'static str,
+}
+
+impl Found {
+    /// What every bundle of this job records about it.
+    pub fn identity(&self) -> Value {
+        let user = user_name(self.uid);
+        match (&self.slurm, &self.pod) {
+            (Some(s), _) => json!({ "kind": "slurm", "job_id": s.job_id, "step_id": s.step_id, "user": s.user.clone().or(user), "uid": self.uid }),
+            (None, Some(p)) => json!({ "kind": "kubernetes", "pod_uid": p.uid, "namespace": p.namespace, "pod": p.name, "container_id": p.container_id, "uid": self.uid }),
+            _ => json!({ "kind": "process", "root_pid": self.root, "user": user, "uid": self.uid }),
+        }
+    }
+}
+
+fn user_name(uid: u32) -> Option<String> {
+    let text = std::fs::read_to_string("/etc/passwd").ok()?;
+    text.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.get(2)? == &uid.to_string().as_str()).then(|| f[0].to_string())
+    })
+}
+
+struct Seen {
+    proc: Proc,
+    devices: Vec<String>,
+    /// When the descriptors are looked at next (ns), and the current back-off.
+    next_fd_check: u64,
+    backoff_ns: u64,
+}
+
+/// Incremental /proc scanning: each new process is read once; its descriptors are looked at
+/// again with a back-off (0.5 s doubling to 30 s), since CUDA opens the device seconds after
+/// the process starts.
+pub struct Discovery {
+    pub root: PathBuf,
+    seen: HashMap<u32, Seen>,
+    pub devices: Vec<String>,
+    pub patterns: Vec<Regex>,
+    pub slurm_all: bool,
+    /// Processes never reported as jobs (nantrace itself).
+    pub ignore: BTreeSet<u32>,
+}
+
+impl Discovery {
+    pub fn new(root: PathBuf, cfg: &super::config::Config) -> Self {
+        let mut d = Self { root, seen: HashMap::new(), devices: Vec::new(), patterns: Vec::new(), slurm_all: false, ignore: BTreeSet::from([std::process::id()]) };
+        d.configure(cfg);
+        d
+    }
+
+    pub fn configure(&mut self, cfg: &super::config::Config) {
+        self.devices = cfg.gpu_devices.clone();
+        self.patterns = cfg.match_commands.iter().filter_map(|p| Regex::new(p).ok()).collect();
+        self.slurm_all = cfg.slurm_jobs == "all";
+    }
+
+    pub fn processes(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// Look at /proc now; returns the jobs it holds.
+    pub fn scan(&mut self, now_ns: u64) -> Vec<Found> {
+        let mut alive = BTreeSet::new();
+        if let Ok(rd) = std::fs::read_dir(&self.root) {
+            for e in rd.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+                alive.insert(pid);
+                let fresh = match self.seen.get(&pid) {
+                    Some(s) => {
+                        // A reused pid is a new process.
+                        let st = std::fs::read_to_string(self.root.join(pid.to_string()).join("stat")).ok();
+                        st.as_deref().and_then(stat_fields).map(|f| f.2) != Some(s.proc.starttime)
+                    }
+                    None => true,
+                };
+                if fresh {
+                    match read_proc(&self.root, pid) {
+                        Some(p) => {
+                            self.seen.insert(pid, Seen { proc: p, devices: Vec::new(), next_fd_check: 0, backoff_ns: 500_000_000 });
+                        }
+                        None => {
+                            self.seen.remove(&pid);
+                        }
+                    }
+                }
+            }
+        }
+        self.seen.retain(|pid, _| alive.contains(pid));
+        // Descriptors: with the back-off, and only for processes that are not jobs' already.
+        for (pid, s) in &mut self.seen {
+            if now_ns >= s.next_fd_check && !self.devices.is_empty() {
+                s.devices = devices_held(&self.root, *pid, &self.devices);
+                s.next_fd_check = now_ns + s.backoff_ns;
+                s.backoff_ns = (s.backoff_ns * 2).min(30_000_000_000);
+            }
+        }
+        self.group()
+    }
+
+    fn reason(&self, s: &Seen) -> Option<&'static str> {
+        if self.ignore.contains(&s.proc.pid) || self.ignore.contains(&s.proc.ppid) {
+            return None;
+        }
+        if !s.devices.is_empty() {
+            Some("gpu")
+        } else if self.patterns.iter().any(|r| r.is_match(&s.proc.cmdline)) {
+            Some("command")
+        } else if self.slurm_all && s.proc.slurm.is_some() {
+            Some("slurm")
+        } else {
+            None
+        }
+    }
+
+    /// Walk up from `pid` while the parent belongs to the same job.
+    fn top(&self, pid: u32, same: impl Fn(&Proc, &Proc) -> bool) -> u32 {
+        let mut cur = pid;
+        for _ in 0..64 {
+            let Some(me) = self.seen.get(&cur) else { break };
+            match self.seen.get(&me.proc.ppid) {
+                Some(parent) if parent.proc.pid > 1 && same(&me.proc, &parent.proc) => cur = parent.proc.pid,
+                _ => break,
+            }
+        }
+        cur
+    }
+
+    fn group(&self) -> Vec<Found> {
+        let mut jobs: BTreeMap<String, Found> = BTreeMap::new();
+        for s in self.seen.values() {
+            let Some(reason) = self.reason(s) else { continue };
+            let p = &s.proc;
+            let (key, root) = if let Some(sl) = &p.slurm {
+                (format!("slurm-{}", sl.job_id), self.top(p.pid, |a, b| b.slurm.as_ref().is_some_and(|x| x.job_id == a.slurm.as_ref().map_or("", |y| y.job_id.as_str()))))
+            } else if let Some(pod) = &p.pod {
+                (format!("pod-{}", pod.uid), self.top(p.pid, |a, b| b.pod.as_ref().map(|x| &x.uid) == a.pod.as_ref().map(|y| &y.uid)))
+            } else {
+                // Up through parents that are jobs' processes themselves, then one more step
+                // to a distributed launcher (torchrun's workers hold the GPUs, not torchrun).
+                let mut r = self.top(p.pid, |a, b| a.uid == b.uid && self.seen.get(&b.pid).is_some_and(|s| self.reason(s).is_some()));
+                if let Some(parent) = self.seen.get(&r).and_then(|me| self.seen.get(&me.proc.ppid)) {
+                    if parent.proc.pid > 1 && parent.proc.uid == p.uid && LAUNCHER.is_match(&parent.proc.cmdline) {
+                        r = parent.proc.pid;
+                    }
+                }
+                (format!("pid-{r}"), r)
+            };
+            let j = jobs.entry(key.clone()).or_insert_with(|| Found {
+                key,
+                root,
+                pids: BTreeSet::new(),
+                uid: p.uid,
+                gpus: BTreeSet::new(),
+                devices: BTreeSet::new(),
+                slurm: p.slurm.clone(),
+                pod: p.pod.clone(),
+                command: String::new(),
+                reason,
+            });
+            j.pids.insert(root);
+            j.pids.insert(p.pid);
+            j.gpus.extend(gpu_minors(&s.devices));
+            j.devices.extend(s.devices.iter().cloned());
+            // The job's root: the oldest process found (a Slurm batch script before its steps).
+            let older = |a: u32, b: u32| self.seen.get(&a).map(|s| s.proc.starttime) < self.seen.get(&b).map(|s| s.proc.starttime);
+            if root != j.root && older(root, j.root) {
+                j.root = root;
+            }
+        }
+        for j in jobs.values_mut() {
+            if let Some(s) = self.seen.get(&j.root) {
+                j.command = s.proc.cmdline.clone();
+                j.uid = s.proc.uid;
+                if j.slurm.as_ref().is_some_and(|x| x.step_id.is_none()) {
+                    j.slurm.clone_from(&s.proc.slurm);
+                }
+            }
+        }
+        jobs.into_values().collect()
+    }
+}
+
+/// The job's log files from Slurm: `scontrol show job -o` gives StdOut/StdErr (with the
+/// filename patterns Slurm may leave unexpanded: %j %u %x %A %a %N %%).
+pub fn slurm_logs(scontrol_line: &str, host: &str) -> Vec<PathBuf> {
+    let field = |k: &str| scontrol_line.split_whitespace().find_map(|w| w.strip_prefix(k)).map(str::to_string);
+    let job = field("JobId=").unwrap_or_default();
+    let user = field("UserId=").map(|u| u.split('(').next().unwrap_or("").to_string()).unwrap_or_default();
+    let name = field("JobName=").unwrap_or_default();
+    let array_job = field("ArrayJobId=").unwrap_or_else(|| job.clone());
+    let array_task = field("ArrayTaskId=").unwrap_or_default();
+    let expand = |p: String| {
+        let mut out = String::new();
+        let mut it = p.chars().peekable();
+        while let Some(c) = it.next() {
+            if c != '%' {
+                out.push(c);
+                continue;
+            }
+            // An optional zero-padding width (`%4j`) is read and ignored.
+            while it.peek().is_some_and(char::is_ascii_digit) {
+                it.next();
+            }
+            match it.next() {
+                Some('j') => out.push_str(&job),
+                Some('u') => out.push_str(&user),
+                Some('x') => out.push_str(&name),
+                Some('A') => out.push_str(&array_job),
+                Some('a') => out.push_str(&array_task),
+                Some('N') => out.push_str(host),
+                Some('%') => out.push('%'),
+                Some(o) => {
+                    out.push('%');
+                    out.push(o);
+                }
+                None => out.push('%'),
+            }
+        }
+        PathBuf::from(out)
+    };
+    let mut v: Vec<PathBuf> = Vec::new();
+    for k in ["StdOut=", "StdErr="] {
+        if let Some(p) = field(k).filter(|p| p.starts_with('/')).map(expand) {
+            if !v.contains(&p) {
+                v.push(p);
+            }
+        }
+    }
+    v
+}
+
+/// A pod's container logs under the kubelet's directory (`<ns>_<pod>_<uid>/<container>/N.log`):
+/// the newest file per container. Also returns the namespace and pod name from the directory.
+pub fn pod_logs(dir: &Path, pod_uid: &str) -> (Vec<PathBuf>, Option<(String, String)>) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return (Vec::new(), None) };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.ends_with(&format!("_{pod_uid}")) {
+            continue;
+        }
+        let mut parts = name.splitn(3, '_');
+        let ns_pod = match (parts.next(), parts.next()) {
+            (Some(ns), Some(pod)) => Some((ns.to_string(), pod.to_string())),
+            _ => None,
+        };
+        let mut logs = Vec::new();
+        for c in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
+            // Not through a link: the kubelet writes real directories here.
+            if !c.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let newest = std::fs::read_dir(c.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|f| f.file_name().to_string_lossy().ends_with(".log") && f.file_type().is_ok_and(|t| t.is_file()))
+                .max_by_key(|f| f.metadata().and_then(|m| m.modified()).ok());
+            logs.extend(newest.map(|f| f.path()));
+        }
+        logs.sort();
+        return (logs, ns_pod);
+    }
+    (Vec::new(), None)
+}
+
+/// stdout/stderr of a process when they are regular files (not a pipe, a terminal, a socket).
+pub fn fd_logs(root: &Path, pid: u32) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = Vec::new();
+    for fd in [1, 2] {
+        let Ok(t) = std::fs::read_link(root.join(pid.to_string()).join("fd").join(fd.to_string())) else { continue };
+        if t.is_absolute() && !t.to_string_lossy().ends_with(" (deleted)") && std::fs::symlink_metadata(&t).is_ok_and(|m| m.is_file()) && !v.contains(&t) {
+            v.push(t);
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_job_from_environment_or_cgroup() {
+        let env = b"PATH=/usr/bin\0SLURM_JOB_ID=4242\0SLURM_STEP_ID=0\0SLURM_JOB_USER=alice\0HF_TOKEN=hf_secret\0";
+        assert_eq!(slurm_from(env, ""), Some(SlurmRef { job_id: "4242".into(), step_id: Some("0".into()), user: Some("alice".into()) }));
+        // proctrack/cgroup, cgroup v2 (recorded from a Slurm 23.02 node).
+        let cg = "0::/system.slice/slurmstepd.scope/job_77/step_batch/user/task_0\n";
+        assert_eq!(slurm_from(b"", cg).map(|s| (s.job_id, s.step_id)), Some(("77".into(), Some("batch".into()))));
+        // cgroup v1.
+        let cg = "12:memory:/slurm/uid_1000/job_123/step_0/task_0\n11:devices:/slurm/uid_1000/job_123/step_0\n";
+        assert_eq!(slurm_from(b"", cg).unwrap().job_id, "123");
+        assert_eq!(slurm_from(b"SLURM_JOB_ID=1;rm -rf\0", ""), None);
+        assert_eq!(slurm_from(b"", "0::/user.slice/user-1000.slice/session-3.scope\n"), None);
+    }
+
+    #[test]
+    fn pod_from_recorded_cgroups() {
+        // containerd, systemd cgroup driver, cgroup v2 (a recorded /proc/PID/cgroup).
+        let cg = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1f2e3d4c_5b6a_7980_a1b2_c3d4e5f60718.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope\n";
+        let p = pod_from(b"POD_NAMESPACE=ml\0POD_NAME=trainer-0\0", cg).unwrap();
+        assert_eq!(p.uid, "1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718");
+        assert_eq!(p.container_id.as_deref(), Some("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"));
+        assert_eq!((p.namespace.as_deref(), p.name.as_deref()), (Some("ml"), Some("trainer-0")));
+        // cgroupfs driver, cgroup v1, docker.
+        let cg = "11:memory:/kubepods/besteffort/pod6a7b8c9d-0e1f-2a3b-4c5d-6e7f8a9b0c1d/fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210\n";
+        assert_eq!(pod_from(b"", cg).unwrap().uid, "6a7b8c9d-0e1f-2a3b-4c5d-6e7f8a9b0c1d");
+        assert!(pod_from(b"", "0::/system.slice/ssh.service\n").is_none());
+    }
+
+    #[test]
+    fn slurm_log_paths_are_expanded() {
+        let line = "JobId=31 JobName=train UserId=alice(1000) GroupId=alice(1000) JobState=RUNNING StdErr=/home/alice/%x-%j.err StdIn=/dev/null StdOut=/home/alice/slurm-%j.out WorkDir=/home/alice";
+        assert_eq!(slurm_logs(line, "n1"), vec![PathBuf::from("/home/alice/slurm-31.out"), PathBuf::from("/home/alice/train-31.err")]);
+        let line = "JobId=32 StdErr=/w/slurm-32.out StdOut=/w/slurm-32.out";
+        assert_eq!(slurm_logs(line, "n1"), vec![PathBuf::from("/w/slurm-32.out")]);
+        assert!(slurm_logs("JobId=33 StdOut=relative.out", "n1").is_empty());
+    }
+
+    #[test]
+    fn gpu_minors_from_device_paths() {
+        let d = vec!["/dev/nvidiactl".to_string(), "/dev/nvidia3".into(), "/dev/nvidia-uvm".into(), "/dev/nvidia0".into()];
+        assert_eq!(gpu_minors(&d).into_iter().collect::<Vec<_>>(), vec![0, 3]);
+    }
+
+    #[test]
+    fn pod_logs_are_found_by_uid() {
+        let dir = std::env::temp_dir().join(format!("nantrace-podlogs-{}", std::process::id()));
+        let c = dir.join("ml_trainer-0_1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718/trainer");
+        std::fs::create_dir_all(&c).unwrap();
+        std::fs::write(c.join("0.log"), "x").unwrap();
+        let (logs, names) = pod_logs(&dir, "1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718");
+        assert_eq!(logs, vec![c.join("0.log")]);
+        assert_eq!(names, Some(("ml".into(), "trainer-0".into())));
+        assert!(pod_logs(&dir, "00000000-0000-0000-0000-000000000000").0.is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[cfg(test)]
+mod grouping {
+    use super::*;
+
+    fn seen(pid: u32, ppid: u32, cmd: &str, devices: &[&str]) -> (u32, Seen) {
+        let proc = Proc { pid, ppid, pgid: 100, uid: 1000, starttime: u64::from(pid), cmdline: cmd.into(), ..Proc::default() };
+        (pid, Seen { proc, devices: devices.iter().map(|d| (*d).to_string()).collect(), next_fd_check: u64::MAX, backoff_ns: 0 })
+    }
+
+    #[test]
+    fn torchrun_workers_are_one_job_and_separate_scripts_are_two() {
+        let cfg = crate::agent::config::Config { match_commands: vec!["train-b\\.sh".into()], ..Default::default() };
+        let mut d = Discovery::new(PathBuf::from("/nonexistent"), &cfg);
+        d.ignore.clear();
+        d.seen = HashMap::from([
+            seen(10, 1, "bash", &[]),
+            seen(20, 10, "/usr/bin/python3 /usr/local/bin/torchrun --nproc-per-node=2 train.py", &[]),
+            seen(21, 20, "/usr/bin/python3 -u train.py --local-rank=0", &["/dev/nvidiactl", "/dev/nvidia0"]),
+            seen(22, 20, "/usr/bin/python3 -u train.py --local-rank=1", &["/dev/nvidiactl", "/dev/nvidia1"]),
+            // A DataLoader worker of rank 0: no GPU, not found by itself (the kernel's fork
+            // tracking makes it the job's).
+            seen(23, 21, "/usr/bin/python3 -u train.py --local-rank=0", &[]),
+            // Another job from the same shell, by pattern.
+            seen(30, 10, "/bin/bash ./train-b.sh", &[]),
+            seen(31, 30, "sleep 1", &[]),
+        ]);
+        let jobs = d.group();
+        assert_eq!(jobs.len(), 2, "{jobs:?}");
+        let t = jobs.iter().find(|j| j.key == "pid-20").expect("torchrun's job");
+        assert_eq!((t.root, t.reason), (20, "gpu"));
+        assert_eq!(t.gpus.iter().copied().collect::<Vec<_>>(), vec![0, 1]);
+        assert!(t.pids.contains(&21) && t.pids.contains(&22));
+        let b = jobs.iter().find(|j| j.key == "pid-30").expect("the script's job");
+        assert_eq!(b.reason, "command");
+    }
+}

@@ -1,0 +1,186 @@
+//! Prometheus metrics: counters and gauges with labels, rendered in the text exposition
+//! format, served on `GET /metrics` by a minimal HTTP/1.1 responder (one request per
+//! connection, bounded request size and time). GPU gauges dcgm-exporter already exports
+//! (temperature, power, utilisation, ECC) are left to it.
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// name -> (help, type)
+const FAMILIES: &[(&str, &str, &str)] = &[
+    ("nantrace_build_info", "gauge", "Version of the running agent (value 1)."),
+    ("nantrace_xid_total", "counter", "NVIDIA Xid events seen in the kernel log, by Xid code and GPU PCI address."),
+    ("nantrace_sxid_total", "counter", "NVSwitch SXid events seen in the kernel log, by code."),
+    ("nantrace_aer_total", "counter", "PCIe AER errors seen in the kernel log, by severity and device."),
+    ("nantrace_oom_kills_total", "counter", "OOM kills seen by the kernel probe, by whether the victim belonged to a watched job."),
+    ("nantrace_kernel_errors_total", "counter", "Classified kernel log lines (MCE, hung task, soft lockup, NFS, NIC, block errors...), by class."),
+    ("nantrace_job_output_failures_total", "counter", "Failure lines in watched jobs' output, by family (gpu_hw, network, storage, ...)."),
+    ("nantrace_incidents_total", "counter", "Bundles written, by trigger and verdict family."),
+    ("nantrace_incident_failures_total", "counter", "Incidents whose bundle could not be written."),
+    ("nantrace_jobs_watched", "gauge", "Training jobs the agent is watching now."),
+    ("nantrace_jobs_seen_total", "counter", "Training jobs discovered since the agent started, by kind (slurm, kubernetes, process)."),
+    ("nantrace_ringbuf_drops_total", "counter", "Kernel events lost because the ring buffer was full, by source."),
+    ("nantrace_events_total", "counter", "Kernel events received from the probes, by source."),
+    ("nantrace_events_dropped_total", "counter", "Events dropped in userspace, by reason."),
+    ("nantrace_probes_attached", "gauge", "Kernel probes attached."),
+    ("nantrace_probes_failed", "gauge", "Kernel probes that could not be attached."),
+    ("nantrace_spool_bytes", "gauge", "Bytes of bundles in the spool directory."),
+    ("nantrace_spool_bundles", "gauge", "Bundles in the spool directory."),
+    ("nantrace_spool_removed_total", "counter", "Bundles removed by the spool's size or age limit."),
+    ("nantrace_recorder_bytes", "gauge", "Bytes held by the flight recorders (node-wide and per job)."),
+    ("nantrace_webhook_failures_total", "counter", "Incident webhooks that failed after all retries."),
+    ("nantrace_discovery_seconds", "gauge", "Duration of the last /proc scan for jobs."),
+];
+
+#[derive(Default)]
+pub struct Metrics {
+    values: Mutex<BTreeMap<(&'static str, String), f64>>,
+}
+
+/// Label values are escaped as the exposition format requires (untrusted text: a process name,
+/// a device string).
+fn escape(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars().take(128) {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c if c.is_control() => {}
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+fn labels(l: &[(&str, &str)]) -> String {
+    if l.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = l.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
+    format!("{{{}}}", parts.join(","))
+}
+
+impl Metrics {
+    fn check(name: &str) -> &'static str {
+        FAMILIES.iter().find(|f| f.0 == name).map(|f| f.0).unwrap_or_else(|| panic!("metric {name} is not declared"))
+    }
+
+    pub fn add(&self, name: &str, l: &[(&str, &str)], v: f64) {
+        let k = (Self::check(name), labels(l));
+        *self.values.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(k).or_default() += v;
+    }
+
+    pub fn inc(&self, name: &str, l: &[(&str, &str)]) {
+        self.add(name, l, 1.0);
+    }
+
+    pub fn set(&self, name: &str, l: &[(&str, &str)], v: f64) {
+        let k = (Self::check(name), labels(l));
+        self.values.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(k, v);
+    }
+
+    /// Replace every series of one family (gauges recomputed as a whole, e.g. drops per source).
+    pub fn set_all(&self, name: &str, series: &[(Vec<(&str, &str)>, f64)]) {
+        let n = Self::check(name);
+        let mut m = self.values.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.retain(|k, _| k.0 != n);
+        for (l, v) in series {
+            m.insert((n, labels(l)), *v);
+        }
+    }
+
+    pub fn get(&self, name: &str, l: &[(&str, &str)]) -> f64 {
+        self.values.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&(Self::check(name), labels(l))).copied().unwrap_or(0.0)
+    }
+
+    /// The text exposition format (version 0.0.4).
+    pub fn render(&self) -> String {
+        let m = self.values.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut out = String::new();
+        for (name, kind, help) in FAMILIES {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+            for ((n, l), v) in m.range((*name, String::new())..) {
+                if n != name {
+                    break;
+                }
+                out.push_str(&format!("{name}{l} {v}\n"));
+            }
+        }
+        out
+    }
+}
+
+/// Serve `GET /metrics` on `addr` until the process ends.
+pub async fn serve(addr: std::net::SocketAddr, metrics: std::sync::Arc<Metrics>) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    crate::say!("nantrace: metrics on http://{addr}/metrics");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else { continue };
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                // The request head only, at most 8 KiB within 5 s: a slow or huge client gets nothing.
+                let mut buf = vec![0u8; 8192];
+                let mut n = 0;
+                let head = tokio::time::timeout(Duration::from_secs(5), async {
+                    while n < buf.len() {
+                        match conn.read(&mut buf[n..]).await {
+                            Ok(0) | Err(_) => return false,
+                            Ok(k) => n += k,
+                        }
+                        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") || buf[..n].windows(2).any(|w| w == b"\n\n") {
+                            return true;
+                        }
+                    }
+                    false
+                })
+                .await
+                .unwrap_or(false);
+                if !head {
+                    return;
+                }
+                let first = String::from_utf8_lossy(&buf[..n]).lines().next().unwrap_or("").to_string();
+                let mut parts = first.split_whitespace();
+                let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+                let (status, ctype, body) = if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
+                    ("200 OK", "text/plain; version=0.0.4; charset=utf-8", metrics.render())
+                } else if method == "GET" && path == "/" {
+                    ("200 OK", "text/plain; charset=utf-8", "nantrace agent: see /metrics\n".to_string())
+                } else {
+                    ("404 Not Found", "text/plain; charset=utf-8", "not found\n".to_string())
+                };
+                let resp = format!("HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                let _ = tokio::time::timeout(Duration::from_secs(5), conn.write_all(resp.as_bytes())).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Metrics;
+
+    #[test]
+    fn exposition_format_with_escaped_labels() {
+        let m = Metrics::default();
+        m.inc("nantrace_xid_total", &[("xid", "79"), ("gpu", "0000:3b:00.0")]);
+        m.inc("nantrace_xid_total", &[("xid", "79"), ("gpu", "0000:3b:00.0")]);
+        m.set("nantrace_jobs_watched", &[], 2.0);
+        m.inc("nantrace_job_output_failures_total", &[("family", "a\"b\\c\nd")]);
+        let t = m.render();
+        assert!(t.contains("# TYPE nantrace_xid_total counter\nnantrace_xid_total{xid=\"79\",gpu=\"0000:3b:00.0\"} 2\n"), "{t}");
+        assert!(t.contains("nantrace_jobs_watched 2\n"));
+        assert!(t.contains(r#"family="a\"b\\c\nd""#), "{t}");
+        // Every family has its HELP and TYPE even with no series.
+        assert!(t.contains("# TYPE nantrace_aer_total counter"));
+        for l in t.lines().filter(|l| !l.starts_with('#')) {
+            let name = l.split(['{', ' ']).next().unwrap();
+            assert!(name.starts_with("nantrace_"), "{l}");
+        }
+    }
+}

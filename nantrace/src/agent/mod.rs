@@ -1,0 +1,637 @@
+//! `nantrace agent`: one process per node that finds training jobs by itself and records each
+//! one as `run`/`attach` would, from one shared set of probes.
+//!
+//! Data flow: the probes' ring -> the router (here) -> the job whose process tree the event
+//! belongs to (its `Session`), or the node-wide recorder (hardware, other processes); the
+//! collectors' samples -> the node-wide recorder; each job's log files -> its session. A job's
+//! bundle is its own window joined with the node's. Node-wide triggers (a fatal Xid) go to the
+//! jobs on that GPU.
+pub mod config;
+pub mod ctl;
+pub mod discover;
+pub mod metrics;
+pub mod spool;
+pub mod webhook;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::bundle::JobInfo;
+use crate::classify::KmsgClass;
+use crate::clock::monotonic_ns;
+use crate::event::{Detail, Event};
+use crate::recorder::Recorder;
+use crate::session::{follow_file, Input, Kernel, LogFormat, Mode, Session};
+use crate::trigger::TriggerKind;
+use config::Config;
+use discover::Found;
+use metrics::Metrics;
+
+/// Command-line settings over the config file.
+#[derive(Clone, Debug, Default)]
+pub struct Args {
+    pub config: Option<PathBuf>,
+    pub spool_dir: Option<PathBuf>,
+    pub socket: Option<PathBuf>,
+    pub metrics_addr: Option<String>,
+    pub match_commands: Vec<String>,
+    pub gpu_devices: Vec<String>,
+    pub slurm_jobs: Option<String>,
+    pub post_s: Option<f64>,
+    pub no_probes: bool,
+    /// A `/proc`-shaped directory to discover jobs in (tests).
+    pub proc_root: Option<PathBuf>,
+}
+
+impl Args {
+    fn config(&self) -> anyhow::Result<Config> {
+        let mut c = Config::load(Some(self.config.as_deref().unwrap_or(Path::new(config::DEFAULT_PATH))))?;
+        if let Some(v) = &self.spool_dir {
+            c.spool_dir.clone_from(v);
+        }
+        if let Some(v) = &self.socket {
+            c.socket.clone_from(v);
+        }
+        if let Some(v) = &self.metrics_addr {
+            c.metrics_addr.clone_from(v);
+        }
+        if !self.match_commands.is_empty() {
+            c.match_commands.clone_from(&self.match_commands);
+        }
+        if !self.gpu_devices.is_empty() {
+            c.gpu_devices.clone_from(&self.gpu_devices);
+        }
+        if let Some(v) = &self.slurm_jobs {
+            c.slurm_jobs.clone_from(v);
+        }
+        if let Some(v) = self.post_s {
+            c.post_s = v;
+        }
+        c.check()?;
+        Ok(c)
+    }
+}
+
+/// One watched job.
+struct Job {
+    found: Found,
+    tx: mpsc::Sender<Input>,
+    since_ns: u64,
+    logs: Vec<PathBuf>,
+    incidents: u32,
+}
+
+/// What the agent knows, shared by its loop, the dump callbacks and the control socket.
+struct State {
+    jobs: BTreeMap<String, Job>,
+    /// Process (tgid) -> job key, grown by the fork events of job processes.
+    pid_job: HashMap<u32, String>,
+    incidents: VecDeque<Value>,
+    /// NaN bundles without hardware evidence, waiting for the GPUs to be free (gpucheck).
+    gpucheck_queue: Vec<PathBuf>,
+    /// Jobs that ended recently (key -> when): a /proc scan taken just before the end does
+    /// not bring them back.
+    ended: HashMap<String, u64>,
+    /// A bundle was written: the spool's usage is measured again.
+    spool_dirty: bool,
+}
+
+const MAX_INCIDENTS_LISTED: usize = 200;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The spool directory: created 0700; an existing one must be a real directory of ours.
+fn open_spool(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    if !dir.exists() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating the spool {}", dir.display()))?;
+    }
+    let m = std::fs::symlink_metadata(dir).with_context(|| format!("spool {}", dir.display()))?;
+    anyhow::ensure!(m.is_dir(), "spool {} is not a directory (a link?)", dir.display());
+    // SAFETY: geteuid has no failure mode.
+    let me = unsafe { libc::geteuid() };
+    anyhow::ensure!(m.uid() == me, "spool {} belongs to uid {}, not to the agent (uid {me})", dir.display(), m.uid());
+    if m.mode() & 0o077 != 0 {
+        crate::say!("nantrace: WARNING: spool {} is readable by others (mode {:o}): bundles hold job logs and environments", dir.display(), m.mode() & 0o777);
+    }
+    crate::safefs::check_out_dir(dir)?;
+    Ok(())
+}
+
+/// Xid's PCI address -> the GPU's minor number (`/dev/nvidiaN`), from the driver's procfs.
+fn gpu_minor_of(pci: &str) -> Option<u32> {
+    let base = Path::new("/proc/driver/nvidia/gpus");
+    for name in [pci.to_string(), format!("{pci}.0")] {
+        if let Ok(t) = std::fs::read_to_string(base.join(name.to_ascii_lowercase()).join("information")) {
+            return t.lines().find_map(|l| l.strip_prefix("Device Minor:")).and_then(|v| v.trim().parse().ok());
+        }
+    }
+    None
+}
+
+/// Count what the metrics export from one kernel event.
+fn observe(m: &Metrics, e: &Event) {
+    m.inc("nantrace_events_total", &[("source", e.source())]);
+    match &e.detail {
+        Detail::Kmsg(k) => match k.class.as_deref() {
+            Some(KmsgClass::Xid { xid, pci, .. }) => m.inc("nantrace_xid_total", &[("xid", &xid.to_string()), ("gpu", pci)]),
+            Some(KmsgClass::Sxid { sxid, pci, .. }) => m.inc("nantrace_sxid_total", &[("sxid", &sxid.to_string()), ("switch", pci)]),
+            Some(KmsgClass::Aer { severity, device, .. }) => m.inc("nantrace_aer_total", &[("severity", severity), ("device", device)]),
+            Some(c) => {
+                let class = serde_json::to_value(c).ok().and_then(|v| v["class"].as_str().map(str::to_string)).unwrap_or_default();
+                m.inc("nantrace_kernel_errors_total", &[("class", &class)]);
+            }
+            None => {}
+        },
+        Detail::Aer(a) => m.inc("nantrace_aer_total", &[("severity", crate::event::aer_severity_name(a.severity)), ("device", &a.device)]),
+        Detail::Oom(o) => m.inc("nantrace_oom_kills_total", &[("job", if o.victim_job { "true" } else { "false" })]),
+        _ => {}
+    }
+}
+
+struct Agent {
+    cfg: Config,
+    args: Args,
+    kernel: Arc<Kernel>,
+    node: Arc<Mutex<Recorder>>,
+    state: Arc<Mutex<State>>,
+    metrics: Arc<Metrics>,
+    webhook: Option<mpsc::Sender<Value>>,
+    done_tx: mpsc::Sender<String>,
+    host: String,
+    started: u64,
+    proc_root: PathBuf,
+}
+
+impl Agent {
+    /// Each job's share of the jobs' half of the budget.
+    fn share(&self, jobs: usize) -> usize {
+        (self.cfg.mem_cap_mb << 20) / 2 / jobs.max(1)
+    }
+
+    fn route(&self, batch: Vec<Event>) {
+        let mut per_job: HashMap<String, Vec<Event>> = HashMap::new();
+        let mut node_fires: Vec<(TriggerKind, String, Option<u32>)> = Vec::new();
+        {
+            let mut st = lock(&self.state);
+            let mut node = lock(&self.node);
+            for e in batch {
+                observe(&self.metrics, &e);
+                let mut job = st.pid_job.get(&e.pid).cloned();
+                match &e.detail {
+                    Detail::Fork { child_pid, .. } => {
+                        if let Some(j) = &job {
+                            st.pid_job.insert(*child_pid, j.clone());
+                        }
+                    }
+                    // An OOM kill belongs to the victim's job.
+                    Detail::Oom(o) => job = st.pid_job.get(&o.victim_pid).cloned(),
+                    Detail::Exit { .. } if e.pid == e.tid => {
+                        st.pid_job.remove(&e.pid);
+                    }
+                    _ => {}
+                }
+                match job {
+                    Some(j) => per_job.entry(j).or_default().push(e),
+                    None => {
+                        if let Some(f) = crate::trigger::from_event(&e, false) {
+                            let minor = match &e.detail {
+                                Detail::Kmsg(k) => match k.class.as_deref() {
+                                    Some(KmsgClass::Xid { pci, .. }) => gpu_minor_of(pci),
+                                    _ => None,
+                                },
+                                _ => None,
+                            };
+                            node_fires.push((f.kind, f.reason, minor));
+                        }
+                        node.push(e);
+                    }
+                }
+            }
+            for (key, batch) in per_job {
+                if let Some(j) = st.jobs.get(&key) {
+                    let n = batch.len();
+                    if j.tx.try_send(Input::Kernel(batch)).is_err() {
+                        self.metrics.add("nantrace_events_dropped_total", &[("reason", "job queue full")], n as f64);
+                    }
+                }
+            }
+            // A fatal Xid dumps every job on that GPU (every GPU job when the GPU is not known,
+            // every job when none holds a GPU device).
+            for (kind, reason, minor) in node_fires {
+                let on_gpu: Vec<&Job> = st.jobs.values().filter(|j| minor.is_some_and(|m| j.found.gpus.contains(&m))).collect();
+                let targets: Vec<&Job> = if !on_gpu.is_empty() {
+                    on_gpu
+                } else if st.jobs.values().any(|j| !j.found.devices.is_empty()) {
+                    st.jobs.values().filter(|j| !j.found.devices.is_empty()).collect()
+                } else {
+                    st.jobs.values().collect()
+                };
+                for j in targets {
+                    let _ = j.tx.try_send(Input::Fire(kind, reason.clone(), monotonic_ns()));
+                }
+            }
+        }
+    }
+
+    /// Follow every process of a job in the kernel map (threads and children included).
+    fn adopt(&self, st: &mut State, key: &str, pids: &BTreeSet<u32>) {
+        let all = crate::correlate::descendants(&pids.iter().copied().collect::<Vec<_>>());
+        for p in all.into_iter().chain(pids.iter().copied()) {
+            if st.pid_job.insert(p, key.to_string()).is_none() {
+                for t in crate::correlate::threads(p).into_iter().chain([p]) {
+                    self.kernel.add_pid(t);
+                }
+            }
+        }
+    }
+
+    fn reconcile(&self, found: Vec<Found>) {
+        let mut st = lock(&self.state);
+        for f in found {
+            if let Some(j) = st.jobs.get_mut(&f.key) {
+                let new: BTreeSet<u32> = f.pids.iter().copied().filter(|p| !j.found.pids.contains(p)).collect();
+                j.found.pids.extend(new.iter().copied());
+                j.found.gpus.extend(f.gpus.iter().copied());
+                j.found.devices.extend(f.devices.iter().cloned());
+                let key = f.key.clone();
+                if !new.is_empty() {
+                    self.adopt(&mut st, &key, &new);
+                }
+                continue;
+            }
+            if st.jobs.len() >= self.cfg.max_jobs || st.ended.contains_key(&f.key) || !crate::correlate::alive(f.root) {
+                continue;
+            }
+            self.start_job(&mut st, f);
+        }
+        let n = st.jobs.len();
+        self.metrics.set("nantrace_jobs_watched", &[], n as f64);
+    }
+
+    fn start_job(&self, st: &mut State, f: Found) {
+        let key = f.key.clone();
+        let identity = f.identity();
+        let mut opts = self.cfg.session_opts();
+        opts.mem_cap_mb = 0; // set in bytes below
+        let info = JobInfo { root_pid: Some(f.root), command: crate::collect::cmdline(f.root), exit_code: None, exit_signal: None, identity: Some(json!({ "job": key, "found_by": f.reason, "scheduler": identity })) };
+        let (tx, rx) = mpsc::channel::<Input>(4096);
+        let metrics = self.metrics.clone();
+        let state = self.state.clone();
+        let webhook = self.webhook.clone();
+        let host = self.host.clone();
+        let (key2, ident2, gpucheck) = (key.clone(), identity.clone(), self.cfg.gpucheck_after_nan);
+        let session = Session::new(opts, info, Mode::Follow).with_label(format!("job {key}: ")).on_dump(move |d| {
+            let family = d.family.clone().unwrap_or_else(|| "none".into());
+            match &d.dir {
+                Some(_) => metrics.inc("nantrace_incidents_total", &[("trigger", &d.trigger), ("family", &family)]),
+                None => metrics.inc("nantrace_incident_failures_total", &[]),
+            }
+            let rec = json!({
+                "time": crate::clock::rfc3339(crate::clock::realtime_ns()),
+                "host": host,
+                "job": key2,
+                "scheduler": ident2,
+                "trigger": d.trigger,
+                "verdict": d.verdict,
+                "family": family,
+                "top_suspect": d.top_suspect,
+                "bundle": d.dir.as_ref().map(|p| p.display().to_string()),
+            });
+            let mut st = lock(&state);
+            st.spool_dirty = true;
+            if let Some(j) = st.jobs.get_mut(&key2) {
+                j.incidents += 1;
+            }
+            st.incidents.push_back(rec.clone());
+            while st.incidents.len() > MAX_INCIDENTS_LISTED {
+                st.incidents.pop_front();
+            }
+            if gpucheck && d.trigger == "nan" && family == "none" {
+                st.gpucheck_queue.extend(d.dir.clone());
+            }
+            drop(st);
+            if let Some(w) = &webhook {
+                if w.try_send(rec).is_err() {
+                    metrics.inc("nantrace_webhook_failures_total", &[]);
+                }
+            }
+        });
+        let share = self.share(st.jobs.len() + 1);
+        let _ = tx.try_send(Input::Budget(share));
+        crate::session::spawn_context_refresh(f.root, session.job_ctx.clone(), tx.clone());
+        crate::session::watch_root_alive(f.root, tx.clone());
+        // Its log files, found without being told (scontrol may take a moment: not here).
+        {
+            let (f2, tx2, state, pod_dir, proc_root) = (f.clone(), tx.clone(), self.state.clone(), self.cfg.pod_log_dir.clone(), self.proc_root.clone());
+            let mut scanner = crate::nanscan::Scanner::new(&self.cfg.nan_patterns).unwrap_or_default();
+            scanner.grad_rule = crate::nanscan::GradRule::Auto;
+            let host = self.host.clone();
+            tokio::spawn(async move {
+                let logs = find_logs(&f2, &pod_dir, &proc_root, &host).await;
+                for (path, format) in &logs {
+                    crate::say!("nantrace: job {}: following {}", f2.key, crate::term::clean(&path.display().to_string()));
+                    follow_file(path.clone(), f2.root, *format, Some(f2.uid), scanner.clone(), tx2.clone());
+                }
+                if logs.is_empty() {
+                    crate::say!("nantrace: job {}: no log file found (its output is a pipe or a terminal): kernel and exit evidence only", f2.key);
+                }
+                if let Some(j) = lock(&state).jobs.get_mut(&f2.key) {
+                    j.logs = logs.into_iter().map(|l| l.0).collect();
+                }
+            });
+        }
+        let (kernel, node, done) = (self.kernel.clone(), self.node.clone(), self.done_tx.clone());
+        let key3 = key.clone();
+        tokio::spawn(async move {
+            let _ = session.drive(rx, kernel, Some(node)).await;
+            let _ = done.send(key3).await;
+        });
+        crate::say!(
+            "nantrace: watching job {key} (root pid {}, {} process(es), uid {}, found by {}{}): {}",
+            f.root,
+            f.pids.len(),
+            f.uid,
+            f.reason,
+            if f.gpus.is_empty() { String::new() } else { format!(", GPUs {:?}", f.gpus) },
+            crate::term::clean(&identity.to_string())
+        );
+        self.metrics.inc("nantrace_jobs_seen_total", &[("kind", identity["kind"].as_str().unwrap_or("process"))]);
+        let pids = f.pids.clone();
+        st.jobs.insert(key.clone(), Job { found: f, tx, since_ns: monotonic_ns(), logs: Vec::new(), incidents: 0 });
+        self.adopt(st, &key, &pids);
+        // The others' shares shrink.
+        let share = self.share(st.jobs.len());
+        for j in st.jobs.values() {
+            let _ = j.tx.try_send(Input::Budget(share));
+        }
+    }
+
+    fn job_ended(&self, key: &str) {
+        let mut st = lock(&self.state);
+        st.ended.insert(key.to_string(), monotonic_ns());
+        let now = monotonic_ns();
+        st.ended.retain(|_, t| now - *t < 30_000_000_000);
+        if let Some(j) = st.jobs.remove(key) {
+            crate::say!("nantrace: job {key} ended after {:.0} s ({} incident(s))", (monotonic_ns() - j.since_ns) as f64 / 1e9, j.incidents);
+        }
+        st.pid_job.retain(|_, k| k != key);
+        let share = self.share(st.jobs.len());
+        for j in st.jobs.values() {
+            let _ = j.tx.try_send(Input::Budget(share));
+        }
+        self.metrics.set("nantrace_jobs_watched", &[], st.jobs.len() as f64);
+    }
+
+    fn housekeeping(&self) {
+        let now = monotonic_ns();
+        lock(&self.node).expire(now);
+        let m = &self.metrics;
+        let drops = self.kernel.drops();
+        m.set_all("nantrace_ringbuf_drops_total", &drops.iter().map(|(k, v)| (vec![("source", k.as_str())], *v as f64)).collect::<Vec<_>>());
+        m.set("nantrace_probes_attached", &[], self.kernel.attached() as f64);
+        m.set("nantrace_probes_failed", &[], self.kernel.probes_not_attached().len() as f64);
+        m.set("nantrace_recorder_bytes", &[("recorder", "node")], lock(&self.node).bytes() as f64);
+    }
+
+    fn spool(&self) {
+        let removed = spool::enforce(&self.cfg.spool_dir, self.cfg.spool_max_mb << 20, self.cfg.spool_max_age_days * 86_400.0);
+        for r in &removed {
+            crate::say!("nantrace: spool: removed {} (size/age limit)", r.display());
+        }
+        self.metrics.add("nantrace_spool_removed_total", &[], removed.len() as f64);
+        let u = spool::usage(&self.cfg.spool_dir);
+        self.metrics.set("nantrace_spool_bytes", &[], u.bytes as f64);
+        self.metrics.set("nantrace_spool_bundles", &[], u.bundles as f64);
+    }
+
+    fn answer(&self, req: &Value, scan_now: &std::sync::mpsc::Sender<()>) -> Value {
+        let cmd = req["cmd"].as_str().unwrap_or("");
+        let st = lock(&self.state);
+        match cmd {
+            "status" => {
+                let node = lock(&self.node).stats();
+                json!({
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "host": self.host,
+                    "uptime_s": (monotonic_ns() - self.started) as f64 / 1e9,
+                    "probes_attached": self.kernel.attached(),
+                    "probes_not_attached": self.kernel.probes_not_attached(),
+                    "probes_error": self.kernel.error,
+                    "ringbuf_drops": self.kernel.drops(),
+                    "jobs": st.jobs.len(),
+                    "incidents": st.incidents.len(),
+                    "spool": { "dir": self.cfg.spool_dir, "usage": spool::usage(&self.cfg.spool_dir), "max_mb": self.cfg.spool_max_mb },
+                    "node_recorder": node,
+                    "metrics": self.cfg.metrics_addr,
+                })
+            }
+            "jobs" => json!({ "jobs": st.jobs.iter().map(|(k, j)| json!({
+                "key": k,
+                "root": j.found.root,
+                "pids": st.pid_job.values().filter(|v| *v == k).count(),
+                "gpus": j.found.gpus,
+                "found_by": j.found.reason,
+                "identity": j.found.identity(),
+                "command": crate::collect::redact::text(&j.found.command),
+                "logs": j.logs,
+                "watched_s": (monotonic_ns() - j.since_ns) as f64 / 1e9,
+                "incidents": j.incidents,
+            })).collect::<Vec<_>>() }),
+            "incidents" => json!({ "incidents": st.incidents }),
+            "dump" => {
+                let want = req["job"].as_str().unwrap_or("");
+                let matching: Vec<(&String, &Job)> = st.jobs.iter().filter(|(k, j)| want.is_empty() || *k == want || j.found.slurm.as_ref().is_some_and(|s| s.job_id == want) || j.found.root.to_string() == want).collect();
+                if matching.is_empty() {
+                    return json!({ "error": format!("no watched job {want:?} (see `nantrace ctl jobs`)") });
+                }
+                for (_, j) in &matching {
+                    let _ = j.tx.try_send(Input::Fire(TriggerKind::Ctl, "nantrace ctl dump".into(), monotonic_ns()));
+                }
+                json!({ "dumping": matching.iter().map(|m| m.0).collect::<Vec<_>>(), "post_s": self.cfg.post_s, "note": "the bundle is written after the post-window; `nantrace ctl incidents` lists it" })
+            }
+            "report" => ctl::last_report(&st.incidents.iter().cloned().collect::<Vec<_>>(), &self.cfg.spool_dir),
+            "slurm-prolog" | "slurm-epilog" | "scan" => {
+                let _ = scan_now.send(());
+                let id = req["job_id"].as_str().unwrap_or("");
+                let key = format!("slurm-{id}");
+                json!({ "ok": true, "job": key, "watched": st.jobs.contains_key(&key), "incidents": st.incidents.iter().filter(|i| i["job"] == key).count() })
+            }
+            _ => json!({ "error": format!("unknown command {cmd:?}: status, jobs, incidents, dump, report, slurm-prolog, slurm-epilog") }),
+        }
+    }
+}
+
+/// A job's log files: Slurm's StdOut/StdErr, a pod's container logs, else the root's stdout
+/// and stderr when they are regular files.
+async fn find_logs(f: &Found, pod_dir: &Path, proc_root: &Path, host: &str) -> Vec<(PathBuf, LogFormat)> {
+    if let Some(s) = &f.slurm {
+        let out = tokio::time::timeout(Duration::from_secs(5), tokio::process::Command::new("scontrol").args(["show", "job", "-o", &s.job_id]).output()).await;
+        if let Ok(Ok(o)) = out {
+            let logs = discover::slurm_logs(&String::from_utf8_lossy(&o.stdout), host);
+            if !logs.is_empty() {
+                return logs.into_iter().map(|p| (p, LogFormat::Plain)).collect();
+            }
+        }
+    }
+    if let Some(p) = &f.pod {
+        let (logs, _) = discover::pod_logs(pod_dir, &p.uid);
+        if !logs.is_empty() {
+            return logs.into_iter().map(|p| (p, LogFormat::Cri)).collect();
+        }
+    }
+    let mut v: Vec<(PathBuf, LogFormat)> = Vec::new();
+    for pid in std::iter::once(f.root).chain(f.pids.iter().copied()).take(16) {
+        for p in discover::fd_logs(proc_root, pid) {
+            if !v.iter().any(|x| x.0 == p) {
+                v.push((p, LogFormat::Plain));
+            }
+        }
+    }
+    v
+}
+
+/// Run the agent until SIGTERM/SIGINT.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let cfg = args.config()?;
+    open_spool(&cfg.spool_dir)?;
+    let proc_root = args.proc_root.clone().unwrap_or_else(|| PathBuf::from("/proc"));
+    let metrics = Arc::new(Metrics::default());
+    metrics.set("nantrace_build_info", &[("version", env!("CARGO_PKG_VERSION"))], 1.0);
+    let kernel = Arc::new(if args.no_probes { Kernel::none("disabled with --no-probes") } else { Kernel::load(&[], cfg.slow_io_ms, false) });
+    let node = Arc::new(Mutex::new(Recorder::new((cfg.window_s * 1e9) as u64, (cfg.mem_cap_mb << 20) / 2)));
+    let state = Arc::new(Mutex::new(State { jobs: BTreeMap::new(), pid_job: HashMap::new(), incidents: VecDeque::new(), gpucheck_queue: Vec::new(), ended: HashMap::new(), spool_dirty: true }));
+    let webhook = (!cfg.webhook_url.is_empty()).then(|| webhook::spawn(cfg.webhook_url.clone(), Duration::from_secs_f64(cfg.webhook_timeout_s), cfg.webhook_retries, metrics.clone()));
+    let (done_tx, mut done_rx) = mpsc::channel::<String>(64);
+    let listener = ctl::bind(&cfg.socket)?;
+    let (ctl_tx, mut ctl_rx) = mpsc::channel::<ctl::Request>(16);
+    ctl::serve(listener, ctl_tx);
+    if !cfg.metrics_addr.is_empty() {
+        metrics::serve(cfg.metrics_addr.parse()?, metrics.clone()).await.with_context(|| format!("metrics on {}", cfg.metrics_addr))?;
+    }
+    let (ktx, mut krx) = mpsc::channel(256);
+    kernel.start_stream(ktx)?;
+    {
+        let node = node.clone();
+        crate::collect::spawn_samplers(cfg.sample_s, None, move |batch| {
+            let mut n = lock(&node);
+            batch.into_iter().for_each(|e| n.push(e));
+            true
+        });
+    }
+    // Discovery on a thread of its own (/proc reads block): results every interval, or at once
+    // when asked (a Slurm prolog, `ctl scan`).
+    let (disc_tx, mut disc_rx) = mpsc::channel::<(Vec<Found>, f64)>(4);
+    let (scan_now, scan_rx) = std::sync::mpsc::channel::<()>();
+    let (cfg_tx, cfg_rx) = std::sync::mpsc::channel::<Config>();
+    {
+        let mut d = discover::Discovery::new(proc_root.clone(), &cfg);
+        let mut every = Duration::from_millis(cfg.scan_interval_ms.max(50));
+        std::thread::Builder::new().name("nantrace-discover".into()).spawn(move || loop {
+            let t0 = std::time::Instant::now();
+            let found = d.scan(monotonic_ns());
+            if disc_tx.blocking_send((found, t0.elapsed().as_secs_f64())).is_err() {
+                return;
+            }
+            let _ = scan_rx.recv_timeout(every);
+            while let Ok(c) = cfg_rx.try_recv() {
+                d.configure(&c);
+                every = Duration::from_millis(c.scan_interval_ms.max(50));
+            }
+        })?;
+    }
+    let host = crate::bundle::Host::read().hostname;
+    let mut agent = Agent { cfg, args, kernel, node, state, metrics, webhook, done_tx, host, started: monotonic_ns(), proc_root };
+    crate::say!(
+        "nantrace: agent {} on {}: {} probes attached, spool {}, socket {}, metrics {}",
+        env!("CARGO_PKG_VERSION"),
+        agent.host,
+        agent.kernel.attached(),
+        agent.cfg.spool_dir.display(),
+        agent.cfg.socket.display(),
+        if agent.cfg.metrics_addr.is_empty() { "off" } else { &agent.cfg.metrics_addr }
+    );
+
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut hup, mut term, mut int) = (signal(SignalKind::hangup())?, signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut ticks = 0u64;
+    let mut gpucheck_task: Option<tokio::task::JoinHandle<()>> = None;
+    loop {
+        tokio::select! {
+            b = krx.recv() => match b {
+                Some(b) => agent.route(b),
+                None => break,
+            },
+            Some((found, secs)) = disc_rx.recv() => {
+                agent.metrics.set("nantrace_discovery_seconds", &[], secs);
+                agent.reconcile(found);
+            }
+            Some((req, reply)) = ctl_rx.recv() => {
+                let _ = reply.send(agent.answer(&req, &scan_now));
+            }
+            Some(key) = done_rx.recv() => agent.job_ended(&key),
+            _ = hup.recv() => match agent.args.config() {
+                Ok(c) => {
+                    let _ = cfg_tx.send(c.clone());
+                    if c.spool_dir != agent.cfg.spool_dir || c.socket != agent.cfg.socket || c.metrics_addr != agent.cfg.metrics_addr || c.webhook_url != agent.cfg.webhook_url {
+                        crate::say!("nantrace: config reloaded; spool_dir, socket, metrics_addr and webhook_url take effect at the next start");
+                    } else {
+                        crate::say!("nantrace: config reloaded");
+                    }
+                    let (spool_dir, socket, metrics_addr, webhook_url) = (agent.cfg.spool_dir.clone(), agent.cfg.socket.clone(), agent.cfg.metrics_addr.clone(), agent.cfg.webhook_url.clone());
+                    agent.cfg = Config { spool_dir, socket, metrics_addr, webhook_url, ..c };
+                }
+                Err(e) => crate::say!("nantrace: ERROR: config not reloaded (the old one stays): {e:#}"),
+            },
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = tick.tick() => {
+                ticks += 1;
+                agent.housekeeping();
+                let dirty = std::mem::take(&mut lock(&agent.state).spool_dirty);
+                if dirty || ticks % 30 == 0 {
+                    agent.spool();
+                }
+                // gpucheck after a NaN: once no watched job holds a GPU device.
+                if gpucheck_task.as_ref().is_none_or(tokio::task::JoinHandle::is_finished) {
+                    let mut st = lock(&agent.state);
+                    if !st.gpucheck_queue.is_empty() && st.jobs.values().all(|j| j.found.devices.is_empty()) {
+                        let bundles = std::mem::take(&mut st.gpucheck_queue);
+                        gpucheck_task = Some(tokio::task::spawn_blocking(move || crate::gpucheck::after_nan(&bundles)));
+                    }
+                }
+            }
+        }
+    }
+    // Drain: every open incident is written (the post-window cut short), then exit.
+    crate::say!("nantrace: agent stopping: writing open incidents");
+    let keys: Vec<String> = {
+        let st = lock(&agent.state);
+        for j in st.jobs.values() {
+            let _ = j.tx.try_send(Input::Fire(TriggerKind::Manual, "agent stopping".into(), 0));
+        }
+        st.jobs.keys().cloned().collect()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut left: BTreeSet<String> = keys.into_iter().collect();
+    while !left.is_empty() {
+        match tokio::time::timeout_at(deadline, done_rx.recv()).await {
+            Ok(Some(k)) => {
+                left.remove(&k);
+            }
+            _ => break,
+        }
+    }
+    let _ = std::fs::remove_file(&agent.cfg.socket);
+    crate::say!("nantrace: agent stopped");
+    Ok(())
+}

@@ -1,0 +1,356 @@
+//! `nantrace agent` end to end, as root: the real probes, real jobs found in /proc by
+//! themselves, their logs followed, bundles in the spool, the control socket, /metrics.
+//! Run single-threaded (`--test-threads=1`): the tests share the kernel and /dev/kmsg.
+mod common;
+
+use std::io::{BufRead as _, BufReader};
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{bundles, kmsg, privileged, sh, BIN};
+use serde_json::Value;
+
+/// A running agent with its own spool, socket and metrics port; its stderr collected.
+pub struct Agent {
+    child: Child,
+    pub dir: PathBuf,
+    pub spool: PathBuf,
+    pub socket: PathBuf,
+    pub metrics: String,
+    pub lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Agent {
+    pub fn start(tag: &str, port: u16, extra: &[&str]) -> Self {
+        let dir = std::env::temp_dir().join(format!("nt-agent-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (spool, socket) = (dir.join("spool"), dir.join("run/agent.sock"));
+        let metrics = format!("127.0.0.1:{port}");
+        let mut child = Command::new(BIN)
+            .args(["agent", "--spool", spool.to_str().unwrap(), "--socket", socket.to_str().unwrap(), "--metrics-addr", &metrics, "--post", "1.5"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn nantrace agent");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let l2 = lines.clone();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[agent] {line}");
+                l2.lock().unwrap().push(line);
+            }
+        });
+        let a = Agent { child, dir, spool, socket, metrics, lines };
+        a.wait_line("agent started", Duration::from_secs(30), |l| l.contains("nantrace: agent ") && l.contains("probes attached"));
+        a
+    }
+
+    pub fn wait_line(&self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let t0 = Instant::now();
+        while t0.elapsed() < timeout {
+            if let Some(l) = self.lines.lock().unwrap().iter().find(|l| pred(l)) {
+                return l.clone();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("agent: no line for {what} within {timeout:?}");
+    }
+
+    pub fn ctl(&self, args: &[&str]) -> Value {
+        let o = Command::new(BIN).args(["ctl"]).args(args).args(["--json", "--socket", self.socket.to_str().unwrap()]).output().unwrap();
+        assert!(o.status.success(), "ctl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("ctl {args:?}: {e}: {}", String::from_utf8_lossy(&o.stdout)))
+    }
+
+    /// Wait until `ctl jobs` lists a job whose root is `root`; returns its entry and the time.
+    pub fn wait_job(&self, root: u32, timeout: Duration) -> (Value, Duration) {
+        let t0 = Instant::now();
+        while t0.elapsed() < timeout {
+            let v = self.ctl(&["jobs"]);
+            if let Some(j) = v["jobs"].as_array().unwrap().iter().find(|j| j["root"] == root) {
+                return (j.clone(), t0.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("job with root pid {root} not listed within {timeout:?}: {}", self.ctl(&["jobs"]));
+    }
+
+    pub fn wait_bundles(&self, n: usize, timeout: Duration) -> Vec<PathBuf> {
+        let t0 = Instant::now();
+        loop {
+            let b = bundles(&self.spool);
+            if b.len() >= n || t0.elapsed() > timeout {
+                return b;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn metrics_text(&self) -> String {
+        use std::io::{Read as _, Write as _};
+        let mut c = std::net::TcpStream::connect(&self.metrics).expect("connect to /metrics");
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut s = String::new();
+        c.read_to_string(&mut s).unwrap();
+        assert!(s.starts_with("HTTP/1.1 200 OK"), "{s}");
+        s
+    }
+
+    /// SIGTERM: the agent drains and exits 0, removing its socket.
+    pub fn stop(mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let t0 = Instant::now();
+        let st = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(70), "agent did not stop within 70 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(st.success(), "agent exit status {st:?}");
+        assert!(!self.socket.exists(), "socket left behind");
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A job script under `dir`, started with its output in a log file (as a batch system does).
+fn start_job(dir: &Path, name: &str, body: &str) -> (Child, PathBuf) {
+    let script = dir.join(format!("{name}.sh"));
+    std::fs::write(&script, format!("#!/bin/bash\n{body}\n")).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let log = dir.join(format!("{name}.log"));
+    let f = std::fs::File::create(&log).unwrap();
+    let child = Command::new(&script).stdout(f.try_clone().unwrap()).stderr(f).stdin(Stdio::null()).spawn().unwrap();
+    (child, log)
+}
+
+fn timeline(b: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(b.join("timeline.json")).unwrap()).unwrap()
+}
+
+fn kill(c: &mut Child) {
+    let _ = sh(&format!("pkill -KILL -P {}", c.id()));
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+#[test]
+fn two_jobs_found_by_themselves_nan_in_one_bundle_for_that_job_only() {
+    if !privileged("two_jobs_found_by_themselves_nan_in_one_bundle_for_that_job_only") {
+        return;
+    }
+    let a = Agent::start("two", 19471, &["--match", "nt-agentjob-"]);
+    // Job B: trains on, forking a worker per step; it prints its pids.
+    let (mut b, b_log) = start_job(&a.dir, "nt-agentjob-b", "echo \"pid $$\"; for i in $(seq 1 200); do sleep 0.05 & echo \"child $!\"; echo \"step $i loss 1.$i\"; wait; done");
+    // Job A: a loss curve, workers, then NaN, then a while before it exits with an error.
+    let (mut ja, _) = start_job(&a.dir, "nt-agentjob-a", "for i in $(seq 1 10); do sleep 0.2 & echo \"step $i loss 2.$i\"; wait; done; echo 'step 11 | loss nan | lr 0.001'; sleep 4; exit 3");
+    let (ja_entry, ta) = a.wait_job(ja.id(), Duration::from_secs(10));
+    let (jb_entry, tb) = a.wait_job(b.id(), Duration::from_secs(10));
+    eprintln!("job start -> listed by the agent: A {:.0} ms, B {:.0} ms", ta.as_secs_f64() * 1e3, tb.as_secs_f64() * 1e3);
+    assert!(ta < Duration::from_secs(2) && tb < Duration::from_secs(2), "a job must be listed within 2 s: {ta:?} {tb:?}");
+    assert_eq!(ja_entry["found_by"], "command");
+    assert!(ja_entry["logs"].to_string().contains("nt-agentjob-a.log") || a.ctl(&["jobs"]).to_string().contains("nt-agentjob-a.log"));
+    let key_a = ja_entry["key"].as_str().unwrap().to_string();
+    assert_ne!(key_a, jb_entry["key"].as_str().unwrap());
+    let st = ja.wait().unwrap();
+    assert_eq!(st.code(), Some(3));
+    let got = a.wait_bundles(1, Duration::from_secs(20));
+    // The NaN and the exit 3 s later: one incident (post-window 1.5 s -> the NaN's bundle
+    // first; the exit may make a second bundle, of the same job).
+    assert!(!got.is_empty(), "no bundle in {}", a.spool.display());
+    std::thread::sleep(Duration::from_secs(3));
+    let b_pids: Vec<u64> = std::fs::read_to_string(&b_log).unwrap().lines().filter_map(|l| l.strip_prefix("pid ").or_else(|| l.strip_prefix("child ")).and_then(|v| v.trim().parse().ok())).collect();
+    assert!(b_pids.len() > 5, "job B's pids: {b_pids:?}");
+    for bundle in bundles(&a.spool) {
+        let t = timeline(&bundle);
+        assert_eq!(t["job"]["identity"]["job"], key_a.as_str(), "a bundle for the other job: {}", bundle.display());
+        assert_eq!(t["job"]["root_pid"], ja.id());
+        let procs: Vec<&Value> = t["events"].as_array().unwrap().iter().filter(|e| matches!(e["source"].as_str(), Some("fork" | "exec" | "exit"))).collect();
+        assert!(!procs.is_empty(), "job A's process events are in its bundle");
+        for e in procs {
+            let pid = e["pid"].as_u64().unwrap();
+            assert!(!b_pids.contains(&pid), "job B's process {pid} in job A's bundle: {e}");
+        }
+        let md = std::fs::read_to_string(bundle.join("report.md")).unwrap();
+        assert!(md.contains(&format!("- job: process tree of pid {}", ja.id())), "{md}");
+    }
+    let first = timeline(&bundles(&a.spool)[0]);
+    assert_eq!(first["trigger"]["kind"], "nan");
+    assert!(first["first_nan"]["line"].as_str().unwrap().contains("loss nan"));
+    // Job B goes on, watched; the bundle count does not move.
+    assert!(a.ctl(&["jobs"])["jobs"].as_array().unwrap().iter().any(|j| j["root"] == b.id()));
+    let inc = a.ctl(&["incidents"]);
+    assert!(inc["incidents"].as_array().unwrap().iter().all(|i| i["job"] == key_a.as_str()), "{inc}");
+    let m = a.metrics_text();
+    assert!(m.contains("nantrace_incidents_total{trigger=\"nan\",family=\"none\"} 1"), "{m}");
+    assert!(m.contains("nantrace_jobs_seen_total{kind=\"process\"} 2"), "{m}");
+    kill(&mut b);
+    a.stop();
+}
+
+#[test]
+fn ctl_dump_status_report_socket_is_root_only_and_sighup_reloads() {
+    if !privileged("ctl_dump_status_report_socket_is_root_only_and_sighup_reloads") {
+        return;
+    }
+    let cfg_dir = std::env::temp_dir().join(format!("nt-agent-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&cfg_dir).unwrap();
+    let cfg = cfg_dir.join("agent.toml");
+    std::fs::write(&cfg, "match_commands = ['nt-ctljob-one']\nscan_interval_ms = 200\n").unwrap();
+    let a = Agent::start("ctl", 19472, &["--config", cfg.to_str().unwrap()]);
+    let mode = std::fs::metadata(&a.socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "socket mode {mode:o}");
+    // Not root: refused (the socket's mode, and the agent's peer check behind it).
+    let o = sh(&format!("setpriv --reuid=65534 --regid=65534 --clear-groups {BIN} ctl status --socket {}", a.socket.display()));
+    assert!(!o.status.success(), "an unprivileged user reached the agent: {}", String::from_utf8_lossy(&o.stdout));
+    let st = a.ctl(&["status"]);
+    assert!(st["probes_attached"].as_u64().unwrap() >= 5, "{st}");
+    assert_eq!(st["jobs"], 0);
+    let (mut j1, _) = start_job(&a.dir, "nt-ctljob-one", "for i in $(seq 1 600); do echo \"step $i loss 0.5\"; sleep 0.1; done");
+    let (entry, _) = a.wait_job(j1.id(), Duration::from_secs(10));
+    let key = entry["key"].as_str().unwrap().to_string();
+    // A bundle on demand.
+    let d = a.ctl(&["dump", "--job", &key]);
+    assert_eq!(d["dumping"][0], key.as_str(), "{d}");
+    let b = a.wait_bundles(1, Duration::from_secs(20));
+    assert_eq!(b.len(), 1);
+    let t = timeline(&b[0]);
+    assert_eq!(t["trigger"]["kind"], "ctl");
+    assert!(std::fs::read_to_string(b[0].join("app.log")).unwrap().contains("step 3 loss 0.5"));
+    // Bundles are root's alone.
+    assert_eq!(std::fs::metadata(&a.spool).unwrap().permissions().mode() & 0o777, 0o700);
+    assert_eq!(std::fs::metadata(&b[0]).unwrap().permissions().mode() & 0o777, 0o700);
+    // `report --last` prints the report of that bundle.
+    let o = Command::new(BIN).args(["ctl", "report", "--last", "--socket", a.socket.to_str().unwrap()]).output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("# nantrace incident report"), "{o:?}");
+    // An unknown job is a clear error.
+    let o = Command::new(BIN).args(["ctl", "dump", "--job", "slurm-999999", "--socket", a.socket.to_str().unwrap()]).output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("no watched job"), "{o:?}");
+    // SIGHUP: a new pattern takes effect; a broken file keeps the old config.
+    let (mut j2, _) = start_job(&a.dir, "nt-ctljob-two", "sleep 30");
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(!a.ctl(&["jobs"]).to_string().contains(&format!("\"root\":{}", j2.id())));
+    std::fs::write(&cfg, "match_commands = ['nt-ctljob-(one|two)']\nscan_interval_ms = 200\n").unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(a.child.id() as i32, libc::SIGHUP) };
+    a.wait_job(j2.id(), Duration::from_secs(5));
+    std::fs::write(&cfg, "match_commands = ['(']\n").unwrap();
+    // SAFETY: as above.
+    unsafe { libc::kill(a.child.id() as i32, libc::SIGHUP) };
+    a.wait_line("reload refused", Duration::from_secs(5), |l| l.contains("config not reloaded"));
+    kill(&mut j1);
+    kill(&mut j2);
+    let _ = std::fs::remove_dir_all(&cfg_dir);
+    a.stop();
+}
+
+#[test]
+fn fatal_xid_dumps_the_gpu_job_only_and_is_counted_in_metrics() {
+    if !privileged("fatal_xid_dumps_the_gpu_job_only_and_is_counted_in_metrics") {
+        return;
+    }
+    // No NVIDIA GPU here: a device node standing in for /dev/nvidia0 (same path shape), held
+    // open by the job the way CUDA holds the real one; discovery reads /proc/PID/fd as it
+    // would on a GPU node.
+    let devdir = std::env::temp_dir().join(format!("nt-agent-dev-{}", std::process::id()));
+    std::fs::create_dir_all(&devdir).unwrap();
+    let dev = devdir.join("nvidia0");
+    let _ = std::fs::remove_file(&dev);
+    common::sh_ok(&format!("mknod {} c 1 3", dev.display()));
+    let a = Agent::start("xid", 19473, &["--gpu-device", devdir.join("nvidia").to_str().unwrap(), "--match", "nt-cpujob"]);
+    let (mut gpu, _) = start_job(&a.dir, "nt-gpujob", &format!("exec 3<>{}; for i in $(seq 1 600); do echo \"step $i loss 0.7\"; sleep 0.1; done", dev.display()));
+    let (mut cpu, _) = start_job(&a.dir, "nt-cpujob", "for i in $(seq 1 600); do echo \"step $i loss 0.9\"; sleep 0.1; done");
+    let (g, _) = a.wait_job(gpu.id(), Duration::from_secs(10));
+    a.wait_job(cpu.id(), Duration::from_secs(10));
+    assert_eq!(g["found_by"], "gpu");
+    assert_eq!(g["gpus"], serde_json::json!([0]));
+    std::thread::sleep(Duration::from_millis(500));
+    kmsg("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.");
+    let b = a.wait_bundles(1, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(2));
+    let b2 = bundles(&a.spool);
+    assert_eq!(b2.len(), 1, "only the GPU job dumps: {b2:?} ({b:?})");
+    let t = timeline(&b2[0]);
+    assert_eq!(t["trigger"]["kind"], "xid");
+    assert_eq!(t["job"]["root_pid"], gpu.id());
+    // The Xid itself (a node-wide event) is in the job's bundle.
+    assert!(t["events"].as_array().unwrap().iter().any(|e| e["source"] == "xid" && e["xid"] == 79), "the Xid is not in the bundle");
+    let md = std::fs::read_to_string(b2[0].join("report.md")).unwrap();
+    assert!(md.contains("PROBABLY THE MACHINE (GPU)"), "{md}");
+    let m = a.metrics_text();
+    assert!(m.contains("nantrace_xid_total{xid=\"79\",gpu=\"0000:3b:00.0\"} 1"), "{m}");
+    assert!(m.contains("nantrace_incidents_total{trigger=\"xid\",family=\"GPU\"} 1"), "{m}");
+    kill(&mut gpu);
+    kill(&mut cpu);
+    let _ = std::fs::remove_dir_all(&devdir);
+    a.stop();
+}
+
+#[test]
+fn pod_found_from_its_cgroup_and_cri_log_read() {
+    if !privileged("pod_found_from_its_cgroup_and_cri_log_read") {
+        return;
+    }
+    // Kubernetes is not available here: the pod's process is a real process, seen through a
+    // /proc-shaped directory whose `cgroup` and `environ` files are recorded from a kubelet
+    // node (containerd, systemd driver, cgroup v2); the rest links to the real /proc entry.
+    // The container log is a real CRI file as the kubelet writes it, with a partial line.
+    let root = std::env::temp_dir().join(format!("nt-podfixture-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let (proc_dir, pods) = (root.join("proc"), root.join("pods"));
+    std::fs::create_dir_all(&proc_dir).unwrap();
+    let uid = "1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718";
+    let logdir = pods.join(format!("ml_trainer-0_{uid}/trainer"));
+    std::fs::create_dir_all(&logdir).unwrap();
+    let log = logdir.join("0.log");
+    std::fs::write(&log, "2026-11-30T10:00:00.000000001Z stdout F step 1 loss 2.5\n").unwrap();
+    let mut job = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = job.id();
+    let p = proc_dir.join(pid.to_string());
+    std::fs::create_dir_all(&p).unwrap();
+    for f in ["stat", "cmdline", "status", "fd"] {
+        std::os::unix::fs::symlink(format!("/proc/{pid}/{f}"), p.join(f)).unwrap();
+    }
+    std::fs::write(p.join("cgroup"), format!("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope\n", uid.replace('-', "_"))).unwrap();
+    std::fs::write(p.join("environ"), "POD_NAMESPACE=ml\0POD_NAME=trainer-0\0").unwrap();
+    let cfg = root.join("agent.toml");
+    std::fs::write(&cfg, format!("pod_log_dir = '{}'\nmatch_commands = ['^sleep 60$']\n", pods.display())).unwrap();
+    let a = Agent::start("pod", 19474, &["--config", cfg.to_str().unwrap(), "--proc-root", proc_dir.to_str().unwrap()]);
+    let (j, _) = a.wait_job(pid, Duration::from_secs(10));
+    assert_eq!(j["key"], format!("pod-{uid}"));
+    assert_eq!(j["identity"]["kind"], "kubernetes");
+    assert_eq!(j["identity"]["namespace"], "ml");
+    a.wait_line("CRI log followed", Duration::from_secs(5), |l| l.contains("following") && l.contains("0.log"));
+    std::thread::sleep(Duration::from_millis(500));
+    let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    use std::io::Write as _;
+    f.write_all(b"2026-11-30T10:00:01.000000001Z stdout F step 2 loss 2.4\n2026-11-30T10:00:02.000000001Z stderr P step 3 | loss: \n2026-11-30T10:00:02.000000002Z stderr F nan | grad_norm: 12.0\n").unwrap();
+    drop(f);
+    let b = a.wait_bundles(1, Duration::from_secs(20));
+    assert_eq!(b.len(), 1);
+    let t = timeline(&b[0]);
+    assert_eq!(t["trigger"]["kind"], "nan");
+    assert_eq!(t["first_nan"]["line"], "step 3 | loss: nan | grad_norm: 12.0", "the partial record was joined");
+    assert_eq!(t["job"]["identity"]["scheduler"]["pod_uid"], uid);
+    let md = std::fs::read_to_string(b[0].join("report.md")).unwrap();
+    assert!(md.contains("- job: Kubernetes pod ml/trainer-0"), "{md}");
+    let _ = job.kill();
+    let _ = job.wait();
+    a.stop();
+    let _ = std::fs::remove_dir_all(&root);
+}
