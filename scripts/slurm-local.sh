@@ -15,6 +15,7 @@
 #   NANTRACE_SLURM_TIMEOUT    seconds `up` waits for the node to be idle and `srun true` to work (default 60)
 #   NANTRACE_SLURMCTLD_PORT   default 6817;  NANTRACE_SLURMD_PORT  default 6818
 #   NANTRACE_SLURM_KEEP=1     `down` keeps the state dir (logs) instead of removing it
+#   NANTRACE_SLURM_PROLOG / NANTRACE_SLURM_EPILOG   Prolog=/Epilog= scripts (nantrace's dist/slurm/)
 #
 # munged is private to this instance (own key, own socket under the state dir; slurm.conf
 # points at it with AuthInfo=socket=...), so a system munged, if any, is neither used nor touched.
@@ -158,6 +159,9 @@ MessageTimeout=10
 MailProg=/bin/true
 NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
 PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+${NANTRACE_SLURM_PROLOG:+Prolog=$NANTRACE_SLURM_PROLOG}
+${NANTRACE_SLURM_EPILOG:+Epilog=$NANTRACE_SLURM_EPILOG}
+${NANTRACE_SLURM_PROLOG:+PrologFlags=Alloc}
 EOF
   if [ -e "$CONF" ] && cmp -s "$CONF" "$CONF.new"; then rm -f "$CONF.new"; return 1; fi
   mv "$CONF.new" "$CONF"; return 0

@@ -55,6 +55,8 @@ pub fn slurm_from(environ: &[u8], cgroup: &str) -> Option<SlurmRef> {
             b"SLURM_JOB_ID" | b"SLURM_JOBID" if r.job_id.is_empty() => r.job_id = v,
             b"SLURM_STEP_ID" | b"SLURM_STEPID" => r.step_id = Some(v),
             b"SLURM_JOB_USER" => r.user = Some(v),
+            // A prolog or epilog (and what it runs, e.g. `nantrace ctl`) is not the job.
+            b"SLURM_SCRIPT_CONTEXT" => return None,
             _ => {}
         }
     }
@@ -108,7 +110,14 @@ pub fn read_proc(root: &Path, pid: u32) -> Option<Proc> {
     let environ = std::fs::read(d.join("environ")).unwrap_or_default();
     let cgroup = std::fs::read_to_string(d.join("cgroup")).unwrap_or_default();
     let cmdline = String::from_utf8_lossy(&cmd).split('\0').filter(|s| !s.is_empty()).collect::<Vec<_>>().join(" ");
-    Some(Proc { pid, ppid, pgid, uid, starttime, cmdline, slurm: slurm_from(&environ, &cgroup), pod: pod_from(&environ, &cgroup) })
+    let mut slurm = slurm_from(&environ, &cgroup);
+    // A batch script (slurmstepd runs `<spool>/jobNNN/slurm_script`) has no SLURM_STEP_ID.
+    if let Some(s) = slurm.as_mut().filter(|s| s.step_id.is_none()) {
+        if cmdline.contains("/slurm_script") {
+            s.step_id = Some("batch".into());
+        }
+    }
+    Some(Proc { pid, ppid, pgid, uid, starttime, cmdline, slurm, pod: pod_from(&environ, &cgroup) })
 }
 
 /// The device paths among a process's open descriptors that start with one of `prefixes`
@@ -188,11 +197,13 @@ pub struct Discovery {
     pub slurm_all: bool,
     /// Processes never reported as jobs (nantrace itself).
     pub ignore: BTreeSet<u32>,
+    /// Slurm jobs a prolog announced: watched whatever their GPU use.
+    pub slurm_wanted: BTreeSet<String>,
 }
 
 impl Discovery {
     pub fn new(root: PathBuf, cfg: &super::config::Config) -> Self {
-        let mut d = Self { root, seen: HashMap::new(), devices: Vec::new(), patterns: Vec::new(), slurm_all: false, ignore: BTreeSet::from([std::process::id()]) };
+        let mut d = Self { root, seen: HashMap::new(), devices: Vec::new(), patterns: Vec::new(), slurm_all: false, ignore: BTreeSet::from([std::process::id()]), slurm_wanted: BTreeSet::new() };
         d.configure(cfg);
         d
     }
@@ -250,11 +261,16 @@ impl Discovery {
         if self.ignore.contains(&s.proc.pid) || self.ignore.contains(&s.proc.ppid) {
             return None;
         }
+        // slurmstepd's own forks carry the job's environment for a moment before they become
+        // the job (as root): the job is what they exec.
+        if s.proc.cmdline.starts_with("slurmstepd") {
+            return None;
+        }
         if !s.devices.is_empty() {
             Some("gpu")
         } else if self.patterns.iter().any(|r| r.is_match(&s.proc.cmdline)) {
             Some("command")
-        } else if self.slurm_all && s.proc.slurm.is_some() {
+        } else if s.proc.slurm.as_ref().is_some_and(|sl| self.slurm_all || self.slurm_wanted.contains(&sl.job_id)) {
             Some("slurm")
         } else {
             None
@@ -431,6 +447,7 @@ mod tests {
     #[test]
     fn slurm_job_from_environment_or_cgroup() {
         let env = b"PATH=/usr/bin\0SLURM_JOB_ID=4242\0SLURM_STEP_ID=0\0SLURM_JOB_USER=alice\0HF_TOKEN=hf_secret\0";
+        assert_eq!(slurm_from(b"SLURM_JOB_ID=4242\0SLURM_SCRIPT_CONTEXT=prolog_slurmd\0", ""), None);
         assert_eq!(slurm_from(env, ""), Some(SlurmRef { job_id: "4242".into(), step_id: Some("0".into()), user: Some("alice".into()) }));
         // proctrack/cgroup, cgroup v2 (recorded from a Slurm 23.02 node).
         let cg = "0::/system.slice/slurmstepd.scope/job_77/step_batch/user/task_0\n";

@@ -78,6 +78,13 @@ impl Args {
     }
 }
 
+/// To the discovery thread.
+enum DiscMsg {
+    Config(Config),
+    WantSlurm(String),
+    ForgetSlurm(String),
+}
+
 /// One watched job.
 struct Job {
     found: Found,
@@ -97,7 +104,7 @@ struct State {
     gpucheck_queue: Vec<PathBuf>,
     /// Jobs that ended recently (key -> when): a /proc scan taken just before the end does
     /// not bring them back.
-    ended: HashMap<String, u64>,
+    ended: HashMap<String, (u64, u32)>,
     /// A bundle was written: the spool's usage is measured again.
     spool_dirty: bool,
 }
@@ -268,7 +275,7 @@ impl Agent {
                 }
                 continue;
             }
-            if st.jobs.len() >= self.cfg.max_jobs || st.ended.contains_key(&f.key) || !crate::correlate::alive(f.root) {
+            if st.jobs.len() >= self.cfg.max_jobs || st.ended.get(&f.key).is_some_and(|e| e.1 == f.root) || !crate::correlate::alive(f.root) {
                 continue;
             }
             self.start_job(&mut st, f);
@@ -377,9 +384,10 @@ impl Agent {
 
     fn job_ended(&self, key: &str) {
         let mut st = lock(&self.state);
-        st.ended.insert(key.to_string(), monotonic_ns());
         let now = monotonic_ns();
-        st.ended.retain(|_, t| now - *t < 30_000_000_000);
+        let root = st.jobs.get(key).map_or(0, |j| j.found.root);
+        st.ended.insert(key.to_string(), (now, root));
+        st.ended.retain(|_, t| now - t.0 < 30_000_000_000);
         if let Some(j) = st.jobs.remove(key) {
             crate::say!("nantrace: job {key} ended after {:.0} s ({} incident(s))", (monotonic_ns() - j.since_ns) as f64 / 1e9, j.incidents);
         }
@@ -413,7 +421,7 @@ impl Agent {
         self.metrics.set("nantrace_spool_bundles", &[], u.bundles as f64);
     }
 
-    fn answer(&self, req: &Value, scan_now: &std::sync::mpsc::Sender<()>) -> Value {
+    fn answer(&self, req: &Value, scan_now: &std::sync::mpsc::Sender<()>, disc: &std::sync::mpsc::Sender<DiscMsg>) -> Value {
         let cmd = req["cmd"].as_str().unwrap_or("");
         let st = lock(&self.state);
         match cmd {
@@ -460,9 +468,13 @@ impl Agent {
             }
             "report" => ctl::last_report(&st.incidents.iter().cloned().collect::<Vec<_>>(), &self.cfg.spool_dir),
             "slurm-prolog" | "slurm-epilog" | "scan" => {
-                let _ = scan_now.send(());
                 let id = req["job_id"].as_str().unwrap_or("");
+                if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit() || b == b'_') {
+                    let _ = disc.send(if cmd == "slurm-prolog" { DiscMsg::WantSlurm(id.to_string()) } else { DiscMsg::ForgetSlurm(id.to_string()) });
+                }
+                let _ = scan_now.send(());
                 let key = format!("slurm-{id}");
+                crate::say!("nantrace: {cmd} for Slurm job {}", crate::term::clean(id));
                 json!({ "ok": true, "job": key, "watched": st.jobs.contains_key(&key), "incidents": st.incidents.iter().filter(|i| i["job"] == key).count() })
             }
             _ => json!({ "error": format!("unknown command {cmd:?}: status, jobs, incidents, dump, report, slurm-prolog, slurm-epilog") }),
@@ -531,7 +543,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // when asked (a Slurm prolog, `ctl scan`).
     let (disc_tx, mut disc_rx) = mpsc::channel::<(Vec<Found>, f64)>(4);
     let (scan_now, scan_rx) = std::sync::mpsc::channel::<()>();
-    let (cfg_tx, cfg_rx) = std::sync::mpsc::channel::<Config>();
+    let (cfg_tx, cfg_rx) = std::sync::mpsc::channel::<DiscMsg>();
     {
         let mut d = discover::Discovery::new(proc_root.clone(), &cfg);
         let mut every = Duration::from_millis(cfg.scan_interval_ms.max(50));
@@ -542,9 +554,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 return;
             }
             let _ = scan_rx.recv_timeout(every);
-            while let Ok(c) = cfg_rx.try_recv() {
-                d.configure(&c);
-                every = Duration::from_millis(c.scan_interval_ms.max(50));
+            while let Ok(m) = cfg_rx.try_recv() {
+                match m {
+                    DiscMsg::Config(c) => {
+                        d.configure(&c);
+                        every = Duration::from_millis(c.scan_interval_ms.max(50));
+                    }
+                    DiscMsg::WantSlurm(id) => {
+                        d.slurm_wanted.insert(id);
+                    }
+                    DiscMsg::ForgetSlurm(id) => {
+                        d.slurm_wanted.remove(&id);
+                    }
+                }
             }
         })?;
     }
@@ -576,12 +598,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 agent.reconcile(found);
             }
             Some((req, reply)) = ctl_rx.recv() => {
-                let _ = reply.send(agent.answer(&req, &scan_now));
+                let _ = reply.send(agent.answer(&req, &scan_now, &cfg_tx));
             }
             Some(key) = done_rx.recv() => agent.job_ended(&key),
             _ = hup.recv() => match agent.args.config() {
                 Ok(c) => {
-                    let _ = cfg_tx.send(c.clone());
+                    let _ = cfg_tx.send(DiscMsg::Config(c.clone()));
                     if c.spool_dir != agent.cfg.spool_dir || c.socket != agent.cfg.socket || c.metrics_addr != agent.cfg.metrics_addr || c.webhook_url != agent.cfg.webhook_url {
                         crate::say!("nantrace: config reloaded; spool_dir, socket, metrics_addr and webhook_url take effect at the next start");
                     } else {

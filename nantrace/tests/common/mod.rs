@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod agent;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_nantrace");
 
 /// True when the test may run. Not root: fails in CI (CI runs as root), skips loudly elsewhere.

@@ -1,0 +1,184 @@
+//! The agent with real services, started by the tests: a one-node Slurm cluster (Debian's
+//! slurm-wlm + munge, scripts/slurm-local.sh) and Prometheus (Debian's prometheus,
+//! scripts/prometheus-local.sh). As root, single-threaded; the scripts install the packages
+//! when they are missing.
+mod common;
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::agent::Agent;
+use common::{bundles, kmsg, privileged, BIN};
+use serde_json::Value;
+
+fn scripts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts")
+}
+
+fn run(cmd: &mut Command) -> String {
+    let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(o.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The cluster, brought down at the end even when the test fails.
+struct Slurm {
+    conf: String,
+}
+
+impl Slurm {
+    fn up(prolog: &Path, epilog: &Path) -> Self {
+        let out = run(Command::new("bash").arg(scripts().join("slurm-local.sh")).arg("up").env("NANTRACE_SLURM_PROLOG", prolog).env("NANTRACE_SLURM_EPILOG", epilog));
+        let conf = out.lines().find_map(|l| l.strip_prefix("export SLURM_CONF=")).expect("SLURM_CONF from slurm-local.sh up").trim().to_string();
+        Slurm { conf }
+    }
+
+    /// Submit as `user`; returns the job id.
+    fn sbatch(&self, user: &str, dir: &Path, script: &str) -> String {
+        let out = run(Command::new("runuser").args(["-u", user, "--", "env", &format!("SLURM_CONF={}", self.conf), "sbatch", "--parsable", "--chdir"]).arg(dir).args(["-o", "slurm-%j.out", "--wrap", script]));
+        out.trim().split(';').next().unwrap().to_string()
+    }
+
+    fn scontrol(&self, args: &[&str]) -> String {
+        run(Command::new("scontrol").args(args).env("SLURM_CONF", &self.conf))
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        let _ = Command::new("bash").arg(scripts().join("slurm-local.sh")).arg("down").status();
+    }
+}
+
+fn timeline(b: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(b.join("timeline.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn slurm_job_nan_gives_a_bundle_with_job_step_user_and_ctl_dump_on_demand() {
+    if !privileged("slurm_job_nan_gives_a_bundle_with_job_step_user_and_ctl_dump_on_demand") {
+        return;
+    }
+    // A user of our own submits (the bundle must name the submitter, not root).
+    let _ = Command::new("useradd").args(["-M", "-s", "/bin/bash", "ntjob"]).status();
+    // The shipped prolog/epilog, pointed at the agent's socket.
+    let socket = Agent::dir_for("slurm").join("run/agent.sock");
+    let hooks = std::env::temp_dir().join(format!("nt-slurmhooks-{}", std::process::id()));
+    std::fs::create_dir_all(&hooks).unwrap();
+    std::fs::set_permissions(&hooks, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dist = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/slurm");
+    for h in ["prolog", "epilog"] {
+        let p = hooks.join(format!("{h}.sh"));
+        std::fs::write(&p, format!("#!/bin/sh\nexport NANTRACE_BIN={BIN} NANTRACE_SOCKET={}\nexec {}\n", socket.display(), dist.join(format!("{h}.sh")).display())).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let slurm = Slurm::up(&hooks.join("prolog.sh"), &hooks.join("epilog.sh"));
+    // As on a Slurm node: the agent's scontrol finds the cluster.
+    let a = Agent::start_env("slurm", 19476, &[], &[("SLURM_CONF", &slurm.conf)]);
+    let work = a.dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o777)).unwrap();
+    // The agent watches GPU jobs only (the default): this CPU job is watched because the
+    // prolog announced it.
+    let id = slurm.sbatch("ntjob", &work, "for i in $(seq 1 10); do echo \"step $i loss 2.$i\"; sleep 0.4; done; echo 'step 11 loss nan'; sleep 3; exit 1");
+    a.wait_line("prolog", Duration::from_secs(30), |l| l.contains(&format!("slurm-prolog for Slurm job {id}")));
+    let t0 = Instant::now();
+    let key = format!("slurm-{id}");
+    let job = loop {
+        let v = a.ctl(&["jobs"]);
+        if let Some(j) = v["jobs"].as_array().unwrap().iter().find(|j| j["key"] == key.as_str()) {
+            break j.clone();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "Slurm job {id} not watched: {v}\n{}", slurm.scontrol(&["show", "job", &id]));
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("Slurm job {id} watched {:.0} ms after the prolog ran", t0.elapsed().as_secs_f64() * 1e3);
+    assert_eq!(job["identity"]["kind"], "slurm");
+    assert_eq!(job["identity"]["user"], "ntjob");
+    assert_eq!(job["found_by"], "slurm");
+    let out_file = work.join(format!("slurm-{id}.out"));
+    a.wait_line("log followed", Duration::from_secs(10), |l| l.contains("following") && l.contains(&format!("slurm-{id}.out")));
+    let b = a.wait_bundles(1, Duration::from_secs(40));
+    assert!(!b.is_empty(), "no bundle for Slurm job {id}; its output: {:?}", std::fs::read_to_string(&out_file));
+    let t = timeline(&b[0]);
+    assert_eq!(t["trigger"]["kind"], "nan", "{}", t["trigger"]);
+    let sched = &t["job"]["identity"]["scheduler"];
+    assert_eq!((sched["kind"].as_str(), sched["job_id"].as_str(), sched["step_id"].as_str(), sched["user"].as_str()), (Some("slurm"), Some(id.as_str()), Some("batch"), Some("ntjob")), "{sched}");
+    let snap: Value = serde_json::from_str(&std::fs::read_to_string(b[0].join("snapshot.json")).unwrap()).unwrap();
+    let s = &snap["job"]["scheduler"]["slurm"];
+    let s = if s.is_null() { &snap["scheduler"]["slurm"] } else { s };
+    assert_eq!(s["job_id"], id.as_str(), "scheduler section: {}", snap["scheduler"]);
+    assert_eq!(s["user"], "ntjob");
+    assert!(s["scontrol_show_job"].as_str().unwrap().contains(&format!("JobId={id}")));
+    let md = std::fs::read_to_string(b[0].join("report.md")).unwrap();
+    assert!(md.contains(&format!("- job: Slurm job {id}, step batch, user ntjob")), "{md}");
+    assert!(std::fs::read_to_string(b[0].join("app.log")).unwrap().contains("step 11 loss nan"));
+    // The epilog ran when it ended.
+    a.wait_line("epilog", Duration::from_secs(30), |l| l.contains(&format!("slurm-epilog for Slurm job {id}")));
+
+    // On demand: a running job, `nantrace ctl dump --job <Slurm id>`.
+    let before = bundles(&a.spool).len();
+    let id2 = slurm.sbatch("ntjob", &work, "for i in $(seq 1 300); do echo \"step $i loss 0.$i\"; sleep 0.2; done");
+    let key2 = format!("slurm-{id2}");
+    let t0 = Instant::now();
+    while !a.ctl(&["jobs"]).to_string().contains(&key2) {
+        assert!(t0.elapsed() < Duration::from_secs(20), "Slurm job {id2} not watched");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let d = a.ctl(&["dump", "--job", &id2]);
+    assert_eq!(d["dumping"][0], key2.as_str(), "{d}");
+    let t0 = Instant::now();
+    let newest = loop {
+        if let Some(t) = bundles(&a.spool).iter().map(|p| timeline(p)).find(|t| t["job"]["identity"]["job"] == key2.as_str()) {
+            break t;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no bundle for the second job ({before} before)");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(newest["trigger"]["kind"], "ctl");
+    let _ = Command::new("scancel").arg(&id2).env("SLURM_CONF", &slurm.conf).status();
+    drop(slurm);
+    a.stop();
+    let _ = std::fs::remove_dir_all(&hooks);
+}
+
+#[test]
+fn prometheus_scrapes_the_agent_and_sees_an_injected_xid() {
+    if !privileged("prometheus_scrapes_the_agent_and_sees_an_injected_xid") {
+        return;
+    }
+    let a = Agent::start("prom", 19477, &[]);
+    struct Prom;
+    impl Drop for Prom {
+        fn drop(&mut self) {
+            let _ = Command::new("bash").arg(scripts().join("prometheus-local.sh")).arg("down").status();
+        }
+    }
+    run(Command::new("bash").arg(scripts().join("prometheus-local.sh")).args(["up", &a.metrics, "19090"]));
+    let _p = Prom;
+    kmsg("NVRM: Xid (PCI:0000:b1:00): 79, pid=4242, name=python3, GPU has fallen off the bus.");
+    let q = |promql: &str| -> Value {
+        serde_json::from_str(&run(Command::new("bash").arg(scripts().join("prometheus-local.sh")).args(["query", promql]))).unwrap()
+    };
+    let t0 = Instant::now();
+    let series = loop {
+        let v = q("nantrace_xid_total{xid=\"79\"}");
+        if let Some(s) = v["data"]["result"].as_array().filter(|r| !r.is_empty()) {
+            break s.clone();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "Prometheus never saw nantrace_xid_total{{xid=\"79\"}}: {v}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    eprintln!("Xid in Prometheus {:.1} s after injection: {series:?}", t0.elapsed().as_secs_f64());
+    assert_eq!(series.len(), 1);
+    assert_eq!(series[0]["metric"]["gpu"], "0000:b1:00.0");
+    assert_eq!(series[0]["metric"]["job"], "nantrace");
+    assert_eq!(series[0]["value"][1], "1");
+    let probes = q("nantrace_probes_attached");
+    let n: f64 = probes["data"]["result"][0]["value"][1].as_str().unwrap().parse().unwrap();
+    assert!(n >= 5.0, "{probes}");
+    a.stop();
+}

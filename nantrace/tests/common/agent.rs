@@ -1,0 +1,137 @@
+//! A running `nantrace agent` for the tests: its own spool, socket and metrics port.
+use std::io::{BufRead as _, BufReader};
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{bundles, BIN};
+
+/// A running agent with its own spool, socket and metrics port; its stderr collected.
+pub struct Agent {
+    pub child: Child,
+    pub dir: PathBuf,
+    pub spool: PathBuf,
+    pub socket: PathBuf,
+    pub metrics: String,
+    pub lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Agent {
+    /// Where `start(tag, ...)` puts its files (a test may need the socket path first).
+    pub fn dir_for(tag: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("nt-agent-{tag}-{}", std::process::id()))
+    }
+
+    pub fn start(tag: &str, port: u16, extra: &[&str]) -> Self {
+        Self::start_env(tag, port, extra, &[])
+    }
+
+    pub fn start_env(tag: &str, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let dir = Self::dir_for(tag);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (spool, socket) = (dir.join("spool"), dir.join("run/agent.sock"));
+        let metrics = format!("127.0.0.1:{port}");
+        let mut child = Command::new(BIN)
+            .args(["agent", "--spool", spool.to_str().unwrap(), "--socket", socket.to_str().unwrap(), "--metrics-addr", &metrics, "--post", "1.5"])
+            .args(extra)
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn nantrace agent");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let l2 = lines.clone();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[agent] {line}");
+                l2.lock().unwrap().push(line);
+            }
+        });
+        let a = Agent { child, dir, spool, socket, metrics, lines };
+        a.wait_line("agent started", Duration::from_secs(30), |l| l.contains("nantrace: agent ") && l.contains("probes attached"));
+        a
+    }
+
+    pub fn wait_line(&self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let t0 = Instant::now();
+        while t0.elapsed() < timeout {
+            if let Some(l) = self.lines.lock().unwrap().iter().find(|l| pred(l)) {
+                return l.clone();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("agent: no line for {what} within {timeout:?}");
+    }
+
+    pub fn ctl(&self, args: &[&str]) -> Value {
+        let o = Command::new(BIN).args(["ctl"]).args(args).args(["--json", "--socket", self.socket.to_str().unwrap()]).output().unwrap();
+        assert!(o.status.success(), "ctl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("ctl {args:?}: {e}: {}", String::from_utf8_lossy(&o.stdout)))
+    }
+
+    /// Wait until `ctl jobs` lists a job whose root is `root`; returns its entry and the time.
+    pub fn wait_job(&self, root: u32, timeout: Duration) -> (Value, Duration) {
+        let t0 = Instant::now();
+        while t0.elapsed() < timeout {
+            let v = self.ctl(&["jobs"]);
+            if let Some(j) = v["jobs"].as_array().unwrap().iter().find(|j| j["root"] == root) {
+                return (j.clone(), t0.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("job with root pid {root} not listed within {timeout:?}: {}", self.ctl(&["jobs"]));
+    }
+
+    pub fn wait_bundles(&self, n: usize, timeout: Duration) -> Vec<PathBuf> {
+        let t0 = Instant::now();
+        loop {
+            let b = bundles(&self.spool);
+            if b.len() >= n || t0.elapsed() > timeout {
+                return b;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn metrics_text(&self) -> String {
+        use std::io::{Read as _, Write as _};
+        let mut c = std::net::TcpStream::connect(&self.metrics).expect("connect to /metrics");
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut s = String::new();
+        c.read_to_string(&mut s).unwrap();
+        assert!(s.starts_with("HTTP/1.1 200 OK"), "{s}");
+        s
+    }
+
+    /// SIGTERM: the agent drains and exits 0, removing its socket.
+    pub fn stop(mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let t0 = Instant::now();
+        let st = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(70), "agent did not stop within 70 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(st.success(), "agent exit status {st:?}");
+        assert!(!self.socket.exists(), "socket left behind");
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
