@@ -156,6 +156,7 @@ fi
 
 install -m 0755 "$BIN" "$ROOTFS/usr/local/bin/nantrace"
 
+unmount_all "$ROOTFS"   # what a SIGKILLed run left behind
 mount -t proc proc "$ROOTFS/proc"
 # rbind brings tracefs/debugfs/cgroup/BTF with /sys; rslave at once, so that unmounting here
 # never propagates back to the host's mounts.
