@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's front door. Installs what is missing (idempotently), builds the
 //! eBPF probes with the pinned toolchain, builds the CLI, runs the tests, the demo, the bench.
 mod bench;
+mod dist;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -41,6 +42,15 @@ enum Cmd {
         /// Tiny sizes, a few seconds: proves the benchmark still works
         #[arg(long)]
         smoke: bool,
+    },
+    /// Release binary for glibc >= 2.28 (cargo zigbuild), probes embedded, plus
+    /// target/dist/nantrace-VERSION-x86_64-linux-gnu.tar.gz (docs/dist.md).
+    /// NANTRACE_BPF_OBJ=path embeds a prebuilt eBPF object instead of building one.
+    Dist {
+        /// Then, as root, run scripts/dist-check.sh on the tarball: the binary on a Debian
+        /// bullseye (glibc 2.31) chroot, probes loading on this host, install.sh into a DESTDIR
+        #[arg(long)]
+        check_old_glibc: bool,
     },
 }
 
@@ -114,6 +124,7 @@ fn main() -> Result<()> {
             let bin = build_cli(true)?;
             bench::run(smoke, &bin)
         }
+        Cmd::Dist { check_old_glibc } => dist::dist(check_old_glibc),
     }
 }
 

@@ -25,7 +25,7 @@ fn output(cmd: &mut Command) -> Option<String> {
     o.status.success().then(|| String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
-fn apt_install(pkgs: &[&str]) -> Result<()> {
+pub(crate) fn apt_install(pkgs: &[&str]) -> Result<()> {
     let missing: Vec<&str> = pkgs
         .iter()
         .copied()
@@ -40,7 +40,8 @@ fn apt_install(pkgs: &[&str]) -> Result<()> {
     run(&mut upd).context("apt-get update failed: check network access to the Debian mirrors")?;
     let mut inst = Command::new(sudo.first().copied().unwrap_or("apt-get"));
     if !sudo.is_empty() { inst.arg("apt-get"); }
-    inst.env("DEBIAN_FRONTEND", "noninteractive").args(["install", "-y", "-q", "--no-install-recommends"]).args(&missing);
+    // Wait for a dpkg lock held by another apt run rather than fail at once.
+    inst.env("DEBIAN_FRONTEND", "noninteractive").args(["-o", "DPkg::Lock::Timeout=300", "install", "-y", "-q", "--no-install-recommends"]).args(&missing);
     run(&mut inst).with_context(|| format!("apt-get install {missing:?} failed"))
 }
 
