@@ -160,3 +160,17 @@ mod tests {
         c.check().unwrap();
     }
 }
+
+#[cfg(test)]
+mod docs {
+    #[test]
+    fn every_key_is_in_docs_and_in_the_shipped_file() {
+        let doc = include_str!("../../../docs/agent.md");
+        let shipped = include_str!("../../../dist/agent.toml");
+        let v = serde_json::to_value(super::Config::default()).unwrap();
+        for k in v.as_object().unwrap().keys() {
+            assert!(doc.contains(&format!("| `{k}` |")), "{k} is not in docs/agent.md's table");
+            assert!(shipped.lines().any(|l| l.starts_with(&format!("{k} ="))), "{k} is not in dist/agent.toml");
+        }
+    }
+}

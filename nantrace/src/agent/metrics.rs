@@ -184,3 +184,15 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod docs {
+    #[test]
+    fn every_metric_is_in_docs_agent_md() {
+        let doc = include_str!("../../../docs/agent.md");
+        for (name, kind, _) in super::FAMILIES {
+            assert!(doc.contains(&format!("`{name}`")), "{name} is not documented in docs/agent.md");
+            assert!(name.ends_with("_total") == (*kind == "counter"), "{name}: counters end in _total, gauges do not");
+        }
+    }
+}

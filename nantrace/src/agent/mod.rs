@@ -296,7 +296,8 @@ impl Agent {
         let webhook = self.webhook.clone();
         let host = self.host.clone();
         let (key2, ident2, gpucheck) = (key.clone(), identity.clone(), self.cfg.gpucheck_after_nan);
-        let session = Session::new(opts, info, Mode::Follow).with_label(format!("job {key}: ")).on_dump(move |d| {
+        let m2 = self.metrics.clone();
+        let session = Session::new(opts, info, Mode::Follow).with_label(format!("job {key}: ")).on_fault(move |fam| m2.inc("nantrace_job_output_failures_total", &[("family", fam.as_str())])).on_dump(move |d| {
             let family = d.family.clone().unwrap_or_else(|| "none".into());
             match &d.dir {
                 Some(_) => metrics.inc("nantrace_incidents_total", &[("trigger", &d.trigger), ("family", &family)]),

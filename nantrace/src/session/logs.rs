@@ -275,7 +275,7 @@ pub enum LogFormat {
 }
 
 /// Follow a log file like `tail -F`: survives rotation (new inode) and truncation.
-/// `owner`: the file is read only while it belongs to this uid (or root) and is not a symlink
+/// `owner`: the file is read only while it belongs to this uid and is not a symlink
 /// (the agent follows paths a job chose: a link to a root-only file is not read as root).
 pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32>, scanner: Scanner, tx: mpsc::Sender<Input>) {
     std::thread::spawn(move || {
@@ -387,8 +387,8 @@ pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32
     });
 }
 
-/// Open a log to follow; with `owner`, only a regular file (not a link) owned by that uid or
-/// root, opened without following a link.
+/// Open a log to follow; with `owner`, only a regular file (not a link) owned by that uid,
+/// opened without following a link.
 fn open_log(path: &std::path::Path, owner: Option<u32>) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let Some(uid) = owner else {
@@ -401,7 +401,9 @@ fn open_log(path: &std::path::Path, owner: Option<u32>) -> std::io::Result<(std:
     if !m.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
-    if m.uid() != uid && m.uid() != 0 {
+    // Exactly the job's user: a root-owned file reached through a directory link the user
+    // planted (`~/logs -> /etc`) is not read as root.
+    if m.uid() != uid {
         return Err(std::io::Error::other(format!("owned by uid {}, not by the job's user {uid}", m.uid())));
     }
     Ok((f, m))

@@ -161,6 +161,8 @@ pub struct Session {
     label: String,
     /// Called with each dump's result (the agent's metrics, webhook, spool).
     on_dump: Option<Box<dyn Fn(&Dumped) + Send>>,
+    /// Called with the family of each failure line of the job's output (the agent's metrics).
+    on_fault: Option<Box<dyn Fn(crate::joblog::JobFamily) + Send>>,
 }
 
 impl Session {
@@ -193,6 +195,7 @@ impl Session {
             not_scanned: Arc::new(AtomicU64::new(0)),
             label: String::new(),
             on_dump: None,
+            on_fault: None,
             opts,
         }
     }
@@ -205,6 +208,11 @@ impl Session {
 
     pub fn on_dump(mut self, f: impl Fn(&Dumped) + Send + 'static) -> Self {
         self.on_dump = Some(Box::new(f));
+        self
+    }
+
+    pub fn on_fault(mut self, f: impl Fn(crate::joblog::JobFamily) + Send + 'static) -> Self {
+        self.on_fault = Some(Box::new(f));
         self
     }
 
@@ -258,6 +266,11 @@ impl Session {
     /// A line of the job's output.
     pub fn on_log(&mut self, e: Event) {
         *self.counts.entry("log").or_default() += 1;
+        if let (Some(f), Detail::Log(l)) = (&self.on_fault, &e.detail) {
+            if let Some(fault) = l.fault.as_deref() {
+                f(fault.family);
+            }
+        }
         if let Some(f) = trigger::from_event_seen(&e, self.seen_nan, self.seen_job_error) {
             self.seen_nan |= f.kind == TriggerKind::Nan;
             if f.kind == TriggerKind::JobError {
