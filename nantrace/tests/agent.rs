@@ -238,3 +238,46 @@ fn pod_found_from_its_cgroup_and_cri_log_read() {
     a.stop();
     let _ = std::fs::remove_dir_all(&root);
 }
+
+fn vm_kib(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap()
+}
+
+#[test]
+fn a_log_flood_keeps_the_agent_within_its_budget_and_the_nan_after_it_is_seen() {
+    if !privileged("a_log_flood_keeps_the_agent_within_its_budget_and_the_nan_after_it_is_seen") {
+        return;
+    }
+    let cfg_dir = std::env::temp_dir().join(format!("nt-agent-floodcfg-{}", std::process::id()));
+    std::fs::create_dir_all(&cfg_dir).unwrap();
+    let cfg = cfg_dir.join("agent.toml");
+    std::fs::write(&cfg, "mem_cap_mb = 32\nmatch_commands = ['nt-floodjob']\n").unwrap();
+    let a = Agent::start("flood", 19478, &["--config", cfg.to_str().unwrap()]);
+    let base = vm_kib(a.child.id(), "VmRSS:");
+    // 300 000 lines (about 26 MB; the jobs' share of the budget is 16 MiB) as fast as the job can write them, then a NaN.
+    let (mut j, log) = start_job(&a.dir, "nt-floodjob", "sleep 1; yes 'step 1 | loss 0.25 | lr 3e-4 | tokens/s 180000 | some padding to make the line longer' | head -n 300000; echo 'step 2 | loss nan'; sleep 30");
+    a.wait_job(j.id(), Duration::from_secs(10));
+    // While the flood is read (until the NaN fires): the recorder's budget and the runtime.
+    let t0 = std::time::Instant::now();
+    let mut reading = 0;
+    while !a.lines.lock().unwrap().iter().any(|l| l.contains("trigger nan")) {
+        reading = reading.max(vm_kib(a.child.id(), "VmRSS:"));
+        assert!(t0.elapsed() < Duration::from_secs(180), "the NaN after the flood was not seen in 180 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let b = a.wait_bundles(1, Duration::from_secs(60));
+    assert_eq!(b.len(), 1, "no bundle after the NaN");
+    let t = timeline(&b[0]);
+    assert_eq!(t["trigger"]["kind"], "nan");
+    let hwm = vm_kib(a.child.id(), "VmHWM:");
+    eprintln!("agent RSS at start {} MiB, while reading the flood {} MiB, peak with the dump {} MiB; log {} MiB; recorder {}", base / 1024, reading / 1024, hwm / 1024, std::fs::metadata(&log).unwrap().len() >> 20, t["accounting"]["recorder"]);
+    assert!(reading < base + 32 * 1024 + 32 * 1024, "RSS {reading} KiB while reading the flood (started at {base} KiB) with a 32 MiB budget");
+    // The dump of a full window builds the digest, trace and HTML (bounded by DIGEST_MAX events).
+    assert!(hwm < base + 32 * 1024 + 192 * 1024, "peak RSS {hwm} KiB with the dump (started at {base} KiB)");
+    assert!(t["accounting"]["recorder"]["bytes"].as_u64().unwrap() <= t["accounting"]["recorder"]["cap_bytes"].as_u64().unwrap());
+    assert!(t["accounting"]["recorder"]["evicted_by_memory"].as_u64().unwrap() > 0, "the flood must have been evicted: {}", t["accounting"]["recorder"]);
+    kill(&mut j);
+    let _ = std::fs::remove_dir_all(&cfg_dir);
+    a.stop();
+}

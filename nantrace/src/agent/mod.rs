@@ -336,10 +336,10 @@ impl Agent {
         let share = self.share(st.jobs.len() + 1);
         let _ = tx.try_send(Input::Budget(share));
         crate::session::spawn_context_refresh(f.root, session.job_ctx.clone(), tx.clone());
-        crate::session::watch_root_alive(f.root, tx.clone());
+        crate::session::watch_root_alive(f.root, tx.clone(), session.logs_behind.clone());
         // Its log files, found without being told (scontrol may take a moment: not here).
         {
-            let (f2, tx2, state, pod_dir, proc_root) = (f.clone(), tx.clone(), self.state.clone(), self.cfg.pod_log_dir.clone(), self.proc_root.clone());
+            let (f2, tx2, state, pod_dir, proc_root, behind) = (f.clone(), tx.clone(), self.state.clone(), self.cfg.pod_log_dir.clone(), self.proc_root.clone(), session.logs_behind.clone());
             let mut scanner = crate::nanscan::Scanner::new(&self.cfg.nan_patterns).unwrap_or_default();
             scanner.grad_rule = crate::nanscan::GradRule::Auto;
             let host = self.host.clone();
@@ -347,7 +347,7 @@ impl Agent {
                 let logs = find_logs(&f2, &pod_dir, &proc_root, &host).await;
                 for (path, format) in &logs {
                     crate::say!("nantrace: job {}: following {}", f2.key, crate::term::clean(&path.display().to_string()));
-                    follow_file(path.clone(), f2.root, *format, Some(f2.uid), scanner.clone(), tx2.clone());
+                    follow_file(path.clone(), f2.root, *format, Some(f2.uid), scanner.clone(), tx2.clone(), behind.clone());
                 }
                 if logs.is_empty() {
                     crate::say!("nantrace: job {}: no log file found (its output is a pipe or a terminal): kernel and exit evidence only", f2.key);

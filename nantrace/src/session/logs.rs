@@ -277,8 +277,18 @@ pub enum LogFormat {
 /// Follow a log file like `tail -F`: survives rotation (new inode) and truncation.
 /// `owner`: the file is read only while it belongs to this uid and is not a symlink
 /// (the agent follows paths a job chose: a link to a root-only file is not read as root).
-pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32>, scanner: Scanner, tx: mpsc::Sender<Input>) {
+/// `behind`: how many followers of the session have not yet read their file to its end (the
+/// job's end waits for them, so the last lines of a flood are not lost).
+pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32>, scanner: Scanner, tx: mpsc::Sender<Input>, behind: std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::Ordering;
     std::thread::spawn(move || {
+        let mut am_behind = false;
+        let mut set_behind = |b: bool| {
+            if b != am_behind {
+                am_behind = b;
+                if b { behind.fetch_add(1, Ordering::SeqCst) } else { behind.fetch_sub(1, Ordering::SeqCst) };
+            }
+        };
         let comm = comm_of(pid);
         let mut reader = LineReader::new(scanner);
         let mut cri = super::cri::CriJoiner::default();
@@ -307,6 +317,7 @@ pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32
         };
         loop {
             if tx.is_closed() {
+                set_behind(false);
                 return;
             }
             // (Re)open on start, after rotation, or when the file appears.
@@ -369,13 +380,16 @@ pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32
                     if n == 0 {
                         break;
                     }
+                    set_behind(true);
                     pos += n as u64;
                     split.push(&buf[..n], |l| lines.push(l));
                     if !send(&mut lines) {
+                        set_behind(false);
                         return;
                     }
                 }
             }
+            set_behind(false);
             // Woken by any change in the log's directory (a write, a rotation), else every
             // 100 ms: a line is read right after it is written, before a copytruncate can
             // remove it (redteam 2.13).

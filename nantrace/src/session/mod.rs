@@ -157,6 +157,8 @@ pub struct Session {
     dumped_any: bool,
     /// Bytes of the job's output passed through but not scanned (the scanner was behind).
     pub not_scanned: Arc<AtomicU64>,
+    /// Log followers not yet at the end of their file (see `follow_file`).
+    pub logs_behind: Arc<AtomicU64>,
     /// Said before every line this session prints (the agent: the job's name).
     label: String,
     /// Called with each dump's result (the agent's metrics, webhook, spool).
@@ -193,6 +195,7 @@ impl Session {
             bundles: Vec::new(),
             dumped_any: false,
             not_scanned: Arc::new(AtomicU64::new(0)),
+            logs_behind: Arc::new(AtomicU64::new(0)),
             label: String::new(),
             on_dump: None,
             on_fault: None,
@@ -603,9 +606,9 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             }
             for l in logs {
                 check_log(l)?;
-                follow_file(l.clone(), *pid, LogFormat::Plain, None, scanner.clone(), tx.clone());
+                follow_file(l.clone(), *pid, LogFormat::Plain, None, scanner.clone(), tx.clone(), session.logs_behind.clone());
             }
-            watch_root_alive(*pid, tx.clone());
+            watch_root_alive(*pid, tx.clone(), session.logs_behind.clone());
         }
     }
 
@@ -671,8 +674,9 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
 }
 
 /// The end of a process nantrace did not start: from /proc (the kernel's exit event, when
-/// seen, gives the code).
-pub fn watch_root_alive(pid: u32, tx: mpsc::Sender<Input>) {
+/// seen, gives the code). The end is reported once the log followers have read their files to
+/// the end (at most 120 s later): the lines a job printed just before dying are its last words.
+pub fn watch_root_alive(pid: u32, tx: mpsc::Sender<Input>, logs_behind: Arc<AtomicU64>) {
     tokio::spawn(async move {
         while crate::correlate::alive(pid) {
             if tx.is_closed() {
@@ -681,6 +685,10 @@ pub fn watch_root_alive(pid: u32, tx: mpsc::Sender<Input>) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
+        let t0 = tokio::time::Instant::now();
+        while logs_behind.load(Ordering::SeqCst) > 0 && t0.elapsed() < Duration::from_secs(120) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let _ = tx.send(Input::JobExit { code: None, signal: None }).await;
     });
 }
