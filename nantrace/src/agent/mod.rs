@@ -80,7 +80,7 @@ impl Args {
 
 /// To the discovery thread.
 enum DiscMsg {
-    Config(Config),
+    Config(Box<Config>),
     WantSlurm(String),
     ForgetSlurm(String),
 }
@@ -604,7 +604,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             Some(key) = done_rx.recv() => agent.job_ended(&key),
             _ = hup.recv() => match agent.args.config() {
                 Ok(c) => {
-                    let _ = cfg_tx.send(DiscMsg::Config(c.clone()));
+                    let _ = cfg_tx.send(DiscMsg::Config(Box::new(c.clone())));
                     if c.spool_dir != agent.cfg.spool_dir || c.socket != agent.cfg.socket || c.metrics_addr != agent.cfg.metrics_addr || c.webhook_url != agent.cfg.webhook_url {
                         crate::say!("nantrace: config reloaded; spool_dir, socket, metrics_addr and webhook_url take effect at the next start");
                     } else {
@@ -621,7 +621,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 ticks += 1;
                 agent.housekeeping();
                 let dirty = std::mem::take(&mut lock(&agent.state).spool_dirty);
-                if dirty || ticks % 30 == 0 {
+                if dirty || ticks.is_multiple_of(30) {
                     agent.spool();
                 }
                 // gpucheck after a NaN: once no watched job holds a GPU device.

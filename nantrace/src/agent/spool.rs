@@ -54,7 +54,7 @@ pub fn enforce(dir: &Path, max_bytes: u64, max_age_s: f64) -> Vec<PathBuf> {
         if i + 1 == b.len() {
             break;
         }
-        let old = max_age_s > 0.0 && now.duration_since(*t).map_or(false, |d| d.as_secs_f64() > max_age_s);
+        let old = max_age_s > 0.0 && now.duration_since(*t).is_ok_and(|d| d.as_secs_f64() > max_age_s);
         if total <= max_bytes && !old {
             continue;
         }

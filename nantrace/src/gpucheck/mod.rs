@@ -296,6 +296,28 @@ pub fn summary(v: &Value) -> String {
     s
 }
 
+/// After a job has exited (its GPUs free): each NaN bundle without hardware evidence gets a
+/// silent-data-corruption check of the GPUs (run once for all), added to it as gpucheck.json.
+/// Used by `run --gpucheck` and by the agent.
+pub fn after_nan(bundles: &[std::path::PathBuf]) {
+    let mut result: Option<serde_json::Value> = None;
+    for b in bundles {
+        let Ok((a, t, _)) = crate::report::for_bundle(b) else { continue };
+        if t["first_nan"].is_null() || a.machine {
+            continue;
+        }
+        let v = result.get_or_insert_with(|| {
+            crate::say!("nantrace: NaN without hardware evidence: checking the GPUs for silent data corruption (nantrace gpucheck)");
+            run(&Opts::default())
+        });
+        crate::say!("{}", crate::term::clean_lines(summary(v).trim_end()));
+        match into_bundle(b, v) {
+            Ok(()) => crate::say!("nantrace: gpucheck.json added to {}", b.display()),
+            Err(e) => crate::say!("nantrace: WARNING: could not add gpucheck.json to {}: {e:#}", b.display()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,27 +378,5 @@ mod tests {
             assert!(PTX.contains(&format!(".visible .entry {k}(")), "{k}");
         }
         assert!(PTX.contains("fma.rn.f32") && PTX.contains("fma.rn.f16") && PTX.contains("fma.rn.bf16"));
-    }
-}
-
-/// After a job has exited (its GPUs free): each NaN bundle without hardware evidence gets a
-/// silent-data-corruption check of the GPUs (run once for all), added to it as gpucheck.json.
-/// Used by `run --gpucheck` and by the agent.
-pub fn after_nan(bundles: &[std::path::PathBuf]) {
-    let mut result: Option<serde_json::Value> = None;
-    for b in bundles {
-        let Ok((a, t, _)) = crate::report::for_bundle(b) else { continue };
-        if t["first_nan"].is_null() || a.machine {
-            continue;
-        }
-        let v = result.get_or_insert_with(|| {
-            crate::say!("nantrace: NaN without hardware evidence: checking the GPUs for silent data corruption (nantrace gpucheck)");
-            run(&Opts::default())
-        });
-        crate::say!("{}", crate::term::clean_lines(summary(v).trim_end()));
-        match into_bundle(b, v) {
-            Ok(()) => crate::say!("nantrace: gpucheck.json added to {}", b.display()),
-            Err(e) => crate::say!("nantrace: WARNING: could not add gpucheck.json to {}: {e:#}", b.display()),
-        }
     }
 }

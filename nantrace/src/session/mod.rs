@@ -112,6 +112,9 @@ pub struct Dumped {
     pub trigger: String,
 }
 
+type DumpHook = Box<dyn Fn(&Dumped) + Send>;
+type FaultHook = Box<dyn Fn(crate::joblog::JobFamily) + Send>;
+
 /// How the job is tied to the session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -162,9 +165,9 @@ pub struct Session {
     /// Said before every line this session prints (the agent: the job's name).
     label: String,
     /// Called with each dump's result (the agent's metrics, webhook, spool).
-    on_dump: Option<Box<dyn Fn(&Dumped) + Send>>,
+    on_dump: Option<DumpHook>,
     /// Called with the family of each failure line of the job's output (the agent's metrics).
-    on_fault: Option<Box<dyn Fn(crate::joblog::JobFamily) + Send>>,
+    on_fault: Option<FaultHook>,
 }
 
 impl Session {
