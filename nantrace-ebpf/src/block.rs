@@ -66,7 +66,7 @@ fn log2(mut v: u64) -> u32 {
 }
 
 #[tracepoint(category = "block", name = "block_rq_complete")]
-pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
+pub fn block_rq_done(ctx: TracePointContext) -> u32 {
     let Some(k) = key(&ctx, conf!(off.bio_done_dev), conf!(off.bio_done_sector)) else {
         return 0;
     };

@@ -7,6 +7,7 @@
 #![no_main]
 
 mod aer;
+mod bench;
 mod block;
 mod oom;
 mod printk;

@@ -50,7 +50,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
 }
 
 #[tracepoint(category = "sched", name = "sched_process_fork")]
-pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
+pub fn sched_fork(ctx: TracePointContext) -> u32 {
     let (tgid, _) = current_pid_tgid();
     if !is_job(tgid) {
         return 0;
@@ -90,7 +90,7 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
 }
 
 #[tracepoint(category = "sched", name = "sched_process_exec")]
-pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
+pub fn sched_exec(ctx: TracePointContext) -> u32 {
     let (tgid, _) = current_pid_tgid();
     if !is_job(tgid) {
         return 0;
@@ -114,7 +114,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
 }
 
 #[tracepoint(category = "syscalls", name = "sys_enter_exit_group")]
-pub fn sys_enter_exit_group(ctx: TracePointContext) -> u32 {
+pub fn exit_group(ctx: TracePointContext) -> u32 {
     let (tgid, _) = current_pid_tgid();
     if conf!(whole_machine) == 0 && !is_job(tgid) {
         return 0;
@@ -128,7 +128,7 @@ pub fn sys_enter_exit_group(ctx: TracePointContext) -> u32 {
 }
 
 #[tracepoint(category = "sched", name = "sched_process_exit")]
-pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+pub fn sched_exit(ctx: TracePointContext) -> u32 {
     let (tgid, tid) = current_pid_tgid();
     let job = is_job(tgid) || is_job(tid);
     let whole = conf!(whole_machine) != 0;

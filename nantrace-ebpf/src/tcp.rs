@@ -7,7 +7,7 @@ use crate::{conf, count_drop, fill_header, EVENTS};
 const AF_INET: u16 = 2;
 
 #[tracepoint(category = "tcp", name = "tcp_retransmit_skb")]
-pub fn tcp_retransmit_skb(ctx: TracePointContext) -> u32 {
+pub fn tcp_retransmit(ctx: TracePointContext) -> u32 {
     let fam_off = conf!(off.tcp_family);
     if fam_off == MISSING {
         return 0;

@@ -287,6 +287,15 @@ enum Cmd {
         go: Option<PathBuf>,
         #[arg(long, default_value_t = 10)]
         kmsg_every: u32,
+        /// synth, synth-gen: offered events per second, seconds, records per syscall, threads
+        #[arg(long, default_value_t = 500_000)]
+        rate: u64,
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 32)]
+        burst: u32,
+        #[arg(long, default_value_t = 2)]
+        threads: u32,
     },
     #[command(hide = true, name = "demo-hog")]
     DemoHog { procs: String },
@@ -463,7 +472,7 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::DemoTrain { scenario, step_ms } => nantrace::demo::train(&scenario, step_ms),
         Cmd::DemoWorker => nantrace::demo::worker(),
-        Cmd::BenchInternal { what, n, dir, go, kmsg_every } => {
+        Cmd::BenchInternal { what, n, dir, go, kmsg_every, rate, seconds, burst, threads } => {
             use nantrace::benchkit as b;
             let v = match what.as_str() {
                 "workload" => b::workload(n as u32, kmsg_every, &dir, go.as_deref()),
@@ -472,6 +481,9 @@ fn main() -> anyhow::Result<()> {
                 "drain" => b::drain(n),
                 "dump" => b::dump(n, &dir),
                 "bpf-stats" => b::bpf_stats(),
+                "floor" => b::floor(go.as_deref())?,
+                "synth" => runtime()?.block_on(b::synth(rate, seconds, burst, threads))?,
+                "synth-gen" => b::synth_gen(rate, seconds, burst, threads, go.as_deref()),
                 other => anyhow::bail!("unknown bench-internal {other}"),
             };
             sayout!("{v}");

@@ -256,8 +256,13 @@ fn a_log_flood_keeps_the_agent_within_its_budget_and_the_nan_after_it_is_seen() 
     let a = Agent::start("flood", 19478, &["--config", cfg.to_str().unwrap()]);
     let base = vm_kib(a.child.id(), "VmRSS:");
     // 300 000 lines (about 26 MB; the jobs' share of the budget is 16 MiB) as fast as the job can write them, then a NaN.
-    let (mut j, log) = start_job(&a.dir, "nt-floodjob", "sleep 1; yes 'step 1 | loss 0.25 | lr 3e-4 | tokens/s 180000 | some padding to make the line longer' | head -n 300000; echo 'step 2 | loss nan'; sleep 30");
+    // The flood starts once the agent follows the log (a log found already long is read from
+    // 256 KiB before its end, as `attach` does).
+    let go = a.dir.join("go");
+    let (mut j, log) = start_job(&a.dir, "nt-floodjob", &format!("while [ ! -e {} ]; do sleep 0.1; done; yes 'step 1 | loss 0.25 | lr 3e-4 | tokens/s 180000 | some padding to make the line longer' | head -n 300000; echo 'step 2 | loss nan'; sleep 30", go.display()));
     a.wait_job(j.id(), Duration::from_secs(10));
+    a.wait_line("log followed", Duration::from_secs(10), |l| l.contains("following") && l.contains("nt-floodjob.log"));
+    std::fs::write(&go, "").unwrap();
     // While the flood is read (until the NaN fires): the recorder's budget and the runtime.
     let t0 = std::time::Instant::now();
     let mut reading = 0;

@@ -90,6 +90,14 @@ fn wait_for_line(child: &mut Child, needle: &str, timeout: Duration) -> Result<(
 fn start_tracer(kind: &'static str, bin: &Path, target: u32, tmp: &Path) -> Result<Option<Tracer>> {
     match kind {
         "none" => Ok(None),
+        "floor" => {
+            // The do-nothing programs on the same tracepoints; they stop when `go-floor` goes.
+            let flag = tmp.join("go-floor");
+            std::fs::write(&flag, "")?;
+            let mut c = Command::new(bin).args(["bench-internal", "floor", "--go"]).arg(&flag).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
+            wait_for_line(&mut c, "floor programs attached", Duration::from_secs(30))?;
+            Ok(Some(Tracer { child: c, kind }))
+        }
         "nantrace" => {
             let mut c = Command::new(bin)
                 .args(["attach", "--pid", &target.to_string(), "--no-trigger", "exit", "--no-trigger", "signal", "--post", "0", "--out"])
@@ -212,8 +220,10 @@ fn run_once(kind: &'static str, bin: &Path, iters: u32, tmp: &Path) -> Result<se
     }
     if let Some(mut t) = tracer {
         if t.kind == "bpftrace" {
-            // SAFETY: signalling our own child.
             let _ = Command::new("kill").args(["-INT", &t.child.id().to_string()]).status();
+        }
+        if t.kind == "floor" {
+            let _ = std::fs::remove_file(tmp.join("go-floor"));
         }
         let deadline = Instant::now() + Duration::from_secs(20);
         while t.child.try_wait()?.is_none() && Instant::now() < deadline {
@@ -440,7 +450,7 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
     std::fs::create_dir_all(&tmp)?;
     let (reps, iters) = if smoke { (1, 40) } else { (5, 1500) };
     let have_bpftrace = Command::new("bpftrace").arg("--version").output().is_ok_and(|o| o.status.success());
-    let mut kinds = vec!["none", "nantrace"];
+    let mut kinds = vec!["none", "floor", "nantrace"];
     if have_bpftrace {
         kinds.push("bpftrace");
     }
@@ -483,6 +493,7 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
         dumps.push(internal(bin, &["dump", "--n", if smoke { "2000" } else { "100000" }, "--dir", tmp.to_str().unwrap()])?["seconds"].as_f64().unwrap_or(0.0));
     }
     let idle = idle_cpu(bin, if smoke { 2.0 } else { 10.0 }).ok();
+    let synth = synthetic(bin, if smoke { 100_000 } else { 500_000 }, if smoke { 1.0 } else { 10.0 }).unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }));
     let agent = agent(bin, if smoke { 1.0 } else { 10.0 }, &tmp).unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }));
     let flood = flood_dump(bin, if smoke { 200_000 } else { 8_000_000 }, if smoke { 16 } else { 64 }, &tmp).unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }));
     let uname = Command::new("uname").arg("-r").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
@@ -500,7 +511,10 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
         "idle_cpu_s_per_s": idle,
         "flood_dump": flood,
         "agent": agent,
+        "synthetic_throughput": synth,
     });
+    // The previous run, for the tables' "before" column.
+    let previous: serde_json::Value = std::fs::read_to_string(root().join("bench/results.json")).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&tmp);
     if smoke {
         // Smoke mode proves the benchmark runs; it does not overwrite the recorded numbers.
@@ -515,6 +529,10 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
                 }
             }
         }
+        if let Some(e) = results["synthetic_throughput"]["error"].as_str() {
+            bail!("bench smoke: the synthetic throughput run failed: {e}");
+        }
+        eprintln!("xtask bench --smoke: synthetic {}", results["synthetic_throughput"]);
         if let Some(e) = results["agent"]["error"].as_str() {
             bail!("bench smoke: the agent run failed: {e}");
         }
@@ -523,7 +541,7 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
     }
     std::fs::create_dir_all(root().join("bench"))?;
     std::fs::write(root().join("bench/results.json"), serde_json::to_string_pretty(&results)?)?;
-    std::fs::write(root().join("docs/performance.md"), markdown(&results))?;
+    std::fs::write(root().join("docs/performance.md"), markdown(&results, &previous))?;
     eprintln!("xtask bench: wrote bench/results.json and docs/performance.md");
     Ok(())
 }
@@ -535,29 +553,64 @@ fn f(v: &serde_json::Value, scale: f64, unit: &str) -> String {
     }
 }
 
-fn markdown(r: &serde_json::Value) -> String {
+/// `bench-internal synth`: the synthetic generator through the real ring, reader and recorder.
+fn synthetic(bin: &Path, rate: u64, secs: f64) -> Result<serde_json::Value> {
+    internal(bin, &["synth", "--rate", &rate.to_string(), "--seconds", &secs.to_string(), "--burst", "32", "--threads", "2"])
+}
+
+/// A nantrace program's floor program (see `nantrace/src/probes/mod.rs`, PROBES).
+const FLOORS: &[(&str, &str)] = &[
+    ("printk_console", "floor_printk"),
+    ("ras_aer_event", "floor_aer"),
+    ("oom_mark_victim", "floor_oom"),
+    ("block_rq_issue", "floor_blk_issue"),
+    ("block_rq_done", "floor_blk_done"),
+    ("tcp_retransmit", "floor_tcp"),
+    ("task_newtask", "floor_newtask"),
+    ("sched_fork", "floor_fork"),
+    ("sched_exec", "floor_exec"),
+    ("sched_exit", "floor_exit"),
+    ("exit_group", "floor_exit_grp"),
+    ("signal_generate", "floor_signal"),
+];
+
+/// Median ns/run of one program (by name, before `#id`) over all runs of one tracer.
+fn prog_ns(r: &serde_json::Value, tracer: &str, name: &str) -> Option<f64> {
+    let mut v: Vec<f64> = r["runs"].as_array()?.iter().filter(|x| x["tracer"] == tracer).filter_map(|x| x["programs"].as_object()).flat_map(|m| m.iter().filter(|(k, _)| k.split('#').next() == Some(name)).filter_map(|(_, p)| p["ns_per_run"].as_f64()).collect::<Vec<_>>()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[v.len() / 2])
+}
+
+fn markdown(r: &serde_json::Value, prev: &serde_json::Value) -> String {
     let w = &r["workload"];
     let mut s = format!(
         "# Performance\n\nMeasured by `sudo cargo xtask bench` on {} — kernel {}, {} CPUs (the project's 2-core VM).\nMedians over {} repetitions, (min–max) in brackets. The raw numbers are in `bench/results.json`.\n\n",
         r["date"].as_str().unwrap_or("?"), r["kernel"].as_str().unwrap_or("?"), r["cpus"], r["reps"]
     );
     s.push_str(&format!("## Workload slowdown\n\nThe fixed workload (`nantrace bench-internal workload --n {}`): per iteration one 4 KiB O_DIRECT write + fdatasync, one fork/exec/exit of /bin/true, one TCP round trip over loopback, and a kernel log line every 10 iterations. Tracers: nantrace `attach --pid` (all probes, flight recorder, collectors at 1 s) and bpftrace running an equivalent script (same tracepoints and fields, `xtask/src/bench.rs`).\n\n| tracer | workload time s | tracer CPU s/s | kernel ns per program run |\n|---|---|---|---|\n", r["workload_iterations"]));
-    for k in ["none", "nantrace", "bpftrace"] {
+    for k in ["none", "floor", "nantrace", "bpftrace"] {
         if w.get(k).is_some() {
             s.push_str(&format!("| {k} | {} | {} | {} |\n", f(&w[k]["elapsed_s"], 1.0, ""), f(&w[k]["tracer_cpu_s_per_s"], 1.0, ""), f(&w[k]["kernel_ns_per_event"], 1.0, "")));
         }
     }
     let ra = &r["ratios"];
     s.push_str(&format!("\nRatios of medians: nantrace/none = {}, bpftrace/none = {}, nantrace/bpftrace = {}.\n\n", ra["nantrace_vs_none"], ra["bpftrace_vs_none"], ra["nantrace_vs_bpftrace"]));
-    s.push_str("### Per-program kernel cost (last repetition, `kernel.bpf_stats_enabled=1`)\n\n| tracer | program | ns/run | runs |\n|---|---|---|---|\n");
-    for k in ["nantrace", "bpftrace"] {
-        if let Some(run) = r["runs"].as_array().and_then(|a| a.iter().rev().find(|x| x["tracer"] == k)) {
-            if let Some(m) = run["programs"].as_object() {
-                for (name, v) in m {
-                    s.push_str(&format!("| {k} | {name} | {:.0} | {} |\n", v["ns_per_run"].as_f64().unwrap_or(0.0), v["runs"]));
-                }
-            }
-        }
+    s.push_str("### Per-program kernel cost, above the floor\n\nMedians over the repetitions (`kernel.bpf_stats_enabled=1`). The floor is a do-nothing program on the same tracepoint, run under the same workload (`floor_*` in `nantrace-ebpf/src/bench.rs`): what any BPF program there costs (dispatch and run accounting). bpftrace's equivalents are listed beside, with the same floor subtracted. \"before\" is the previous run's figure from `bench/results.json` (its programs had the older names).\n\n| program | tracepoint runs/iteration | ns/run | floor | above floor | bpftrace above floor | before (ns/run) |\n|---|---|---|---|---|---|---|\n");
+    let bt_names: &[(&str, &str)] = &[("block_rq_issue", "block_rq_issue"), ("block_rq_done", "block_rq_comple"), ("sched_fork", "sched_process_f"), ("exit_group", "sys_enter_exit_"), ("signal_generate", "signal_generate"), ("printk_console", "console")];
+    let old_names: &[(&str, &str)] = &[("block_rq_done", "block_rq_comple"), ("sched_fork", "sched_process_f"), ("exit_group", "sys_enter_exit_"), ("tcp_retransmit", "tcp_retransmit_")];
+    let iters = r["workload_iterations"].as_f64().unwrap_or(1.0);
+    for (prog, floor) in FLOORS {
+        let Some(ns) = prog_ns(r, "nantrace", prog) else { continue };
+        let fl = prog_ns(r, "floor", floor);
+        let runs = r["runs"].as_array().and_then(|a| a.iter().rev().find(|x| x["tracer"] == "nantrace")).and_then(|x| x["programs"].as_object()).and_then(|m| m.iter().find(|(k, _)| k.split('#').next() == Some(prog)).map(|(_, p)| p["runs"].as_f64().unwrap_or(0.0)));
+        let bt = bt_names.iter().find(|b| b.0 == *prog).and_then(|b| prog_ns(r, "bpftrace", b.1));
+        let old = old_names.iter().find(|b| b.0 == *prog).map_or(*prog, |b| b.1);
+        let before = prog_ns(prev, "nantrace", old);
+        let fmt = |v: Option<f64>| v.map_or("n/a".to_string(), |x| format!("{x:.0}"));
+        s.push_str(&format!("| {prog} | {} | {ns:.0} | {} | {} | {} | {} |\n", runs.map_or("?".into(), |x| format!("{:.1}", x / iters)), fmt(fl), fmt(fl.map(|f| ns - f)), fmt(match (bt, fl) { (Some(b), Some(f)) => Some(b - f), _ => None }), fmt(before)));
     }
     s.push_str(&format!("\n## Startup (launch to first event delivered)\n\n| tracer | seconds |\n|---|---|\n| nantrace | {} |\n| bpftrace | {} |\n", f(&r["startup_s"]["nantrace"], 1.0, ""), f(&r["startup_s"]["bpftrace"], 1.0, "")));
     let tp = &r["throughput"];
@@ -565,11 +618,15 @@ fn markdown(r: &serde_json::Value) -> String {
     s.push_str(&format!("\n## Throughput and loss\n\nA fork storm of the watched job (`bench-internal forkstorm`, fork + _exit in a loop), 2 events per fork.\n\n| ring | offered ev/s | delivered ev/s | delivered / expected | drops reported |\n|---|---|---|---|---|\n| {} | {:.0} | {:.0} | {} / {} | {} |\n| {} | {:.0} | {:.0} | {} / {} | {} |\n",
         tp["ring_bytes"], tp["offered_events_per_s"].as_f64().unwrap_or(0.0), tp["delivered_events_per_s"].as_f64().unwrap_or(0.0), tp["delivered_events"], tp["expected_events"], tp["kernel_drops_reported"],
         tps["ring_bytes"], tps["offered_events_per_s"].as_f64().unwrap_or(0.0), tps["delivered_events_per_s"].as_f64().unwrap_or(0.0), tps["delivered_events"], tps["expected_events"], tps["kernel_drops_reported"]));
+    let sy = &r["synthetic_throughput"];
+    s.push_str(&format!("\n### Synthetic: {:.0} records/s offered for {:.0} s (SYNTHETIC)\n\nThe fork storm cannot offer more than ~16 k events/s on this VM. `bench_emit` (`nantrace-ebpf/src/bench.rs`, attached only by `bench-internal synth`) writes 32 fork-shaped records into the same ring buffer per getppid() of a generator process (2 threads, paced per 0.5 ms); the same reader, decoder and flight recorder as `run` and the agent consume them. Default ring ({} bytes).\n\n| offered | delivered | lost | drops reported | userspace CPU s per million records |\n|---|---|---|---|---|\n| {} ({:.0}/s) | {} ({:.0}/s) | {} | {} | {:.3} |\n",
+        sy["offered_per_s"].as_f64().unwrap_or(0.0), sy["seconds"].as_f64().unwrap_or(0.0), sy["ring_bytes"], sy["offered"], sy["offered_per_s"].as_f64().unwrap_or(0.0), sy["delivered"], sy["delivered_per_s"].as_f64().unwrap_or(0.0), sy["lost"], sy["kernel_drops_reported"], sy["userspace_cpu_s_per_million"].as_f64().unwrap_or(f64::NAN)));
     s.push_str(&format!("\nUserspace drain (decode + recorder push of recorded ring-buffer records, `bench-internal drain`): {:.0} events/s.\n", r["userspace_drain"]["events_per_s"].as_f64().unwrap_or(0.0)));
     let m = &r["memory"];
     s.push_str(&format!("\n## Memory\n\n{} events pushed at a simulated 1 k events/s (10-minute window; timestamps simulated, not waited for) with the mix of kernel events nantrace records: {:.1} bytes per event in the recorder ({} bytes of `Event` inline + heap for strings), RSS {} KiB after the load (started at {} KiB).\n",
         m["events"], m["bytes_per_event"].as_f64().unwrap_or(0.0), m["event_struct_bytes"], m["rss_kb_after"], m["rss_kb_before"]));
-    s.push_str(&format!("\n## Dump latency\n\nTrigger to bundle on disk with 100 000 events in the window (timeline, app/kernel logs, report, trace, HTML): {} s.\n", f(&r["dump_s_100k"], 1.0, "")));
+    s.push_str(&format!("\nBefore: {:.1} bytes per event, RSS {} KiB.\n", prev["memory"]["bytes_per_event"].as_f64().unwrap_or(f64::NAN), prev["memory"]["rss_kb_after"]));
+    s.push_str(&format!("\n## Dump latency\n\nTrigger to bundle on disk with 100 000 events in the window (timeline, app/kernel logs, report, trace, HTML): {} s (before: {} s).\n", f(&r["dump_s_100k"], 1.0, ""), f(&prev["dump_s_100k"], 1.0, "")));
     let fl = &r["flood_dump"];
     s.push_str(&format!("\n## A log flood, then the dump (redteam 2.8, 7.3, 7.4)\n\n`nantrace run --no-probes --mem-cap-mb {}` of a job that prints {} lines as fast as `yes | head` can, then a NaN: the job took {} s (alone: {} s); nantrace's peak RSS {} MiB = cap + {} MiB (target: cap + 64 MiB); {} bytes of output passed through unscanned (counted in the bundle); bundle written: {}.\n",
         fl["cap_mib"], fl["lines"], fl["job_s_under_nantrace"], fl["job_s_alone"], fl["peak_rss_mib"], fl["over_cap_mib"], fl["log_bytes_not_scanned"], fl["bundle"]));

@@ -18,25 +18,29 @@ static BPF_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/n
 /// One program and the tracepoint it attaches to.
 #[derive(Clone, Copy, Debug)]
 pub struct ProbeSpec {
+    /// The program's name (at most 15 characters: the kernel's name for it, in `bpftool` and
+    /// the benchmark's per-program table).
     pub program: &'static str,
+    /// The do-nothing program on the same tracepoint (the benchmark's floor).
+    pub floor: &'static str,
     pub group: &'static str,
     pub name: &'static str,
     pub what: &'static str,
 }
 
 pub const PROBES: &[ProbeSpec] = &[
-    ProbeSpec { program: "printk_console", group: "printk", name: "console", what: "kernel log lines (Xid, AER text, OOM, link, MCE)" },
-    ProbeSpec { program: "ras_aer_event", group: "ras", name: "aer_event", what: "decoded PCIe AER errors" },
-    ProbeSpec { program: "oom_mark_victim", group: "oom", name: "mark_victim", what: "OOM killer victims" },
-    ProbeSpec { program: "block_rq_issue", group: "block", name: "block_rq_issue", what: "block request start" },
-    ProbeSpec { program: "block_rq_complete", group: "block", name: "block_rq_complete", what: "block latency, errors, slow requests" },
-    ProbeSpec { program: "tcp_retransmit_skb", group: "tcp", name: "tcp_retransmit_skb", what: "TCP retransmits" },
-    ProbeSpec { program: "task_newtask", group: "task", name: "task_newtask", what: "thread vs process creation" },
-    ProbeSpec { program: "sched_process_fork", group: "sched", name: "sched_process_fork", what: "job process tree (fork)" },
-    ProbeSpec { program: "sched_process_exec", group: "sched", name: "sched_process_exec", what: "job process exec" },
-    ProbeSpec { program: "sched_process_exit", group: "sched", name: "sched_process_exit", what: "process exits" },
-    ProbeSpec { program: "sys_enter_exit_group", group: "syscalls", name: "sys_enter_exit_group", what: "exit codes" },
-    ProbeSpec { program: "signal_generate", group: "signal", name: "signal_generate", what: "fatal signals" },
+    ProbeSpec { program: "printk_console", floor: "floor_printk", group: "printk", name: "console", what: "kernel log lines (Xid, AER text, OOM, link, MCE)" },
+    ProbeSpec { program: "ras_aer_event", floor: "floor_aer", group: "ras", name: "aer_event", what: "decoded PCIe AER errors" },
+    ProbeSpec { program: "oom_mark_victim", floor: "floor_oom", group: "oom", name: "mark_victim", what: "OOM killer victims" },
+    ProbeSpec { program: "block_rq_issue", floor: "floor_blk_issue", group: "block", name: "block_rq_issue", what: "block request start" },
+    ProbeSpec { program: "block_rq_done", floor: "floor_blk_done", group: "block", name: "block_rq_complete", what: "block latency, errors, slow requests" },
+    ProbeSpec { program: "tcp_retransmit", floor: "floor_tcp", group: "tcp", name: "tcp_retransmit_skb", what: "TCP retransmits" },
+    ProbeSpec { program: "task_newtask", floor: "floor_newtask", group: "task", name: "task_newtask", what: "thread vs process creation" },
+    ProbeSpec { program: "sched_fork", floor: "floor_fork", group: "sched", name: "sched_process_fork", what: "job process tree (fork)" },
+    ProbeSpec { program: "sched_exec", floor: "floor_exec", group: "sched", name: "sched_process_exec", what: "job process exec" },
+    ProbeSpec { program: "sched_exit", floor: "floor_exit", group: "sched", name: "sched_process_exit", what: "process exits" },
+    ProbeSpec { program: "exit_group", floor: "floor_exit_grp", group: "syscalls", name: "sys_enter_exit_group", what: "exit codes" },
+    ProbeSpec { program: "signal_generate", floor: "floor_signal", group: "signal", name: "signal_generate", what: "fatal signals" },
 ];
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -67,13 +71,26 @@ pub struct Options {
     /// No job given: report abnormal exits and fatal signals machine-wide.
     pub whole_machine: bool,
     pub ring_bytes: u32,
+    /// The benchmark's programs (never set outside `bench-internal`).
+    pub bench: BenchPrograms,
+}
+
+/// What the benchmark attaches instead of, or beside, the real probes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BenchPrograms {
+    #[default]
+    None,
+    /// Only the do-nothing `floor_*` programs, on the same tracepoints.
+    FloorOnly,
+    /// The real probes plus `bench_emit` (synthetic records on getppid from one process).
+    Synthetic,
 }
 
 impl Default for Options {
     fn default() -> Self {
         // NANTRACE_RING_BYTES: a smaller ring for the benchmark's overload run.
         let ring_bytes = std::env::var("NANTRACE_RING_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(8 << 20);
-        Self { slow_io_ns: 50_000_000, whole_machine: true, ring_bytes }
+        Self { slow_io_ns: 50_000_000, whole_machine: true, ring_bytes, bench: BenchPrograms::None }
     }
 }
 
@@ -183,34 +200,48 @@ impl Probes {
             .map_max_entries("EVENTS", opts.ring_bytes.next_power_of_two())
             .load(BPF_OBJ)?;
         let mut status = Vec::new();
+        let attach = |ebpf: &mut Ebpf, program: &str, group: &str, name: &str| -> Result<(), String> {
+            let prog: &mut TracePoint = ebpf
+                .program_mut(program)
+                .ok_or_else(|| format!("program {program} not in the object"))?
+                .try_into()
+                .map_err(|e| format!("{e}"))?;
+            prog.load().map_err(|e| verifier_msg(&e))?;
+            prog.attach(group, name).map_err(|e| format!("attach: {e}"))?;
+            Ok(())
+        };
         for spec in PROBES {
             let tp = format!("{}:{}", spec.group, spec.name);
-            let res = (|| -> Result<(), String> {
-                if let Some(why) = missing.get(&tp) {
-                    return Err(why.clone());
-                }
-                let prog: &mut TracePoint = ebpf
-                    .program_mut(spec.program)
-                    .ok_or_else(|| format!("program {} not in the object", spec.program))?
-                    .try_into()
-                    .map_err(|e| format!("{e}"))?;
-                prog.load().map_err(|e| verifier_msg(&e))?;
-                prog.attach(spec.group, spec.name).map_err(|e| format!("attach: {e}"))?;
-                Ok(())
-            })();
+            let program = if opts.bench == BenchPrograms::FloorOnly { spec.floor } else { spec.program };
+            let res = match missing.get(&tp) {
+                Some(why) => Err(why.clone()),
+                None => attach(&mut ebpf, program, spec.group, spec.name),
+            };
             status.push(ProbeStatus {
-                program: spec.program,
+                program,
                 tracepoint: tp,
                 attached: res.is_ok(),
                 reason: res.err(),
                 what: spec.what,
             });
         }
+        if opts.bench == BenchPrograms::Synthetic {
+            let res = attach(&mut ebpf, "bench_emit", "syscalls", "sys_enter_getppid");
+            status.push(ProbeStatus { program: "bench_emit", tracepoint: "syscalls:sys_enter_getppid".into(), attached: res.is_ok(), reason: res.err(), what: "benchmark: synthetic records" });
+        }
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or_else(|| ProbeError::Map(name, "missing from the object".into()));
         let job_pids = BpfHashMap::try_from(take(&mut ebpf, "JOB_PIDS")?).map_err(|e| ProbeError::Map("JOB_PIDS", e.to_string()))?;
         let drops = PerCpuArray::try_from(take(&mut ebpf, "DROPS")?).map_err(|e| ProbeError::Map("DROPS", e.to_string()))?;
         let bio_hist = PerCpuHashMap::try_from(take(&mut ebpf, "BIO_HIST")?).map_err(|e| ProbeError::Map("BIO_HIST", e.to_string()))?;
         Ok(Self { ebpf, status, job_pids, drops, bio_hist, tracefs: root })
+    }
+
+    /// The synthetic generator (`BenchPrograms::Synthetic`): records per getppid from `tgid`.
+    pub fn set_bench(&mut self, tgid: u32, burst: u32) -> Result<(), ProbeError> {
+        let m = self.ebpf.map_mut("BENCH").ok_or_else(|| ProbeError::Map("BENCH", "missing from the object".into()))?;
+        let mut a: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(m).map_err(|e| ProbeError::Map("BENCH", e.to_string()))?;
+        a.set(1, burst, 0).map_err(|e| ProbeError::Map("BENCH", e.to_string()))?;
+        a.set(0, tgid, 0).map_err(|e| ProbeError::Map("BENCH", e.to_string()))
     }
 
     /// The ring buffer, for the reader task (can be taken once).
