@@ -98,12 +98,12 @@ fn synthetic(i: u64, t: u64) -> Event {
     let comm = comm_from(if i.is_multiple_of(3) { "python3" } else { "pt_data_worker" });
     let detail = match i % 10 {
         0..=3 => Detail::Block { dev: 259 << 20, error: 0, sector: i * 8, latency_us: 60_000 + (i % 1000) as u32, nr_sector: 8, rwbs: *b"WS\0\0\0\0" },
-        4..=5 => Detail::Fork { child_pid: (i % 60_000) as u32, child_comm: comm },
-        6..=7 => Detail::Exit { code: 0, signal: 0 },
-        8 => Detail::Signal { sig: 9, code: 0, target_pid: 77, result: 0, target_comm: comm },
-        _ => Detail::Kmsg(Box::new(Kmsg { text: "nvme nvme0: I/O 123 QID 4 timeout, completion polled".into(), truncated: false, class: None })),
+        4..=5 => Detail::Fork { child_pid: (i % 60_000) as u32, child_comm: comm, tid: 0 },
+        6..=7 => Detail::Exit { code: 0, signal: 0, tid: 0 },
+        8 => Detail::Signal { sig: 9, code: 0, target_pid: 77, result: 0, target_comm: comm, tid: 0 },
+        _ => Detail::Kmsg(Kmsg { text: "nvme nvme0: I/O 123 QID 4 timeout, completion polled".into(), class: None }),
     };
-    Event { mono_ns: t, pid: 1000 + (i % 64) as u32, tid: 1000 + (i % 64) as u32, comm, job: i.is_multiple_of(2), detail }
+    Event::new(t, 1000 + (i % 64) as u32, 1000 + (i % 64) as u32, comm, i.is_multiple_of(2), detail)
 }
 
 /// Recorder bytes per event and process RSS after `n` events (a 10-minute window at 1 k/s is
@@ -157,7 +157,7 @@ pub fn dump(n: u64, out: &std::path::Path) -> Value {
     let mut r = Recorder::new(u64::MAX, 1 << 30);
     for i in 0..n {
         let e = if i % 50 == 0 {
-            Event { mono_ns: t0 + i * 1000, pid: 1, tid: 1, comm: comm_from("python3"), job: true, detail: Detail::Log(Box::new(LogLine { text: format!("step {i} | loss 2.{}", i % 1000).into(), stream: 1, nonfinite: false, step: Some(i), loss: Some(2.0), loss_scale: None, overflow: false, fault: None })) }
+            Event::new(t0 + i * 1000, 1, 1, comm_from("python3"), true, Detail::Log(Box::new(LogLine { text: format!("step {i} | loss 2.{}", i % 1000).into(), stream: 1, nonfinite: false, step: Some(i), loss: Some(2.0), loss_scale: None, overflow: false, fault: None })))
         } else {
             synthetic(i, t0 + i * 1000)
         };

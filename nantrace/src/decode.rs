@@ -41,7 +41,7 @@ fn cstr(b: &[u8]) -> String {
 }
 
 fn base(h: &EventHeader, detail: Detail) -> Event {
-    Event { mono_ns: h.ts_ns, pid: h.pid, tid: h.tid, comm: Comm::from_bytes(h.comm), job: h.flags & FLAG_JOB != 0, detail }
+    Event::new(h.ts_ns, h.pid, h.tid, Comm::from_bytes(h.comm), h.flags & FLAG_JOB != 0, detail)
 }
 
 /// Decode one ring-buffer record.
@@ -55,7 +55,11 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
             let text = cstr(&e.msg[..n]);
             let text = text.trim_end_matches('\n').to_string();
             let class = classify(&text).map(Box::new);
-            base(&h, Detail::Kmsg(Box::new(Kmsg { text: text.into(), truncated: h.flags & FLAG_TRUNCATED != 0, class })))
+            let mut e = base(&h, Detail::Kmsg(Kmsg { text: text.into(), class }));
+            if h.flags & FLAG_TRUNCATED != 0 {
+                e.set_kmsg_truncated();
+            }
+            e
         }
         EventKind::Aer => {
             let e: AerEvent = read(buf, h.kind)?;
@@ -104,7 +108,7 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
         }
         EventKind::Fork => {
             let e: ForkEvent = read(buf, h.kind)?;
-            base(&h, Detail::Fork { child_pid: e.child_pid, child_comm: Comm::from_bytes(e.child_comm) })
+            base(&h, Detail::Fork { child_pid: e.child_pid, child_comm: Comm::from_bytes(e.child_comm), tid: 0 })
         }
         EventKind::Exec => {
             let e: ExecEvent = read(buf, h.kind)?;
@@ -112,11 +116,11 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
         }
         EventKind::Exit => {
             let e: ExitEvent = read(buf, h.kind)?;
-            base(&h, Detail::Exit { code: e.code, signal: e.signal })
+            base(&h, Detail::Exit { code: e.code, signal: e.signal, tid: 0 })
         }
         EventKind::Signal => {
             let e: SignalEvent = read(buf, h.kind)?;
-            base(&h, Detail::Signal { sig: e.sig, code: e.code, target_pid: e.target_pid, result: e.result, target_comm: Comm::from_bytes(e.target_comm) })
+            base(&h, Detail::Signal { sig: e.sig, code: e.code, target_pid: e.target_pid, result: e.result, target_comm: Comm::from_bytes(e.target_comm), tid: 0 })
         }
     })
 }
@@ -158,7 +162,8 @@ mod tests {
         let mut e = PrintkEvent { hdr: hdr(EventKind::Printk), len: line.len() as u32, _pad: 0, msg: [0; PRINTK_MSG_LEN] };
         e.msg[..line.len()].copy_from_slice(line);
         let ev = decode(&bytes(&e)).unwrap();
-        assert_eq!((ev.pid, ev.tid, ev.job, ev.mono_ns), (4242, 4243, true, 123_456_789));
+        // A kernel log line is the process's (no thread slot): tid() is the pid.
+        assert_eq!((ev.pid, ev.tid(), ev.job(), ev.mono_ns), (4242, 4242, true, 123_456_789));
         assert_eq!(comm_str(&ev.comm), "python3");
         assert_eq!(ev.source(), "xid");
         let j = ev.to_json(&crate::clock::ClockMap { offset_ns: 0, error_ns: 0, sampled_at_mono_ns: 0 });
@@ -173,8 +178,8 @@ mod tests {
         let mut e = PrintkEvent { hdr: hdr(EventKind::Printk), len: 10_000, _pad: 0, msg: [b'a'; PRINTK_MSG_LEN] };
         e.hdr.flags |= FLAG_TRUNCATED;
         let ev = decode(&bytes(&e)).unwrap();
-        match ev.detail {
-            Detail::Kmsg(k) => assert_eq!((k.text.len(), k.truncated), (PRINTK_MSG_LEN, true)),
+        match &ev.detail {
+            Detail::Kmsg(k) => assert_eq!((k.text.len(), ev.kmsg_truncated()), (PRINTK_MSG_LEN, true)),
             d => panic!("{d:?}"),
         }
     }
@@ -196,11 +201,11 @@ mod tests {
     #[test]
     fn process_events_round_trip() {
         let ex = ExitEvent { hdr: hdr(EventKind::Exit), code: 3, signal: 0 };
-        assert_eq!(decode(&bytes(&ex)).unwrap().detail, Detail::Exit { code: 3, signal: 0 });
+        assert_eq!(decode(&bytes(&ex)).unwrap().detail, Detail::Exit { code: 3, signal: 0, tid: 4243 });
         let mut c = [0u8; 16];
         c[..6].copy_from_slice(b"worker");
         let f = ForkEvent { hdr: hdr(EventKind::Fork), child_pid: 77, _pad: 0, child_comm: c };
-        assert_eq!(decode(&bytes(&f)).unwrap().detail, Detail::Fork { child_pid: 77, child_comm: Comm::from_bytes(c) });
+        assert_eq!(decode(&bytes(&f)).unwrap().detail, Detail::Fork { child_pid: 77, child_comm: Comm::from_bytes(c), tid: 4243 });
         let s = SignalEvent { hdr: hdr(EventKind::Signal), sig: 9, code: 0, target_pid: 77, result: 0, target_comm: c };
         let j = decode(&bytes(&s)).unwrap().to_json(&crate::clock::ClockMap::sample());
         assert_eq!((j["signal"].as_str(), j["target_pid"].as_u64()), (Some("SIGKILL"), Some(77)));

@@ -8,9 +8,9 @@ use crate::source::Source;
 /// A task name, interned: the recorder keeps 4 bytes per event instead of 16 (a machine has a
 /// few hundred distinct comms; the table is capped, overflow maps to the empty name).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Comm(u32);
+pub struct Comm(u16);
 
-type Interner = (std::collections::HashMap<[u8; 16], u32>, Vec<[u8; 16]>);
+type Interner = (std::collections::HashMap<[u8; 16], u16>, Vec<[u8; 16]>);
 static COMMS: std::sync::LazyLock<std::sync::Mutex<Interner>> =
     std::sync::LazyLock::new(|| std::sync::Mutex::new((std::collections::HashMap::new(), vec![[0u8; 16]])));
 const MAX_COMMS: usize = 1 << 16;
@@ -29,7 +29,7 @@ impl Comm {
         if t.1.len() >= MAX_COMMS {
             return Comm::NONE;
         }
-        let id = t.1.len() as u32;
+        let id = t.1.len() as u16;
         t.1.push(b);
         t.0.insert(b, id);
         Comm(id)
@@ -58,21 +58,24 @@ pub fn comm_from(s: &str) -> Comm {
     Comm::from_bytes(c)
 }
 
+/// 48 bytes: the recorder holds hundreds of thousands. The thread id is kept where it says
+/// something (a thread's exit, the forking or signalling thread: in those details); other
+/// events are the process's (`tid()` is the pid).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Event {
     /// CLOCK_MONOTONIC nanoseconds (kernel `bpf_ktime_get_ns` or userspace arrival).
     pub mono_ns: u64,
     pub pid: u32,
-    pub tid: u32,
     pub comm: Comm,
-    pub job: bool,
+    flags: u16,
     pub detail: Detail,
 }
 
+/// A kernel log line, held inline in the event (24 bytes; the text is the only allocation of
+/// an unclassified line). Whether the probe cut it is the event's `kmsg_truncated()`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Kmsg {
     pub text: Box<str>,
-    pub truncated: bool,
     /// Boxed: most kernel lines are not classified, and the class is large.
     pub class: Option<Box<KmsgClass>>,
 }
@@ -136,16 +139,19 @@ pub struct LogLine {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Detail {
-    Kmsg(Box<Kmsg>),
+    Kmsg(Kmsg),
     Aer(Box<Aer>),
     Oom(Box<Oom>),
     /// Compact on purpose (the most frequent kernel event): latency in µs, rwbs in 6 bytes.
     Block { dev: u32, error: i16, sector: u64, latency_us: u32, nr_sector: u32, rwbs: [u8; 6] },
     Tcp(Box<Tcp>),
-    Fork { child_pid: u32, child_comm: Comm },
+    /// `tid`: the forking thread.
+    Fork { child_pid: u32, child_comm: Comm, tid: u32 },
     Exec { filename: Box<str> },
-    Exit { code: i32, signal: i32 },
-    Signal { sig: i32, code: i32, target_pid: u32, result: i32, target_comm: Comm },
+    /// `tid`: the exiting thread (the process when it is the group leader).
+    Exit { code: i32, signal: i32, tid: u32 },
+    /// `tid`: the sending thread.
+    Signal { sig: i32, code: i32, target_pid: u32, result: i32, target_comm: Comm, tid: u32 },
     Log(Box<LogLine>),
     /// A sample or notable change from a userspace collector (GPU, system, network...).
     Sample { source: Source, fields: Box<Map<String, Value>> },
@@ -217,6 +223,41 @@ pub fn disk_name(dev: u32) -> Option<String> {
 }
 
 impl Event {
+    const JOB: u16 = 1;
+    const TRUNCATED: u16 = 2;
+
+    /// `tid` is kept in the details that have a slot for it (exit, fork, signal).
+    pub fn new(mono_ns: u64, pid: u32, tid: u32, comm: Comm, job: bool, mut detail: Detail) -> Self {
+        match &mut detail {
+            Detail::Exit { tid: t, .. } | Detail::Fork { tid: t, .. } | Detail::Signal { tid: t, .. } => *t = tid,
+            _ => {}
+        }
+        Event { mono_ns, pid, comm, flags: if job { Self::JOB } else { 0 }, detail }
+    }
+
+    /// The event belongs to the watched job (the kernel's job map said so, or nantrace read
+    /// it from the job's output).
+    pub fn job(&self) -> bool {
+        self.flags & Self::JOB != 0
+    }
+
+    /// A kernel log line longer than the probe's buffer (its end is missing).
+    pub fn kmsg_truncated(&self) -> bool {
+        self.flags & Self::TRUNCATED != 0
+    }
+
+    pub fn set_kmsg_truncated(&mut self) {
+        self.flags |= Self::TRUNCATED;
+    }
+
+    /// The thread: from the details that keep it, else the process.
+    pub fn tid(&self) -> u32 {
+        match &self.detail {
+            Detail::Exit { tid, .. } | Detail::Fork { tid, .. } | Detail::Signal { tid, .. } if *tid != 0 => *tid,
+            _ => self.pid,
+        }
+    }
+
     pub fn source(&self) -> &'static str {
         self.detail.source()
     }
@@ -233,7 +274,7 @@ impl Event {
             }
         }
         match &self.detail {
-            Detail::Kmsg(k) => a(std::mem::size_of::<Kmsg>()) + a(k.text.len()) + k.class.as_ref().map_or(0, |_| a(std::mem::size_of::<KmsgClass>()) + 64),
+            Detail::Kmsg(k) => a(k.text.len()) + k.class.as_ref().map_or(0, |_| a(std::mem::size_of::<KmsgClass>()) + 64),
             Detail::Aer(a_) => a(std::mem::size_of::<Aer>()) + a(a_.device.len()),
             Detail::Oom(_) => a(std::mem::size_of::<Oom>()),
             Detail::Tcp(_) => a(std::mem::size_of::<Tcp>()),
@@ -256,16 +297,16 @@ impl Event {
         m.insert("mono_ns".into(), self.mono_ns.into());
         m.insert("source".into(), self.source().into());
         m.insert("pid".into(), self.pid.into());
-        m.insert("tid".into(), self.tid.into());
+        m.insert("tid".into(), self.tid().into());
         m.insert("comm".into(), comm_str(&self.comm).into());
-        m.insert("job".into(), self.job.into());
+        m.insert("job".into(), self.job().into());
         let mut put = |k: &str, v: Value| {
             m.insert(k.to_string(), v);
         };
         match &self.detail {
             Detail::Kmsg(k) => {
                 put("text", k.text.as_ref().into());
-                if k.truncated {
+                if self.kmsg_truncated() {
                     put("truncated", true.into());
                 }
                 if let Some(c) = k.class.as_deref() {
@@ -316,17 +357,17 @@ impl Event {
                 put("dport", t.dport.into());
                 put("state", tcp_state(t.state).into());
             }
-            Detail::Fork { child_pid, child_comm } => {
+            Detail::Fork { child_pid, child_comm, .. } => {
                 put("child_pid", (*child_pid).into());
                 put("child_comm", comm_str(child_comm).into());
             }
             Detail::Exec { filename } => put("filename", filename.as_ref().into()),
-            Detail::Exit { code, signal } => {
+            Detail::Exit { code, signal, .. } => {
                 put("exit_code", if *code >= 0 { (*code).into() } else { Value::Null });
                 put("signal", if *signal > 0 { signal_name(*signal).into() } else { Value::Null });
                 put("signo", (*signal).into());
             }
-            Detail::Signal { sig, code, target_pid, result, target_comm } => {
+            Detail::Signal { sig, code, target_pid, result, target_comm, .. } => {
                 put("signal", signal_name(*sig).into());
                 put("signo", (*sig).into());
                 put("si_code", (*code).into());

@@ -26,9 +26,92 @@ pub struct RecorderStats {
 
 #[derive(Default)]
 struct Lane {
-    events: VecDeque<Event>,
+    events: EventQueue,
     bytes: usize,
 }
+
+/// Events per chunk of an [`EventQueue`] (12 KiB of events).
+const CHUNK: usize = 256;
+
+/// A FIFO of events in fixed chunks: its memory follows the number of events (at most one
+/// chunk is partly empty at each end), where a `VecDeque` doubles and then keeps up to half of
+/// its capacity empty. Moving a whole queue (a dump's window) moves chunk pointers only.
+#[derive(Default)]
+pub struct EventQueue {
+    chunks: VecDeque<Chunk>,
+    len: usize,
+}
+
+struct Chunk {
+    /// `None` before `head` (popped); `Option<Event>` is as small as `Event` (niche).
+    items: Vec<Option<Event>>,
+    head: usize,
+}
+
+impl EventQueue {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Event slots allocated.
+    pub fn capacity(&self) -> usize {
+        self.chunks.len() * CHUNK
+    }
+
+    /// Pushing now allocates a chunk.
+    fn full(&self) -> bool {
+        self.chunks.back().is_none_or(|c| c.items.len() == CHUNK)
+    }
+
+    pub fn push_back(&mut self, e: Event) {
+        if self.full() {
+            self.chunks.push_back(Chunk { items: Vec::with_capacity(CHUNK), head: 0 });
+        }
+        if let Some(c) = self.chunks.back_mut() {
+            c.items.push(Some(e));
+            self.len += 1;
+        }
+    }
+
+    pub fn pop_front(&mut self) -> Option<Event> {
+        let several = self.chunks.len() > 1;
+        let c = self.chunks.front_mut()?;
+        let e = c.items.get_mut(c.head)?.take();
+        c.head += 1;
+        if c.head == c.items.len() {
+            if several || c.items.len() == CHUNK {
+                self.chunks.pop_front();
+            } else {
+                c.items.clear();
+                c.head = 0;
+            }
+        }
+        self.len -= 1;
+        e
+    }
+
+    pub fn front(&self) -> Option<&Event> {
+        let c = self.chunks.front()?;
+        c.items.get(c.head)?.as_ref()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Event> {
+        self.chunks.iter().flat_map(|c| c.items[c.head..].iter().filter_map(Option::as_ref))
+    }
+
+    /// `other`'s events after this queue's.
+    fn append(&mut self, mut other: EventQueue) {
+        self.len += other.len;
+        self.chunks.append(&mut other.chunks);
+    }
+}
+
+/// A dump's window: the recorder's two queues (evidence, logs), moved out.
+pub type Window = (EventQueue, EventQueue);
 
 pub struct Recorder {
     logs: Lane,
@@ -79,15 +162,6 @@ impl Recorder {
     /// arrival order and the exporters sort.
     pub fn push(&mut self, e: Event) {
         let log = matches!(e.detail, Detail::Log(_));
-        // A full queue doubles when pushed to: when the doubled queue would not fit the cap,
-        // the lane's oldest event makes room instead (the queue never outgrows the cap).
-        let (len, cap) = (self.lane(log).events.len(), self.lane(log).events.capacity());
-        if len > 0 && len == cap && self.bytes() + cap * std::mem::size_of::<Event>() > self.cap_bytes {
-            if let Some(src) = self.pop_front(log) {
-                *self.evicted_mem_src.entry(src).or_default() += 1;
-                self.evicted_mem += 1;
-            }
-        }
         let lane = self.lane(log);
         lane.bytes += e.heap_bytes();
         lane.events.push_back(e);
@@ -115,8 +189,6 @@ impl Recorder {
                 self.evicted_mem += 1;
             }
         }
-        self.logs.events.shrink_to_fit();
-        self.evidence.events.shrink_to_fit();
     }
 
     /// Drop events older than the window, relative to `now_mono_ns`.
@@ -158,27 +230,24 @@ impl Recorder {
 
     /// Both lanes (evidence, logs), moved out without copying: a dump takes the window and
     /// recording goes on. [`Recorder::by_time`] orders them.
-    pub fn take_lanes(&mut self) -> (Vec<Event>, Vec<Event>) {
+    pub fn take_lanes(&mut self) -> Window {
         let mut take = |log: bool| {
             let lane = self.lane(log);
             lane.bytes = 0;
-            let mut d = std::mem::take(&mut lane.events);
-            d.make_contiguous();
-            Vec::from(d)
+            std::mem::take(&mut lane.events)
         };
         (take(false), take(true))
     }
 
     /// Give back the lanes a dump took: they go before what was recorded during the dump, so
     /// the next incident still has the history (then the window and the cap apply as usual).
-    pub fn restore(&mut self, lanes: (Vec<Event>, Vec<Event>)) {
-        for (log, old) in [(false, lanes.0), (true, lanes.1)] {
+    pub fn restore(&mut self, lanes: Window) {
+        for (log, mut old) in [(false, lanes.0), (true, lanes.1)] {
             let lane = self.lane(log);
             let newer = std::mem::take(&mut lane.events);
-            let mut d = std::collections::VecDeque::from(old);
-            d.extend(newer);
-            lane.bytes = d.iter().map(Event::heap_bytes).sum();
-            lane.events = d;
+            old.append(newer);
+            lane.bytes = old.iter().map(Event::heap_bytes).sum();
+            lane.events = old;
         }
         while self.bytes() > self.cap_bytes && self.len() > 1 {
             let log = self.logs.bytes >= self.evidence.bytes && !self.logs.events.is_empty();
@@ -191,7 +260,7 @@ impl Recorder {
 
     /// References to the events of both lanes in time order (8 bytes per event, not a copy;
     /// a stable sort: lines of one chunk keep their order).
-    pub fn by_time(lanes: &(Vec<Event>, Vec<Event>)) -> Vec<&Event> {
+    pub fn by_time(lanes: &Window) -> Vec<&Event> {
         let mut v: Vec<&Event> = lanes.0.iter().chain(lanes.1.iter()).collect();
         v.sort_by_key(|e| e.mono_ns);
         v
@@ -213,11 +282,41 @@ impl Recorder {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn event_queue_is_a_fifo_whose_memory_follows_its_length() {
+        use super::{EventQueue, CHUNK};
+        assert_eq!(std::mem::size_of::<Option<Event>>(), std::mem::size_of::<Event>());
+        let mut q = EventQueue::default();
+        for t in 0..(3 * CHUNK as u64 + 10) {
+            q.push_back(ev(t));
+        }
+        assert_eq!((q.len(), q.capacity()), (3 * CHUNK + 10, 4 * CHUNK));
+        for t in 0..(2 * CHUNK as u64 + 5) {
+            assert_eq!(q.pop_front().unwrap().mono_ns, t);
+        }
+        // Two chunks went back to the allocator as soon as they were empty.
+        assert_eq!((q.len(), q.capacity()), (CHUNK + 5, 2 * CHUNK));
+        assert_eq!(q.front().unwrap().mono_ns, 2 * CHUNK as u64 + 5);
+        let rest: Vec<u64> = q.iter().map(|e| e.mono_ns).collect();
+        assert_eq!(rest.len(), CHUNK + 5);
+        assert!(rest.windows(2).all(|w| w[1] == w[0] + 1));
+        let mut older = EventQueue::default();
+        older.push_back(ev(1));
+        older.append(q);
+        assert_eq!(older.len(), CHUNK + 6);
+        while older.pop_front().is_some() {}
+        assert!(older.is_empty() && older.front().is_none());
+        // A single partly used chunk is reused, not freed and reallocated.
+        older.push_back(ev(9));
+        older.pop_front();
+        assert_eq!(older.capacity(), CHUNK);
+    }
+
     use super::*;
     use crate::event::{Detail, Event};
 
     fn ev(t: u64) -> Event {
-        Event { mono_ns: t, pid: 1, tid: 1, comm: crate::event::Comm::NONE, job: false, detail: Detail::Exit { code: 0, signal: 0 } }
+        Event::new(t, 1, 1, crate::event::Comm::NONE, false, Detail::Exit { code: 0, signal: 0, tid: 0 })
     }
 
     #[test]
@@ -253,7 +352,7 @@ mod tests {
 
     fn log(t: u64) -> Event {
         let l = crate::event::LogLine { text: "step 1 loss 2.0".into(), stream: 1, nonfinite: false, step: None, loss: None, loss_scale: None, overflow: false, fault: None };
-        Event { mono_ns: t, pid: 1, tid: 1, comm: crate::event::Comm::NONE, job: true, detail: Detail::Log(Box::new(l)) }
+        Event::new(t, 1, 1, crate::event::Comm::NONE, true, Detail::Log(Box::new(l)))
     }
 
     #[test]
@@ -293,7 +392,7 @@ mod tests {
     #[test]
     fn kernel_events_are_compact() {
         // The recorder's per-event cost for the common kernel events (see docs/performance.md).
-        assert!(std::mem::size_of::<Event>() <= 56, "Event is {} bytes", std::mem::size_of::<Event>());
+        assert!(std::mem::size_of::<Event>() <= 48, "Event is {} bytes", std::mem::size_of::<Event>());
         assert_eq!(ev(0).heap_bytes(), 0);
     }
 }

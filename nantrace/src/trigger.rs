@@ -126,18 +126,11 @@ mod tests {
     use crate::event::{Kmsg, LogLine};
 
     fn log(text: &str, nonfinite: bool) -> Event {
-        Event {
-            mono_ns: 7,
-            pid: 1,
-            tid: 1,
-            comm: crate::event::Comm::NONE,
-            job: true,
-            detail: Detail::Log(Box::new(LogLine { text: text.into(), stream: 1, nonfinite, step: None, loss: None, loss_scale: None, overflow: false, fault: None })),
-        }
+        Event::new(7, 1, 1, crate::event::Comm::NONE, true, Detail::Log(Box::new(LogLine { text: text.into(), stream: 1, nonfinite, step: None, loss: None, loss_scale: None, overflow: false, fault: None })))
     }
 
     fn kmsg(text: &str) -> Event {
-        Event { mono_ns: 9, pid: 0, tid: 0, comm: crate::event::Comm::NONE, job: false, detail: Detail::Kmsg(Box::new(Kmsg { text: text.into(), truncated: false, class: crate::classify::classify(text).map(Box::new) })) }
+        Event::new(9, 0, 0, crate::event::Comm::NONE, false, Detail::Kmsg(Kmsg { text: text.into(), class: crate::classify::classify(text).map(Box::new) }))
     }
 
     #[test]
@@ -159,7 +152,7 @@ mod tests {
     fn a_machine_family_failure_line_fires_once_and_software_does_not() {
         let line = |t: &str| {
             let mut r = crate::session::LineReader::new(crate::nanscan::Scanner::default());
-            Event { mono_ns: 7, pid: 1, tid: 1, comm: crate::event::Comm::NONE, job: true, detail: Detail::Log(Box::new(r.read(t))) }
+            Event::new(7, 1, 1, crate::event::Comm::NONE, true, Detail::Log(Box::new(r.read(t))))
         };
         let ecc = line("RuntimeError: CUDA error: uncorrectable ECC error encountered");
         let f = from_event_seen(&ecc, false, false).unwrap();

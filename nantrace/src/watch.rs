@@ -86,7 +86,7 @@ pub fn human_line(e: &Event, clock: &ClockMap) -> String {
         "{} {:<14} {}{:>7} {:<16}{}",
         rfc3339(clock.to_wall(e.mono_ns)),
         e.source(),
-        if e.job { "*" } else { " " },
+        if e.job() { "*" } else { " " },
         e.pid,
         comm_str(&e.comm),
         rest

@@ -201,7 +201,7 @@ impl Agent {
                     }
                     // An OOM kill belongs to the victim's job.
                     Detail::Oom(o) => job = st.pid_job.get(&o.victim_pid).cloned(),
-                    Detail::Exit { .. } if e.pid == e.tid => {
+                    Detail::Exit { .. } if e.pid == e.tid() => {
                         st.pid_job.remove(&e.pid);
                     }
                     _ => {}

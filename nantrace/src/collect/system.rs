@@ -246,7 +246,7 @@ impl Sampler {
 }
 
 pub fn sample_event(mono_ns: u64, source: crate::source::Source, fields: Map<String, Value>) -> Event {
-    Event { mono_ns, pid: 0, tid: 0, comm: crate::event::Comm::NONE, job: false, detail: Detail::Sample { source, fields: Box::new(fields) } }
+    Event::new(mono_ns, 0, 0, crate::event::Comm::NONE, false, Detail::Sample { source, fields: Box::new(fields) })
 }
 
 /// All-CPU time counters from /proc/stat, in top's order: us, sy, ni, id, wa, hi, si, st.

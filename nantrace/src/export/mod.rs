@@ -64,8 +64,8 @@ pub fn summary(dir: &Path, inc: &Incident, verdict: Option<&str>) -> String {
     }).unwrap_or_default();
     let ooms = count(ev, |e| matches!(e.detail, Detail::Oom(_)));
     let aers = count(ev, |e| e.source() == "aer");
-    let sigs = count(ev, |e| e.job && matches!(e.detail, Detail::Signal { .. }));
-    let forks = count(ev, |e| e.job && matches!(e.detail, Detail::Fork { .. }));
+    let sigs = count(ev, |e| e.job() && matches!(e.detail, Detail::Signal { .. }));
+    let forks = count(ev, |e| e.job() && matches!(e.detail, Detail::Fork { .. }));
     let exit = exit_text(inc.job.exit_code, inc.job.exit_signal);
     let rs = &inc.accounting["recorder"];
     let drops: u64 = inc.accounting["kernel_drops"].as_object().map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum());

@@ -20,7 +20,7 @@ pub(super) struct OwnedDump {
     pub(super) job: JobInfo,
     pub(super) accounting: serde_json::Value,
     /// The recorder's two lanes (evidence, logs), moved here.
-    pub(super) lanes: (Vec<Event>, Vec<Event>),
+    pub(super) lanes: crate::recorder::Window,
     /// The agent's node-wide events (hardware, other processes' I/O), copied.
     pub(super) shared: Vec<Event>,
     pub(super) window_pre_s: f64,
@@ -34,7 +34,7 @@ pub(super) struct DumpDone {
     pub(super) lines: Vec<String>,
     pub(super) result: Dumped,
     /// The recorder's lanes, handed back for the next incident's history.
-    pub(super) lanes: Option<(Vec<Event>, Vec<Event>)>,
+    pub(super) lanes: Option<crate::recorder::Window>,
 }
 
 impl DumpDone {

@@ -162,7 +162,7 @@ impl LineReader {
 pub(super) fn log_event(reader: &mut LineReader, line: String, stream: u8, pid: u32, comm: crate::event::Comm) -> Event {
     let mut l = reader.read(&line);
     l.stream = stream;
-    Event { mono_ns: monotonic_ns(), pid, tid: pid, comm, job: true, detail: Detail::Log(Box::new(l)) }
+    Event::new(monotonic_ns(), pid, pid, comm, true, Detail::Log(Box::new(l)))
 }
 
 /// Bytes of output waiting to be scanned, per stream, at most.

@@ -245,7 +245,7 @@ impl Session {
             return;
         }
         self.say(&format!("nantrace: trigger {}: {}", f.kind.name(), crate::term::clean(&f.reason.chars().take(160).collect::<String>())));
-        self.rec.push(Event { mono_ns: f.mono_ns, pid: 0, tid: 0, comm: crate::event::Comm::NONE, job: false, detail: Detail::Trigger { kind: f.kind.name(), reason: Box::new(f.reason.clone()) } });
+        self.rec.push(Event::new(f.mono_ns, 0, 0, crate::event::Comm::NONE, false, Detail::Trigger { kind: f.kind.name(), reason: Box::new(f.reason.clone()) }));
         if self.incident.is_empty() {
             self.deadline = Some(monotonic_ns() + (self.opts.post_s * 1e9) as u64);
         }
@@ -259,7 +259,7 @@ impl Session {
             self.fire(f);
         }
         if self.mode == Mode::Follow {
-            if let (Detail::Exit { code, signal }, Some(root)) = (&e.detail, self.info.root_pid) {
+            if let (Detail::Exit { code, signal, .. }, Some(root)) = (&e.detail, self.info.root_pid) {
                 if e.pid == root {
                     self.info.exit_code = (*code >= 0).then_some(*code);
                     self.info.exit_signal = (*signal > 0).then_some(*signal);
