@@ -41,7 +41,8 @@ pub fn alive(pid: u32) -> bool {
         Ok(_) => std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten().any(|t| {
             t.file_name().to_str().is_some_and(|n| n != pid.to_string()) && std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| live(&s))
         }),
-        Err(_) => false,
+        // Gone. Any other error (EMFILE, EACCES) is not proof of death (review 3).
+        Err(e) => !matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)),
     }
 }
 

@@ -46,8 +46,10 @@ pub struct Config {
     /// After a NaN bundle without hardware evidence, check the job's GPUs for silent data
     /// corruption (`nantrace gpucheck`) once no watched job uses a GPU.
     pub gpucheck_after_nan: bool,
-    /// At most this many jobs are watched at once (more are listed as not watched).
+    /// At most this many jobs are watched at once (more are counted as not watched).
     pub max_jobs: usize,
+    /// At most this many of them from one user (one user's hundred jobs do not hide another's).
+    pub max_jobs_per_user: usize,
 }
 
 impl Default for Config {
@@ -75,6 +77,7 @@ impl Default for Config {
             webhook_retries: 3,
             gpucheck_after_nan: true,
             max_jobs: 64,
+            max_jobs_per_user: 16,
         }
     }
 }
@@ -106,8 +109,22 @@ impl Config {
         if !self.metrics_addr.is_empty() {
             self.metrics_addr.parse::<std::net::SocketAddr>().with_context(|| format!("metrics_addr {:?}", self.metrics_addr))?;
         }
-        anyhow::ensure!(self.mem_cap_mb >= 16, "mem_cap_mb must be at least 16");
-        anyhow::ensure!(self.max_jobs >= 1, "max_jobs must be at least 1");
+        let range = |name: &str, v: f64, lo: f64, hi: f64| -> anyhow::Result<()> {
+            anyhow::ensure!(v.is_finite() && v >= lo && v <= hi, "{name} must be a number from {lo} to {hi}, not {v}");
+            Ok(())
+        };
+        range("window_s", self.window_s, 1.0, 86_400.0)?;
+        range("post_s", self.post_s, 0.0, 3_600.0)?;
+        range("sample_s", self.sample_s, 0.0, 3_600.0)?;
+        range("slow_io_ms", self.slow_io_ms, 0.001, 600_000.0)?;
+        range("spool_max_age_days", self.spool_max_age_days, 0.0, 36_500.0)?;
+        range("webhook_timeout_s", self.webhook_timeout_s, 0.1, 600.0)?;
+        anyhow::ensure!((16..=1 << 20).contains(&self.mem_cap_mb), "mem_cap_mb must be from 16 to 1048576");
+        anyhow::ensure!((1..=1 << 30).contains(&self.spool_max_mb), "spool_max_mb must be from 1 to 2^30");
+        anyhow::ensure!((50..=60_000).contains(&self.scan_interval_ms), "scan_interval_ms must be from 50 to 60000");
+        anyhow::ensure!(self.webhook_retries <= 10, "webhook_retries must be at most 10");
+        anyhow::ensure!((1..=4096).contains(&self.max_jobs), "max_jobs must be from 1 to 4096");
+        anyhow::ensure!((1..=4096).contains(&self.max_jobs_per_user), "max_jobs_per_user must be from 1 to 4096");
         Ok(())
     }
 
@@ -151,6 +168,11 @@ mod tests {
         assert!(bad.check().unwrap_err().to_string().contains("http://"));
         let bad: Config = toml::from_str("no_trigger = ['nam']").unwrap();
         assert!(bad.check().is_err());
+        // Numbers in range and finite (review 14).
+        for bad in ["webhook_timeout_s = -1.0", "sample_s = nan", "window_s = nan", "post_s = -5.0", "spool_max_age_days = nan", "mem_cap_mb = 17592186044416", "max_jobs = 0"] {
+            let c: Config = toml::from_str(bad).unwrap();
+            assert!(c.check().is_err(), "{bad} accepted");
+        }
     }
 
     #[test]

@@ -27,7 +27,11 @@ pub fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
     let me = unsafe { libc::geteuid() };
     anyhow::ensure!(dm.uid() == me && dm.mode() & 0o022 == 0, "socket directory {} must belong to uid {me} and not be writable by others", dir.display());
     match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).with_context(|| format!("removing the stale socket {}", path.display()))?,
+        Ok(m) if m.file_type().is_socket() => {
+            // A live agent answers: never take its socket away (review 11).
+            anyhow::ensure!(std::os::unix::net::UnixStream::connect(path).is_err(), "another agent is running on {} (its socket answers)", path.display());
+            std::fs::remove_file(path).with_context(|| format!("removing the stale socket {}", path.display()))?;
+        }
         Ok(_) => anyhow::bail!("{} exists and is not a socket: not touching it", path.display()),
         Err(_) => {}
     }

@@ -29,6 +29,9 @@ pub struct SlurmRef {
     pub job_id: String,
     pub step_id: Option<String>,
     pub user: Option<String>,
+    /// From Slurm's own cgroup path (not the process's environment, which its user controls).
+    #[serde(skip)]
+    pub from_cgroup: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -66,6 +69,7 @@ pub fn slurm_from(environ: &[u8], cgroup: &str) -> Option<SlurmRef> {
                 if let Some(c) = SLURM_CG.captures(&l.2) {
                     r.job_id = c[1].to_string();
                     r.step_id = c.get(2).map(|m| m.as_str().to_string());
+                    r.from_cgroup = true;
                     break;
                 }
             }
@@ -89,6 +93,9 @@ pub fn pod_from(environ: &[u8], cgroup: &str) -> Option<PodRef> {
     Some(p)
 }
 
+/// The most of a command line kept (and matched against `match_commands`).
+pub const CMDLINE_MAX: usize = 4096;
+
 /// ppid, pgid and start time from /proc/PID/stat. comm may hold spaces and parentheses: the
 /// fields start after the last ')'.
 fn stat_fields(stat: &str) -> Option<(u32, u32, u64)> {
@@ -101,14 +108,23 @@ fn stat_fields(stat: &str) -> Option<(u32, u32, u64)> {
 pub fn read_proc(root: &Path, pid: u32) -> Option<Proc> {
     let d = root.join(pid.to_string());
     let (ppid, pgid, starttime) = stat_fields(&std::fs::read_to_string(d.join("stat")).ok()?)?;
-    let cmd = std::fs::read(d.join("cmdline")).unwrap_or_default();
+    // Bounded reads: a process may carry megabytes of arguments or environment (review 5).
+    let read_max = |name: &str, max: u64| -> Vec<u8> {
+        use std::io::Read as _;
+        let mut v = Vec::new();
+        if let Ok(f) = std::fs::File::open(d.join(name)) {
+            let _ = f.take(max).read_to_end(&mut v);
+        }
+        v
+    };
+    let cmd = read_max("cmdline", CMDLINE_MAX as u64);
     if cmd.is_empty() {
         return None; // kernel thread or zombie
     }
     let status = std::fs::read_to_string(d.join("status")).unwrap_or_default();
     let uid = status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0);
-    let environ = std::fs::read(d.join("environ")).unwrap_or_default();
-    let cgroup = std::fs::read_to_string(d.join("cgroup")).unwrap_or_default();
+    let environ = read_max("environ", 1 << 20);
+    let cgroup = String::from_utf8_lossy(&read_max("cgroup", 64 << 10)).into_owned();
     let cmdline = String::from_utf8_lossy(&cmd).split('\0').filter(|s| !s.is_empty()).collect::<Vec<_>>().join(" ");
     let mut slurm = slurm_from(&environ, &cgroup);
     // A batch script (slurmstepd runs `<spool>/jobNNN/slurm_script`) has no SLURM_STEP_ID.
@@ -163,7 +179,8 @@ impl Found {
     pub fn identity(&self) -> Value {
         let user = user_name(self.uid);
         match (&self.slurm, &self.pod) {
-            (Some(s), _) => json!({ "kind": "slurm", "job_id": s.job_id, "step_id": s.step_id, "user": s.user.clone().or(user), "uid": self.uid }),
+            // The user from the job's uid, not from SLURM_JOB_USER (the process's own word).
+            (Some(s), _) => json!({ "kind": "slurm", "job_id": s.job_id, "step_id": s.step_id, "user": user.or_else(|| s.user.clone()), "uid": self.uid }),
             (None, Some(p)) => json!({ "kind": "kubernetes", "pod_uid": p.uid, "namespace": p.namespace, "pod": p.name, "container_id": p.container_id, "uid": self.uid }),
             _ => json!({ "kind": "process", "root_pid": self.root, "user": user, "uid": self.uid }),
         }
@@ -221,7 +238,9 @@ impl Discovery {
     /// Look at /proc now; returns the jobs it holds.
     pub fn scan(&mut self, now_ns: u64) -> Vec<Found> {
         let mut alive = BTreeSet::new();
-        if let Ok(rd) = std::fs::read_dir(&self.root) {
+        // /proc unreadable (out of descriptors): keep what is known rather than forget every job.
+        let Ok(rd) = std::fs::read_dir(&self.root) else { return self.group() };
+        {
             for e in rd.flatten() {
                 let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
                 alive.insert(pid);
@@ -270,7 +289,7 @@ impl Discovery {
             Some("gpu")
         } else if self.patterns.iter().any(|r| r.is_match(&s.proc.cmdline)) {
             Some("command")
-        } else if s.proc.slurm.as_ref().is_some_and(|sl| self.slurm_all || self.slurm_wanted.contains(&sl.job_id)) {
+        } else if self.slurm_of(&s.proc).is_some_and(|sl| self.slurm_all || self.slurm_wanted.contains(&sl.job_id)) {
             Some("slurm")
         } else {
             None
@@ -290,12 +309,32 @@ impl Discovery {
         cur
     }
 
+    /// The process's Slurm job, when Slurm vouches for it: a job cgroup, or a `slurmstepd:
+    /// [<job>.<step>]` ancestor for the same job. `SLURM_JOB_ID` alone is the process's own
+    /// word: any user can set it to join (and blame) another user's job (review 2).
+    fn slurm_of<'a>(&self, p: &'a Proc) -> Option<&'a SlurmRef> {
+        let s = p.slurm.as_ref()?;
+        if s.from_cgroup {
+            return Some(s);
+        }
+        let mut cur = p.ppid;
+        for _ in 0..64 {
+            let a = self.seen.get(&cur)?;
+            if let Some(rest) = a.proc.cmdline.strip_prefix("slurmstepd: [") {
+                let job = rest.split(['.', ']']).next().unwrap_or("");
+                return (job == s.job_id).then_some(s);
+            }
+            cur = a.proc.ppid;
+        }
+        None
+    }
+
     fn group(&self) -> Vec<Found> {
         let mut jobs: BTreeMap<String, Found> = BTreeMap::new();
         for s in self.seen.values() {
             let Some(reason) = self.reason(s) else { continue };
             let p = &s.proc;
-            let (key, root) = if let Some(sl) = &p.slurm {
+            let (key, root) = if let Some(sl) = self.slurm_of(p) {
                 (format!("slurm-{}", sl.job_id), self.top(p.pid, |a, b| b.slurm.as_ref().is_some_and(|x| x.job_id == a.slurm.as_ref().map_or("", |y| y.job_id.as_str()))))
             } else if let Some(pod) = &p.pod {
                 (format!("pod-{}", pod.uid), self.top(p.pid, |a, b| b.pod.as_ref().map(|x| &x.uid) == a.pod.as_ref().map(|y| &y.uid)))
@@ -317,7 +356,7 @@ impl Discovery {
                 uid: p.uid,
                 gpus: BTreeSet::new(),
                 devices: BTreeSet::new(),
-                slurm: p.slurm.clone(),
+                slurm: self.slurm_of(p).cloned(),
                 pod: p.pod.clone(),
                 command: String::new(),
                 reason,
@@ -337,7 +376,7 @@ impl Discovery {
                 j.command = s.proc.cmdline.clone();
                 j.uid = s.proc.uid;
                 if j.slurm.as_ref().is_some_and(|x| x.step_id.is_none()) {
-                    j.slurm.clone_from(&s.proc.slurm);
+                    j.slurm = self.slurm_of(&s.proc).cloned();
                 }
             }
         }
@@ -448,7 +487,7 @@ mod tests {
     fn slurm_job_from_environment_or_cgroup() {
         let env = b"PATH=/usr/bin\0SLURM_JOB_ID=4242\0SLURM_STEP_ID=0\0SLURM_JOB_USER=alice\0HF_TOKEN=hf_secret\0";
         assert_eq!(slurm_from(b"SLURM_JOB_ID=4242\0SLURM_SCRIPT_CONTEXT=prolog_slurmd\0", ""), None);
-        assert_eq!(slurm_from(env, ""), Some(SlurmRef { job_id: "4242".into(), step_id: Some("0".into()), user: Some("alice".into()) }));
+        assert_eq!(slurm_from(env, ""), Some(SlurmRef { job_id: "4242".into(), step_id: Some("0".into()), user: Some("alice".into()), from_cgroup: false }));
         // proctrack/cgroup, cgroup v2 (recorded from a Slurm 23.02 node).
         let cg = "0::/system.slice/slurmstepd.scope/job_77/step_batch/user/task_0\n";
         assert_eq!(slurm_from(b"", cg).map(|s| (s.job_id, s.step_id)), Some(("77".into(), Some("batch".into()))));
@@ -536,5 +575,37 @@ mod grouping {
         assert!(t.pids.contains(&21) && t.pids.contains(&22));
         let b = jobs.iter().find(|j| j.key == "pid-30").expect("the script's job");
         assert_eq!(b.reason, "command");
+    }
+}
+
+#[cfg(test)]
+mod slurm_trust {
+    use super::*;
+
+    fn proc(pid: u32, ppid: u32, uid: u32, cmd: &str, job: Option<&str>) -> (u32, Seen) {
+        let slurm = job.map(|j| SlurmRef { job_id: j.into(), ..SlurmRef::default() });
+        let proc = Proc { pid, ppid, pgid: pid, uid, starttime: u64::from(pid), cmdline: cmd.into(), slurm, pod: None };
+        (pid, Seen { proc, devices: Vec::new(), next_fd_check: u64::MAX, backoff_ns: 0 })
+    }
+
+    #[test]
+    fn slurm_job_id_counts_only_under_that_jobs_slurmstepd() {
+        let cfg = crate::agent::config::Config { slurm_jobs: "all".into(), ..Default::default() };
+        let mut d = Discovery::new(PathBuf::from("/nonexistent"), &cfg);
+        d.ignore.clear();
+        d.seen = HashMap::from([
+            proc(100, 1, 0, "slurmstepd: [777.batch]", None),
+            proc(101, 100, 1001, "/bin/bash /var/spool/slurmd/job00777/slurm_script", Some("777")),
+            // Another user claims job 777 from a login shell: not Slurm's word.
+            proc(200, 1, 1002, "bash", None),
+            proc(201, 200, 1002, "python attacker.py", Some("777")),
+            // And under another job's slurmstepd.
+            proc(300, 1, 0, "slurmstepd: [778.0]", None),
+            proc(301, 300, 1002, "python step.py", Some("777")),
+        ]);
+        let jobs = d.group();
+        assert_eq!(jobs.len(), 1, "{jobs:?}");
+        assert_eq!((jobs[0].key.as_str(), jobs[0].root, jobs[0].pids.len()), ("slurm-777", 101, 1));
+        assert_eq!(jobs[0].uid, 1001);
     }
 }

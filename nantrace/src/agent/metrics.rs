@@ -20,6 +20,7 @@ const FAMILIES: &[(&str, &str, &str)] = &[
     ("nantrace_incidents_total", "counter", "Bundles written, by trigger and verdict family."),
     ("nantrace_incident_failures_total", "counter", "Incidents whose bundle could not be written."),
     ("nantrace_jobs_watched", "gauge", "Training jobs the agent is watching now."),
+    ("nantrace_jobs_not_watched", "gauge", "Training jobs found but not watched (max_jobs or max_jobs_per_user reached)."),
     ("nantrace_jobs_seen_total", "counter", "Training jobs discovered since the agent started, by kind (slurm, kubernetes, process)."),
     ("nantrace_ringbuf_drops_total", "counter", "Kernel events lost because the ring buffer was full, by source."),
     ("nantrace_events_total", "counter", "Kernel events received from the probes, by source."),
@@ -117,11 +118,25 @@ impl Metrics {
 pub async fn serve(addr: std::net::SocketAddr, metrics: std::sync::Arc<Metrics>) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     crate::say!("nantrace: metrics on http://{addr}/metrics");
+    // At most 32 connections at once; more are closed at once. An accept error (EMFILE) backs
+    // off instead of spinning (review 3: 1 100 idle connections took every descriptor).
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
     tokio::spawn(async move {
         loop {
-            let Ok((mut conn, _)) = listener.accept().await else { continue };
+            let mut conn = match listener.accept().await {
+                Ok((c, _)) => c,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                drop(conn);
+                continue;
+            };
             let metrics = metrics.clone();
             tokio::spawn(async move {
+                let _permit = permit;
                 // The request head only, at most 8 KiB within 5 s: a slow or huge client gets nothing.
                 let mut buf = vec![0u8; 8192];
                 let mut n = 0;

@@ -107,6 +107,11 @@ struct State {
     ended: HashMap<String, (u64, u32)>,
     /// A bundle was written: the spool's usage is measured again.
     spool_dirty: bool,
+    /// Jobs over the limits at the last scan, and those already said.
+    not_watched: usize,
+    not_watched_said: std::collections::HashSet<String>,
+    /// Whose bundle is whose (uid), for the spool's per-user eviction.
+    bundle_uid: HashMap<PathBuf, u32>,
 }
 
 const MAX_INCIDENTS_LISTED: usize = 200;
@@ -129,7 +134,34 @@ fn open_spool(dir: &Path) -> anyhow::Result<()> {
     if m.mode() & 0o077 != 0 {
         crate::say!("nantrace: WARNING: spool {} is readable by others (mode {:o}): bundles hold job logs and environments", dir.display(), m.mode() & 0o777);
     }
+    check_ancestors(dir, me)?;
     crate::safefs::check_out_dir(dir)?;
+    Ok(())
+}
+
+/// No one but root (or the agent's user) can rename or replace a directory on the way to the
+/// spool: every ancestor, as given and as resolved, belongs to root or `me` and is not
+/// writable by others, unless it is sticky (`/tmp`) and the next step belongs to root or
+/// `me` (review 9: a user-owned parent let the spool be swapped for a link).
+fn check_ancestors(dir: &Path, me: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let abs = if dir.is_absolute() { dir.to_path_buf() } else { std::env::current_dir()?.join(dir) };
+    let real = std::fs::canonicalize(&abs).with_context(|| format!("spool {}", abs.display()))?;
+    for path in [abs, real] {
+        let comps: Vec<PathBuf> = path.ancestors().map(Path::to_path_buf).collect();
+        // From the spool's parent up to /; `child` is the step below each one.
+        for w in comps.windows(2) {
+            let (child, parent) = (&w[0], &w[1]);
+            let pm = std::fs::symlink_metadata(parent).with_context(|| format!("{}", parent.display()))?;
+            let cm = std::fs::symlink_metadata(child).with_context(|| format!("{}", child.display()))?;
+            let ours = |uid: u32| uid == 0 || uid == me;
+            anyhow::ensure!(ours(pm.uid()), "spool {}: {} belongs to uid {}: a user who owns a directory on the way could swap the spool for a link", dir.display(), parent.display(), pm.uid());
+            if pm.mode() & 0o022 != 0 {
+                let sticky = pm.mode() & 0o1000 != 0;
+                anyhow::ensure!(sticky && ours(cm.uid()), "spool {}: {} is writable by others: a user could swap {} for a link", dir.display(), parent.display(), child.display());
+            }
+        }
+    }
     Ok(())
 }
 
@@ -261,8 +293,13 @@ impl Agent {
         }
     }
 
-    fn reconcile(&self, found: Vec<Found>) {
+    fn reconcile(&self, mut found: Vec<Found>) {
         let mut st = lock(&self.state);
+        let now = monotonic_ns();
+        st.ended.retain(|_, t| now - t.0 < 30_000_000_000);
+        // Jobs a scheduler vouches for, or that hold a GPU, come first when places are few.
+        found.sort_by_key(|f| (u8::from(f.reason == "command"), f.root));
+        let mut not_watched = 0usize;
         for f in found {
             if let Some(j) = st.jobs.get_mut(&f.key) {
                 let new: BTreeSet<u32> = f.pids.iter().copied().filter(|p| !j.found.pids.contains(p)).collect();
@@ -275,13 +312,28 @@ impl Agent {
                 }
                 continue;
             }
-            if st.jobs.len() >= self.cfg.max_jobs || st.ended.get(&f.key).is_some_and(|e| e.1 == f.root) || !crate::correlate::alive(f.root) {
+            if st.ended.get(&f.key).is_some_and(|e| e.1 == f.root) || !crate::correlate::alive(f.root) {
+                continue;
+            }
+            // One user's many jobs do not hide another user's (review 4): both limits, said
+            // once per job and counted.
+            let of_user = st.jobs.values().filter(|j| j.found.uid == f.uid).count();
+            if st.jobs.len() >= self.cfg.max_jobs || of_user >= self.cfg.max_jobs_per_user {
+                not_watched += 1;
+                if st.not_watched_said.len() < 10_000 && st.not_watched_said.insert(f.key.clone()) {
+                    crate::say!(
+                        "nantrace: WARNING: job {} (uid {}) is not watched: {} jobs watched (max_jobs {}), {} of uid {} (max_jobs_per_user {})",
+                        f.key, f.uid, st.jobs.len(), self.cfg.max_jobs, of_user, f.uid, self.cfg.max_jobs_per_user
+                    );
+                }
                 continue;
             }
             self.start_job(&mut st, f);
         }
         let n = st.jobs.len();
         self.metrics.set("nantrace_jobs_watched", &[], n as f64);
+        self.metrics.set("nantrace_jobs_not_watched", &[], not_watched as f64);
+        st.not_watched = not_watched;
     }
 
     fn start_job(&self, st: &mut State, f: Found) {
@@ -297,6 +349,7 @@ impl Agent {
         let host = self.host.clone();
         let (key2, ident2, gpucheck) = (key.clone(), identity.clone(), self.cfg.gpucheck_after_nan);
         let m2 = self.metrics.clone();
+        let job_uid = f.uid;
         let session = Session::new(opts, info, Mode::Follow).with_label(format!("job {key}: ")).on_fault(move |fam| m2.inc("nantrace_job_output_failures_total", &[("family", fam.as_str())])).on_dump(move |d| {
             let family = d.family.clone().unwrap_or_else(|| "none".into());
             match &d.dir {
@@ -316,6 +369,9 @@ impl Agent {
             });
             let mut st = lock(&state);
             st.spool_dirty = true;
+            if let Some(d) = &d.dir {
+                st.bundle_uid.insert(d.clone(), job_uid);
+            }
             if let Some(j) = st.jobs.get_mut(&key2) {
                 j.incidents += 1;
             }
@@ -347,7 +403,9 @@ impl Agent {
                 let logs = find_logs(&f2, &pod_dir, &proc_root, &host).await;
                 for (path, format) in &logs {
                     crate::say!("nantrace: job {}: following {}", f2.key, crate::term::clean(&path.display().to_string()));
-                    follow_file(path.clone(), f2.root, *format, Some(f2.uid), scanner.clone(), tx2.clone(), behind.clone());
+                    // The kubelet's logs belong to root whoever the container runs as.
+                    let owner = if *format == LogFormat::Cri { 0 } else { f2.uid };
+                    follow_file(path.clone(), f2.root, *format, Some(owner), scanner.clone(), tx2.clone(), behind.clone());
                 }
                 if logs.is_empty() {
                     crate::say!("nantrace: job {}: no log file found (its output is a pipe or a terminal): kernel and exit evidence only", f2.key);
@@ -412,9 +470,13 @@ impl Agent {
     }
 
     fn spool(&self) {
-        let removed = spool::enforce(&self.cfg.spool_dir, self.cfg.spool_max_mb << 20, self.cfg.spool_max_age_days * 86_400.0);
+        let known = lock(&self.state).bundle_uid.clone();
+        let removed = spool::enforce(&self.cfg.spool_dir, self.cfg.spool_max_mb << 20, self.cfg.spool_max_age_days * 86_400.0, &|p| known.get(p).copied().or_else(|| spool::bundle_uid(p)));
         for r in &removed {
             crate::say!("nantrace: spool: removed {} (size/age limit)", r.display());
+        }
+        if !removed.is_empty() {
+            lock(&self.state).bundle_uid.retain(|p, _| !removed.contains(p));
         }
         self.metrics.add("nantrace_spool_removed_total", &[], removed.len() as f64);
         let u = spool::usage(&self.cfg.spool_dir);
@@ -437,6 +499,7 @@ impl Agent {
                     "probes_error": self.kernel.error,
                     "ringbuf_drops": self.kernel.drops(),
                     "jobs": st.jobs.len(),
+                    "jobs_not_watched": st.not_watched,
                     "incidents": st.incidents.len(),
                     "spool": { "dir": self.cfg.spool_dir, "usage": spool::usage(&self.cfg.spool_dir), "max_mb": self.cfg.spool_max_mb },
                     "node_recorder": node,
@@ -457,6 +520,9 @@ impl Agent {
             })).collect::<Vec<_>>() }),
             "incidents" => json!({ "incidents": st.incidents }),
             "dump" => {
+                if !req["job"].is_null() && !req["job"].is_string() {
+                    return json!({ "error": "job must be a string (a job key, a Slurm job id or a root pid)" });
+                }
                 let want = req["job"].as_str().unwrap_or("");
                 let matching: Vec<(&String, &Job)> = st.jobs.iter().filter(|(k, j)| want.is_empty() || *k == want || j.found.slurm.as_ref().is_some_and(|s| s.job_id == want) || j.found.root.to_string() == want).collect();
                 if matching.is_empty() {
@@ -521,15 +587,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     metrics.set("nantrace_build_info", &[("version", env!("CARGO_PKG_VERSION"))], 1.0);
     let kernel = Arc::new(if args.no_probes { Kernel::none("disabled with --no-probes") } else { Kernel::load(&[], cfg.slow_io_ms, false) });
     let node = Arc::new(Mutex::new(Recorder::new((cfg.window_s * 1e9) as u64, (cfg.mem_cap_mb << 20) / 2)));
-    let state = Arc::new(Mutex::new(State { jobs: BTreeMap::new(), pid_job: HashMap::new(), incidents: VecDeque::new(), gpucheck_queue: Vec::new(), ended: HashMap::new(), spool_dirty: true }));
+    let state = Arc::new(Mutex::new(State { jobs: BTreeMap::new(), pid_job: HashMap::new(), incidents: VecDeque::new(), gpucheck_queue: Vec::new(), ended: HashMap::new(), spool_dirty: true, not_watched: 0, not_watched_said: std::collections::HashSet::new(), bundle_uid: HashMap::new() }));
     let webhook = (!cfg.webhook_url.is_empty()).then(|| webhook::spawn(cfg.webhook_url.clone(), Duration::from_secs_f64(cfg.webhook_timeout_s), cfg.webhook_retries, metrics.clone()));
     let (done_tx, mut done_rx) = mpsc::channel::<String>(64);
-    let listener = ctl::bind(&cfg.socket)?;
-    let (ctl_tx, mut ctl_rx) = mpsc::channel::<ctl::Request>(16);
-    ctl::serve(listener, ctl_tx);
+    // The metrics port first: a second agent fails there, before it touches the socket.
     if !cfg.metrics_addr.is_empty() {
         metrics::serve(cfg.metrics_addr.parse()?, metrics.clone()).await.with_context(|| format!("metrics on {}", cfg.metrics_addr))?;
     }
+    let listener = ctl::bind(&cfg.socket)?;
+    let (ctl_tx, mut ctl_rx) = mpsc::channel::<ctl::Request>(16);
+    ctl::serve(listener, ctl_tx);
     let (ktx, mut krx) = mpsc::channel(256);
     kernel.start_stream(ktx)?;
     {
@@ -590,10 +657,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut gpucheck_task: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         tokio::select! {
-            b = krx.recv() => match b {
-                Some(b) => agent.route(b),
-                None => break,
-            },
+            // Without probes the stream is closed from the start: the branch is off, the
+            // agent goes on with log and exit evidence (review 1).
+            Some(b) = krx.recv() => agent.route(b),
             Some((found, secs)) = disc_rx.recv() => {
                 agent.metrics.set("nantrace_discovery_seconds", &[], secs);
                 agent.reconcile(found);

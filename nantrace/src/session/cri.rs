@@ -3,12 +3,17 @@
 //! (`{"log":"...\n","stream":"stderr","time":"..."}`). Plain lines pass through unchanged.
 
 /// Joins a container log's records back into the job's lines. A line longer than
-/// `LineSplitter::MAX` keeps its start and says how much was cut.
+/// `LineSplitter::MAX` keeps its start and its last `TAIL` bytes (a NaN printed at the end of
+/// a long line is still seen), and says how much was cut.
 #[derive(Default)]
 pub struct CriJoiner {
     partial: String,
+    /// The latest text past the head, at most `2 * TAIL` bytes (trimmed to `TAIL` at the end).
+    tail: String,
     cut: usize,
 }
+
+const TAIL: usize = 4096;
 
 /// One record: its stream (1 stdout, 2 stderr, 0 unknown), whether the line goes on in the
 /// next record, its text.
@@ -50,25 +55,41 @@ impl CriJoiner {
         let Some((stream, partial, text)) = parse(record) else {
             return Some((0, record.to_string()));
         };
-        let room = super::LineSplitter::MAX.saturating_sub(self.partial.len());
-        if text.len() <= room {
-            self.partial.push_str(&text);
-        } else {
-            let mut end = room;
-            while !text.is_char_boundary(end) {
-                end -= 1;
+        let room = (super::LineSplitter::MAX - TAIL).saturating_sub(self.partial.len());
+        let mut end = room.min(text.len());
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.partial.push_str(&text[..end]);
+        if end < text.len() {
+            self.tail.push_str(&text[end..]);
+            if self.tail.len() > 2 * TAIL {
+                let mut from = self.tail.len() - TAIL;
+                while !self.tail.is_char_boundary(from) {
+                    from += 1;
+                }
+                self.cut += from;
+                self.tail.drain(..from);
             }
-            self.partial.push_str(&text[..end]);
-            self.cut += text.len() - end;
         }
         if partial {
             return None;
         }
         let mut line = std::mem::take(&mut self.partial);
+        let mut tail = std::mem::take(&mut self.tail);
+        if tail.len() > TAIL {
+            let mut from = tail.len() - TAIL;
+            while !tail.is_char_boundary(from) {
+                from += 1;
+            }
+            self.cut += from;
+            tail.drain(..from);
+        }
         if self.cut > 0 {
-            line.push_str(&format!(" [... {} bytes not kept ...]", self.cut));
+            line.push_str(&format!(" [... {} bytes not kept ...] ", self.cut));
             self.cut = 0;
         }
+        line.push_str(&tail);
         Some((stream, line))
     }
 }
@@ -108,8 +129,9 @@ mod tests {
         for _ in 0..100 {
             assert_eq!(j.push(&rec), None);
         }
-        let (_, line) = j.push("2024-05-02T10:11:12.1Z stdout F loss nan").unwrap();
+        let (_, line) = j.push("2024-05-02T10:11:12.1Z stdout F step 6 loss nan").unwrap();
         assert!(line.len() < super::super::LineSplitter::MAX + 64, "{}", line.len());
-        assert!(line.ends_with("bytes not kept ...]"));
+        // The end of the long line is kept: the NaN printed there is seen (review 13).
+        assert!(line.contains("bytes not kept") && line.ends_with("step 6 loss nan"), "{}", &line[line.len() - 100..]);
     }
 }

@@ -297,6 +297,9 @@ pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32
         let mut split = LineSplitter::default();
         let mut first = true;
         let mut refused = false;
+        // The file last refused (device, inode): not opened again until it changes, so a FIFO
+        // planted there is not opened every 100 ms (review 8).
+        let mut refused_id: Option<(u64, u64)> = None;
         let mut buf = vec![0u8; 64 * 1024];
         let mut lines: Vec<String> = Vec::new();
         let wake = DirWatch::new(&path);
@@ -322,9 +325,10 @@ pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32
             }
             // (Re)open on start, after rotation, or when the file appears.
             let meta = std::fs::metadata(&path).ok();
+            let id = std::fs::symlink_metadata(&path).ok().map(|m| (m.dev(), m.ino()));
             let rotated = match (&file, &meta) {
                 (Some((_, ino)), Some(m)) => m.ino() != *ino,
-                (None, Some(_)) => true,
+                (None, Some(_)) => refused_id.is_none() || refused_id != id,
                 _ => false,
             };
             if rotated {
@@ -345,49 +349,57 @@ pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32
                 match open_log(&path, owner) {
                     Ok((mut f, m)) => {
                         refused = false;
-                        // On attach, start up to 256 KiB back so the bundle has the recent history.
-                        pos = if first { m.len().saturating_sub(256 * 1024) } else { 0 };
+                        refused_id = None;
+                        // On attach, start up to 256 KiB back so the bundle has the recent
+                        // history; a new file that is already long (a 1 TiB sparse file put
+                        // in the log's place, review 7) likewise.
+                        pos = if first || m.len() > 256 * 1024 { m.len().saturating_sub(256 * 1024) } else { 0 };
                         let _ = f.seek(SeekFrom::Start(pos));
-                        if first && pos > 0 {
-                            split = LineSplitter::default();
-                            let mut skip = [0u8; 1];
-                            while let Ok(1) = f.read(&mut skip) {
-                                pos += 1;
-                                if skip[0] == b'\n' {
-                                    break;
-                                }
-                            }
-                        }
+                        // The first line read from there may be a fragment: it is kept (its
+                        // end can be the line that matters, after a sparse run of zeros).
+                        split = LineSplitter::default();
                         first = false;
                         file = Some((f, m.ino()));
                     }
                     Err(e) if !refused => {
                         refused = true;
-                        crate::say!("nantrace: WARNING: not reading {}: {e}", path.display());
+                        refused_id = id;
+                        crate::say!("nantrace: WARNING: not reading {}: {e}", crate::term::clean(&path.display().to_string()));
                     }
-                    Err(_) => {}
+                    Err(_) => refused_id = id,
                 }
             } else if let (Some((f, _)), Some(m)) = (file.as_mut(), &meta) {
                 if m.len() < pos {
-                    // Truncated (copytruncate rotation): start again from the top.
-                    pos = 0;
-                    let _ = f.seek(SeekFrom::Start(0));
+                    // Truncated (copytruncate rotation): start again from the top (or 256 KiB
+                    // before the end when it is already long again).
+                    pos = m.len().saturating_sub(256 * 1024);
+                    let _ = f.seek(SeekFrom::Start(pos));
                     split = LineSplitter::default();
                 }
             }
+            // At most 16 MiB per round: the session's end and a closed channel are seen
+            // between rounds, whatever the file does.
+            let mut budget = 16usize << 20;
             if let Some((f, _)) = file.as_mut() {
                 while let Ok(n) = f.read(&mut buf) {
-                    if n == 0 {
+                    if n == 0 || tx.is_closed() {
                         break;
                     }
                     set_behind(true);
+                    budget = budget.saturating_sub(n);
                     pos += n as u64;
                     split.push(&buf[..n], |l| lines.push(l));
                     if !send(&mut lines) {
                         set_behind(false);
                         return;
                     }
+                    if budget == 0 {
+                        break;
+                    }
                 }
+            }
+            if budget == 0 {
+                continue;
             }
             set_behind(false);
             // Woken by any change in the log's directory (a write, a rotation), else every
@@ -410,6 +422,12 @@ fn open_log(path: &std::path::Path, owner: Option<u32>) -> std::io::Result<(std:
         let m = f.metadata()?;
         return Ok((f, m));
     };
+    // Looked at before it is opened: a FIFO is never opened (its writer would be woken and get
+    // SIGPIPE, review 8), a link never followed.
+    let lm = std::fs::symlink_metadata(path)?;
+    if !lm.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
     let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)?;
     let m = f.metadata()?;
     if !m.is_file() {

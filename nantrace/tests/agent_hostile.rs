@@ -1,0 +1,136 @@
+//! The agent against the adversarial review of its first version (one test per defect that
+//! a job or a local user could cause). Root, single-threaded.
+mod common;
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::agent::Agent;
+use common::{bundles, privileged, sh, BIN};
+
+fn job(dir: &std::path::Path, name: &str, body: &str) -> std::process::Child {
+    let script = dir.join(format!("{name}.sh"));
+    std::fs::write(&script, format!("#!/bin/bash\n{body}\n")).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+    Command::new(&script).stdout(log.try_clone().unwrap()).stderr(log).stdin(Stdio::null()).spawn().unwrap()
+}
+
+fn stop(mut c: std::process::Child) {
+    let _ = sh(&format!("pkill -KILL -P {}", c.id()));
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+#[test]
+fn without_probes_the_agent_keeps_running_on_log_evidence() {
+    if !privileged("without_probes_the_agent_keeps_running_on_log_evidence") {
+        return;
+    }
+    let a = Agent::start("noprobes", 19481, &["--no-probes", "--match", "nt-np-job"]);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(a.ctl(&["status"])["probes_error"].as_str().unwrap().contains("--no-probes"));
+    let j = job(&a.dir, "nt-np-job", "for i in 1 2 3; do echo \"step $i loss 1.$i\"; sleep 0.3; done; echo 'step 4 loss nan'; sleep 20");
+    a.wait_job(j.id(), Duration::from_secs(10));
+    let b = a.wait_bundles(1, Duration::from_secs(20));
+    assert_eq!(b.len(), 1, "the NaN was not seen without probes");
+    stop(j);
+    a.stop();
+}
+
+#[test]
+fn one_users_many_jobs_do_not_hide_anothers_and_the_excess_is_said() {
+    if !privileged("one_users_many_jobs_do_not_hide_anothers_and_the_excess_is_said") {
+        return;
+    }
+    let cfgd = std::env::temp_dir().join(format!("nt-agent-limitcfg-{}", std::process::id()));
+    std::fs::create_dir_all(&cfgd).unwrap();
+    std::fs::write(cfgd.join("a.toml"), "match_commands = ['nt-lim-job']\nmax_jobs_per_user = 2\nscan_interval_ms = 200\n").unwrap();
+    let a = Agent::start("limit", 19482, &["--config", cfgd.join("a.toml").to_str().unwrap()]);
+    let jobs: Vec<_> = (0..3).map(|i| job(&a.dir, &format!("nt-lim-job{i}"), "sleep 60")).collect();
+    a.wait_line("over the limit", Duration::from_secs(10), |l| l.contains("is not watched") && l.contains("max_jobs_per_user 2"));
+    let v = a.ctl(&["status"]);
+    assert_eq!((v["jobs"].as_u64(), v["jobs_not_watched"].as_u64()), (Some(2), Some(1)), "{v}");
+    assert!(a.metrics_text().contains("nantrace_jobs_not_watched 1"));
+    for j in jobs {
+        stop(j);
+    }
+    let _ = std::fs::remove_dir_all(&cfgd);
+    a.stop();
+}
+
+#[test]
+fn a_sparse_file_in_the_logs_place_is_read_from_near_its_end() {
+    if !privileged("a_sparse_file_in_the_logs_place_is_read_from_near_its_end") {
+        return;
+    }
+    let a = Agent::start("sparse", 19483, &["--match", "nt-sparse-job"]);
+    // The job's stdout is one file; it then puts a 1 TiB sparse file in the log's place
+    // (another inode) and prints the NaN there.
+    let log = a.dir.join("train.log");
+    let j = {
+        let script = a.dir.join("nt-sparse-job.sh");
+        std::fs::write(&script, format!("#!/bin/bash\nexec >{l}\nfor i in 1 2 3; do echo \"step $i loss 1.$i\"; sleep 0.5; done\ntruncate -s 1T {l}.new && mv {l}.new {l}\necho 'step 4 loss nan' >>{l}\nsleep 30\n", l = log.display())).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Command::new(&script).stdin(Stdio::null()).spawn().unwrap()
+    };
+    a.wait_job(j.id(), Duration::from_secs(10));
+    let t0 = Instant::now();
+    let b = a.wait_bundles(1, Duration::from_secs(30));
+    assert_eq!(b.len(), 1, "the NaN after the sparse file was not seen");
+    eprintln!("NaN seen {:.1} s after the job was listed", t0.elapsed().as_secs_f64());
+    stop(j);
+    a.stop();
+}
+
+#[test]
+fn a_fifo_in_the_logs_place_is_never_opened() {
+    if !privileged("a_fifo_in_the_logs_place_is_never_opened") {
+        return;
+    }
+    let a = Agent::start("fifo", 19484, &["--match", "nt-fifo-job"]);
+    let log = a.dir.join("fifo.log");
+    let mark = a.dir.join("writer-opened");
+    let script = a.dir.join("nt-fifo-job.sh");
+    // The job's stdout is a regular file first (the agent follows it), then the path becomes
+    // a FIFO whose writer blocks until a real reader comes: the agent must not be that reader.
+    std::fs::write(&script, format!("#!/bin/bash\nexec >{l}\necho 'step 1 loss 1.0'\nsleep 2\nrm {l}; mkfifo {l}\n(exec 3>{l}; touch {m}; echo x >&3) &\nsleep 30\n", l = log.display(), m = mark.display())).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let j = Command::new(&script).stdin(Stdio::null()).spawn().unwrap();
+    a.wait_job(j.id(), Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(!mark.exists(), "the agent opened the FIFO (its writer was woken)");
+    stop(j);
+    let _ = sh(&format!("pkill -f '{}'", log.display()));
+    a.stop();
+}
+
+#[test]
+fn a_spool_under_a_users_directory_is_refused_and_a_second_agent_leaves_the_socket_alone() {
+    if !privileged("a_spool_under_a_users_directory_is_refused_and_a_second_agent_leaves_the_socket_alone") {
+        return;
+    }
+    let user_dir = std::env::temp_dir().join(format!("nt-agent-userdir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&user_dir);
+    std::fs::create_dir_all(&user_dir).unwrap();
+    common::sh_ok(&format!("chown 65534:65534 {}", user_dir.display()));
+    let o = Command::new(BIN).args(["agent", "--no-probes", "--metrics-addr", "", "--spool"]).arg(user_dir.join("spool")).args(["--socket"]).arg(user_dir.join("s.sock")).output().unwrap();
+    assert!(!o.status.success(), "an agent started with its spool under a user's directory");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("belongs to uid 65534"), "{}", String::from_utf8_lossy(&o.stderr));
+    let _ = std::fs::remove_dir_all(&user_dir);
+
+    let a = Agent::start("second", 19485, &[]);
+    let o = Command::new(BIN).args(["agent", "--no-probes", "--metrics-addr", "127.0.0.1:19486", "--spool"]).arg(&a.spool).arg("--socket").arg(&a.socket).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("another agent is running"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(a.ctl(&["status"])["probes_attached"].as_u64().is_some(), "the first agent's socket was taken");
+    // Its metrics port survives a crowd of idle connections.
+    let idle: Vec<_> = (0..200).filter_map(|_| std::net::TcpStream::connect(&a.metrics).ok()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(a.metrics_text().contains("nantrace_probes_attached"));
+    assert!(bundles(&a.spool).is_empty());
+    a.stop();
+}
