@@ -330,7 +330,7 @@ fn checked(timeline: &Value, snapshot: &Value) -> Vec<String> {
     out.push(format!("system samples: {} (memory, swap, CPU, PSI), disk samples: {}, network samples: {}, GPU samples: {}", n("system"), n("disk"), n("net"), n("gpu")));
     out.push(format!("log lines read: {}", n("log")));
     if let Some(b) = acc["log_bytes_not_scanned"].as_u64().filter(|b| *b > 0) {
-        out.push(format!("job output: {b} bytes passed through to the terminal but NOT scanned (the scanner was behind a flood): lines in them are missing from the evidence"));
+        out.push(format!("job output: {b} bytes passed through to the terminal without the full scan (the scanner was behind a flood): only their lines holding a NaN or failure word (nan, inf, error, killed, CUDA, NCCL, ...) were read; the other lines are missing from the evidence"));
     }
     let d = &acc["digest"];
     if d["over_the_cap_not_analysed"].as_u64().unwrap_or(0) > 0 {

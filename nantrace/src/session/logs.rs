@@ -167,6 +167,35 @@ pub(super) fn log_event(reader: &mut LineReader, line: String, stream: u8, pid: 
 
 /// Bytes of output waiting to be scanned, per stream, at most.
 const SCAN_QUEUE_BYTES: usize = 16 << 20;
+/// Beyond it, room for the lines a flood's skipped chunks may hold a NaN or a failure in.
+const HINT_EXTRA_BYTES: usize = 1 << 20;
+
+/// Words without which a line is neither a NaN nor a failure line the classifiers know
+/// (checked against the corpus by a test).
+static HINT: std::sync::LazyLock<regex::bytes::Regex> = std::sync::LazyLock::new(|| {
+    regex::bytes::Regex::new(r"(?i-u)nan|inf|error|warn|fail|fatal|fault|kill|exception|traceback|timeout|timed out|timing out|abort|assert|denied|exceeded|unreachable|refused|closed|reset by peer|xid|ecc|oom|out of memory|bad_alloc|no space|stale|signal|diverg|watchdog|minimum|lost|fallen|invalid|duplicate|insufficient|unavailable|busy|returned|status=|cuda|nccl|nvrm|ib_|mlx|endpoint|terminat|杀死").unwrap()
+});
+
+/// The complete lines of `chunk` (its first and last, possibly cut, included) that contain a
+/// hint word, each ending with a newline; at most 64 KiB.
+fn hint_lines(chunk: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut last_end = 0usize;
+    for m in HINT.find_iter(chunk) {
+        if m.start() < last_end {
+            continue;
+        }
+        let start = chunk[..m.start()].iter().rposition(|&b| b == b'\n' || b == b'\r').map_or(0, |i| i + 1);
+        let end = chunk[m.end()..].iter().position(|&b| b == b'\n' || b == b'\r').map_or(chunk.len(), |i| m.end() + i);
+        if out.len() + (end - start) + 1 > 64 << 10 {
+            break;
+        }
+        out.extend_from_slice(&chunk[start..end]);
+        out.push(b'\n');
+        last_end = end;
+    }
+    out
+}
 
 /// Pass a child's output through unchanged, and scan it line by line on a thread of its own.
 ///
@@ -249,10 +278,21 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         let _ = to.write_all(&buf[..n]).await;
         let _ = to.flush().await;
         if queued.load(Ordering::Relaxed) + n > SCAN_QUEUE_BYTES {
-            not_scanned.fetch_add(n as u64, Ordering::Relaxed);
             if !skipping {
                 skipping = true;
                 let _ = chunks.send(None);
+            }
+            // Not scanned whole, but not blind either: the lines of the chunk that could be a
+            // NaN or a failure line (a fast literal search) still go to the scanner, within
+            // a small extra budget. A NaN printed right after a flood is seen.
+            let picked = hint_lines(&buf[..n]);
+            if !picked.is_empty() && queued.load(Ordering::Relaxed) + picked.len() <= SCAN_QUEUE_BYTES + HINT_EXTRA_BYTES {
+                queued.fetch_add(picked.len(), Ordering::Relaxed);
+                not_scanned.fetch_add((n - picked.len().min(n)) as u64, Ordering::Relaxed);
+                let _ = chunks.send(Some((monotonic_ns(), picked)));
+                let _ = chunks.send(None);
+            } else {
+                not_scanned.fetch_add(n as u64, Ordering::Relaxed);
             }
         } else {
             skipping = false;
@@ -551,5 +591,49 @@ mod tests {
         let mut r = super::LineReader::new(sc);
         r.read("OVERFLOW! Skipping step");
         assert!(r.read("step 1 | loss 2.0 | grad_norm inf").nonfinite);
+    }
+}
+
+#[cfg(test)]
+mod hints {
+    #[test]
+    fn a_flood_chunk_gives_up_its_nan_and_failure_lines() {
+        let mut chunk = Vec::new();
+        for i in 0..2000 {
+            chunk.extend_from_slice(format!("step {i} | loss 2.0 | lr 3e-4 | tokens/s 123456\n").as_bytes());
+        }
+        chunk.extend_from_slice(b"step 2001 | loss nan\nRuntimeError: CUDA error: an illegal memory access was encountered\nstep 2002 | lo");
+        let picked = String::from_utf8(super::hint_lines(&chunk)).unwrap();
+        assert_eq!(picked, "step 2001 | loss nan\nRuntimeError: CUDA error: an illegal memory access was encountered\n");
+    }
+
+    #[test]
+    fn every_corpus_line_has_a_hint_word() {
+        // The hint must not hide what the classifiers find: every NaN and failure line of the
+        // corpus (nantrace/tests/corpus) that the readers flag contains a hint word.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+        let (mut checked, mut missed) = (0, Vec::new());
+        let files: Vec<std::path::PathBuf> = std::fs::read_dir(&dir).unwrap().chain(std::fs::read_dir(dir.join("heldout")).unwrap()).flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "tsv")).collect();
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap_or_default();
+            for line in text.lines().filter(|l| !l.starts_with('#')) {
+                // The line is the column before the source URL.
+                let cols: Vec<&str> = line.split('\t').collect();
+                if cols.len() < 3 {
+                    continue;
+                }
+                let l = cols[cols.len() - 2];
+                let mut r = super::LineReader::new(crate::nanscan::Scanner::default());
+                let read = r.read(l);
+                if read.nonfinite || read.fault.is_some() {
+                    checked += 1;
+                    if !super::HINT.is_match(l.as_bytes()) {
+                        missed.push(l.to_string());
+                    }
+                }
+            }
+        }
+        assert!(missed.is_empty(), "no hint word in {} lines the readers flag:\n{}", missed.len(), missed.join("\n"));
+        assert!(checked > 300, "only {checked} corpus lines checked");
     }
 }

@@ -447,7 +447,7 @@ impl Session {
         }
         let unscanned = self.not_scanned.load(Ordering::Relaxed);
         if unscanned > 0 {
-            self.say(&format!("nantrace: WARNING: {unscanned} bytes of the job's output were passed through but not scanned (a flood faster than the scanner): a NaN or an error line in them was not seen"));
+            self.say(&format!("nantrace: WARNING: {unscanned} bytes of the job's output were passed through without the full scan (a flood faster than the scanner): only their lines with a NaN or failure word were read"));
         }
         let exit_code = match (self.info.exit_code, self.info.exit_signal) {
             (_, Some(s)) => 128 + s,
