@@ -1,5 +1,5 @@
 //! `block:block_rq_issue` + `block:block_rq_complete`: request latency measured in the kernel.
-use crate::{EventHeader, COMM_LEN};
+use crate::EventHeader;
 
 /// log2(µs) latency buckets per device: bucket i counts requests with latency in [2^i, 2^(i+1)) µs.
 pub const BIO_HIST_BUCKETS: u32 = 24;
@@ -13,14 +13,16 @@ pub struct BioKey {
     pub sector: u64,
 }
 
-/// What the issue probe remembers about an in-flight request.
+/// What the issue probe remembers about an in-flight request: the time and the issuing
+/// process (its name is looked up by userspace for the rare request that becomes an event:
+/// the issue path runs for every request, and copying the name there cost a helper call and
+/// 16 bytes per request).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BioStart {
     pub ts_ns: u64,
     pub pid: u32,
-    pub flags: u32,
-    pub comm: [u8; COMM_LEN],
+    pub _pad: u32,
 }
 
 /// Key of the per-device latency histogram map.

@@ -2,7 +2,7 @@
 //! measured in the kernel. Every completion lands in a per-device log2 histogram; only errors
 //! and requests slower than `slow_io_ns` become events, so fast I/O cannot flood the ring.
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    helpers::bpf_ktime_get_ns,
     macros::{map, tracepoint},
     maps::{HashMap, PerCpuHashMap},
     programs::TracePointContext,
@@ -27,7 +27,12 @@ fn key(ctx: &TracePointContext, dev_off: u32, sector_off: u32) -> Option<BioKey>
     if dev_off == MISSING || sector_off == MISSING {
         return None;
     }
+    // One read when `sector` follows `dev` (u32 + padding, as on every kernel seen), else two.
     // SAFETY: offsets from the format file; probe_read tolerates faults.
+    if sector_off == dev_off + 8 {
+        let w = unsafe { ctx.read_at::<[u64; 2]>(dev_off as usize) }.ok()?;
+        return Some(BioKey { dev: w[0] as u32, _pad: 0, sector: w[1] });
+    }
     let dev = unsafe { ctx.read_at::<u32>(dev_off as usize) }.ok()?;
     let sector = unsafe { ctx.read_at::<u64>(sector_off as usize) }.ok()?;
     Some(BioKey { dev, _pad: 0, sector })
@@ -45,8 +50,7 @@ pub fn block_rq_issue(ctx: TracePointContext) -> u32 {
         // SAFETY: helper without arguments.
         ts_ns: unsafe { bpf_ktime_get_ns() },
         pid: tgid,
-        flags: 0,
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        _pad: 0,
     };
     let _ = BIO_START.insert(&k, &start, 0);
     0
@@ -117,7 +121,7 @@ pub fn block_rq_done(ctx: TracePointContext) -> u32 {
                 (*p).hdr.flags = if is_job(s.pid) { FLAG_JOB } else { 0 };
                 (*p).hdr.pid = s.pid;
                 (*p).hdr.tid = s.pid;
-                (*p).hdr.comm = s.comm;
+                (*p).hdr.comm = [0; 16];
             }
             None => {
                 (*p).hdr.flags = 0;

@@ -44,7 +44,15 @@ pub fn spawn(ring: RingBuf<MapData>, tx: mpsc::Sender<Vec<Event>>) -> (Arc<Reade
                     while let Some(item) = ring.next() {
                         st.records.fetch_add(1, Ordering::Relaxed);
                         match decode(&item) {
-                            Ok(e) => batch.push(e),
+                            Ok(mut e) => {
+                                // The block probes do not copy the issuer's name (every request
+                                // pays for what the issue path does): looked up here, for the
+                                // few requests that are events (slow or failed).
+                                if matches!(e.detail, crate::event::Detail::Block { .. }) && e.comm == crate::event::Comm::NONE && e.pid != 0 {
+                                    e.comm = crate::event::comm_from(std::fs::read_to_string(format!("/proc/{}/comm", e.pid)).unwrap_or_default().trim());
+                                }
+                                batch.push(e);
+                            }
                             Err(_) => {
                                 st.decode_errors.fetch_add(1, Ordering::Relaxed);
                             }
