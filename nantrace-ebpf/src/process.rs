@@ -4,7 +4,7 @@
 //! `signal:signal_generate` (fatal signals) complete the story.
 use aya_ebpf::{
     macros::{map, tracepoint},
-    maps::{HashMap, LruHashMap},
+    maps::HashMap,
     programs::TracePointContext,
 };
 use nantrace_common::{
@@ -15,9 +15,11 @@ use crate::{conf, count_drop, current_pid_tgid, fill_header, fill_header_as, is_
 
 const CLONE_THREAD: u64 = 0x0001_0000;
 
-/// Children created with CLONE_THREAD, between task_newtask and sched_process_fork.
+/// Children created with CLONE_THREAD, between task_newtask and sched_process_fork (which
+/// always follows and removes the entry). A plain hash: the LRU's bookkeeping cost more per
+/// fork than the lookup itself.
 #[map]
-static NEW_THREADS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(4096, 0);
+static NEW_THREADS: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 
 /// Last exit code / fatal signal per pid, consumed when the process is gone.
 #[map]
@@ -75,15 +77,9 @@ pub fn sched_fork(ctx: TracePointContext) -> u32 {
         fill_header_as(&raw mut (*p).hdr, EventKind::Fork, true);
         (*p).child_pid = child;
         (*p)._pad = 0;
-        (*p).child_comm = [0; 16];
-        let comm_off = conf!(off.fork_child_comm);
-        if comm_off != MISSING {
-            if conf!(off.fork_child_comm_loc) != 0 {
-                read_data_loc(&ctx, comm_off, &mut (*p).child_comm);
-            } else {
-                (*p).child_comm = ctx.read_at::<[u8; 16]>(comm_off as usize).unwrap_or([0; 16]);
-            }
-        }
+        // A child is born with its parent's name (copy_process copies comm): the header's,
+        // already read, instead of a second read through the tracepoint's `child_comm`.
+        (*p).child_comm = (*p).hdr.comm;
     }
     crate::submit(entry);
     0
