@@ -514,7 +514,8 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
         "synthetic_throughput": synth,
     });
     // The previous run, for the tables' "before" column.
-    let previous: serde_json::Value = std::fs::read_to_string(root().join("bench/results.json")).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    let prev_path = std::env::var_os("NANTRACE_BENCH_PREVIOUS").map_or_else(|| root().join("bench/results.json"), std::path::PathBuf::from);
+    let previous: serde_json::Value = std::fs::read_to_string(prev_path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&tmp);
     if smoke {
         // Smoke mode proves the benchmark runs; it does not overwrite the recorded numbers.
@@ -543,6 +544,15 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
     std::fs::write(root().join("bench/results.json"), serde_json::to_string_pretty(&results)?)?;
     std::fs::write(root().join("docs/performance.md"), markdown(&results, &previous))?;
     eprintln!("xtask bench: wrote bench/results.json and docs/performance.md");
+    Ok(())
+}
+
+/// `cargo xtask bench --render [--previous FILE]`: docs/performance.md from bench/results.json.
+pub fn render(previous: Option<&Path>) -> Result<()> {
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root().join("bench/results.json")).context("bench/results.json")?)?;
+    let prev: serde_json::Value = previous.map(std::fs::read_to_string).transpose()?.map(|t| serde_json::from_str(&t)).transpose()?.unwrap_or_default();
+    std::fs::write(root().join("docs/performance.md"), markdown(&r, &prev))?;
+    eprintln!("xtask bench: wrote docs/performance.md from bench/results.json");
     Ok(())
 }
 
@@ -598,7 +608,7 @@ fn markdown(r: &serde_json::Value, prev: &serde_json::Value) -> String {
     }
     let ra = &r["ratios"];
     s.push_str(&format!("\nRatios of medians: nantrace/none = {}, bpftrace/none = {}, nantrace/bpftrace = {}.\n\n", ra["nantrace_vs_none"], ra["bpftrace_vs_none"], ra["nantrace_vs_bpftrace"]));
-    s.push_str("### Per-program kernel cost, above the floor\n\nMedians over the repetitions (`kernel.bpf_stats_enabled=1`). The floor is a do-nothing program on the same tracepoint, run under the same workload (`floor_*` in `nantrace-ebpf/src/bench.rs`): what any BPF program there costs (dispatch and run accounting). bpftrace's equivalents are listed beside, with the same floor subtracted. \"before\" is the previous run's figure from `bench/results.json` (its programs had the older names).\n\n| program | tracepoint runs/iteration | ns/run | floor | above floor | bpftrace above floor | before (ns/run) |\n|---|---|---|---|---|---|---|\n");
+    s.push_str("### Per-program kernel cost, above the floor\n\nMedians over the repetitions (`kernel.bpf_stats_enabled=1`). The floor is a do-nothing program on the same tracepoint, run under the same workload (`floor_*` in `nantrace-ebpf/src/bench.rs`): what any BPF program there costs (dispatch and run accounting). bpftrace's equivalents are listed beside, with the same floor subtracted. The \"before\" columns are the run these results replaced (`--previous FILE`; here the last run of the previous session, whose programs had older names and no floor): it ran on another instance of the VM (kernel build in `bench/results.json`), so compare each tracer against bpftrace in the same run, not absolute nanoseconds across runs.\n\n| program | tracepoint runs/iteration | ns/run | floor | above floor | bpftrace above floor | before: ns/run | before: bpftrace ns/run |\n|---|---|---|---|---|---|---|---|\n");
     let bt_names: &[(&str, &str)] = &[("block_rq_issue", "block_rq_issue"), ("block_rq_done", "block_rq_comple"), ("sched_fork", "sched_process_f"), ("exit_group", "sys_enter_exit_"), ("signal_generate", "signal_generate"), ("printk_console", "console")];
     let old_names: &[(&str, &str)] = &[("block_rq_done", "block_rq_comple"), ("sched_fork", "sched_process_f"), ("exit_group", "sys_enter_exit_"), ("tcp_retransmit", "tcp_retransmit_")];
     let iters = r["workload_iterations"].as_f64().unwrap_or(1.0);
@@ -609,8 +619,9 @@ fn markdown(r: &serde_json::Value, prev: &serde_json::Value) -> String {
         let bt = bt_names.iter().find(|b| b.0 == *prog).and_then(|b| prog_ns(r, "bpftrace", b.1));
         let old = old_names.iter().find(|b| b.0 == *prog).map_or(*prog, |b| b.1);
         let before = prog_ns(prev, "nantrace", old);
+        let bt_before = bt_names.iter().find(|b| b.0 == *prog).and_then(|b| prog_ns(prev, "bpftrace", b.1));
         let fmt = |v: Option<f64>| v.map_or("n/a".to_string(), |x| format!("{x:.0}"));
-        s.push_str(&format!("| {prog} | {} | {ns:.0} | {} | {} | {} | {} |\n", runs.map_or("?".into(), |x| format!("{:.1}", x / iters)), fmt(fl), fmt(fl.map(|f| ns - f)), fmt(match (bt, fl) { (Some(b), Some(f)) => Some(b - f), _ => None }), fmt(before)));
+        s.push_str(&format!("| {prog} | {} | {ns:.0} | {} | {} | {} | {} | {} |\n", runs.map_or("?".into(), |x| format!("{:.1}", x / iters)), fmt(fl), fmt(fl.map(|f| ns - f)), fmt(match (bt, fl) { (Some(b), Some(f)) => Some(b - f), _ => None }), fmt(before), fmt(bt_before)));
     }
     s.push_str(&format!("\n## Startup (launch to first event delivered)\n\n| tracer | seconds |\n|---|---|\n| nantrace | {} |\n| bpftrace | {} |\n", f(&r["startup_s"]["nantrace"], 1.0, ""), f(&r["startup_s"]["bpftrace"], 1.0, "")));
     let tp = &r["throughput"];
@@ -625,10 +636,10 @@ fn markdown(r: &serde_json::Value, prev: &serde_json::Value) -> String {
     let m = &r["memory"];
     s.push_str(&format!("\n## Memory\n\n{} events pushed at a simulated 1 k events/s (10-minute window; timestamps simulated, not waited for) with the mix of kernel events nantrace records: {:.1} bytes per event in the recorder ({} bytes of `Event` inline + heap for strings), RSS {} KiB after the load (started at {} KiB).\n",
         m["events"], m["bytes_per_event"].as_f64().unwrap_or(0.0), m["event_struct_bytes"], m["rss_kb_after"], m["rss_kb_before"]));
-    s.push_str(&format!("\nBefore: {:.1} bytes per event, RSS {} KiB.\n", prev["memory"]["bytes_per_event"].as_f64().unwrap_or(f64::NAN), prev["memory"]["rss_kb_after"]));
+    s.push_str(&format!("\nBefore: {:.1} bytes per event (that run did not count the queue's capacity: see docs/performance-notes.md), RSS {} KiB.\n", prev["memory"]["bytes_per_event"].as_f64().unwrap_or(f64::NAN), prev["memory"]["rss_kb_after"]));
     s.push_str(&format!("\n## Dump latency\n\nTrigger to bundle on disk with 100 000 events in the window (timeline, app/kernel logs, report, trace, HTML): {} s (before: {} s).\n", f(&r["dump_s_100k"], 1.0, ""), f(&prev["dump_s_100k"], 1.0, "")));
     let fl = &r["flood_dump"];
-    s.push_str(&format!("\n## A log flood, then the dump (redteam 2.8, 7.3, 7.4)\n\n`nantrace run --no-probes --mem-cap-mb {}` of a job that prints {} lines as fast as `yes | head` can, then a NaN: the job took {} s (alone: {} s); nantrace's peak RSS {} MiB = cap + {} MiB (target: cap + 64 MiB); {} bytes of output passed through unscanned (counted in the bundle); bundle written: {}.\n",
+    s.push_str(&format!("\n## A log flood, then the dump (redteam 2.8, 7.3, 7.4)\n\n`nantrace run --no-probes --mem-cap-mb {}` of a job that prints {} lines as fast as `yes | head` can, then a NaN: the job took {} s (alone: {} s); nantrace's peak RSS {} MiB = cap + {} MiB (target: cap + 64 MiB); {} bytes of output passed through without the full scan (only their lines with a NaN or failure word were read; counted in the bundle); bundle written: {}.\n",
         fl["cap_mib"], fl["lines"], fl["job_s_under_nantrace"], fl["job_s_alone"], fl["peak_rss_mib"], fl["over_cap_mib"], fl["log_bytes_not_scanned"], fl["bundle"]));
     s.push_str(&format!("\n## CPU at idle\n\n`nantrace watch` on an idle machine: {} CPU-seconds per second.\n", r["idle_cpu_s_per_s"]));
     let ag = &r["agent"];

@@ -42,6 +42,12 @@ enum Cmd {
         /// Tiny sizes, a few seconds: proves the benchmark still works
         #[arg(long)]
         smoke: bool,
+        /// The "before" figures: this results.json instead of the one being replaced
+        #[arg(long)]
+        previous: Option<std::path::PathBuf>,
+        /// Measure nothing: write docs/performance.md again from bench/results.json
+        #[arg(long)]
+        render: bool,
     },
     /// Release binary for glibc >= 2.28 (cargo zigbuild), probes embedded, plus
     /// target/dist/nantrace-VERSION-x86_64-linux-gnu.tar.gz (docs/dist.md).
@@ -117,7 +123,11 @@ fn main() -> Result<()> {
             std::fs::create_dir_all(&out)?;
             run(Command::new(bin).args(["demo", "--scenario", &scenario, "--out", &out]))
         }
-        Cmd::Bench { smoke } => {
+        Cmd::Bench { render: true, previous, .. } => bench::render(previous.as_deref()),
+        Cmd::Bench { smoke, previous, render: false } => {
+            if let Some(p) = &previous {
+                std::env::set_var("NANTRACE_BENCH_PREVIOUS", p);
+            }
             let route = setup::setup()?;
             setup::test_deps()?;
             setup::build_ebpf(&route)?;

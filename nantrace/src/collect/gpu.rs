@@ -32,6 +32,19 @@ pub struct GpuReading {
     pub ecc_uncorrected_volatile: Option<u64>,
     pub pcie_replay: Option<u32>,
     pub slowdown_temp_c: Option<u32>,
+    /// Row remapping (A100/H100/H200): rows remapped for correctable and uncorrectable errors,
+    /// a remap pending a GPU reset, a remap that failed.
+    pub remap: Option<Remap>,
+    /// NVLink errors summed over the active links: CRC (flit + data), replay, recovery.
+    pub nvlink: Option<[u64; 3]>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Remap {
+    pub correctable: u32,
+    pub uncorrectable: u32,
+    pub pending: bool,
+    pub failed: bool,
 }
 
 /// Names of the bits of nvmlClocksThrottleReasons.
@@ -101,6 +114,29 @@ pub fn changes(prev: &GpuReading, cur: &GpuReading) -> Vec<String> {
     if let Some(d) = up(prev.pcie_replay.map(u64::from), cur.pcie_replay.map(u64::from)) {
         out.push(format!("PCIe replay counter +{d} on {g}"));
     }
+    // Row remapping and NVLink counters, sampled with the rest (review of issue 13: the
+    // snapshot alone saw them only at the trigger).
+    if let (Some(a), Some(b)) = (prev.remap, cur.remap) {
+        if b.uncorrectable > a.uncorrectable {
+            out.push(format!("row remapping: {} more row(s) remapped for uncorrectable errors on {g}", b.uncorrectable - a.uncorrectable));
+        }
+        if b.correctable > a.correctable {
+            out.push(format!("row remapping: {} more row(s) remapped for correctable errors on {g}", b.correctable - a.correctable));
+        }
+        if b.pending && !a.pending {
+            out.push(format!("row remap pending (needs a GPU reset) on {g}"));
+        }
+        if b.failed && !a.failed {
+            out.push(format!("row remapping FAILED on {g}"));
+        }
+    }
+    if let (Some(a), Some(b)) = (prev.nvlink, cur.nvlink) {
+        for (i, what) in ["NVLink CRC errors", "NVLink replays", "NVLink recoveries"].iter().enumerate() {
+            if b[i] > a[i] {
+                out.push(format!("{what} +{} on {g}", b[i] - a[i]));
+            }
+        }
+    }
     if let (Some(t0), Some(t1), Some(slow)) = (prev.temp_c, cur.temp_c, cur.slowdown_temp_c) {
         if t0 + 5 < slow && t1 + 5 >= slow {
             out.push(format!("temperature {t1} C within 5 C of the slowdown threshold {slow} C on {g}"));
@@ -127,7 +163,33 @@ pub fn read(dev: &Device, index: u32) -> GpuReading {
         ecc_uncorrected_volatile: dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile).ok(),
         pcie_replay: dev.pcie_replay_counter().ok(),
         slowdown_temp_c: dev.temperature_threshold(TemperatureThreshold::Slowdown).ok(),
+        remap: remap_of(&remapped_rows(dev)),
+        nvlink: nvlink_totals(&nvlink_errors(dev)),
     }
+}
+
+/// The row-remapping counters of [`remapped_rows`]' answer, when it had them.
+pub fn remap_of(v: &Value) -> Option<Remap> {
+    Some(Remap {
+        correctable: u32::try_from(v["correctable"].as_u64()?).ok()?,
+        uncorrectable: u32::try_from(v["uncorrectable"].as_u64()?).ok()?,
+        pending: v["pending"].as_bool()?,
+        failed: v["failure_occurred"].as_bool()?,
+    })
+}
+
+/// CRC, replay and recovery errors summed over the links of [`nvlink_errors`]' answer (None
+/// without NVLink).
+pub fn nvlink_totals(v: &Value) -> Option<[u64; 3]> {
+    let links = v.as_object().filter(|m| !m.contains_key("active_links"))?;
+    let mut t = [0u64; 3];
+    for l in links.values() {
+        let n = |k: &str| l[k].as_u64().unwrap_or(0);
+        t[0] += n("crc_flit") + n("crc_data");
+        t[1] += n("replay");
+        t[2] += n("recovery");
+    }
+    Some(t)
 }
 
 fn res<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> Value {
@@ -264,7 +326,32 @@ mod tests {
             ecc_uncorrected_volatile: Some(ecc_u),
             pcie_replay: Some(replay),
             slowdown_temp_c: Some(87),
+            remap: None,
+            nvlink: None,
         }
+    }
+
+    #[test]
+    fn row_remaps_and_nvlink_errors_become_events() {
+        // As remapped_rows() and nvlink_errors() answer on an H200 (docs/gpu-check.md: 0
+        // remaps, 18 links) and after a remap and NVLink CRC errors.
+        let before = json!({ "correctable": 0, "uncorrectable": 0, "pending": false, "failure_occurred": false });
+        let after = json!({ "correctable": 0, "uncorrectable": 1, "pending": true, "failure_occurred": false });
+        let links = |crc: u64| json!({ "0": { "crc_flit": crc, "crc_data": 0, "replay": 0, "recovery": 0 }, "1": { "crc_flit": 0, "crc_data": 0, "replay": 2, "recovery": 0 } });
+        let mut a = recorded(0, 0, 0, 0, 60);
+        let mut b = a.clone();
+        a.remap = remap_of(&before);
+        b.remap = remap_of(&after);
+        a.nvlink = nvlink_totals(&links(10));
+        b.nvlink = nvlink_totals(&links(17));
+        assert_eq!(changes(&a, &b), vec![
+            "row remapping: 1 more row(s) remapped for uncorrectable errors on GPU 2 (0000:3b:00.0)".to_string(),
+            "row remap pending (needs a GPU reset) on GPU 2 (0000:3b:00.0)".to_string(),
+            "NVLink CRC errors +7 on GPU 2 (0000:3b:00.0)".to_string(),
+        ]);
+        // Not supported / no NVLink: nothing to compare, no event.
+        assert_eq!(remap_of(&json!({ "unavailable": "not supported on this GPU" })), None);
+        assert_eq!(nvlink_totals(&json!({ "active_links": 0 })), None);
     }
 
     #[test]

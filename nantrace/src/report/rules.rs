@@ -79,6 +79,7 @@ pub const SIGNALS: &[Signal] = &[
     Signal { id: "swap_thrash", family: Family::Memory, severity: 45, threshold: 10_240.0, what: "swap-in rate ≥ threshold KiB/s" },
     Signal { id: "gpu_remap_failure", family: Family::Gpu, severity: 92, threshold: 1.0, what: "NVML remapped rows: a row remapping failed (the GPU's memory cannot hide its bad rows: hardware service)" },
     Signal { id: "gpu_remap_pending", family: Family::Gpu, severity: 62, threshold: 1.0, what: "NVML remapped rows: rows wait for a GPU reset to be remapped (uncorrectable memory errors happened)" },
+    Signal { id: "nvlink_errors", family: Family::Gpu, severity: 40, threshold: 1.0, what: "NVML NVLink error counters rose during the window (CRC, replay, recovery)" },
     Signal { id: "xid_app_possible", family: Family::Gpu, severity: 55, threshold: 1.0, what: "Xid that NVIDIA's catalog lists as possibly the application's own fault (13, 31, 69...): the GPU faulted, the hardware or the job's code" },
     Signal { id: "xid_warning", family: Family::Gpu, severity: 45, threshold: 1.0, what: "Xid of warning severity (63 row remap, 92 high SBE rate...)" },
     Signal { id: "aer_corrected_burst", family: Family::Pcie, severity: 40, threshold: 5.0, what: "≥ threshold corrected PCIe AER errors" },

@@ -153,6 +153,15 @@ fn swap_thrash_is_the_top_suspect() {
 
 #[test]
 fn thermal_throttling_is_the_top_suspect() {
+    // Row remaps and NVLink errors sampled during the window (collect::gpu::changes' words).
+    let r = Scenario::healthy()
+        .with(json!({ "offset_s": -30.0, "source": "gpu_change", "gpu": 0, "pci": "0000:3b:00.0", "change": "row remapping: 1 more row(s) remapped for uncorrectable errors on GPU 0 (0000:3b:00.0)" }))
+        .with(json!({ "offset_s": -30.0, "source": "gpu_change", "gpu": 0, "pci": "0000:3b:00.0", "change": "row remap pending (needs a GPU reset) on GPU 0 (0000:3b:00.0)" }))
+        .with(json!({ "offset_s": -20.0, "source": "gpu_change", "gpu": 0, "pci": "0000:3b:00.0", "change": "NVLink CRC errors +7 on GPU 0 (0000:3b:00.0)" }))
+        .analyze();
+    let sigs: Vec<&str> = r.suspects.iter().map(|f| f.signal).collect();
+    assert!(sigs.contains(&"ecc_uncorrected") && sigs.contains(&"gpu_remap_pending") && sigs.contains(&"nvlink_errors"), "{sigs:?}");
+    assert!(r.machine, "{}", r.verdict);
     let a = Scenario::healthy().with(json!({ "offset_s": -40.0, "source": "gpu_change", "gpu": 0, "pci": "0000:3b:00.0", "change": "HW slowdown started on GPU 0 (0000:3b:00.0)" })).analyze();
     assert_eq!(top(&a).signal, "gpu_hw_slowdown");
     assert!(top(&a).touches_job);

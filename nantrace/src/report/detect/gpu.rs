@@ -79,8 +79,16 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
         let c = e["change"].as_str().unwrap_or("");
         let pci = e["pci"].as_str().unwrap_or("?");
         let touches = ctx.job_gpus.contains(pci);
-        let sig = if c.contains("uncorrected ECC") {
+        let sig = if c.contains("row remapping FAILED") {
+            signal("gpu_remap_failure")
+        } else if c.contains("row remap pending") {
+            signal("gpu_remap_pending")
+        } else if c.contains("uncorrected ECC") || c.contains("remapped for uncorrectable") {
             signal("ecc_uncorrected")
+        } else if c.contains("remapped for correctable") {
+            signal("ecc_corrected")
+        } else if c.starts_with("NVLink") {
+            signal("nvlink_errors")
         } else if c.contains("corrected ECC") {
             signal("ecc_corrected")
         } else if c.contains("PCIe replay") {
