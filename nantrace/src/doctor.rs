@@ -11,12 +11,19 @@ pub struct Report {
     pub euid: u32,
     pub tracefs: Option<String>,
     pub btf: bool,
+    /// How the probes read tracepoint fields.
+    pub probe_path: &'static str,
     pub probes_built: bool,
     pub load_error: Option<String>,
     pub probes: Vec<ProbeStatus>,
     pub nvml: String,
     pub notes: Vec<String>,
 }
+
+/// The only path so far: classic tracepoints whose field offsets come from tracefs `format`
+/// files. BTF-enabled (`tp_btf`) or raw tracepoints, which read the kernel's structures
+/// directly, are not implemented (docs/performance-notes.md, session 9).
+pub const PROBE_PATH: &str = "tracepoints, field offsets from tracefs format files (BTF tracepoints: not implemented)";
 
 pub fn nvml_status() -> String {
     match nvml_wrapper::Nvml::init() {
@@ -67,6 +74,7 @@ pub fn run() -> Report {
         euid,
         tracefs,
         btf: Path::new("/sys/kernel/btf/vmlinux").exists(),
+        probe_path: PROBE_PATH,
         probes_built: Probes::is_built(),
         load_error,
         probes,
@@ -80,6 +88,7 @@ pub fn print_human(r: &Report) {
     crate::sayout!("privileges    euid={}{}", r.euid, if r.euid == 0 { " (root)" } else { " (not root)" });
     crate::sayout!("tracefs       {}", r.tracefs.clone().unwrap_or_else(crate::tracefs::why_unavailable));
     crate::sayout!("BTF           {}", if r.btf { "/sys/kernel/btf/vmlinux" } else { "absent" });
+    crate::sayout!("probe path    {}", r.probe_path);
     crate::sayout!("probes built  {}", if r.probes_built { "yes" } else { "no" });
     if let Some(e) = &r.load_error {
         crate::sayout!("load          FAILED: {e}");
