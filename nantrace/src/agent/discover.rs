@@ -45,7 +45,10 @@ pub struct PodRef {
 /// Distributed launchers: their workers are one job.
 static LAUNCHER: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?:^|/|\s)(?:torchrun|torch\.distributed\.(?:run|launch)|deepspeed|accelerate(?:\s+launch)?|mpirun|mpiexec|horovodrun|srun|composer|lightning)(?:\s|$)").unwrap());
 
-static SLURM_CG: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"/job_(\d+)(?:/step_([A-Za-z0-9_]+))?").unwrap());
+/// Slurm's own cgroup locations only (`/slurm[_node]/uid_U/job_J/step_S` for cgroup v1,
+/// `/system.slice/slurmstepd.scope/job_J/step_S` for v2): a path a user can create under
+/// their own delegated subtree (`.../user@U.service/slurm/job_J`) does not count.
+static SLURM_CG: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^/(?:slurm(?:_[^/]+)?/uid_\d+|system\.slice/slurmstepd\.scope)/job_(\d+)(?:/step_([A-Za-z0-9_]+))?").unwrap());
 
 /// The Slurm job of a process: `SLURM_JOB_ID` in its environment (any proctrack), or the
 /// cgroup path `.../slurm/uid_U/job_J/step_S` (proctrack/cgroup).
@@ -320,9 +323,10 @@ impl Discovery {
         let mut cur = p.ppid;
         for _ in 0..64 {
             let a = self.seen.get(&cur)?;
+            // slurmstepd runs as root: a user's process renamed to look like it is not Slurm.
             if let Some(rest) = a.proc.cmdline.strip_prefix("slurmstepd: [") {
                 let job = rest.split(['.', ']']).next().unwrap_or("");
-                return (job == s.job_id).then_some(s);
+                return (a.proc.uid == 0 && job == s.job_id).then_some(s);
             }
             cur = a.proc.ppid;
         }
@@ -496,6 +500,9 @@ mod tests {
         assert_eq!(slurm_from(b"", cg).unwrap().job_id, "123");
         assert_eq!(slurm_from(b"SLURM_JOB_ID=1;rm -rf\0", ""), None);
         assert_eq!(slurm_from(b"", "0::/user.slice/user-1000.slice/session-3.scope\n"), None);
+        // A Slurm-looking path in a user's own delegated subtree is not Slurm's (re-review D6).
+        assert_eq!(slurm_from(b"", "0::/user.slice/user-1000.slice/user@1000.service/slurm/job_778/step_0\n"), None);
+        assert_eq!(slurm_from(b"", "4:memory:/slurm_node7/uid_1000/job_5/step_batch\n").unwrap().job_id, "5");
     }
 
     #[test]
@@ -596,6 +603,9 @@ mod slurm_trust {
         d.seen = HashMap::from([
             proc(100, 1, 0, "slurmstepd: [777.batch]", None),
             proc(101, 100, 1001, "/bin/bash /var/spool/slurmd/job00777/slurm_script", Some("777")),
+            // A user's process renamed `slurmstepd: [777.0]` (re-review D1).
+            proc(400, 1, 1002, "slurmstepd: [777.0]", None),
+            proc(401, 400, 1002, "python fake_step.py", Some("777")),
             // Another user claims job 777 from a login shell: not Slurm's word.
             proc(200, 1, 1002, "bash", None),
             proc(201, 200, 1002, "python attacker.py", Some("777")),

@@ -118,10 +118,12 @@ impl Metrics {
 pub async fn serve(addr: std::net::SocketAddr, metrics: std::sync::Arc<Metrics>) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     crate::say!("nantrace: metrics on http://{addr}/metrics");
-    // At most 32 connections at once; more are closed at once. An accept error (EMFILE) backs
-    // off instead of spinning (review 3: 1 100 idle connections took every descriptor).
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
+    // At most 32 connections wait for their request at once: a new one pushes out the oldest
+    // that has not sent its request yet, so idle connections cannot keep a scraper out
+    // (re-review D4). An accept error (EMFILE) backs off instead of spinning (review 3).
+    let waiting: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<(u64, tokio::task::AbortHandle)>>> = std::sync::Arc::default();
     tokio::spawn(async move {
+        let mut next_id = 0u64;
         loop {
             let mut conn = match listener.accept().await {
                 Ok((c, _)) => c,
@@ -130,17 +132,15 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: std::sync::Arc<Metrics>)
                     continue;
                 }
             };
-            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                drop(conn);
-                continue;
-            };
             let metrics = metrics.clone();
-            tokio::spawn(async move {
-                let _permit = permit;
-                // The request head only, at most 8 KiB within 5 s: a slow or huge client gets nothing.
+            let id = next_id;
+            next_id += 1;
+            let waiting2 = waiting.clone();
+            let task = tokio::spawn(async move {
+                // The request head only, at most 8 KiB within 2 s: a slow or huge client gets nothing.
                 let mut buf = vec![0u8; 8192];
                 let mut n = 0;
-                let head = tokio::time::timeout(Duration::from_secs(5), async {
+                let head = tokio::time::timeout(Duration::from_secs(2), async {
                     while n < buf.len() {
                         match conn.read(&mut buf[n..]).await {
                             Ok(0) | Err(_) => return false,
@@ -154,6 +154,7 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: std::sync::Arc<Metrics>)
                 })
                 .await
                 .unwrap_or(false);
+                waiting2.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|w| w.0 != id);
                 if !head {
                     return;
                 }
@@ -171,6 +172,15 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: std::sync::Arc<Metrics>)
                 let _ = tokio::time::timeout(Duration::from_secs(5), conn.write_all(resp.as_bytes())).await;
                 let _ = conn.shutdown().await;
             });
+            let mut w = waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !task.is_finished() {
+                w.push_back((id, task.abort_handle()));
+            }
+            while w.len() > 32 {
+                if let Some((_, old)) = w.pop_front() {
+                    old.abort();
+                }
+            }
         }
     });
     Ok(())

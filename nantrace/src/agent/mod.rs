@@ -123,13 +123,33 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The spool directory: created 0700; an existing one must be a real directory of ours.
 fn open_spool(dir: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
-    if !dir.exists() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating the spool {}", dir.display()))?;
+    // SAFETY: geteuid has no failure mode.
+    let me = unsafe { libc::geteuid() };
+    if std::fs::symlink_metadata(dir).is_err() {
+        // The part that exists is checked first; then each missing level is made by us, one
+        // at a time and never through a link (re-review D5: creating first followed a user's
+        // link as root).
+        let abs = if dir.is_absolute() { dir.to_path_buf() } else { std::env::current_dir()?.join(dir) };
+        let existing = abs.ancestors().find(|a| std::fs::symlink_metadata(a).is_ok()).unwrap_or(Path::new("/")).to_path_buf();
+        check_ancestors(&existing, me)?;
+        let em = std::fs::symlink_metadata(&existing)?;
+        anyhow::ensure!(em.is_dir() && (em.uid() == 0 || em.uid() == me) && (em.mode() & 0o022 == 0 || em.mode() & 0o1000 != 0), "spool {}: {} is not a directory of root's that only root can write", dir.display(), existing.display());
+        let rest = abs.strip_prefix(&existing).unwrap_or(Path::new(""));
+        let mut cur = existing.clone();
+        for c in rest.components() {
+            cur.push(c);
+            match std::fs::DirBuilder::new().mode(0o700).create(&cur) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let m = std::fs::symlink_metadata(&cur)?;
+                    anyhow::ensure!(m.is_dir() && (m.uid() == 0 || m.uid() == me), "spool {}: {} appeared meanwhile and is not ours (a link?)", dir.display(), cur.display());
+                }
+                Err(e) => return Err(e).with_context(|| format!("creating {}", cur.display())),
+            }
+        }
     }
     let m = std::fs::symlink_metadata(dir).with_context(|| format!("spool {}", dir.display()))?;
     anyhow::ensure!(m.is_dir(), "spool {} is not a directory (a link?)", dir.display());
-    // SAFETY: geteuid has no failure mode.
-    let me = unsafe { libc::geteuid() };
     anyhow::ensure!(m.uid() == me, "spool {} belongs to uid {}, not to the agent (uid {me})", dir.display(), m.uid());
     if m.mode() & 0o077 != 0 {
         crate::say!("nantrace: WARNING: spool {} is readable by others (mode {:o}): bundles hold job logs and environments", dir.display(), m.mode() & 0o777);

@@ -50,6 +50,10 @@ impl LineSplitter {
 
     pub fn push(&mut self, chunk: &[u8], mut out: impl FnMut(String)) {
         for &b in chunk {
+            // NUL bytes (a sparse file's holes, binary junk) are not text.
+            if b == 0 {
+                continue;
+            }
             if b == b'\n' || b == b'\r' {
                 self.emit(&mut out);
             } else if self.buf.len() < Self::MAX - Self::TAIL {
@@ -176,10 +180,15 @@ static HINT: std::sync::LazyLock<regex::bytes::Regex> = std::sync::LazyLock::new
     regex::bytes::Regex::new(r"(?i-u)nan|inf|error|warn|fail|fatal|fault|kill|exception|traceback|timeout|timed out|timing out|abort|assert|denied|exceeded|unreachable|refused|closed|reset by peer|xid|ecc|oom|out of memory|bad_alloc|no space|stale|signal|diverg|watchdog|minimum|lost|fallen|invalid|duplicate|insufficient|unavailable|busy|returned|status=|cuda|nccl|nvrm|ib_|mlx|endpoint|terminat|杀死").unwrap()
 });
 
+/// A line could be the NaN: these go first, with a reserve of their own.
+static NAN_HINT: std::sync::LazyLock<regex::bytes::Regex> = std::sync::LazyLock::new(|| regex::bytes::Regex::new(r"(?i-u)nan|inf").unwrap());
+
 /// The complete lines of `chunk` (its first and last, possibly cut, included) that contain a
-/// hint word, each ending with a newline; at most 64 KiB.
-fn hint_lines(chunk: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
+/// hint word, each ending with a newline: (lines that could be a NaN, the other hint lines),
+/// each at most 32 KiB, the newest kept when there are more (the line after a flood is the
+/// one that matters, re-review D2).
+fn hint_lines(chunk: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
     let mut last_end = 0usize;
     for m in HINT.find_iter(chunk) {
         if m.start() < last_end {
@@ -187,14 +196,27 @@ fn hint_lines(chunk: &[u8]) -> Vec<u8> {
         }
         let start = chunk[..m.start()].iter().rposition(|&b| b == b'\n' || b == b'\r').map_or(0, |i| i + 1);
         let end = chunk[m.end()..].iter().position(|&b| b == b'\n' || b == b'\r').map_or(chunk.len(), |i| m.end() + i);
-        if out.len() + (end - start) + 1 > 64 << 10 {
-            break;
-        }
-        out.extend_from_slice(&chunk[start..end]);
-        out.push(b'\n');
+        ranges.push((start, end));
         last_end = end;
     }
-    out
+    let pick = |nan: bool| {
+        let mut keep: Vec<(usize, usize)> = Vec::new();
+        let mut size = 0;
+        for &(s, e) in ranges.iter().rev().filter(|(s, e)| NAN_HINT.is_match(&chunk[*s..*e]) == nan) {
+            if size + (e - s) + 1 > 32 << 10 {
+                break;
+            }
+            size += e - s + 1;
+            keep.push((s, e));
+        }
+        let mut out = Vec::with_capacity(size);
+        for &(s, e) in keep.iter().rev() {
+            out.extend_from_slice(&chunk[s..e]);
+            out.push(b'\n');
+        }
+        out
+    };
+    (pick(true), pick(false))
 }
 
 /// Pass a child's output through unchanged, and scan it line by line on a thread of its own.
@@ -285,15 +307,18 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             // Not scanned whole, but not blind either: the lines of the chunk that could be a
             // NaN or a failure line (a fast literal search) still go to the scanner, within
             // a small extra budget. A NaN printed right after a flood is seen.
-            let picked = hint_lines(&buf[..n]);
-            if !picked.is_empty() && queued.load(Ordering::Relaxed) + picked.len() <= SCAN_QUEUE_BYTES + HINT_EXTRA_BYTES {
-                queued.fetch_add(picked.len(), Ordering::Relaxed);
-                not_scanned.fetch_add((n - picked.len().min(n)) as u64, Ordering::Relaxed);
-                let _ = chunks.send(Some((monotonic_ns(), picked)));
-                let _ = chunks.send(None);
-            } else {
-                not_scanned.fetch_add(n as u64, Ordering::Relaxed);
+            // Lines that could be the NaN have a reserve of their own beyond the other hints'.
+            let (nan, other) = hint_lines(&buf[..n]);
+            let mut sent = 0;
+            for (part, limit) in [(nan, SCAN_QUEUE_BYTES + 2 * HINT_EXTRA_BYTES), (other, SCAN_QUEUE_BYTES + HINT_EXTRA_BYTES)] {
+                if !part.is_empty() && queued.load(Ordering::Relaxed) + part.len() <= limit {
+                    queued.fetch_add(part.len(), Ordering::Relaxed);
+                    sent += part.len();
+                    let _ = chunks.send(Some((monotonic_ns(), part)));
+                    let _ = chunks.send(None);
+                }
             }
+            not_scanned.fetch_add(n.saturating_sub(sent) as u64, Ordering::Relaxed);
         } else {
             skipping = false;
             queued.fetch_add(n, Ordering::Relaxed);
@@ -339,7 +364,8 @@ pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32
         let mut refused = false;
         // The file last refused (device, inode): not opened again until it changes, so a FIFO
         // planted there is not opened every 100 ms (review 8).
-        let mut refused_id: Option<(u64, u64)> = None;
+        let mut refused_id: Option<(u64, u64, u32, i64, i64)> = None;
+        let mut refused_at = std::time::Instant::now();
         let mut buf = vec![0u8; 64 * 1024];
         let mut lines: Vec<String> = Vec::new();
         let wake = DirWatch::new(&path);
@@ -365,10 +391,13 @@ pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32
             }
             // (Re)open on start, after rotation, or when the file appears.
             let meta = std::fs::metadata(&path).ok();
-            let id = std::fs::symlink_metadata(&path).ok().map(|m| (m.dev(), m.ino()));
+            // What was refused is known by device, inode, type and change time (an inode number
+            // is reused at once: a FIFO then a regular file at the same number, re-review D3),
+            // and tried again every 5 s anyway.
+            let id = std::fs::symlink_metadata(&path).ok().map(|m| (m.dev(), m.ino(), m.mode(), m.ctime(), m.ctime_nsec()));
             let rotated = match (&file, &meta) {
                 (Some((_, ino)), Some(m)) => m.ino() != *ino,
-                (None, Some(_)) => refused_id.is_none() || refused_id != id,
+                (None, Some(_)) => refused_id.is_none() || refused_id != id || refused_at.elapsed() > Duration::from_secs(5),
                 _ => false,
             };
             if rotated {
@@ -404,9 +433,13 @@ pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32
                     Err(e) if !refused => {
                         refused = true;
                         refused_id = id;
+                        refused_at = std::time::Instant::now();
                         crate::say!("nantrace: WARNING: not reading {}: {e}", crate::term::clean(&path.display().to_string()));
                     }
-                    Err(_) => refused_id = id,
+                    Err(_) => {
+                        refused_id = id;
+                        refused_at = std::time::Instant::now();
+                    }
                 }
             } else if let (Some((f, _)), Some(m)) = (file.as_mut(), &meta) {
                 if m.len() < pos {
@@ -603,8 +636,19 @@ mod hints {
             chunk.extend_from_slice(format!("step {i} | loss 2.0 | lr 3e-4 | tokens/s 123456\n").as_bytes());
         }
         chunk.extend_from_slice(b"step 2001 | loss nan\nRuntimeError: CUDA error: an illegal memory access was encountered\nstep 2002 | lo");
-        let picked = String::from_utf8(super::hint_lines(&chunk)).unwrap();
-        assert_eq!(picked, "step 2001 | loss nan\nRuntimeError: CUDA error: an illegal memory access was encountered\n");
+        let (nan, other) = super::hint_lines(&chunk);
+        assert_eq!(String::from_utf8(nan).unwrap(), "step 2001 | loss nan\n");
+        assert_eq!(String::from_utf8(other).unwrap(), "RuntimeError: CUDA error: an illegal memory access was encountered\n");
+        // A flood whose every line holds a hint word: the newest lines are kept, so the NaN
+        // after it is among them.
+        let mut chunk = Vec::new();
+        for i in 0..3000 {
+            chunk.extend_from_slice(format!("step {i} error loss 0.5 lr 1e-4\n").as_bytes());
+        }
+        chunk.extend_from_slice(b"step 3001 loss: nan\n");
+        let (nan, other) = super::hint_lines(&chunk);
+        assert_eq!(String::from_utf8(nan).unwrap(), "step 3001 loss: nan\n");
+        assert!(other.len() <= 32 << 10 && String::from_utf8(other).unwrap().ends_with("step 2999 error loss 0.5 lr 1e-4\n"));
     }
 
     #[test]
