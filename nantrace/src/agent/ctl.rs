@@ -9,6 +9,11 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 use tokio::sync::{mpsc, oneshot};
 
+use super::Job;
+use crate::clock::monotonic_ns;
+use crate::session::Input;
+use crate::trigger::TriggerKind;
+
 /// A request and where its answer goes.
 pub type Request = (Value, oneshot::Sender<Value>);
 
@@ -149,4 +154,71 @@ pub fn last_report(incidents: &[Value], spool: &Path) -> Value {
         text.truncate(end);
     }
     json!({ "bundle": dir.display().to_string(), "report": text })
+}
+
+impl super::Agent {
+    /// One request on the socket, answered from the agent's state.
+    pub(super) fn answer(&self, req: &Value, scan_now: &std::sync::mpsc::Sender<()>, disc: &std::sync::mpsc::Sender<super::DiscMsg>) -> Value {
+        let cmd = req["cmd"].as_str().unwrap_or("");
+        let st = super::lock(&self.state);
+        match cmd {
+            "status" => {
+                let node = super::lock(&self.node).stats();
+                json!({
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "host": self.host,
+                    "uptime_s": (monotonic_ns() - self.started) as f64 / 1e9,
+                    "probes_attached": self.kernel.attached(),
+                    "probes_not_attached": self.kernel.probes_not_attached(),
+                    "probes_error": self.kernel.error,
+                    "ringbuf_drops": self.kernel.drops(),
+                    "jobs": st.jobs.len(),
+                    "jobs_not_watched": st.not_watched,
+                    "incidents": st.incidents.len(),
+                    "spool": { "dir": self.cfg.spool_dir, "usage": super::spool::usage(&self.cfg.spool_dir), "max_mb": self.cfg.spool_max_mb },
+                    "node_recorder": node,
+                    "metrics": self.cfg.metrics_addr,
+                })
+            }
+            "jobs" => json!({ "jobs": st.jobs.iter().map(|(k, j)| json!({
+                "key": k,
+                "root": j.found.root,
+                "pids": st.pid_job.values().filter(|v| *v == k).count(),
+                "gpus": j.found.gpus,
+                "found_by": j.found.reason,
+                "identity": j.found.identity(),
+                "command": crate::collect::redact::text(&j.found.command),
+                "logs": j.logs,
+                "watched_s": (monotonic_ns() - j.since_ns) as f64 / 1e9,
+                "incidents": j.incidents,
+            })).collect::<Vec<_>>() }),
+            "incidents" => json!({ "incidents": st.incidents }),
+            "dump" => {
+                if !req["job"].is_null() && !req["job"].is_string() {
+                    return json!({ "error": "job must be a string (a job key, a Slurm job id or a root pid)" });
+                }
+                let want = req["job"].as_str().unwrap_or("");
+                let matching: Vec<(&String, &Job)> = st.jobs.iter().filter(|(k, j)| want.is_empty() || *k == want || j.found.slurm.as_ref().is_some_and(|s| s.job_id == want) || j.found.root.to_string() == want).collect();
+                if matching.is_empty() {
+                    return json!({ "error": format!("no watched job {want:?} (see `nantrace ctl jobs`)") });
+                }
+                for (_, j) in &matching {
+                    let _ = j.tx.try_send(Input::Fire(TriggerKind::Ctl, "nantrace ctl dump".into(), monotonic_ns()));
+                }
+                json!({ "dumping": matching.iter().map(|m| m.0).collect::<Vec<_>>(), "post_s": self.cfg.post_s, "note": "the bundle is written after the post-window; `nantrace ctl incidents` lists it" })
+            }
+            "report" => last_report(&st.incidents.iter().cloned().collect::<Vec<_>>(), &self.cfg.spool_dir),
+            "slurm-prolog" | "slurm-epilog" | "scan" => {
+                let id = req["job_id"].as_str().unwrap_or("");
+                if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit() || b == b'_') {
+                    let _ = disc.send(if cmd == "slurm-prolog" { super::DiscMsg::WantSlurm(id.to_string()) } else { super::DiscMsg::ForgetSlurm(id.to_string()) });
+                }
+                let _ = scan_now.send(());
+                let key = format!("slurm-{id}");
+                crate::say!("nantrace: {cmd} for Slurm job {}", crate::term::clean(id));
+                json!({ "ok": true, "job": key, "watched": st.jobs.contains_key(&key), "incidents": st.incidents.iter().filter(|i| i["job"] == key).count() })
+            }
+            _ => json!({ "error": format!("unknown command {cmd:?}: status, jobs, incidents, dump, report, slurm-prolog, slurm-epilog") }),
+        }
+    }
 }

@@ -388,101 +388,6 @@ impl Discovery {
     }
 }
 
-/// The job's log files from Slurm: `scontrol show job -o` gives StdOut/StdErr (with the
-/// filename patterns Slurm may leave unexpanded: %j %u %x %A %a %N %%).
-pub fn slurm_logs(scontrol_line: &str, host: &str) -> Vec<PathBuf> {
-    let field = |k: &str| scontrol_line.split_whitespace().find_map(|w| w.strip_prefix(k)).map(str::to_string);
-    let job = field("JobId=").unwrap_or_default();
-    let user = field("UserId=").map(|u| u.split('(').next().unwrap_or("").to_string()).unwrap_or_default();
-    let name = field("JobName=").unwrap_or_default();
-    let array_job = field("ArrayJobId=").unwrap_or_else(|| job.clone());
-    let array_task = field("ArrayTaskId=").unwrap_or_default();
-    let expand = |p: String| {
-        let mut out = String::new();
-        let mut it = p.chars().peekable();
-        while let Some(c) = it.next() {
-            if c != '%' {
-                out.push(c);
-                continue;
-            }
-            // An optional zero-padding width (`%4j`) is read and ignored.
-            while it.peek().is_some_and(char::is_ascii_digit) {
-                it.next();
-            }
-            match it.next() {
-                Some('j') => out.push_str(&job),
-                Some('u') => out.push_str(&user),
-                Some('x') => out.push_str(&name),
-                Some('A') => out.push_str(&array_job),
-                Some('a') => out.push_str(&array_task),
-                Some('N') => out.push_str(host),
-                Some('%') => out.push('%'),
-                Some(o) => {
-                    out.push('%');
-                    out.push(o);
-                }
-                None => out.push('%'),
-            }
-        }
-        PathBuf::from(out)
-    };
-    let mut v: Vec<PathBuf> = Vec::new();
-    for k in ["StdOut=", "StdErr="] {
-        if let Some(p) = field(k).filter(|p| p.starts_with('/')).map(expand) {
-            if !v.contains(&p) {
-                v.push(p);
-            }
-        }
-    }
-    v
-}
-
-/// A pod's container logs under the kubelet's directory (`<ns>_<pod>_<uid>/<container>/N.log`):
-/// the newest file per container. Also returns the namespace and pod name from the directory.
-pub fn pod_logs(dir: &Path, pod_uid: &str) -> (Vec<PathBuf>, Option<(String, String)>) {
-    let Ok(rd) = std::fs::read_dir(dir) else { return (Vec::new(), None) };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if !name.ends_with(&format!("_{pod_uid}")) {
-            continue;
-        }
-        let mut parts = name.splitn(3, '_');
-        let ns_pod = match (parts.next(), parts.next()) {
-            (Some(ns), Some(pod)) => Some((ns.to_string(), pod.to_string())),
-            _ => None,
-        };
-        let mut logs = Vec::new();
-        for c in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
-            // Not through a link: the kubelet writes real directories here.
-            if !c.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            let newest = std::fs::read_dir(c.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter(|f| f.file_name().to_string_lossy().ends_with(".log") && f.file_type().is_ok_and(|t| t.is_file()))
-                .max_by_key(|f| f.metadata().and_then(|m| m.modified()).ok());
-            logs.extend(newest.map(|f| f.path()));
-        }
-        logs.sort();
-        return (logs, ns_pod);
-    }
-    (Vec::new(), None)
-}
-
-/// stdout/stderr of a process when they are regular files (not a pipe, a terminal, a socket).
-pub fn fd_logs(root: &Path, pid: u32) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = Vec::new();
-    for fd in [1, 2] {
-        let Ok(t) = std::fs::read_link(root.join(pid.to_string()).join("fd").join(fd.to_string())) else { continue };
-        if t.is_absolute() && !t.to_string_lossy().ends_with(" (deleted)") && std::fs::symlink_metadata(&t).is_ok_and(|m| m.is_file()) && !v.contains(&t) {
-            v.push(t);
-        }
-    }
-    v
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -520,32 +425,11 @@ mod tests {
     }
 
     #[test]
-    fn slurm_log_paths_are_expanded() {
-        let line = "JobId=31 JobName=train UserId=alice(1000) GroupId=alice(1000) JobState=RUNNING StdErr=/home/alice/%x-%j.err StdIn=/dev/null StdOut=/home/alice/slurm-%j.out WorkDir=/home/alice";
-        assert_eq!(slurm_logs(line, "n1"), vec![PathBuf::from("/home/alice/slurm-31.out"), PathBuf::from("/home/alice/train-31.err")]);
-        let line = "JobId=32 StdErr=/w/slurm-32.out StdOut=/w/slurm-32.out";
-        assert_eq!(slurm_logs(line, "n1"), vec![PathBuf::from("/w/slurm-32.out")]);
-        assert!(slurm_logs("JobId=33 StdOut=relative.out", "n1").is_empty());
-    }
-
-    #[test]
     fn gpu_minors_from_device_paths() {
         let d = vec!["/dev/nvidiactl".to_string(), "/dev/nvidia3".into(), "/dev/nvidia-uvm".into(), "/dev/nvidia0".into()];
         assert_eq!(gpu_minors(&d).into_iter().collect::<Vec<_>>(), vec![0, 3]);
     }
 
-    #[test]
-    fn pod_logs_are_found_by_uid() {
-        let dir = std::env::temp_dir().join(format!("nantrace-podlogs-{}", std::process::id()));
-        let c = dir.join("ml_trainer-0_1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718/trainer");
-        std::fs::create_dir_all(&c).unwrap();
-        std::fs::write(c.join("0.log"), "x").unwrap();
-        let (logs, names) = pod_logs(&dir, "1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718");
-        assert_eq!(logs, vec![c.join("0.log")]);
-        assert_eq!(names, Some(("ml".into(), "trainer-0".into())));
-        assert!(pod_logs(&dir, "00000000-0000-0000-0000-000000000000").0.is_empty());
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 pub mod config;
 pub mod ctl;
 pub mod discover;
+mod logs;
 pub mod metrics;
 pub mod spool;
 pub mod webhook;
@@ -118,71 +119,6 @@ const MAX_INCIDENTS_LISTED: usize = 200;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The spool directory: created 0700; an existing one must be a real directory of ours.
-fn open_spool(dir: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
-    // SAFETY: geteuid has no failure mode.
-    let me = unsafe { libc::geteuid() };
-    if std::fs::symlink_metadata(dir).is_err() {
-        // The part that exists is checked first; then each missing level is made by us, one
-        // at a time and never through a link (re-review D5: creating first followed a user's
-        // link as root).
-        let abs = if dir.is_absolute() { dir.to_path_buf() } else { std::env::current_dir()?.join(dir) };
-        let existing = abs.ancestors().find(|a| std::fs::symlink_metadata(a).is_ok()).unwrap_or(Path::new("/")).to_path_buf();
-        check_ancestors(&existing, me)?;
-        let em = std::fs::symlink_metadata(&existing)?;
-        anyhow::ensure!(em.is_dir() && (em.uid() == 0 || em.uid() == me) && (em.mode() & 0o022 == 0 || em.mode() & 0o1000 != 0), "spool {}: {} is not a directory of root's that only root can write", dir.display(), existing.display());
-        let rest = abs.strip_prefix(&existing).unwrap_or(Path::new(""));
-        let mut cur = existing.clone();
-        for c in rest.components() {
-            cur.push(c);
-            match std::fs::DirBuilder::new().mode(0o700).create(&cur) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let m = std::fs::symlink_metadata(&cur)?;
-                    anyhow::ensure!(m.is_dir() && (m.uid() == 0 || m.uid() == me), "spool {}: {} appeared meanwhile and is not ours (a link?)", dir.display(), cur.display());
-                }
-                Err(e) => return Err(e).with_context(|| format!("creating {}", cur.display())),
-            }
-        }
-    }
-    let m = std::fs::symlink_metadata(dir).with_context(|| format!("spool {}", dir.display()))?;
-    anyhow::ensure!(m.is_dir(), "spool {} is not a directory (a link?)", dir.display());
-    anyhow::ensure!(m.uid() == me, "spool {} belongs to uid {}, not to the agent (uid {me})", dir.display(), m.uid());
-    if m.mode() & 0o077 != 0 {
-        crate::say!("nantrace: WARNING: spool {} is readable by others (mode {:o}): bundles hold job logs and environments", dir.display(), m.mode() & 0o777);
-    }
-    check_ancestors(dir, me)?;
-    crate::safefs::check_out_dir(dir)?;
-    Ok(())
-}
-
-/// No one but root (or the agent's user) can rename or replace a directory on the way to the
-/// spool: every ancestor, as given and as resolved, belongs to root or `me` and is not
-/// writable by others, unless it is sticky (`/tmp`) and the next step belongs to root or
-/// `me` (review 9: a user-owned parent let the spool be swapped for a link).
-fn check_ancestors(dir: &Path, me: u32) -> anyhow::Result<()> {
-    use std::os::unix::fs::MetadataExt as _;
-    let abs = if dir.is_absolute() { dir.to_path_buf() } else { std::env::current_dir()?.join(dir) };
-    let real = std::fs::canonicalize(&abs).with_context(|| format!("spool {}", abs.display()))?;
-    for path in [abs, real] {
-        let comps: Vec<PathBuf> = path.ancestors().map(Path::to_path_buf).collect();
-        // From the spool's parent up to /; `child` is the step below each one.
-        for w in comps.windows(2) {
-            let (child, parent) = (&w[0], &w[1]);
-            let pm = std::fs::symlink_metadata(parent).with_context(|| format!("{}", parent.display()))?;
-            let cm = std::fs::symlink_metadata(child).with_context(|| format!("{}", child.display()))?;
-            let ours = |uid: u32| uid == 0 || uid == me;
-            anyhow::ensure!(ours(pm.uid()), "spool {}: {} belongs to uid {}: a user who owns a directory on the way could swap the spool for a link", dir.display(), parent.display(), pm.uid());
-            if pm.mode() & 0o022 != 0 {
-                let sticky = pm.mode() & 0o1000 != 0;
-                anyhow::ensure!(sticky && ours(cm.uid()), "spool {}: {} is writable by others: a user could swap {} for a link", dir.display(), parent.display(), child.display());
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Xid's PCI address -> the GPU's minor number (`/dev/nvidiaN`), from the driver's procfs.
@@ -420,7 +356,7 @@ impl Agent {
             scanner.grad_rule = crate::nanscan::GradRule::Auto;
             let host = self.host.clone();
             tokio::spawn(async move {
-                let logs = find_logs(&f2, &pod_dir, &proc_root, &host).await;
+                let logs = logs::find_logs(&f2, &pod_dir, &proc_root, &host).await;
                 for (path, format) in &logs {
                     crate::say!("nantrace: job {}: following {}", f2.key, crate::term::clean(&path.display().to_string()));
                     // The kubelet's logs belong to root whoever the container runs as.
@@ -503,105 +439,12 @@ impl Agent {
         self.metrics.set("nantrace_spool_bytes", &[], u.bytes as f64);
         self.metrics.set("nantrace_spool_bundles", &[], u.bundles as f64);
     }
-
-    fn answer(&self, req: &Value, scan_now: &std::sync::mpsc::Sender<()>, disc: &std::sync::mpsc::Sender<DiscMsg>) -> Value {
-        let cmd = req["cmd"].as_str().unwrap_or("");
-        let st = lock(&self.state);
-        match cmd {
-            "status" => {
-                let node = lock(&self.node).stats();
-                json!({
-                    "version": env!("CARGO_PKG_VERSION"),
-                    "host": self.host,
-                    "uptime_s": (monotonic_ns() - self.started) as f64 / 1e9,
-                    "probes_attached": self.kernel.attached(),
-                    "probes_not_attached": self.kernel.probes_not_attached(),
-                    "probes_error": self.kernel.error,
-                    "ringbuf_drops": self.kernel.drops(),
-                    "jobs": st.jobs.len(),
-                    "jobs_not_watched": st.not_watched,
-                    "incidents": st.incidents.len(),
-                    "spool": { "dir": self.cfg.spool_dir, "usage": spool::usage(&self.cfg.spool_dir), "max_mb": self.cfg.spool_max_mb },
-                    "node_recorder": node,
-                    "metrics": self.cfg.metrics_addr,
-                })
-            }
-            "jobs" => json!({ "jobs": st.jobs.iter().map(|(k, j)| json!({
-                "key": k,
-                "root": j.found.root,
-                "pids": st.pid_job.values().filter(|v| *v == k).count(),
-                "gpus": j.found.gpus,
-                "found_by": j.found.reason,
-                "identity": j.found.identity(),
-                "command": crate::collect::redact::text(&j.found.command),
-                "logs": j.logs,
-                "watched_s": (monotonic_ns() - j.since_ns) as f64 / 1e9,
-                "incidents": j.incidents,
-            })).collect::<Vec<_>>() }),
-            "incidents" => json!({ "incidents": st.incidents }),
-            "dump" => {
-                if !req["job"].is_null() && !req["job"].is_string() {
-                    return json!({ "error": "job must be a string (a job key, a Slurm job id or a root pid)" });
-                }
-                let want = req["job"].as_str().unwrap_or("");
-                let matching: Vec<(&String, &Job)> = st.jobs.iter().filter(|(k, j)| want.is_empty() || *k == want || j.found.slurm.as_ref().is_some_and(|s| s.job_id == want) || j.found.root.to_string() == want).collect();
-                if matching.is_empty() {
-                    return json!({ "error": format!("no watched job {want:?} (see `nantrace ctl jobs`)") });
-                }
-                for (_, j) in &matching {
-                    let _ = j.tx.try_send(Input::Fire(TriggerKind::Ctl, "nantrace ctl dump".into(), monotonic_ns()));
-                }
-                json!({ "dumping": matching.iter().map(|m| m.0).collect::<Vec<_>>(), "post_s": self.cfg.post_s, "note": "the bundle is written after the post-window; `nantrace ctl incidents` lists it" })
-            }
-            "report" => ctl::last_report(&st.incidents.iter().cloned().collect::<Vec<_>>(), &self.cfg.spool_dir),
-            "slurm-prolog" | "slurm-epilog" | "scan" => {
-                let id = req["job_id"].as_str().unwrap_or("");
-                if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit() || b == b'_') {
-                    let _ = disc.send(if cmd == "slurm-prolog" { DiscMsg::WantSlurm(id.to_string()) } else { DiscMsg::ForgetSlurm(id.to_string()) });
-                }
-                let _ = scan_now.send(());
-                let key = format!("slurm-{id}");
-                crate::say!("nantrace: {cmd} for Slurm job {}", crate::term::clean(id));
-                json!({ "ok": true, "job": key, "watched": st.jobs.contains_key(&key), "incidents": st.incidents.iter().filter(|i| i["job"] == key).count() })
-            }
-            _ => json!({ "error": format!("unknown command {cmd:?}: status, jobs, incidents, dump, report, slurm-prolog, slurm-epilog") }),
-        }
-    }
-}
-
-/// A job's log files: Slurm's StdOut/StdErr, a pod's container logs, else the root's stdout
-/// and stderr when they are regular files.
-async fn find_logs(f: &Found, pod_dir: &Path, proc_root: &Path, host: &str) -> Vec<(PathBuf, LogFormat)> {
-    if let Some(s) = &f.slurm {
-        let out = tokio::time::timeout(Duration::from_secs(5), tokio::process::Command::new("scontrol").args(["show", "job", "-o", &s.job_id]).output()).await;
-        if let Ok(Ok(o)) = out {
-            let logs = discover::slurm_logs(&String::from_utf8_lossy(&o.stdout), host);
-            if !logs.is_empty() {
-                return logs.into_iter().map(|p| (p, LogFormat::Plain)).collect();
-            }
-        }
-    }
-    if let Some(p) = &f.pod {
-        let (logs, _) = discover::pod_logs(pod_dir, &p.uid);
-        if !logs.is_empty() {
-            return logs.into_iter().map(|p| (p, LogFormat::Cri)).collect();
-        }
-    }
-    let mut v: Vec<(PathBuf, LogFormat)> = Vec::new();
-    for pid in std::iter::once(f.root).chain(f.pids.iter().copied()).take(16) {
-        for p in discover::fd_logs(proc_root, pid) {
-            if !v.iter().any(|x| x.0 == p) {
-                v.push((p, LogFormat::Plain));
-            }
-        }
-    }
-    v
 }
 
 /// Run the agent until SIGTERM/SIGINT.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let cfg = args.config()?;
-    open_spool(&cfg.spool_dir)?;
+    spool::open_spool(&cfg.spool_dir)?;
     let proc_root = args.proc_root.clone().unwrap_or_else(|| PathBuf::from("/proc"));
     let metrics = Arc::new(Metrics::default());
     metrics.set("nantrace_build_info", &[("version", env!("CARGO_PKG_VERSION"))], 1.0);

@@ -2,6 +2,8 @@
 //! first; a bundle being written (a `.nantrace-*.tmp-*` directory) is never removed, nor the
 //! newest bundle.
 use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
 use std::time::SystemTime;
 
 /// Bytes under `p`, links not followed.
@@ -90,6 +92,71 @@ pub fn enforce(dir: &Path, max_bytes: u64, max_age_s: f64, uid_of: &dyn Fn(&Path
         }
     }
     removed
+}
+
+/// The spool directory: created 0700; an existing one must be a real directory of ours.
+pub(super) fn open_spool(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    // SAFETY: geteuid has no failure mode.
+    let me = unsafe { libc::geteuid() };
+    if std::fs::symlink_metadata(dir).is_err() {
+        // The part that exists is checked first; then each missing level is made by us, one
+        // at a time and never through a link (re-review D5: creating first followed a user's
+        // link as root).
+        let abs = if dir.is_absolute() { dir.to_path_buf() } else { std::env::current_dir()?.join(dir) };
+        let existing = abs.ancestors().find(|a| std::fs::symlink_metadata(a).is_ok()).unwrap_or(Path::new("/")).to_path_buf();
+        check_ancestors(&existing, me)?;
+        let em = std::fs::symlink_metadata(&existing)?;
+        anyhow::ensure!(em.is_dir() && (em.uid() == 0 || em.uid() == me) && (em.mode() & 0o022 == 0 || em.mode() & 0o1000 != 0), "spool {}: {} is not a directory of root's that only root can write", dir.display(), existing.display());
+        let rest = abs.strip_prefix(&existing).unwrap_or(Path::new(""));
+        let mut cur = existing.clone();
+        for c in rest.components() {
+            cur.push(c);
+            match std::fs::DirBuilder::new().mode(0o700).create(&cur) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let m = std::fs::symlink_metadata(&cur)?;
+                    anyhow::ensure!(m.is_dir() && (m.uid() == 0 || m.uid() == me), "spool {}: {} appeared meanwhile and is not ours (a link?)", dir.display(), cur.display());
+                }
+                Err(e) => return Err(e).with_context(|| format!("creating {}", cur.display())),
+            }
+        }
+    }
+    let m = std::fs::symlink_metadata(dir).with_context(|| format!("spool {}", dir.display()))?;
+    anyhow::ensure!(m.is_dir(), "spool {} is not a directory (a link?)", dir.display());
+    anyhow::ensure!(m.uid() == me, "spool {} belongs to uid {}, not to the agent (uid {me})", dir.display(), m.uid());
+    if m.mode() & 0o077 != 0 {
+        crate::say!("nantrace: WARNING: spool {} is readable by others (mode {:o}): bundles hold job logs and environments", dir.display(), m.mode() & 0o777);
+    }
+    check_ancestors(dir, me)?;
+    crate::safefs::check_out_dir(dir)?;
+    Ok(())
+}
+
+/// No one but root (or the agent's user) can rename or replace a directory on the way to the
+/// spool: every ancestor, as given and as resolved, belongs to root or `me` and is not
+/// writable by others, unless it is sticky (`/tmp`) and the next step belongs to root or
+/// `me` (review 9: a user-owned parent let the spool be swapped for a link).
+fn check_ancestors(dir: &Path, me: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let abs = if dir.is_absolute() { dir.to_path_buf() } else { std::env::current_dir()?.join(dir) };
+    let real = std::fs::canonicalize(&abs).with_context(|| format!("spool {}", abs.display()))?;
+    for path in [abs, real] {
+        let comps: Vec<PathBuf> = path.ancestors().map(Path::to_path_buf).collect();
+        // From the spool's parent up to /; `child` is the step below each one.
+        for w in comps.windows(2) {
+            let (child, parent) = (&w[0], &w[1]);
+            let pm = std::fs::symlink_metadata(parent).with_context(|| format!("{}", parent.display()))?;
+            let cm = std::fs::symlink_metadata(child).with_context(|| format!("{}", child.display()))?;
+            let ours = |uid: u32| uid == 0 || uid == me;
+            anyhow::ensure!(ours(pm.uid()), "spool {}: {} belongs to uid {}: a user who owns a directory on the way could swap the spool for a link", dir.display(), parent.display(), pm.uid());
+            if pm.mode() & 0o022 != 0 {
+                let sticky = pm.mode() & 0o1000 != 0;
+                anyhow::ensure!(sticky && ours(cm.uid()), "spool {}: {} is writable by others: a user could swap {} for a link", dir.display(), parent.display(), child.display());
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
