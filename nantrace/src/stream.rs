@@ -21,6 +21,9 @@ pub fn spawn(ring: RingBuf<MapData>, tx: mpsc::Sender<Vec<Event>>) -> (Arc<Reade
     let stats = Arc::new(ReaderStats::default());
     let st = stats.clone();
     let h = tokio::spawn(async move {
+        // Names of the job's processes as their fork and exec events gave them: a block event
+        // (whose probe does not copy the issuer's name) is named from here, or from /proc.
+        let mut names: std::collections::HashMap<u32, crate::event::Comm> = std::collections::HashMap::new();
         // SAFETY: the ring buffer owns its fd for as long as the AsyncFd holds it.
         let mut afd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
             .map_err(|e| std::io::Error::other(format!("registering the ring buffer fd: {e:?}")))?;
@@ -45,11 +48,24 @@ pub fn spawn(ring: RingBuf<MapData>, tx: mpsc::Sender<Vec<Event>>) -> (Arc<Reade
                         st.records.fetch_add(1, Ordering::Relaxed);
                         match decode(&item) {
                             Ok(mut e) => {
-                                // The block probes do not copy the issuer's name (every request
-                                // pays for what the issue path does): looked up here, for the
-                                // few requests that are events (slow or failed).
-                                if matches!(e.detail, crate::event::Detail::Block { .. }) && e.comm == crate::event::Comm::NONE && e.pid != 0 {
-                                    e.comm = crate::event::comm_from(std::fs::read_to_string(format!("/proc/{}/comm", e.pid)).unwrap_or_default().trim());
+                                use crate::event::{Comm, Detail};
+                                match &e.detail {
+                                    Detail::Exec { .. } => {
+                                        names.insert(e.pid, e.comm);
+                                    }
+                                    Detail::Fork { child_pid, child_comm, .. } => {
+                                        names.insert(*child_pid, *child_comm);
+                                    }
+                                    // The block probes do not copy the issuer's name (every
+                                    // request pays for what the issue path does): named here,
+                                    // for the few requests that are events (slow or failed).
+                                    Detail::Block { .. } if e.comm == Comm::NONE && e.pid != 0 => {
+                                        e.comm = names.get(&e.pid).copied().unwrap_or_else(|| crate::event::comm_from(std::fs::read_to_string(format!("/proc/{}/comm", e.pid)).unwrap_or_default().trim()));
+                                    }
+                                    _ => {}
+                                }
+                                if names.len() > 65_536 {
+                                    names.clear();
                                 }
                                 batch.push(e);
                             }
