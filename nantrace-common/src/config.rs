@@ -106,6 +106,43 @@ impl TpOffsets {
     }
 }
 
+/// Byte offsets of kernel struct members, from the kernel's BTF, for the `tp_btf` programs
+/// (which get the structs themselves, not a tracefs record). `MISSING` when not found; a
+/// `tp_btf` program is only loaded when every offset it reads was found.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BtfOffsets {
+    pub task_pid: u32,
+    pub task_tgid: u32,
+    /// `struct request`: `q`, `__sector`, `start_time_ns`, `io_start_time_ns`, `cmd_flags`.
+    pub rq_q: u32,
+    pub rq_sector: u32,
+    pub rq_start_time: u32,
+    pub rq_io_start_time: u32,
+    pub rq_cmd_flags: u32,
+    /// `struct request_queue.disk`, `struct gendisk.major` / `.first_minor`.
+    pub q_disk: u32,
+    pub disk_major: u32,
+    pub disk_first_minor: u32,
+}
+
+impl BtfOffsets {
+    pub const fn missing() -> Self {
+        Self {
+            task_pid: MISSING,
+            task_tgid: MISSING,
+            rq_q: MISSING,
+            rq_sector: MISSING,
+            rq_start_time: MISSING,
+            rq_io_start_time: MISSING,
+            rq_cmd_flags: MISSING,
+            q_disk: MISSING,
+            disk_major: MISSING,
+            disk_first_minor: MISSING,
+        }
+    }
+}
+
 /// The probes' configuration (global `NANTRACE_CONFIG`, read-only after load).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,10 +154,11 @@ pub struct Config {
     /// Our own tgid, so nantrace does not trace itself.
     pub self_pid: u32,
     pub off: TpOffsets,
+    pub btf: BtfOffsets,
 }
 
 impl Config {
     pub const fn zeroed() -> Self {
-        Self { slow_io_ns: 0, whole_machine: 0, self_pid: 0, off: TpOffsets::missing() }
+        Self { slow_io_ns: 0, whole_machine: 0, self_pid: 0, off: TpOffsets::missing(), btf: BtfOffsets::missing() }
     }
 }

@@ -15,7 +15,7 @@ pub mod aer;
 
 pub use aer::AerEvent;
 pub use block::{BioHistKey, BioKey, BioStart, BlockEvent, BIO_HIST_BUCKETS};
-pub use config::{Config, TpOffsets, MISSING};
+pub use config::{BtfOffsets, Config, TpOffsets, MISSING};
 pub use oom::OomEvent;
 pub use printk::{PrintkEvent, PRINTK_MSG_LEN};
 pub use process::{ExecEvent, ExitEvent, ExitInfo, ForkEvent, SignalEvent, EXEC_FILENAME_LEN};

@@ -73,3 +73,114 @@ pub fn bench_emit(_ctx: TracePointContext) -> u32 {
     }
     0
 }
+
+/// Building blocks, one per program, each alone on `syscalls:sys_enter_getppid` while
+/// `bench-internal microcost` calls getppid: what one helper or map operation costs on the
+/// machine (the floor of every real program is made of these).
+mod micro {
+    use aya_ebpf::{
+        helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+        macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
+        maps::{Array, HashMap, PerCpuArray},
+        programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
+    };
+
+    use crate::EVENTS;
+
+    /// Key 1 is present (userspace seeds it), every other key is absent.
+    #[map]
+    static MC_HASH: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+    #[map]
+    static MC_ARR: Array<u64> = Array::with_max_entries(1, 0);
+    #[map]
+    static MC_PCPU: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+    macro_rules! mc {
+        ($f:ident, |$ctx:ident| $body:block) => {
+            #[tracepoint(category = "syscalls", name = "sys_enter_getppid")]
+            pub fn $f($ctx: TracePointContext) -> u32 {
+                let _ = &$ctx;
+                let () = $body;
+                0
+            }
+        };
+    }
+
+    mc!(mc_empty, |_c| {});
+    mc!(mc_pidtgid, |_c| {
+        core::hint::black_box(bpf_get_current_pid_tgid());
+    });
+    mc!(mc_ktime, |_c| {
+        // SAFETY: helper without arguments.
+        core::hint::black_box(unsafe { bpf_ktime_get_ns() });
+    });
+    mc!(mc_comm, |_c| {
+        core::hint::black_box(bpf_get_current_comm().unwrap_or([0; 16]));
+    });
+    mc!(mc_pread8, |c| {
+        // SAFETY: probe_read of the tracepoint record.
+        core::hint::black_box(unsafe { c.read_at::<u64>(8) }.unwrap_or(0));
+    });
+    mc!(mc_hash_miss, |_c| {
+        // SAFETY: presence only.
+        core::hint::black_box(unsafe { MC_HASH.get(&7) }.is_some());
+    });
+    mc!(mc_hash_hit, |_c| {
+        // SAFETY: presence only.
+        core::hint::black_box(unsafe { MC_HASH.get(&1) }.is_some());
+    });
+    mc!(mc_hash_insdel, |_c| {
+        let _ = MC_HASH.insert(&2, &2, 0);
+        let _ = MC_HASH.remove(&2);
+    });
+    mc!(mc_array, |_c| {
+        if let Some(p) = MC_ARR.get_ptr_mut(0) {
+            // SAFETY: a counter; races only lose counts.
+            unsafe { *p += 1 };
+        }
+    });
+    mc!(mc_pcpu, |_c| {
+        if let Some(p) = MC_PCPU.get_ptr_mut(0) {
+            // SAFETY: per-CPU slot.
+            unsafe { *p += 1 };
+        }
+    });
+    mc!(mc_rb_discard, |_c| {
+        if let Some(e) = EVENTS.reserve::<[u8; 48]>(0) {
+            e.discard(0);
+        }
+    });
+    mc!(mc_rb_query, |_c| {
+        core::hint::black_box(EVENTS.query(0));
+    });
+
+    #[raw_tracepoint(tracepoint = "sys_enter")]
+    pub fn mc_raw_empty(_ctx: RawTracePointContext) -> i32 {
+        0
+    }
+
+    #[btf_tracepoint(function = "sys_enter")]
+    pub fn mc_btf_empty(_ctx: BtfTracePointContext) -> i32 {
+        0
+    }
+}
+
+/// The floor of the `tp_btf` programs, on the same BTF tracepoints.
+mod btf_floor {
+    use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
+
+    #[btf_tracepoint(function = "block_rq_issue")]
+    pub fn floor_issue_btf(_ctx: BtfTracePointContext) -> i32 {
+        0
+    }
+
+    #[btf_tracepoint(function = "block_rq_complete")]
+    pub fn floor_done_btf(_ctx: BtfTracePointContext) -> i32 {
+        0
+    }
+
+    #[btf_tracepoint(function = "sched_process_fork")]
+    pub fn floor_fork_btf(_ctx: BtfTracePointContext) -> i32 {
+        0
+    }
+}

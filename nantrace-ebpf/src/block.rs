@@ -69,6 +69,24 @@ fn log2(mut v: u64) -> u32 {
     r
 }
 
+/// Count one completion in the device's log2(µs) histogram.
+#[inline(always)]
+pub(crate) fn hist_add(dev: u32, latency_ns: u64) {
+    let us = latency_ns / 1000;
+    let mut bucket = if us == 0 { 0 } else { log2(us) };
+    if bucket >= BIO_HIST_BUCKETS {
+        bucket = BIO_HIST_BUCKETS - 1;
+    }
+    let hk = BioHistKey { dev, bucket };
+    match BIO_HIST.get_ptr_mut(&hk) {
+        // SAFETY: per-CPU value, no concurrent writer on this CPU.
+        Some(c) => unsafe { *c += 1 },
+        None => {
+            let _ = BIO_HIST.insert(&hk, &1, 0);
+        }
+    }
+}
+
 #[tracepoint(category = "block", name = "block_rq_complete")]
 pub fn block_rq_done(ctx: TracePointContext) -> u32 {
     let Some(k) = key(&ctx, conf!(off.bio_done_dev), conf!(off.bio_done_sector)) else {
@@ -89,19 +107,7 @@ pub fn block_rq_done(ctx: TracePointContext) -> u32 {
         None => 0,
     };
     if start.is_some() {
-        let us = latency / 1000;
-        let mut bucket = if us == 0 { 0 } else { log2(us) };
-        if bucket >= BIO_HIST_BUCKETS {
-            bucket = BIO_HIST_BUCKETS - 1;
-        }
-        let hk = BioHistKey { dev: k.dev, bucket };
-        match BIO_HIST.get_ptr_mut(&hk) {
-            // SAFETY: per-CPU value, no concurrent writer on this CPU.
-            Some(c) => unsafe { *c += 1 },
-            None => {
-                let _ = BIO_HIST.insert(&hk, &1, 0);
-            }
-        }
+        hist_add(k.dev, latency);
     }
     let slow = start.is_some() && latency >= conf!(slow_io_ns);
     if error == 0 && !slow {

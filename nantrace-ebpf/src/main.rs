@@ -9,6 +9,7 @@
 mod aer;
 mod bench;
 mod block;
+mod btf;
 mod oom;
 mod printk;
 mod process;

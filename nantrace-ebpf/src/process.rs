@@ -67,9 +67,16 @@ pub fn sched_fork(ctx: TracePointContext) -> u32 {
         let _ = NEW_THREADS.remove(&child);
         return 0;
     }
+    emit_fork(child);
+    0
+}
+
+/// The fork event of a job process (the current task) that made process `child`.
+#[inline(always)]
+pub(crate) fn emit_fork(child: u32) {
     let Some(mut entry) = EVENTS.reserve::<ForkEvent>(0) else {
         count_drop(EventKind::Fork);
-        return 0;
+        return;
     };
     let p = entry.as_mut_ptr();
     // SAFETY: fresh reservation.
@@ -82,7 +89,6 @@ pub fn sched_fork(ctx: TracePointContext) -> u32 {
         (*p).child_comm = (*p).hdr.comm;
     }
     crate::submit(entry);
-    0
 }
 
 #[tracepoint(category = "sched", name = "sched_process_exec")]

@@ -352,3 +352,29 @@ pub async fn synth(rate: u64, seconds: f64, burst: u32, threads: u32) -> anyhow:
         "recorder": rec,
     }))
 }
+
+/// `bench-internal microcost`: what each building block of a probe costs here (see
+/// `probes::MICRO`), each alone on getppid while this process calls it `n` times.
+pub fn microcost(n: u64) -> anyhow::Result<Value> {
+    const STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    let before = std::fs::read_to_string(STATS).unwrap_or_default();
+    std::fs::write(STATS, "1")?;
+    let mut work = || {
+        for _ in 0..n {
+            // SAFETY: getppid has no arguments and cannot fail.
+            unsafe { libc::syscall(libc::SYS_getppid) };
+        }
+    };
+    let r = crate::probes::microcost(&mut work);
+    if before.trim() != "1" {
+        let _ = std::fs::write(STATS, before.trim());
+    }
+    let rows: Vec<Value> = r?
+        .into_iter()
+        .map(|(p, runs, ns)| {
+            let what = crate::probes::MICRO.iter().find(|m| m.0 == p).map_or("", |m| m.1);
+            json!({ "program": p, "what": what, "runs": runs, "ns_per_run": ns })
+        })
+        .collect();
+    Ok(json!(rows))
+}

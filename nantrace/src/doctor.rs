@@ -3,7 +3,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::probes::{Options, ProbeStatus, Probes, PROBES};
+use crate::probes::{Options, ProbePath, ProbeStatus, Probes, PROBES};
 
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -11,8 +11,8 @@ pub struct Report {
     pub euid: u32,
     pub tracefs: Option<String>,
     pub btf: bool,
-    /// How the probes read tracepoint fields.
-    pub probe_path: &'static str,
+    /// How the probes read the kernel's data: "btf", "tracefs" or "mixed" (per probe below).
+    pub probe_path: String,
     pub probes_built: bool,
     pub load_error: Option<String>,
     pub probes: Vec<ProbeStatus>,
@@ -20,10 +20,21 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
-/// The only path so far: classic tracepoints whose field offsets come from tracefs `format`
-/// files. BTF-enabled (`tp_btf`) or raw tracepoints, which read the kernel's structures
-/// directly, are not implemented (docs/performance-notes.md, session 9).
-pub const PROBE_PATH: &str = "tracepoints, field offsets from tracefs format files (BTF tracepoints: not implemented)";
+/// One line for the probes' paths: which run as `tp_btf` programs, which on tracefs records.
+pub fn probe_path(probes: &[ProbeStatus]) -> String {
+    let names = |p: ProbePath| probes.iter().filter(|s| s.attached && s.path == p).map(|s| s.tracepoint.as_str()).collect::<Vec<_>>();
+    let btf = names(ProbePath::Btf);
+    let fallback: Vec<String> = probes.iter().filter_map(|s| s.btf_fallback.as_ref().map(|w| format!("{}: {w}", s.tracepoint))).collect();
+    let mut line = if btf.is_empty() {
+        "tracefs: every probe reads its tracepoint record at offsets from the format files".to_string()
+    } else {
+        format!("BTF for {} (kernel structs at offsets from /sys/kernel/btf/vmlinux); tracefs records for the rest", btf.join(", "))
+    };
+    if !fallback.is_empty() {
+        line.push_str(&format!("; on the tracefs fallback: {}", fallback.join("; ")));
+    }
+    line
+}
 
 pub fn nvml_status() -> String {
     match nvml_wrapper::Nvml::init() {
@@ -55,6 +66,8 @@ pub fn run() -> Report {
             .map(|s| ProbeStatus {
                 program: s.program,
                 tracepoint: format!("{}:{}", s.group, s.name),
+                path: ProbePath::Tracefs,
+                btf_fallback: None,
                 attached: false,
                 reason: Some(load_error.clone().unwrap_or_else(|| "not loaded".into())),
                 what: s.what,
@@ -74,7 +87,7 @@ pub fn run() -> Report {
         euid,
         tracefs,
         btf: Path::new("/sys/kernel/btf/vmlinux").exists(),
-        probe_path: PROBE_PATH,
+        probe_path: probe_path(&probes),
         probes_built: Probes::is_built(),
         load_error,
         probes,
@@ -97,9 +110,10 @@ pub fn print_human(r: &Report) {
     crate::sayout!("probes:");
     for p in &r.probes {
         crate::sayout!(
-            "  {:<34} {:<12} {}",
+            "  {:<34} {:<12} {:<8} {}",
             p.tracepoint,
             if p.attached { "attached" } else { "NOT ATTACHED" },
+            if p.attached { if p.path == ProbePath::Btf { "btf" } else { "tracefs" } } else { "" },
             p.reason.as_deref().unwrap_or(p.what)
         );
     }

@@ -482,6 +482,7 @@ fn main() -> anyhow::Result<()> {
                 "dump" => b::dump(n, &dir),
                 "bpf-stats" => b::bpf_stats(),
                 "floor" => b::floor(go.as_deref())?,
+                "microcost" => b::microcost(n)?,
                 "synth" => runtime()?.block_on(b::synth(rate, seconds, burst, threads))?,
                 "synth-gen" => b::synth_gen(rate, seconds, burst, threads, go.as_deref()),
                 other => anyhow::bail!("unknown bench-internal {other}"),

@@ -28,6 +28,8 @@ pub struct Accounting {
     pub decode_errors: u64,
     pub probes_attached: Vec<String>,
     pub probes_not_attached: BTreeMap<String, String>,
+    /// The attached probes that run as `tp_btf` programs (the rest read tracefs records).
+    pub probes_btf: Vec<String>,
 }
 
 impl Accounting {
@@ -36,6 +38,9 @@ impl Accounting {
         for s in status {
             if s.attached {
                 a.probes_attached.push(s.tracepoint.clone());
+                if s.path == crate::probes::ProbePath::Btf {
+                    a.probes_btf.push(s.tracepoint.clone());
+                }
             } else {
                 a.probes_not_attached.insert(s.tracepoint.clone(), s.reason.clone().unwrap_or_default());
             }

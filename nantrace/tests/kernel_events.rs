@@ -66,6 +66,7 @@ fn exit_code_and_sigkill_of_job_processes() {
     let forks = w.all(|v| v["source"] == "fork" && v["pid"].as_u64() == Some(u64::from(root.id())));
     assert!(forks.len() >= 2, "forks of the root: {forks:?}");
     assert!(forks.iter().any(|f| f["child_pid"].as_u64() == Some(kid)));
+    assert_probe_path(&w.stop(), &["sched:sched_process_fork"]);
     let _ = std::fs::remove_file(&go);
     let _ = std::fs::remove_file(format!("{}.kid", go.display()));
 }
@@ -120,19 +121,8 @@ fn odirect_writes_to_a_loop_device_give_block_events_with_latency() {
         return;
     }
     let img = std::env::temp_dir().join(format!("nt-loop-{}.img", std::process::id()));
-    sh_ok(&format!("truncate -s 32M {}", img.display()));
-    let out = sh(&format!("losetup --find --show {}", img.display()));
-    assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
-    let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let minor: u64 = dev.trim_start_matches("/dev/loop").parse().unwrap();
-    struct Cleanup(String, std::path::PathBuf);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = sh(&format!("losetup -d {}", self.0));
-            let _ = std::fs::remove_file(&self.1);
-        }
-    }
-    let _c = Cleanup(dev.clone(), img.clone());
+    let lo = LoopDev::new(&img, "32M", None);
+    let (dev, minor) = (lo.dev.clone(), lo.minor);
     let go = std::env::temp_dir().join(format!("nt-dd-go-{}", std::process::id()));
     let _ = std::fs::remove_file(&go);
     let mut root = std::process::Command::new("sh")
@@ -155,6 +145,40 @@ fn odirect_writes_to_a_loop_device_give_block_events_with_latency() {
     let n = w.all(|v| v["source"] == "block" && v["dev"] == want.as_str() && v["bytes"] == 4096).len();
     assert!(n >= 60, "expected ~64 4 KiB writes on {want}, got {n}");
     let _ = std::fs::remove_file(&go);
+    assert_probe_path(&w.stop(), &["block:block_rq_issue", "block:block_rq_complete"]);
+}
+
+/// A real block I/O error: a loop device over a sparse file on a 1 MiB tmpfs. Writing 4 MiB
+/// through it fills the tmpfs; the loop driver completes the requests it cannot back with
+/// BLK_STS_NOSPC, which the probes must report as errors (-ENOSPC), with the issuer.
+#[test]
+fn writes_past_a_full_backing_store_give_block_errors() {
+    if !privileged("writes_past_a_full_backing_store_give_block_errors") {
+        return;
+    }
+    let mnt = std::env::temp_dir().join(format!("nt-full-{}", std::process::id()));
+    std::fs::create_dir_all(&mnt).unwrap();
+    sh_ok(&format!("mount -t tmpfs -o size=1M nantrace-test {}", mnt.display()));
+    let lo = LoopDev::new(&mnt.join("disk.img"), "16M", Some(format!("umount {0} && rmdir {0}", mnt.display())));
+    let (dev, minor) = (lo.dev.clone(), lo.minor);
+    let go = std::env::temp_dir().join(format!("nt-full-go-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let mut root = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("while [ ! -e {} ]; do sleep 0.05; done; dd if=/dev/zero of={dev} bs=64k count=64 oflag=direct 2>/dev/null; exit 0", go.display()))
+        .spawn()
+        .unwrap();
+    let w = Watch::start(&["--pid", &root.id().to_string()]);
+    std::fs::write(&go, "").unwrap();
+    assert!(root.wait().unwrap().success());
+    let want = format!("7:{minor}");
+    let (b, _) = w.wait_for("block error on the loop device", Duration::from_secs(10), |v| v["source"] == "block" && v["dev"] == want.as_str() && v["error"] != 0);
+    assert_eq!(b["error"], -28, "ENOSPC from the full tmpfs: {b}");
+    assert_eq!(b["job"], true, "the job's dd issued it: {b}");
+    assert_eq!(b["comm"], "dd");
+    assert!(b["rwbs"].as_str().unwrap().starts_with('W'), "{b}");
+    let _ = std::fs::remove_file(&go);
+    assert_probe_path(&w.stop(), &["block:block_rq_complete"]);
 }
 
 #[test]
@@ -199,4 +223,39 @@ fn dropped_packets_between_namespaces_give_tcp_retransmits() {
     assert!(w.all(|v| v["source"] == "tcp_retransmit" && v["dport"] == port).len() >= 2, "RTO backoff should give several retransmits in 1.5 s");
     drop(net);
     let _ = server.join();
+}
+
+/// Threads are not processes: a job process that starts three threads makes no fork events
+/// of its own (the BTF fork program reads the child's tgid; the tracefs path marks threads in
+/// `task:task_newtask`), while the fork that created it is one.
+#[test]
+fn a_jobs_threads_are_not_reported_as_forks() {
+    if !privileged("a_jobs_threads_are_not_reported_as_forks") {
+        return;
+    }
+    let go = std::env::temp_dir().join(format!("nt-thr-go-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let mut root = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "while [ ! -e {} ]; do sleep 0.05; done; {BIN} bench-internal synth-gen --rate 3000 --seconds 0.3 --burst 1 --threads 3 >/dev/null; exit 0",
+            go.display()
+        ))
+        .spawn()
+        .unwrap();
+    let root_pid = u64::from(root.id());
+    let w = Watch::start(&["--pid", &root_pid.to_string()]);
+    std::fs::write(&go, "").unwrap();
+    assert!(root.wait().unwrap().success());
+    let (x, _) = w.wait_for("exec of the threaded process", Duration::from_secs(10), |v| v["source"] == "exec" && v["filename"].as_str().is_some_and(|f| f.ends_with("/nantrace")));
+    let gen = x["pid"].as_u64().unwrap();
+    let (f, _) = w.wait_for("the fork that made it", Duration::from_secs(10), |v| v["source"] == "fork" && v["child_pid"].as_u64() == Some(gen));
+    assert_eq!(f["pid"].as_u64(), Some(root_pid));
+    let (e, _) = w.wait_for("its exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(gen));
+    assert_eq!(e["exit_code"], 0, "{e}");
+    std::thread::sleep(Duration::from_millis(200));
+    let thread_forks = w.all(|v| v["source"] == "fork" && v["pid"].as_u64() == Some(gen));
+    assert!(thread_forks.is_empty(), "threads reported as forks: {thread_forks:?}");
+    let _ = std::fs::remove_file(&go);
+    assert_probe_path(&w.stop(), &["sched:sched_process_fork"]);
 }

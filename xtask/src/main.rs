@@ -112,6 +112,12 @@ fn main() -> Result<()> {
             // (they share kernel state: tracepoints, cgroups, namespaces, /dev/kmsg).
             run(Command::new("cargo").current_dir(root()).args(["test", "--locked", "--workspace", "--lib", "--bins"]))?;
             run(Command::new("cargo").current_dir(root()).args(["test", "--locked", "-p", "nantrace", "--test", "*", "--", "--test-threads=1"]))?;
+            // The kernel tests again on the tracefs fallback (the first run used the BTF
+            // programs wherever the kernel has BTF): every probe works on both paths.
+            run(Command::new("cargo")
+                .current_dir(root())
+                .env("NANTRACE_PROBE_PATH", "tracefs")
+                .args(["test", "--locked", "-p", "nantrace", "--test", "kernel_events", "--", "--test-threads=1"]))?;
             // The benchmark in smoke mode: proves it still runs (no timing assertions).
             bench::run(true, &root().join("target/debug/nantrace"))?;
             Ok(())

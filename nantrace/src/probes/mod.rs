@@ -6,12 +6,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
-use aya::programs::TracePoint;
+use aya::programs::{BtfTracePoint, TracePoint};
 use aya::{Ebpf, EbpfLoader};
-use nantrace_common::{BioHistKey, Config, EventKind, TpOffsets, DROP_SLOTS};
+use nantrace_common::{BioHistKey, BtfOffsets, Config, EventKind, TpOffsets, DROP_SLOTS, MISSING};
 use serde::Serialize;
 
 use crate::tracefs::{self, Format};
+
+pub mod btf;
 
 static BPF_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/nantrace.bpf.o"));
 
@@ -26,27 +28,60 @@ pub struct ProbeSpec {
     pub group: &'static str,
     pub name: &'static str,
     pub what: &'static str,
+    /// The `tp_btf` program on the same tracepoint, its floor, and the struct offsets it
+    /// needs; `None`: tracefs only.
+    pub btf: Option<BtfSpec>,
 }
 
+#[derive(Clone, Copy, Debug)]
+pub struct BtfSpec {
+    pub program: &'static str,
+    pub floor: &'static str,
+    pub needs: BtfNeeds,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum BtfNeeds {
+    Block,
+    Task,
+}
+
+/// Which way a probe reads the kernel's data.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ProbePath {
+    /// A `tp_btf` program reading the kernel's structs at offsets from its BTF.
+    Btf,
+    /// A classic tracepoint reading the tracefs record at offsets from its `format` file.
+    Tracefs,
+}
+
+const BLOCK_BTF: BtfNeeds = BtfNeeds::Block;
+
 pub const PROBES: &[ProbeSpec] = &[
-    ProbeSpec { program: "printk_console", floor: "floor_printk", group: "printk", name: "console", what: "kernel log lines (Xid, AER text, OOM, link, MCE)" },
-    ProbeSpec { program: "ras_aer_event", floor: "floor_aer", group: "ras", name: "aer_event", what: "decoded PCIe AER errors" },
-    ProbeSpec { program: "oom_mark_victim", floor: "floor_oom", group: "oom", name: "mark_victim", what: "OOM killer victims" },
-    ProbeSpec { program: "block_rq_issue", floor: "floor_blk_issue", group: "block", name: "block_rq_issue", what: "block request start" },
-    ProbeSpec { program: "block_rq_done", floor: "floor_blk_done", group: "block", name: "block_rq_complete", what: "block latency, errors, slow requests" },
-    ProbeSpec { program: "tcp_retransmit", floor: "floor_tcp", group: "tcp", name: "tcp_retransmit_skb", what: "TCP retransmits" },
-    ProbeSpec { program: "task_newtask", floor: "floor_newtask", group: "task", name: "task_newtask", what: "thread vs process creation" },
-    ProbeSpec { program: "sched_fork", floor: "floor_fork", group: "sched", name: "sched_process_fork", what: "job process tree (fork)" },
-    ProbeSpec { program: "sched_exec", floor: "floor_exec", group: "sched", name: "sched_process_exec", what: "job process exec" },
-    ProbeSpec { program: "sched_exit", floor: "floor_exit", group: "sched", name: "sched_process_exit", what: "process exits" },
-    ProbeSpec { program: "exit_group", floor: "floor_exit_grp", group: "syscalls", name: "sys_enter_exit_group", what: "exit codes" },
-    ProbeSpec { program: "signal_generate", floor: "floor_signal", group: "signal", name: "signal_generate", what: "fatal signals" },
+    ProbeSpec { program: "printk_console", floor: "floor_printk", group: "printk", name: "console", what: "kernel log lines (Xid, AER text, OOM, link, MCE)", btf: None },
+    ProbeSpec { program: "ras_aer_event", floor: "floor_aer", group: "ras", name: "aer_event", what: "decoded PCIe AER errors", btf: None },
+    ProbeSpec { program: "oom_mark_victim", floor: "floor_oom", group: "oom", name: "mark_victim", what: "OOM killer victims", btf: None },
+    ProbeSpec { program: "block_rq_issue", floor: "floor_blk_issue", group: "block", name: "block_rq_issue", what: "block request start", btf: Some(BtfSpec { program: "blk_issue_btf", floor: "floor_issue_btf", needs: BLOCK_BTF }) },
+    ProbeSpec { program: "block_rq_done", floor: "floor_blk_done", group: "block", name: "block_rq_complete", what: "block latency, errors, slow requests", btf: Some(BtfSpec { program: "blk_done_btf", floor: "floor_done_btf", needs: BLOCK_BTF }) },
+    ProbeSpec { program: "tcp_retransmit", floor: "floor_tcp", group: "tcp", name: "tcp_retransmit_skb", what: "TCP retransmits", btf: None },
+    ProbeSpec { program: "sched_fork", floor: "floor_fork", group: "sched", name: "sched_process_fork", what: "job process tree (fork)", btf: Some(BtfSpec { program: "fork_btf", floor: "floor_fork_btf", needs: BtfNeeds::Task }) },
+    ProbeSpec { program: "task_newtask", floor: "floor_newtask", group: "task", name: "task_newtask", what: "thread vs process creation", btf: None },
+    ProbeSpec { program: "sched_exec", floor: "floor_exec", group: "sched", name: "sched_process_exec", what: "job process exec", btf: None },
+    ProbeSpec { program: "sched_exit", floor: "floor_exit", group: "sched", name: "sched_process_exit", what: "process exits", btf: None },
+    ProbeSpec { program: "exit_group", floor: "floor_exit_grp", group: "syscalls", name: "sys_enter_exit_group", what: "exit codes", btf: None },
+    ProbeSpec { program: "signal_generate", floor: "floor_signal", group: "signal", name: "signal_generate", what: "fatal signals", btf: None },
 ];
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct ProbeStatus {
     pub program: &'static str,
     pub tracepoint: String,
+    pub path: ProbePath,
+    /// Why a probe with a BTF program runs on the tracefs path (BTF absent, an offset not
+    /// found, the verifier refused it, or `NANTRACE_PROBE_PATH=tracefs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub btf_fallback: Option<String>,
     pub attached: bool,
     pub reason: Option<String>,
     pub what: &'static str,
@@ -73,6 +108,9 @@ pub struct Options {
     pub ring_bytes: u32,
     /// The benchmark's programs (never set outside `bench-internal`).
     pub bench: BenchPrograms,
+    /// Use the `tp_btf` programs where the kernel allows (`false`: tracefs programs only,
+    /// from `NANTRACE_PROBE_PATH=tracefs`; the tests force the fallback with it).
+    pub btf: bool,
 }
 
 /// What the benchmark attaches instead of, or beside, the real probes.
@@ -90,7 +128,8 @@ impl Default for Options {
     fn default() -> Self {
         // NANTRACE_RING_BYTES: a smaller ring for the benchmark's overload run.
         let ring_bytes = std::env::var("NANTRACE_RING_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(8 << 20);
-        Self { slow_io_ns: 50_000_000, whole_machine: true, ring_bytes, bench: BenchPrograms::None }
+        let btf = std::env::var("NANTRACE_PROBE_PATH").map_or(true, |v| v != "tracefs");
+        Self { slow_io_ns: 50_000_000, whole_machine: true, ring_bytes, bench: BenchPrograms::None, btf }
     }
 }
 
@@ -165,6 +204,48 @@ pub fn offsets(root: &Path) -> (TpOffsets, BTreeMap<String, String>) {
     (o, missing)
 }
 
+type NeedResult = BTreeMap<BtfNeeds, Result<(), String>>;
+
+fn all_needs(why: &str) -> NeedResult {
+    [BtfNeeds::Block, BtfNeeds::Task].into_iter().map(|n| (n, Err(why.to_string()))).collect()
+}
+
+/// The struct members the `tp_btf` programs read, from the kernel's BTF; per group of
+/// programs, `Err` names the first member that is missing or not the expected size.
+pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
+    let mut o = BtfOffsets::missing();
+    let get = |s: &str, m: &str, size: u32| b.offset(s, m, size).map_err(|e| e.to_string());
+    let task = (|| -> Result<(u32, u32), String> { Ok((get("task_struct", "pid", 4)?, get("task_struct", "tgid", 4)?)) })();
+    if let Ok((pid, tgid)) = task {
+        o.task_pid = pid;
+        o.task_tgid = tgid;
+    }
+    let block = (|| -> Result<[u32; 7], String> {
+        Ok([
+            get("request", "q", 8)?,
+            get("request", "__sector", 8)?,
+            get("request", "start_time_ns", 8)?,
+            get("request", "cmd_flags", 4)?,
+            get("request_queue", "disk", 8)?,
+            get("gendisk", "major", 4)?,
+            get("gendisk", "first_minor", 4)?,
+        ])
+    })();
+    if let Ok([q, sector, start, flags, disk, major, minor]) = block {
+        o.rq_q = q;
+        o.rq_sector = sector;
+        o.rq_start_time = start;
+        o.rq_cmd_flags = flags;
+        o.q_disk = disk;
+        o.disk_major = major;
+        o.disk_first_minor = minor;
+        // Optional: set only when the queue keeps I/O statistics.
+        o.rq_io_start_time = get("request", "io_start_time_ns", 8).unwrap_or(MISSING);
+    }
+    let ok = [(BtfNeeds::Task, task.map(|_| ())), (BtfNeeds::Block, block.map(|_| ()))].into_iter().collect();
+    (o, ok)
+}
+
 pub struct Probes {
     ebpf: Ebpf,
     pub status: Vec<ProbeStatus>,
@@ -185,11 +266,26 @@ impl Probes {
         }
         let root = tracefs::root().ok_or_else(|| ProbeError::NoTracefs(tracefs::why_unavailable()))?;
         let (off, missing) = offsets(&root);
+        // The BTF path: struct offsets for the `tp_btf` programs, per need, or why not.
+        let (btf_off, btf_ok, kernel_btf) = if opts.btf {
+            match (btf::Btf::from_sys_fs(), aya::Btf::from_sys_fs()) {
+                (Ok(Ok(b)), Ok(kb)) => {
+                    let (o, ok) = btf_offsets(&b);
+                    (o, ok, Some(kb))
+                }
+                (Err(e), _) => (BtfOffsets::missing(), all_needs(&format!("no kernel BTF: /sys/kernel/btf/vmlinux: {e}")), None),
+                (Ok(Err(e)), _) => (BtfOffsets::missing(), all_needs(&format!("kernel BTF unreadable: {e}")), None),
+                (_, Err(e)) => (BtfOffsets::missing(), all_needs(&format!("kernel BTF unreadable by the loader: {e}")), None),
+            }
+        } else {
+            (BtfOffsets::missing(), all_needs("NANTRACE_PROBE_PATH=tracefs"), None)
+        };
         let cfg = Config {
             slow_io_ns: opts.slow_io_ns,
             whole_machine: u32::from(opts.whole_machine),
             self_pid: std::process::id(),
             off,
+            btf: btf_off,
         };
         // RLIMIT_MEMLOCK: not needed on 6.x (memcg accounting); raising it may fail unprivileged.
         let rl = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
@@ -210,16 +306,53 @@ impl Probes {
             prog.attach(group, name).map_err(|e| format!("attach: {e}"))?;
             Ok(())
         };
+        let attach_btf = |ebpf: &mut Ebpf, program: &str, name: &str, kb: &aya::Btf| -> Result<(), String> {
+            let prog: &mut BtfTracePoint = ebpf
+                .program_mut(program)
+                .ok_or_else(|| format!("program {program} not in the object"))?
+                .try_into()
+                .map_err(|e| format!("{e}"))?;
+            prog.load(name, kb).map_err(|e| verifier_msg(&e))?;
+            prog.attach().map_err(|e| format!("attach: {e}"))?;
+            Ok(())
+        };
+        let floors = opts.bench == BenchPrograms::FloorOnly;
+        let mut fork_on_btf = false;
         for spec in PROBES {
+            // The BTF fork program tells threads from processes by itself.
+            if spec.program == "task_newtask" && fork_on_btf {
+                continue;
+            }
             let tp = format!("{}:{}", spec.group, spec.name);
-            let program = if opts.bench == BenchPrograms::FloorOnly { spec.floor } else { spec.program };
-            let res = match missing.get(&tp) {
-                Some(why) => Err(why.clone()),
-                None => attach(&mut ebpf, program, spec.group, spec.name),
-            };
+            let mut done = None;
+            let mut btf_fallback = None;
+            if let Some(b) = spec.btf {
+                let program = if floors { b.floor } else { b.program };
+                match (btf_ok.get(&b.needs).cloned().unwrap_or_else(|| Err("?".into())), &kernel_btf) {
+                    (Ok(()), Some(kb)) => match attach_btf(&mut ebpf, program, spec.name, kb) {
+                        Ok(()) => done = Some((program, ProbePath::Btf, Ok(()))),
+                        Err(e) => btf_fallback = Some(format!("BTF program refused: {e}")),
+                    },
+                    (Err(why), _) => btf_fallback = Some(why),
+                    (Ok(()), None) => btf_fallback = Some("no kernel BTF".into()),
+                }
+            }
+            let (program, path, res) = done.unwrap_or_else(|| {
+                let program = if floors { spec.floor } else { spec.program };
+                let res = match missing.get(&tp) {
+                    Some(why) => Err(why.clone()),
+                    None => attach(&mut ebpf, program, spec.group, spec.name),
+                };
+                (program, ProbePath::Tracefs, res)
+            });
+            if spec.program == "sched_fork" && path == ProbePath::Btf {
+                fork_on_btf = true;
+            }
             status.push(ProbeStatus {
                 program,
                 tracepoint: tp,
+                path,
+                btf_fallback,
                 attached: res.is_ok(),
                 reason: res.err(),
                 what: spec.what,
@@ -227,7 +360,7 @@ impl Probes {
         }
         if opts.bench == BenchPrograms::Synthetic {
             let res = attach(&mut ebpf, "bench_emit", "syscalls", "sys_enter_getppid");
-            status.push(ProbeStatus { program: "bench_emit", tracepoint: "syscalls:sys_enter_getppid".into(), attached: res.is_ok(), reason: res.err(), what: "benchmark: synthetic records" });
+            status.push(ProbeStatus { program: "bench_emit", tracepoint: "syscalls:sys_enter_getppid".into(), path: ProbePath::Tracefs, btf_fallback: None, attached: res.is_ok(), reason: res.err(), what: "benchmark: synthetic records" });
         }
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or_else(|| ProbeError::Map(name, "missing from the object".into()));
         let job_pids = BpfHashMap::try_from(take(&mut ebpf, "JOB_PIDS")?).map_err(|e| ProbeError::Map("JOB_PIDS", e.to_string()))?;
@@ -303,4 +436,78 @@ fn verifier_msg(e: &aya::programs::ProgramError) -> String {
     } else {
         s
     }
+}
+
+/// The building blocks measured by `bench-internal microcost` (`mc_*` in the eBPF crate's
+/// `bench.rs`): (program, what it does once).
+pub const MICRO: &[(&str, &str)] = &[
+    ("mc_empty", "nothing (classic tracepoint floor)"),
+    ("mc_raw_empty", "nothing, raw tracepoint (sys_enter, every syscall)"),
+    ("mc_btf_empty", "nothing, BTF tracepoint (sys_enter, every syscall)"),
+    ("mc_pidtgid", "bpf_get_current_pid_tgid"),
+    ("mc_ktime", "bpf_ktime_get_ns"),
+    ("mc_comm", "bpf_get_current_comm"),
+    ("mc_pread8", "read 8 bytes of the tracepoint record (probe_read)"),
+    ("mc_hash_miss", "hash lookup, key absent"),
+    ("mc_hash_hit", "hash lookup, key present"),
+    ("mc_hash_insdel", "hash insert + delete"),
+    ("mc_array", "array lookup + increment (inlined by the verifier)"),
+    ("mc_pcpu", "per-CPU array lookup + increment"),
+    ("mc_rb_discard", "ring buffer reserve 48 B + discard"),
+    ("mc_rb_query", "ring buffer query (bytes waiting)"),
+];
+
+/// Each of [`MICRO`] alone while `work` runs: (program, runs, ns per run) from the kernel's
+/// run statistics (the caller enables `kernel.bpf_stats_enabled`).
+pub fn microcost(work: &mut dyn FnMut()) -> Result<Vec<(&'static str, u64, f64)>, ProbeError> {
+    use aya::programs::{BtfTracePoint, RawTracePoint};
+    if BPF_OBJ.is_empty() {
+        return Err(ProbeError::NotBuilt);
+    }
+    let cfg = Config { slow_io_ns: u64::MAX, whole_machine: 0, self_pid: std::process::id(), off: TpOffsets::missing(), btf: BtfOffsets::missing() };
+    let mut ebpf = EbpfLoader::new().override_global("NANTRACE_CONFIG", &cfg, true).load(BPF_OBJ)?;
+    {
+        let m = ebpf.map_mut("MC_HASH").ok_or_else(|| ProbeError::Map("MC_HASH", "missing from the object".into()))?;
+        let mut h: BpfHashMap<&mut MapData, u32, u32> = BpfHashMap::try_from(m).map_err(|e| ProbeError::Map("MC_HASH", e.to_string()))?;
+        h.insert(1, 1, 0).map_err(|e| ProbeError::Map("MC_HASH", e.to_string()))?;
+    }
+    let btf = aya::Btf::from_sys_fs().ok();
+    let mut out = Vec::new();
+    for &(name, _) in MICRO {
+        let Some(prog) = ebpf.program_mut(name) else { continue };
+        let info = match name {
+            "mc_raw_empty" => {
+                let p: &mut RawTracePoint = prog.try_into().map_err(|e| ProbeError::Map("program", format!("{name}: {e}")))?;
+                p.load().map_err(|e| ProbeError::Map("program", verifier_msg(&e)))?;
+                let l = p.attach("sys_enter").map_err(|e| ProbeError::Map("program", format!("{name}: {e}")))?;
+                work();
+                let i = p.info().map_err(|e| ProbeError::Map("program", e.to_string()))?;
+                p.detach(l).ok();
+                i
+            }
+            "mc_btf_empty" => {
+                let Some(btf) = &btf else { continue };
+                let p: &mut BtfTracePoint = prog.try_into().map_err(|e| ProbeError::Map("program", format!("{name}: {e}")))?;
+                p.load("sys_enter", btf).map_err(|e| ProbeError::Map("program", verifier_msg(&e)))?;
+                let l = p.attach().map_err(|e| ProbeError::Map("program", format!("{name}: {e}")))?;
+                work();
+                let i = p.info().map_err(|e| ProbeError::Map("program", e.to_string()))?;
+                p.detach(l).ok();
+                i
+            }
+            _ => {
+                let p: &mut TracePoint = prog.try_into().map_err(|e| ProbeError::Map("program", format!("{name}: {e}")))?;
+                p.load().map_err(|e| ProbeError::Map("program", verifier_msg(&e)))?;
+                let l = p.attach("syscalls", "sys_enter_getppid").map_err(|e| ProbeError::Map("program", format!("{name}: {e}")))?;
+                work();
+                let i = p.info().map_err(|e| ProbeError::Map("program", e.to_string()))?;
+                p.detach(l).ok();
+                i
+            }
+        };
+        let runs = info.run_count();
+        let ns = info.run_time().as_nanos() as f64 / runs.max(1) as f64;
+        out.push((name, runs, ns));
+    }
+    Ok(out)
 }

@@ -276,3 +276,49 @@ pub fn make_bundle(dir: &Scratch, name: &str) -> PathBuf {
     b[0].clone()
 }
 
+
+/// The probe path this run is meant to test: `NANTRACE_PROBE_PATH=tracefs` forces the
+/// fallback (`cargo xtask test` runs the kernel tests both ways); otherwise the BTF programs
+/// are expected wherever the kernel has BTF.
+pub fn expect_btf() -> bool {
+    std::env::var("NANTRACE_PROBE_PATH").map_or(true, |v| v != "tracefs") && Path::new("/sys/kernel/btf/vmlinux").exists()
+}
+
+/// Assert from a watch's accounting that `tracepoints` ran on the path this run tests.
+pub fn assert_probe_path(acct: &Value, tracepoints: &[&str]) {
+    let btf: Vec<&str> = acct["accounting"]["probes_btf"].as_array().expect("probes_btf in the accounting").iter().filter_map(Value::as_str).collect();
+    for tp in tracepoints {
+        assert_eq!(btf.contains(tp), expect_btf(), "{tp}: BTF path expected = {}; on BTF: {btf:?}", expect_btf());
+    }
+    eprintln!("probe path: {}", if expect_btf() { "BTF" } else { "tracefs (forced)" });
+}
+
+/// A loop device over `image` (a file created sparse, `size` long), detached on drop; `then`
+/// runs after the detach (e.g. unmounting the image's filesystem).
+pub struct LoopDev {
+    pub dev: String,
+    pub minor: u64,
+    image: PathBuf,
+    then: Option<String>,
+}
+
+impl LoopDev {
+    pub fn new(image: &Path, size: &str, then: Option<String>) -> Self {
+        sh_ok(&format!("truncate -s {size} {}", image.display()));
+        let out = sh(&format!("losetup --find --show {}", image.display()));
+        assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+        let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let minor = dev.trim_start_matches("/dev/loop").parse().expect("a /dev/loopN name");
+        Self { dev, minor, image: image.to_path_buf(), then }
+    }
+}
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        let _ = sh(&format!("losetup -d {}", self.dev));
+        let _ = std::fs::remove_file(&self.image);
+        if let Some(c) = &self.then {
+            let _ = sh(c);
+        }
+    }
+}

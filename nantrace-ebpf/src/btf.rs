@@ -1,0 +1,171 @@
+//! BTF-enabled tracepoints (`tp_btf`, tested on 6.18): the kernel hands the programs its own
+//! structs (`struct request *`, `struct task_struct *`), so the hot paths read what they need
+//! with plain loads at offsets userspace found in `/sys/kernel/btf/vmlinux`, instead of
+//! probe_read calls on a tracefs record. Userspace loads these instead of the tracefs
+//! programs when every offset was found and the kernel accepts them; otherwise the tracefs
+//! programs (`block.rs`, `process.rs`) run, and `doctor` says which path each probe is on.
+//!
+//! - `blk_issue_btf`: for processes outside every watched job, a membership lookup and
+//!   nothing else. A job's request is remembered by its `struct request *` (who issued it).
+//! - `blk_done_btf`: latency from the request's own `start_time_ns` (set by the block layer
+//!   for I/O accounting, as iostat's await: queueing included), so the node-wide histogram
+//!   needs no per-request state (one lookup of the issuer map tells a job's request).
+//! - `fork_btf`: the child's pid and tgid come from the child's task, which tells threads
+//!   from processes without `task_newtask` and its map.
+use aya_ebpf::{
+    helpers::bpf_ktime_get_ns,
+    macros::{btf_tracepoint, map},
+    maps::HashMap,
+    programs::BtfTracePointContext,
+};
+use nantrace_common::{BioStart, BlockEvent, EventKind, FLAG_JOB};
+
+use crate::{conf, count_drop, current_pid_tgid, is_job, EVENTS, JOB_PIDS};
+
+/// A job's in-flight requests, by `struct request *`.
+#[map]
+static BIO_ISSUER: HashMap<u64, BioStart> = HashMap::with_max_entries(16384, 0);
+
+/// A plain load of a `T` at `base + off`. The verifier knows `off` (a read-only global) and
+/// checks it against the struct's BTF; a fault reads zero.
+#[inline(always)]
+fn load<T: Copy + Default>(base: *const u8, off: u32) -> T {
+    if base.is_null() || off == nantrace_common::MISSING {
+        return T::default();
+    }
+    // SAFETY: `base` is a kernel struct pointer given by the tracepoint; the offset is a
+    // member of that struct per the kernel's BTF; the load is checked by the verifier.
+    unsafe { core::ptr::read_volatile(base.add(off as usize) as *const T) }
+}
+
+#[btf_tracepoint(function = "block_rq_issue")]
+pub fn blk_issue_btf(ctx: BtfTracePointContext) -> i32 {
+    let (tgid, _) = current_pid_tgid();
+    if !is_job(tgid) {
+        return 0;
+    }
+    let rq: *const u8 = ctx.arg(0);
+    let start = BioStart {
+        // SAFETY: helper without arguments.
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        pid: tgid,
+        _pad: 0,
+    };
+    let _ = BIO_ISSUER.insert(&(rq as u64), &start, 0);
+    0
+}
+
+/// blk_status_t to the errno the tracefs `error` field shows. Codes 1-10 have been stable
+/// since 4.13; the higher ones were renumbered between releases, so they read as -EIO.
+#[inline(always)]
+fn blk_errno(status: u8) -> i32 {
+    match status {
+        0 => 0,
+        1 => -95,  // NOTSUPP: EOPNOTSUPP
+        2 => -110, // TIMEOUT: ETIMEDOUT
+        3 => -28,  // NOSPC: ENOSPC
+        4 => -67,  // TRANSPORT: ENOLINK
+        5 => -121, // TARGET: EREMOTEIO
+        6 => -52,  // NEXUS / RESV_CONFLICT: EBADE
+        7 => -61,  // MEDIUM: ENODATA
+        8 => -84,  // PROTECTION: EILSEQ
+        9 => -12,  // RESOURCE: ENOMEM
+        _ => -5,   // IOERR and the rest: EIO
+    }
+}
+
+#[btf_tracepoint(function = "block_rq_complete")]
+pub fn blk_done_btf(ctx: BtfTracePointContext) -> i32 {
+    let rq: *const u8 = ctx.arg(0);
+    let status: u8 = ctx.arg(1);
+    let nr_bytes: u32 = ctx.arg(2);
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: the value is copied out before the entry is removed.
+    let issuer = unsafe { BIO_ISSUER.get(&(rq as u64)) }.copied();
+    if issuer.is_some() {
+        let _ = BIO_ISSUER.remove(&(rq as u64));
+    }
+    let mut start: u64 = load(rq, conf!(btf.rq_start_time));
+    if start == 0 {
+        start = load(rq, conf!(btf.rq_io_start_time));
+    }
+    if start == 0 {
+        start = issuer.map_or(0, |s| s.ts_ns);
+    }
+    let latency = if start == 0 { 0 } else { now.saturating_sub(start) };
+    let q: *const u8 = load(rq, conf!(btf.rq_q));
+    let disk: *const u8 = load(q, conf!(btf.q_disk));
+    let major: i32 = load(disk, conf!(btf.disk_major));
+    let minor: i32 = load(disk, conf!(btf.disk_first_minor));
+    // The kernel's dev_t: MKDEV(major, minor) = major << 20 | minor.
+    let dev = ((major as u32) << 20) | (minor as u32 & 0xfffff);
+    if start != 0 {
+        crate::block::hist_add(dev, latency);
+    }
+    let slow = start != 0 && latency >= conf!(slow_io_ns);
+    if status == 0 && !slow {
+        return 0;
+    }
+    let Some(mut entry) = EVENTS.reserve::<BlockEvent>(0) else {
+        count_drop(EventKind::Block);
+        return 0;
+    };
+    let p = entry.as_mut_ptr();
+    let flags: u32 = load(rq, conf!(btf.rq_cmd_flags));
+    // SAFETY: fresh reservation.
+    unsafe {
+        (*p).hdr.kind = EventKind::Block as u32;
+        (*p).hdr.ts_ns = now;
+        let pid = issuer.map_or(0, |s| s.pid);
+        (*p).hdr.flags = if issuer.is_some() { FLAG_JOB } else { 0 };
+        (*p).hdr.pid = pid;
+        (*p).hdr.tid = pid;
+        (*p).hdr.comm = [0; 16];
+        (*p).dev = dev;
+        (*p).error = blk_errno(status);
+        (*p).sector = load(rq, conf!(btf.rq_sector));
+        (*p).latency_ns = latency;
+        (*p).nr_sector = nr_bytes >> 9;
+        (*p)._pad = 0;
+        (*p).rwbs = rwbs(flags);
+    }
+    crate::submit(entry);
+    0
+}
+
+/// The operation letter of `cmd_flags` (REQ_OP_*, stable values), as the tracefs `rwbs`
+/// field starts. The modifier letters (sync, FUA, meta) use flag bits whose numbers differ
+/// between kernels, so this path does not show them.
+#[inline(always)]
+fn rwbs(flags: u32) -> [u8; 16] {
+    let mut r = [0u8; 16];
+    r[0] = match flags & 0xff {
+        0 => b'R',
+        1 | 7 => b'W',
+        2 => b'F',
+        3 | 5 => b'D',
+        9 => b'W',
+        _ => b'N',
+    };
+    r
+}
+
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn fork_btf(ctx: BtfTracePointContext) -> i32 {
+    let (tgid, _) = current_pid_tgid();
+    if !is_job(tgid) {
+        return 0;
+    }
+    let child: *const u8 = ctx.arg(1);
+    let cpid: i32 = load(child, conf!(btf.task_pid));
+    let ctgid: i32 = load(child, conf!(btf.task_tgid));
+    let cpid = cpid as u32;
+    let _ = JOB_PIDS.insert(&cpid, &tgid, 0);
+    if cpid != ctgid as u32 {
+        // A new thread of an existing process: followed, not an event.
+        return 0;
+    }
+    crate::process::emit_fork(cpid);
+    0
+}
