@@ -71,6 +71,8 @@ fn stats(v: &mut [f64]) -> serde_json::Value {
 struct Tracer {
     child: Child,
     kind: &'static str,
+    /// `nantrace-outside`: the idle process it watches instead of the workload.
+    decoy: Option<Child>,
 }
 
 fn wait_for_line(child: &mut Child, needle: &str, timeout: Duration) -> Result<()> {
@@ -96,18 +98,27 @@ fn start_tracer(kind: &'static str, bin: &Path, target: u32, tmp: &Path) -> Resu
             std::fs::write(&flag, "")?;
             let mut c = Command::new(bin).args(["bench-internal", "floor", "--go"]).arg(&flag).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
             wait_for_line(&mut c, "floor programs attached", Duration::from_secs(30))?;
-            Ok(Some(Tracer { child: c, kind }))
+            Ok(Some(Tracer { child: c, kind, decoy: None }))
         }
-        "nantrace" => {
-            let mut c = Command::new(bin)
-                .args(["attach", "--pid", &target.to_string(), "--no-trigger", "exit", "--no-trigger", "signal", "--post", "0", "--out"])
+        // nantrace on its default path (BTF programs where the kernel has BTF); on the
+        // tracefs fallback; and watching an idle process, so that every event of the
+        // workload is outside the watched job.
+        "nantrace" | "nantrace-tracefs" | "nantrace-outside" => {
+            let decoy = if kind == "nantrace-outside" { Some(Command::new("sleep").arg("3600").spawn()?) } else { None };
+            let pid = decoy.as_ref().map_or(target, Child::id);
+            let mut cmd = Command::new(bin);
+            if kind == "nantrace-tracefs" {
+                cmd.env("NANTRACE_PROBE_PATH", "tracefs");
+            }
+            let mut c = cmd
+                .args(["attach", "--pid", &pid.to_string(), "--no-trigger", "exit", "--no-trigger", "signal", "--post", "0", "--out"])
                 .arg(tmp)
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
                 .spawn()?;
             wait_for_line(&mut c, "nantrace: recording", Duration::from_secs(30))?;
             std::thread::sleep(Duration::from_millis(300));
-            Ok(Some(Tracer { child: c, kind }))
+            Ok(Some(Tracer { child: c, kind, decoy }))
         }
         "bpftrace" => {
             let script = tmp.join("nantrace-equivalent.bt");
@@ -121,7 +132,7 @@ fn start_tracer(kind: &'static str, bin: &Path, target: u32, tmp: &Path) -> Resu
                 let _ = c.stderr.take().map(|mut s| s.read_to_string(&mut e));
                 bail!("bpftrace exited {st}: {e}");
             }
-            Ok(Some(Tracer { child: c, kind }))
+            Ok(Some(Tracer { child: c, kind, decoy: None }))
         }
         _ => unreachable!(),
     }
@@ -231,6 +242,10 @@ fn run_once(kind: &'static str, bin: &Path, iters: u32, tmp: &Path) -> Result<se
         }
         let _ = t.child.kill();
         let _ = t.child.wait();
+        if let Some(mut d) = t.decoy.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
     }
     let elapsed = w["elapsed_s"].as_f64().unwrap_or(0.0);
     let tps = 100.0;
@@ -450,7 +465,7 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
     std::fs::create_dir_all(&tmp)?;
     let (reps, iters) = if smoke { (1, 40) } else { (5, 1500) };
     let have_bpftrace = Command::new("bpftrace").arg("--version").output().is_ok_and(|o| o.status.success());
-    let mut kinds = vec!["none", "floor", "nantrace"];
+    let mut kinds = vec!["none", "floor", "nantrace", "nantrace-tracefs", "nantrace-outside"];
     if have_bpftrace {
         kinds.push("bpftrace");
     }
@@ -493,6 +508,7 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
         dumps.push(internal(bin, &["dump", "--n", if smoke { "2000" } else { "100000" }, "--dir", tmp.to_str().unwrap()])?["seconds"].as_f64().unwrap_or(0.0));
     }
     let idle = idle_cpu(bin, if smoke { 2.0 } else { 10.0 }).ok();
+    let micro = microcost(bin, if smoke { 20_000 } else { 1_000_000 }, reps.min(3)).unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }));
     let synth = synthetic(bin, if smoke { 100_000 } else { 500_000 }, if smoke { 1.0 } else { 10.0 }).unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }));
     let agent = agent(bin, if smoke { 1.0 } else { 10.0 }, &tmp).unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }));
     let flood = flood_dump(bin, if smoke { 200_000 } else { 8_000_000 }, if smoke { 16 } else { 64 }, &tmp).unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }));
@@ -512,6 +528,7 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
         "flood_dump": flood,
         "agent": agent,
         "synthetic_throughput": synth,
+        "microcost": micro,
     });
     // The previous run, for the tables' "before" column.
     let prev_path = std::env::var_os("NANTRACE_BENCH_PREVIOUS").map_or_else(|| root().join("bench/results.json"), std::path::PathBuf::from);
@@ -534,6 +551,9 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
             bail!("bench smoke: the synthetic throughput run failed: {e}");
         }
         eprintln!("xtask bench --smoke: synthetic {}", results["synthetic_throughput"]);
+        if let Some(e) = results["microcost"]["error"].as_str() {
+            bail!("bench smoke: the building-block run failed: {e}");
+        }
         if let Some(e) = results["agent"]["error"].as_str() {
             bail!("bench smoke: the agent run failed: {e}");
         }
@@ -563,25 +583,62 @@ fn f(v: &serde_json::Value, scale: f64, unit: &str) -> String {
     }
 }
 
+/// `bench-internal microcost`, `reps` times: median ns/run of each building block.
+fn microcost(bin: &Path, n: u64, reps: usize) -> Result<serde_json::Value> {
+    let mut by: std::collections::BTreeMap<String, (String, Vec<f64>)> = std::collections::BTreeMap::new();
+    let mut order = Vec::new();
+    for _ in 0..reps {
+        for row in internal(bin, &["microcost", "--n", &n.to_string()])?.as_array().cloned().unwrap_or_default() {
+            let p = row["program"].as_str().unwrap_or("?").to_string();
+            if !order.contains(&p) {
+                order.push(p.clone());
+            }
+            let e = by.entry(p).or_insert_with(|| (row["what"].as_str().unwrap_or("").to_string(), Vec::new()));
+            e.1.extend(row["ns_per_run"].as_f64());
+        }
+    }
+    let rows: Vec<serde_json::Value> = order
+        .iter()
+        .filter_map(|p| by.get_mut(p).map(|(what, v)| serde_json::json!({ "program": p, "what": what, "ns_per_run": stats(v) })))
+        .collect();
+    Ok(serde_json::json!({ "calls": n, "reps": reps, "rows": rows }))
+}
+
 /// `bench-internal synth`: the synthetic generator through the real ring, reader and recorder.
 fn synthetic(bin: &Path, rate: u64, secs: f64) -> Result<serde_json::Value> {
     internal(bin, &["synth", "--rate", &rate.to_string(), "--seconds", &secs.to_string(), "--burst", "32", "--threads", "2"])
 }
 
-/// A nantrace program's floor program (see `nantrace/src/probes/mod.rs`, PROBES).
-const FLOORS: &[(&str, &str)] = &[
-    ("printk_console", "floor_printk"),
-    ("ras_aer_event", "floor_aer"),
-    ("oom_mark_victim", "floor_oom"),
-    ("block_rq_issue", "floor_blk_issue"),
-    ("block_rq_done", "floor_blk_done"),
-    ("tcp_retransmit", "floor_tcp"),
-    ("task_newtask", "floor_newtask"),
-    ("sched_fork", "floor_fork"),
-    ("sched_exec", "floor_exec"),
-    ("sched_exit", "floor_exit"),
-    ("exit_group", "floor_exit_grp"),
-    ("signal_generate", "floor_signal"),
+/// One row of the per-program table: a nantrace program, its floor, the path it is on, and
+/// the names to compare with: bpftrace's program on the same tracepoint, and the program that
+/// held this tracepoint in the "before" run (see `nantrace/src/probes/mod.rs`, PROBES).
+struct Row {
+    prog: &'static str,
+    floor: &'static str,
+    path: &'static str,
+    bpftrace: Option<&'static str>,
+    before: &'static str,
+}
+
+const fn row(prog: &'static str, floor: &'static str, path: &'static str, bpftrace: Option<&'static str>, before: &'static str) -> Row {
+    Row { prog, floor, path, bpftrace, before }
+}
+
+const ROWS: &[Row] = &[
+    row("printk_console", "floor_printk", "tracefs", Some("console"), "printk_console"),
+    row("oom_mark_victim", "floor_oom", "tracefs", None, "oom_mark_victim"),
+    row("blk_issue_btf", "floor_issue_btf", "btf", Some("block_rq_issue"), "block_rq_issue"),
+    row("block_rq_issue", "floor_blk_issue", "tracefs", Some("block_rq_issue"), "block_rq_issue"),
+    row("blk_done_btf", "floor_done_btf", "btf", Some("block_rq_comple"), "block_rq_done"),
+    row("block_rq_done", "floor_blk_done", "tracefs", Some("block_rq_comple"), "block_rq_done"),
+    row("tcp_retransmit", "floor_tcp", "tracefs", None, "tcp_retransmit"),
+    row("fork_btf", "floor_fork_btf", "btf", Some("sched_process_f"), "sched_fork"),
+    row("sched_fork", "floor_fork", "tracefs", Some("sched_process_f"), "sched_fork"),
+    row("task_newtask", "floor_newtask", "tracefs", None, "task_newtask"),
+    row("sched_exec", "floor_exec", "tracefs", None, "sched_exec"),
+    row("sched_exit", "floor_exit", "tracefs", None, "sched_exit"),
+    row("exit_group", "floor_exit_grp", "tracefs", Some("sys_enter_exit_"), "exit_group"),
+    row("signal_generate", "floor_signal", "tracefs", Some("signal_generate"), "signal_generate"),
 ];
 
 /// Median ns/run of one program (by name, before `#id`) over all runs of one tracer.
@@ -600,28 +657,43 @@ fn markdown(r: &serde_json::Value, prev: &serde_json::Value) -> String {
         "# Performance\n\nMeasured by `sudo cargo xtask bench` on {} — kernel {}, {} CPUs (the project's 2-core VM).\nMedians over {} repetitions, (min–max) in brackets. The raw numbers are in `bench/results.json`.\n\n",
         r["date"].as_str().unwrap_or("?"), r["kernel"].as_str().unwrap_or("?"), r["cpus"], r["reps"]
     );
-    s.push_str(&format!("## Workload slowdown\n\nThe fixed workload (`nantrace bench-internal workload --n {}`): per iteration one 4 KiB O_DIRECT write + fdatasync, one fork/exec/exit of /bin/true, one TCP round trip over loopback, and a kernel log line every 10 iterations. Tracers: nantrace `attach --pid` (all probes, flight recorder, collectors at 1 s) and bpftrace running an equivalent script (same tracepoints and fields, `xtask/src/bench.rs`).\n\n| tracer | workload time s | tracer CPU s/s | kernel ns per program run |\n|---|---|---|---|\n", r["workload_iterations"]));
-    for k in ["none", "floor", "nantrace", "bpftrace"] {
+    s.push_str(&format!("## Workload slowdown\n\nThe fixed workload (`nantrace bench-internal workload --n {}`): per iteration one 4 KiB O_DIRECT write + fdatasync, one fork/exec/exit of /bin/true, one TCP round trip over loopback, and a kernel log line every 10 iterations. Tracers: nantrace `attach --pid` (all probes, flight recorder, collectors at 1 s) on its default path (BTF programs for the block pair and fork), the same on the tracefs fallback (`nantrace-tracefs`), the same watching an idle process instead of the workload (`nantrace-outside`: the workload's events are not the job's), and bpftrace running an equivalent script (same tracepoints and fields, `xtask/src/bench.rs`).\n\n| tracer | workload time s | tracer CPU s/s | kernel ns per program run |\n|---|---|---|---|\n", r["workload_iterations"]));
+    for k in ["none", "floor", "nantrace", "nantrace-tracefs", "nantrace-outside", "bpftrace"] {
         if w.get(k).is_some() {
             s.push_str(&format!("| {k} | {} | {} | {} |\n", f(&w[k]["elapsed_s"], 1.0, ""), f(&w[k]["tracer_cpu_s_per_s"], 1.0, ""), f(&w[k]["kernel_ns_per_event"], 1.0, "")));
         }
     }
     let ra = &r["ratios"];
     s.push_str(&format!("\nRatios of medians: nantrace/none = {}, bpftrace/none = {}, nantrace/bpftrace = {}.\n\n", ra["nantrace_vs_none"], ra["bpftrace_vs_none"], ra["nantrace_vs_bpftrace"]));
-    s.push_str("### Per-program kernel cost, above the floor\n\nMedians over the repetitions (`kernel.bpf_stats_enabled=1`). The floor is a do-nothing program on the same tracepoint, run under the same workload (`floor_*` in `nantrace-ebpf/src/bench.rs`): what any BPF program there costs (dispatch and run accounting). bpftrace's equivalents are listed beside, with the same floor subtracted. The \"before\" columns are the run these results replaced (`--previous FILE`; here the last run of the previous session, whose programs had older names and no floor): it ran on another instance of the VM (kernel build in `bench/results.json`), so compare each tracer against bpftrace in the same run, not absolute nanoseconds across runs.\n\n| program | tracepoint runs/iteration | ns/run | floor | above floor | bpftrace above floor | before: ns/run | before: bpftrace ns/run |\n|---|---|---|---|---|---|---|---|\n");
-    let bt_names: &[(&str, &str)] = &[("block_rq_issue", "block_rq_issue"), ("block_rq_done", "block_rq_comple"), ("sched_fork", "sched_process_f"), ("exit_group", "sys_enter_exit_"), ("signal_generate", "signal_generate"), ("printk_console", "console")];
-    let old_names: &[(&str, &str)] = &[("block_rq_done", "block_rq_comple"), ("sched_fork", "sched_process_f"), ("exit_group", "sys_enter_exit_"), ("tcp_retransmit", "tcp_retransmit_")];
+    s.push_str("### Per-program kernel cost, above the floor\n\nMedians over the repetitions (`kernel.bpf_stats_enabled=1`). The floor is a do-nothing program of the same kind on the same tracepoint, run under the same workload (`floor_*` in `nantrace-ebpf/src/bench.rs`): what any BPF program there costs (dispatch and run accounting). Path `btf`: the `tp_btf` programs nantrace runs by default where the kernel has BTF (`nantrace-ebpf/src/btf.rs`); `tracefs`: the fallback, measured in a separate run with `NANTRACE_PROBE_PATH=tracefs` (programs on both paths are shown from the default run). \"Outside the job\": the same programs while nantrace watches an idle process, so every event of the workload is someone else's (only the membership check should run). bpftrace's equivalents are listed beside, with the same floor subtracted. The \"before\" column is the run these results replaced (`--previous FILE`), for the program that held the tracepoint then; it ran on another instance of the VM, so compare against bpftrace in the same run rather than absolute nanoseconds across runs.\n\n| program | path | runs/iteration | ns/run | floor | above floor | outside the job, above floor | bpftrace above floor | before: ns/run | before: bpftrace ns/run |\n|---|---|---|---|---|---|---|---|---|---|\n");
     let iters = r["workload_iterations"].as_f64().unwrap_or(1.0);
-    for (prog, floor) in FLOORS {
-        let Some(ns) = prog_ns(r, "nantrace", prog) else { continue };
-        let fl = prog_ns(r, "floor", floor);
-        let runs = r["runs"].as_array().and_then(|a| a.iter().rev().find(|x| x["tracer"] == "nantrace")).and_then(|x| x["programs"].as_object()).and_then(|m| m.iter().find(|(k, _)| k.split('#').next() == Some(prog)).map(|(_, p)| p["runs"].as_f64().unwrap_or(0.0)));
-        let bt = bt_names.iter().find(|b| b.0 == *prog).and_then(|b| prog_ns(r, "bpftrace", b.1));
-        let old = old_names.iter().find(|b| b.0 == *prog).map_or(*prog, |b| b.1);
-        let before = prog_ns(prev, "nantrace", old);
-        let bt_before = bt_names.iter().find(|b| b.0 == *prog).and_then(|b| prog_ns(prev, "bpftrace", b.1));
-        let fmt = |v: Option<f64>| v.map_or("n/a".to_string(), |x| format!("{x:.0}"));
-        s.push_str(&format!("| {prog} | {} | {ns:.0} | {} | {} | {} | {} | {} |\n", runs.map_or("?".into(), |x| format!("{:.1}", x / iters)), fmt(fl), fmt(fl.map(|f| ns - f)), fmt(match (bt, fl) { (Some(b), Some(f)) => Some(b - f), _ => None }), fmt(before), fmt(bt_before)));
+    let fmt = |v: Option<f64>| v.map_or("n/a".to_string(), |x| format!("{x:.0}"));
+    for row in ROWS {
+        // A program that runs on both paths is read from the default run.
+        let tracer = if prog_ns(r, "nantrace", row.prog).is_some() { "nantrace" } else { "nantrace-tracefs" };
+        let Some(ns) = prog_ns(r, tracer, row.prog) else { continue };
+        let fl = prog_ns(r, "floor", row.floor);
+        let outside_tracer = if tracer == "nantrace" { "nantrace-outside" } else { "" };
+        let outside = prog_ns(r, outside_tracer, row.prog);
+        let runs = r["runs"].as_array().and_then(|a| a.iter().rev().find(|x| x["tracer"] == tracer)).and_then(|x| x["programs"].as_object()).and_then(|m| m.iter().find(|(k, _)| k.split('#').next() == Some(row.prog)).map(|(_, p)| p["runs"].as_f64().unwrap_or(0.0)));
+        let bt = row.bpftrace.and_then(|b| prog_ns(r, "bpftrace", b));
+        let before = prog_ns(prev, "nantrace", row.before);
+        let bt_before = row.bpftrace.and_then(|b| prog_ns(prev, "bpftrace", b));
+        let above = |v: Option<f64>| match (v, fl) { (Some(x), Some(f)) => Some(x - f), _ => None };
+        s.push_str(&format!(
+            "| {} | {} | {} | {ns:.0} | {} | {} | {} | {} | {} | {} |\n",
+            row.prog, row.path, runs.map_or("?".into(), |x| format!("{:.1}", x / iters)), fmt(fl), fmt(above(Some(ns))), fmt(above(outside)), fmt(above(bt)), fmt(before), fmt(bt_before)
+        ));
+    }
+    let mc = &r["microcost"];
+    if let Some(rows) = mc["rows"].as_array() {
+        s.push_str(&format!("\n### What the building blocks cost here\n\n`bench-internal microcost`: each block alone in a program on `syscalls:sys_enter_getppid` while one process calls getppid {} times (median of {} runs; `mc_*` in `nantrace-ebpf/src/bench.rs`). A hot loop: caches and branch predictors are warm, so a real program, which runs once per I/O or fork among other work, pays more for the same blocks.\n\n| block | ns/run | above the empty program |\n|---|---|---|\n", mc["calls"], mc["reps"]));
+        let empty = rows.iter().find(|x| x["program"] == "mc_empty").and_then(|x| x["ns_per_run"]["median"].as_f64());
+        for x in rows {
+            let ns = x["ns_per_run"]["median"].as_f64();
+            let above = match (ns, empty) { (Some(a), Some(e)) if x["program"] != "mc_empty" => format!("{:.0}", a - e), _ => "".into() };
+            s.push_str(&format!("| {} | {} | {above} |\n", x["what"].as_str().unwrap_or("?"), fmt(ns)));
+        }
     }
     s.push_str(&format!("\n## Startup (launch to first event delivered)\n\n| tracer | seconds |\n|---|---|\n| nantrace | {} |\n| bpftrace | {} |\n", f(&r["startup_s"]["nantrace"], 1.0, ""), f(&r["startup_s"]["bpftrace"], 1.0, "")));
     let tp = &r["throughput"];

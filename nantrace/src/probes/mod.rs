@@ -320,7 +320,7 @@ impl Probes {
         let mut fork_on_btf = false;
         for spec in PROBES {
             // The BTF fork program tells threads from processes by itself.
-            if spec.program == "task_newtask" && fork_on_btf {
+            if spec.program == "task_newtask" && fork_on_btf && !floors {
                 continue;
             }
             let tp = format!("{}:{}", spec.group, spec.name);
@@ -347,6 +347,11 @@ impl Probes {
             });
             if spec.program == "sched_fork" && path == ProbePath::Btf {
                 fork_on_btf = true;
+            }
+            // The benchmark's floor run measures both paths' floors.
+            if floors && path == ProbePath::Btf {
+                let res = attach(&mut ebpf, spec.floor, spec.group, spec.name);
+                status.push(ProbeStatus { program: spec.floor, tracepoint: tp.clone(), path: ProbePath::Tracefs, btf_fallback: None, attached: res.is_ok(), reason: res.err(), what: spec.what });
             }
             status.push(ProbeStatus {
                 program,
