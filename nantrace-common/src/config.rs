@@ -114,6 +114,9 @@ impl TpOffsets {
 pub struct BtfOffsets {
     pub task_pid: u32,
     pub task_tgid: u32,
+    pub task_comm: u32,
+    /// `struct kernel_siginfo.si_code`.
+    pub siginfo_code: u32,
     /// `struct request`: `q`, `__sector`, `start_time_ns`, `io_start_time_ns`, `cmd_flags`.
     pub rq_q: u32,
     pub rq_sector: u32,
@@ -131,6 +134,8 @@ impl BtfOffsets {
         Self {
             task_pid: MISSING,
             task_tgid: MISSING,
+            task_comm: MISSING,
+            siginfo_code: MISSING,
             rq_q: MISSING,
             rq_sector: MISSING,
             rq_start_time: MISSING,

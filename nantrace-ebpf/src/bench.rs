@@ -183,4 +183,9 @@ mod btf_floor {
     pub fn floor_fork_btf(_ctx: BtfTracePointContext) -> i32 {
         0
     }
+
+    #[btf_tracepoint(function = "signal_generate")]
+    pub fn floor_signal_btf(_ctx: BtfTracePointContext) -> i32 {
+        0
+    }
 }

@@ -169,3 +169,33 @@ pub fn fork_btf(ctx: BtfTracePointContext) -> i32 {
     crate::process::emit_fork(cpid);
     0
 }
+
+/// `signal_generate(int sig, struct kernel_siginfo *info, struct task_struct *task, int group,
+/// int result)`: the signal number is the first argument, so the common case (a non-fatal
+/// signal: SIGCHLD on every child exit) costs one context load and nothing else.
+#[btf_tracepoint(function = "signal_generate")]
+pub fn signal_btf(ctx: BtfTracePointContext) -> i32 {
+    let sig: i32 = ctx.arg(0);
+    if !crate::process::fatal(sig) {
+        return 0;
+    }
+    let info: *const u8 = ctx.arg(1);
+    let task: *const u8 = ctx.arg(2);
+    let result: i32 = ctx.arg(4);
+    let target: i32 = load(task, conf!(btf.task_pid));
+    // The tracefs record's `code`: SEND_SIG_NOINFO (0) is SI_USER, SEND_SIG_PRIV (1) SI_KERNEL.
+    let code = match info as u64 {
+        0 => 0,
+        1 => 0x80,
+        _ => load::<i32>(info, conf!(btf.siginfo_code)),
+    };
+    let comm_off = conf!(btf.task_comm);
+    let comm = if comm_off == nantrace_common::MISSING || task.is_null() {
+        [0; 16]
+    } else {
+        // SAFETY: probe_read of the target's name (only for fatal signals).
+        unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(task.add(comm_off as usize) as *const [u8; 16]) }.unwrap_or([0; 16])
+    };
+    crate::process::emit_signal(sig, code, target as u32, result, comm);
+    0
+}

@@ -185,7 +185,7 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
 
 /// SIGKILL, SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGTERM, SIGILL.
 #[inline(always)]
-fn fatal(sig: i32) -> bool {
+pub(crate) fn fatal(sig: i32) -> bool {
     matches!(sig, 9 | 11 | 7 | 6 | 8 | 15 | 4)
 }
 
@@ -200,19 +200,30 @@ pub fn signal_generate(ctx: TracePointContext) -> u32 {
     let Some(target) = read_i32(&ctx, conf!(off.sig_pid)) else {
         return 0;
     };
-    let target = target as u32;
+    let result = read_i32(&ctx, conf!(off.sig_result)).unwrap_or(0);
+    let code = read_i32(&ctx, conf!(off.sig_code)).unwrap_or(0);
+    let comm_off = conf!(off.sig_comm);
+    // SAFETY: probe_read of the record.
+    let comm = if comm_off == MISSING { [0; 16] } else { unsafe { ctx.read_at::<[u8; 16]>(comm_off as usize) }.unwrap_or([0; 16]) };
+    emit_signal(sig, code, target as u32, result, comm);
+    0
+}
+
+/// A fatal signal `sig` generated for `target` (a tid): remembered as the exit cause when
+/// delivered, and a `signal` event when the target is the job's (or machine-wide is on).
+#[inline(always)]
+pub(crate) fn emit_signal(sig: i32, code: i32, target: u32, result: i32, target_comm: [u8; 16]) {
     let job = is_job(target);
     if !job && conf!(whole_machine) == 0 {
-        return 0;
+        return;
     }
-    let result = read_i32(&ctx, conf!(off.sig_result)).unwrap_or(0);
     // TRACE_SIGNAL_DELIVERED = 0: the signal was queued; an unhandled one ends the process.
     if result == 0 {
         let _ = EXIT_INFO.insert(&target, &ExitInfo { code: -1, signal: sig }, 0);
     }
     let Some(mut entry) = EVENTS.reserve::<SignalEvent>(0) else {
         count_drop(EventKind::Signal);
-        return 0;
+        return;
     };
     let p = entry.as_mut_ptr();
     // SAFETY: fresh reservation.
@@ -222,12 +233,10 @@ pub fn signal_generate(ctx: TracePointContext) -> u32 {
             (*p).hdr.flags |= FLAG_JOB;
         }
         (*p).sig = sig;
-        (*p).code = read_i32(&ctx, conf!(off.sig_code)).unwrap_or(0);
+        (*p).code = code;
         (*p).target_pid = target;
         (*p).result = result;
-        let comm_off = conf!(off.sig_comm);
-        (*p).target_comm = if comm_off == MISSING { [0; 16] } else { ctx.read_at::<[u8; 16]>(comm_off as usize).unwrap_or([0; 16]) };
+        (*p).target_comm = target_comm;
     }
     crate::submit(entry);
-    0
 }

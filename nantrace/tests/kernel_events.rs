@@ -59,6 +59,10 @@ fn exit_code_and_sigkill_of_job_processes() {
     let (s, _) = w.wait_for("SIGKILL signal", Duration::from_secs(10), |v| v["source"] == "signal" && v["target_pid"].as_u64() == Some(kid));
     assert_eq!(s["signal"], "SIGKILL");
     assert_eq!(s["job"], true);
+    // kill(2) from the shell: SI_USER (0), and the target's own name (the background job is
+    // killed at once, often before its fork has exec'd sleep).
+    assert_eq!(s["si_code"], 0, "{s}");
+    assert!(s["target_comm"] == "sleep" || s["target_comm"] == "sh", "{s}");
     assert_eq!(root.wait().unwrap().code(), Some(0));
     let (r, _) = w.wait_for("root exit 0", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(u64::from(root.id())));
     assert_eq!(r["exit_code"], 0);
@@ -258,4 +262,43 @@ fn a_jobs_threads_are_not_reported_as_forks() {
     assert!(thread_forks.is_empty(), "threads reported as forks: {thread_forks:?}");
     let _ = std::fs::remove_file(&go);
     assert_probe_path(&w.stop(), &["sched:sched_process_fork"]);
+}
+
+/// A real fault: the kernel's own siginfo (SEGV_MAPERR, 1) reaches the signal event through
+/// the siginfo pointer on the BTF path and the record on the tracefs path, and the exit says
+/// SIGSEGV.
+#[test]
+fn a_segfault_is_a_fatal_signal_with_its_kernel_siginfo() {
+    if !privileged("a_segfault_is_a_fatal_signal_with_its_kernel_siginfo") {
+        return;
+    }
+    let go = std::ffi::CString::new(format!("/tmp/nt-segv-go-{}", std::process::id())).unwrap();
+    let _ = std::fs::remove_file(go.to_str().unwrap());
+    // SAFETY: the child only calls async-signal-safe functions (access, usleep) and then
+    // faults; the parent waits for it.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        unsafe {
+            while libc::access(go.as_ptr(), libc::F_OK) != 0 {
+                libc::usleep(20_000);
+            }
+            std::ptr::read_volatile(std::ptr::null::<u8>().wrapping_add(8));
+            libc::_exit(0);
+        }
+    }
+    assert!(child > 0);
+    let w = Watch::start(&["--pid", &child.to_string()]);
+    std::fs::write(go.to_str().unwrap(), "").unwrap();
+    let mut status = 0;
+    // SAFETY: our own child.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSEGV, "status {status:#x}");
+    let (s, _) = w.wait_for("SIGSEGV signal", Duration::from_secs(10), |v| v["source"] == "signal" && v["target_pid"].as_i64() == Some(i64::from(child)));
+    assert_eq!(s["signal"], "SIGSEGV");
+    assert_eq!(s["si_code"], 1, "SEGV_MAPERR: {s}");
+    assert_eq!(s["job"], true);
+    let (x, _) = w.wait_for("its exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_i64() == Some(i64::from(child)));
+    assert_eq!(x["signal"], "SIGSEGV", "{x}");
+    let _ = std::fs::remove_file(go.to_str().unwrap());
+    assert_probe_path(&w.stop(), &["signal:signal_generate"]);
 }

@@ -44,6 +44,7 @@ pub struct BtfSpec {
 pub enum BtfNeeds {
     Block,
     Task,
+    Signal,
 }
 
 /// Which way a probe reads the kernel's data.
@@ -70,7 +71,7 @@ pub const PROBES: &[ProbeSpec] = &[
     ProbeSpec { program: "sched_exec", floor: "floor_exec", group: "sched", name: "sched_process_exec", what: "job process exec", btf: None },
     ProbeSpec { program: "sched_exit", floor: "floor_exit", group: "sched", name: "sched_process_exit", what: "process exits", btf: None },
     ProbeSpec { program: "exit_group", floor: "floor_exit_grp", group: "syscalls", name: "sys_enter_exit_group", what: "exit codes", btf: None },
-    ProbeSpec { program: "signal_generate", floor: "floor_signal", group: "signal", name: "signal_generate", what: "fatal signals", btf: None },
+    ProbeSpec { program: "signal_generate", floor: "floor_signal", group: "signal", name: "signal_generate", what: "fatal signals", btf: Some(BtfSpec { program: "signal_btf", floor: "floor_signal_btf", needs: BtfNeeds::Signal }) },
 ];
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -207,7 +208,7 @@ pub fn offsets(root: &Path) -> (TpOffsets, BTreeMap<String, String>) {
 type NeedResult = BTreeMap<BtfNeeds, Result<(), String>>;
 
 fn all_needs(why: &str) -> NeedResult {
-    [BtfNeeds::Block, BtfNeeds::Task].into_iter().map(|n| (n, Err(why.to_string()))).collect()
+    [BtfNeeds::Block, BtfNeeds::Task, BtfNeeds::Signal].into_iter().map(|n| (n, Err(why.to_string()))).collect()
 }
 
 /// The struct members the `tp_btf` programs read, from the kernel's BTF; per group of
@@ -242,7 +243,12 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
         // Optional: set only when the queue keeps I/O statistics.
         o.rq_io_start_time = get("request", "io_start_time_ns", 8).unwrap_or(MISSING);
     }
-    let ok = [(BtfNeeds::Task, task.map(|_| ())), (BtfNeeds::Block, block.map(|_| ()))].into_iter().collect();
+    let signal = task.clone().and_then(|_| Ok((get("task_struct", "comm", 16)?, get("kernel_siginfo", "si_code", 4)?)));
+    if let Ok((comm, code)) = signal {
+        o.task_comm = comm;
+        o.siginfo_code = code;
+    }
+    let ok = [(BtfNeeds::Task, task.map(|_| ())), (BtfNeeds::Block, block.map(|_| ())), (BtfNeeds::Signal, signal.map(|_| ()))].into_iter().collect();
     (o, ok)
 }
 
