@@ -185,7 +185,7 @@ mod btf_floor {
     }
 
     #[btf_tracepoint(function = "signal_generate")]
-    pub fn floor_signal_btf(_ctx: BtfTracePointContext) -> i32 {
+    pub fn floor_sig_btf(_ctx: BtfTracePointContext) -> i32 {
         0
     }
 }

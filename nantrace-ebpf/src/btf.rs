@@ -140,14 +140,19 @@ pub fn blk_done_btf(ctx: BtfTracePointContext) -> i32 {
 #[inline(always)]
 fn rwbs(flags: u32) -> [u8; 16] {
     let mut r = [0u8; 16];
-    r[0] = match flags & 0xff {
-        0 => b'R',
-        1 | 7 => b'W',
-        2 => b'F',
-        3 | 5 => b'D',
-        9 => b'W',
-        _ => b'N',
-    };
+    // As the kernel's blk_fill_rwbs: WRITE W, DISCARD D, SECURE_ERASE DE, FLUSH F, READ R,
+    // anything else (zone append, write zeroes, driver ops) N.
+    match flags & 0xff {
+        0 => r[0] = b'R',
+        1 => r[0] = b'W',
+        2 => r[0] = b'F',
+        3 => r[0] = b'D',
+        5 => {
+            r[0] = b'D';
+            r[1] = b'E';
+        }
+        _ => r[0] = b'N',
+    }
     r
 }
 

@@ -36,6 +36,18 @@ pub fn probe_path(probes: &[ProbeStatus]) -> String {
     line
 }
 
+/// Whole-disk block devices whose queue keeps no I/O statistics.
+fn iostats_off() -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir("/sys/block") else { return Vec::new() };
+    let mut out: Vec<String> = rd
+        .flatten()
+        .filter(|e| std::fs::read_to_string(e.path().join("queue/iostats")).is_ok_and(|v| v.trim() == "0"))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    out.sort();
+    out
+}
+
 pub fn nvml_status() -> String {
     match nvml_wrapper::Nvml::init() {
         Ok(n) => match (n.sys_driver_version(), n.device_count()) {
@@ -79,6 +91,15 @@ pub fn run() -> Report {
     if probes.iter().any(|p| p.tracepoint == "ras:aer_event" && !p.attached) {
         notes.push("ras:aer_event is absent (kernel without CONFIG_PCIEAER or the ras events): AER is still caught from the kernel log text by the printk:console probe".into());
     }
+    if probes.iter().any(|p| p.tracepoint == "sched:sched_process_fork" && p.attached && p.path == ProbePath::Btf) {
+        notes.push("task:task_newtask is not attached: not needed, the BTF fork program tells threads from processes by the child's tgid".into());
+    }
+    if probes.iter().any(|p| p.tracepoint == "block:block_rq_complete" && p.attached && p.path == ProbePath::Btf) {
+        let off = iostats_off();
+        if !off.is_empty() {
+            notes.push(format!("block devices with I/O statistics off (queue/iostats = 0): {}. On the BTF path their requests outside watched jobs have no start time and are not in the latency histograms", off.join(", ")));
+        }
+    }
     if euid != 0 {
         notes.push("not root: loading probes needs root (or CAP_BPF + CAP_PERFMON + tracefs access)".into());
     }
@@ -87,7 +108,10 @@ pub fn run() -> Report {
         euid,
         tracefs,
         btf: Path::new("/sys/kernel/btf/vmlinux").exists(),
-        probe_path: probe_path(&probes),
+        probe_path: match &load_error {
+            Some(e) => format!("not loaded: {e}"),
+            None => probe_path(&probes),
+        },
         probes_built: Probes::is_built(),
         load_error,
         probes,

@@ -638,7 +638,7 @@ const ROWS: &[Row] = &[
     row("sched_exec", "floor_exec", "tracefs", None, "sched_exec"),
     row("sched_exit", "floor_exit", "tracefs", None, "sched_exit"),
     row("exit_group", "floor_exit_grp", "tracefs", Some("sys_enter_exit_"), "exit_group"),
-    row("signal_btf", "floor_signal_btf", "btf", Some("signal_generate"), "signal_generate"),
+    row("signal_btf", "floor_sig_btf", "btf", Some("signal_generate"), "signal_generate"),
     row("signal_generate", "floor_signal", "tracefs", Some("signal_generate"), "signal_generate"),
 ];
 

@@ -52,13 +52,22 @@ struct Member {
 
 #[derive(Clone, Debug)]
 enum Ty {
-    /// Anything with a size of its own (int, enum, struct, union, pointer = 8).
-    Sized(u32),
-    /// typedef / const / volatile / restrict / type tag: the size of what it refers to.
-    Alias(u32),
+    /// int, enum, float: a name (ints) and a size.
+    Scalar { name: u32, size: u32 },
+    Ptr(u32),
     Array { elem: u32, n: u32 },
+    Aggregate { union: bool, name: u32, size: u32 },
+    Typedef { name: u32, t: u32 },
+    /// const / volatile / restrict / type tag: what it qualifies.
+    Qual(u32),
+    /// A function prototype: its parameters' types.
+    Proto(Vec<u32>),
     Other,
 }
+
+/// Alias chains and nesting in real BTF are shallow; the bound turns a malformed cycle into
+/// "not found" instead of a hang or a stack overflow.
+const MAX_DEPTH: u32 = 32;
 
 /// The parsed type section: every type's size rule, and structs by name.
 pub struct Btf {
@@ -67,6 +76,8 @@ pub struct Btf {
     members: HashMap<u32, Vec<Member>>,
     /// Named structs' type ids.
     structs: HashMap<String, u32>,
+    /// The `btf_trace_<tracepoint>` typedefs (what a `tp_btf` program receives).
+    tracepoints: HashMap<String, u32>,
     strings: Vec<u8>,
 }
 
@@ -95,6 +106,7 @@ impl Btf {
         // Type id 0 is void.
         let mut types = vec![Ty::Other];
         let mut structs = HashMap::new();
+        let mut tracepoints = HashMap::new();
         let mut all_members = HashMap::new();
         let mut o = 0;
         while o < tys.len() {
@@ -108,9 +120,9 @@ impl Btf {
             let ty = match kind {
                 KIND_INT => {
                     o += 4;
-                    Ty::Sized(size_or_type)
+                    Ty::Scalar { name, size: size_or_type }
                 }
-                KIND_PTR => Ty::Sized(8),
+                KIND_PTR => Ty::Ptr(size_or_type),
                 KIND_ARRAY => {
                     let t = Ty::Array { elem: u32_at(tys, o)?, n: u32_at(tys, o + 8)? };
                     o += 12;
@@ -131,20 +143,28 @@ impl Btf {
                         structs.entry(cstr(&strings, name).to_string()).or_insert(id);
                     }
                     all_members.insert(id, members);
-                    Ty::Sized(size_or_type)
+                    Ty::Aggregate { union: kind == KIND_UNION, name, size: size_or_type }
                 }
                 KIND_ENUM => {
                     o += vlen * 8;
-                    Ty::Sized(size_or_type)
+                    Ty::Scalar { name, size: size_or_type }
                 }
                 KIND_ENUM64 => {
                     o += vlen * 12;
-                    Ty::Sized(size_or_type)
+                    Ty::Scalar { name, size: size_or_type }
                 }
-                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => Ty::Alias(size_or_type),
+                KIND_TYPEDEF => {
+                    let n = cstr(&strings, name);
+                    if let Some(tp) = n.strip_prefix("btf_trace_") {
+                        tracepoints.insert(tp.to_string(), types.len() as u32);
+                    }
+                    Ty::Typedef { name, t: size_or_type }
+                }
+                KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => Ty::Qual(size_or_type),
                 KIND_FUNC_PROTO => {
+                    let params = (0..vlen).map(|i| u32_at(tys, o + i * 8 + 4)).collect::<Result<Vec<_>, _>>()?;
                     o += vlen * 8;
-                    Ty::Other
+                    Ty::Proto(params)
                 }
                 KIND_VAR | KIND_DECL_TAG => {
                     o += 4;
@@ -154,42 +174,85 @@ impl Btf {
                     o += vlen * 12;
                     Ty::Other
                 }
-                // FWD (7), FUNC (12), FLOAT (16): nothing trailing.
+                // FWD (7), FUNC (12): nothing trailing.
                 7 | 12 => Ty::Other,
-                16 => Ty::Sized(size_or_type),
+                16 => Ty::Scalar { name, size: size_or_type },
                 k => return Err(BtfError::UnknownKind(k)),
             };
             types.push(ty);
         }
-        Ok(Self { types, members: all_members, structs, strings })
+        Ok(Self { types, members: all_members, structs, tracepoints, strings })
     }
 
-    fn size_of(&self, mut id: u32) -> u32 {
-        // Alias chains are short; the bound stops a malformed loop.
-        for _ in 0..32 {
-            match self.types.get(id as usize) {
-                Some(Ty::Sized(s)) => return *s,
-                Some(Ty::Alias(t)) => id = *t,
-                Some(Ty::Array { elem, n }) => return self.size_of(*elem).saturating_mul(*n),
-                _ => return 0,
+    fn size_of(&self, id: u32, depth: u32) -> u32 {
+        if depth > MAX_DEPTH {
+            return 0;
+        }
+        match self.types.get(id as usize) {
+            Some(Ty::Scalar { size, .. } | Ty::Aggregate { size, .. }) => *size,
+            Some(Ty::Ptr(_)) => 8,
+            Some(Ty::Typedef { t, .. } | Ty::Qual(t)) => self.size_of(*t, depth + 1),
+            Some(Ty::Array { elem, n }) => self.size_of(*elem, depth + 1).saturating_mul(*n),
+            _ => 0,
+        }
+    }
+
+    /// A type as C writes it, qualifiers left out: `struct request *`, `blk_status_t`, `int`.
+    fn describe(&self, id: u32, depth: u32) -> String {
+        if depth > MAX_DEPTH {
+            return "?".into();
+        }
+        match self.types.get(id as usize) {
+            Some(Ty::Scalar { name, .. } | Ty::Typedef { name, .. }) => cstr(&self.strings, *name).to_string(),
+            Some(Ty::Aggregate { union, name, .. }) => format!("{} {}", if *union { "union" } else { "struct" }, cstr(&self.strings, *name)),
+            Some(Ty::Ptr(t)) => format!("{} *", self.describe(*t, depth + 1)),
+            Some(Ty::Qual(t)) => self.describe(*t, depth + 1),
+            None if id == 0 => "void".into(),
+            _ => "?".into(),
+        }
+    }
+
+    /// The arguments a `tp_btf` program on `tracepoint` receives (the `btf_trace_<tp>`
+    /// prototype without its leading `void *`), or `None` when the kernel does not have it.
+    pub fn tracepoint_args(&self, tracepoint: &str) -> Option<Vec<String>> {
+        let mut id = *self.tracepoints.get(tracepoint)?;
+        for _ in 0..MAX_DEPTH {
+            match self.types.get(id as usize)? {
+                Ty::Typedef { t, .. } | Ty::Ptr(t) | Ty::Qual(t) => id = *t,
+                Ty::Proto(params) => return Some(params.iter().skip(1).map(|p| self.describe(*p, 0)).collect()),
+                _ => return None,
             }
         }
-        0
+        None
+    }
+
+    /// `Ok` when `tracepoint`'s arguments start with `want` (what the program reads), else
+    /// what the kernel has: a different prototype means other arguments in other places.
+    pub fn check_args(&self, tracepoint: &str, want: &[&str]) -> Result<(), String> {
+        let got = self.tracepoint_args(tracepoint).ok_or_else(|| format!("no btf_trace_{tracepoint} in the kernel's BTF"))?;
+        if got.len() >= want.len() && got.iter().zip(want).all(|(g, w)| g == w) {
+            Ok(())
+        } else {
+            Err(format!("{tracepoint} passes ({}), the BTF program reads ({})", got.join(", "), want.join(", ")))
+        }
     }
 
     /// Byte offset of `strukt.member`, checked to be `size` bytes wide and not a bitfield.
     /// A member inside an anonymous struct or union is found too.
     pub fn offset(&self, strukt: &str, member: &str, size: u32) -> Result<u32, BtfError> {
         let members = self.structs.get(strukt).and_then(|id| self.members.get(id)).ok_or_else(|| BtfError::NoStruct(strukt.into()))?;
-        let (bits, ty) = self.find(members, member, 0).ok_or_else(|| BtfError::NoMember(strukt.into(), member.into()))?;
-        let got = self.size_of(ty);
+        let (bits, ty) = self.find(members, member, 0, 0).ok_or_else(|| BtfError::NoMember(strukt.into(), member.into()))?;
+        let got = self.size_of(ty, 0);
         if got != size || bits % 8 != 0 {
             return Err(BtfError::Size(strukt.into(), member.into(), got, size));
         }
         Ok(bits / 8)
     }
 
-    fn find(&self, members: &[Member], want: &str, base: u32) -> Option<(u32, u32)> {
+    fn find(&self, members: &[Member], want: &str, base: u32, depth: u32) -> Option<(u32, u32)> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
         for m in members {
             if m.bitfield {
                 continue;
@@ -202,11 +265,14 @@ impl Btf {
             }
             // Anonymous struct/union: look inside, offsets relative to it.
             let mut id = m.ty;
-            while let Some(Ty::Alias(t)) = self.types.get(id as usize) {
-                id = *t;
+            for _ in 0..MAX_DEPTH {
+                match self.types.get(id as usize) {
+                    Some(Ty::Typedef { t, .. } | Ty::Qual(t)) => id = *t,
+                    _ => break,
+                }
             }
             if let Some(inner) = self.members.get(&id) {
-                if let Some(hit) = self.find(inner, want, base + m.bit_offset) {
+                if let Some(hit) = self.find(inner, want, base + m.bit_offset, depth + 1) {
                     return Some(hit);
                 }
             }
@@ -228,9 +294,12 @@ mod tests {
 
     /// A BTF blob with: 1 = int (4 bytes), 2 = u64 int, 3 = ptr to 1, 4 = typedef pid_t -> 1,
     /// 5 = struct task { pid_t pid @0; u64 start @64 bits; int *p @128 bits; bitfield @192;
-    /// union { u64 inner; } @256 }, 6 = that anonymous union.
+    /// union { u64 inner; } @256 }, 6 = that anonymous union, 7 = struct task *, 8 = void *,
+    /// 9 = proto (void *, struct task *, int), 10 = ptr to 9, 11 = typedef btf_trace_demo,
+    /// 12/13 = a typedef cycle, 14 = struct cyc { loop x; }, then an enum64, a decl tag and a
+    /// datasec (kinds the reader only skips).
     fn blob() -> Vec<u8> {
-        let strings = b"\0int\0u64\0pid_t\0task\0pid\0start\0p\0bits\0inner\0".to_vec();
+        let strings = b"\0int\0u64\0pid_t\0task\0pid\0start\0p\0bits\0inner\0btf_trace_demo\0loop\0loop2\0cyc\0x\0e64\0tag\0.data\0".to_vec();
         let s = |name: &str| -> u32 {
             let pat = format!("\0{name}\0");
             strings.windows(pat.len()).position(|w| w == pat.as_bytes()).unwrap() as u32 + 1
@@ -253,6 +322,21 @@ mod tests {
         push(&[0, 6, 256]);
         push(&[0, (KIND_UNION << 24) | 1, 8]);
         push(&[s("inner"), 2, 0]);
+        push(&[0, KIND_PTR << 24, 5]);
+        push(&[0, KIND_PTR << 24, 0]);
+        push(&[0, (KIND_FUNC_PROTO << 24) | 3, 0]);
+        push(&[0, 8, 0, 7, 0, 1]);
+        push(&[0, KIND_PTR << 24, 9]);
+        push(&[s("btf_trace_demo"), KIND_TYPEDEF << 24, 10]);
+        push(&[s("loop"), KIND_TYPEDEF << 24, 13]);
+        push(&[s("loop2"), KIND_TYPEDEF << 24, 12]);
+        push(&[s("cyc"), (KIND_STRUCT << 24) | 1, 4]);
+        push(&[s("x"), 12, 0]);
+        push(&[s("e64"), (KIND_ENUM64 << 24) | 1, 8]);
+        push(&[s("x"), 1, 0]);
+        push(&[s("tag"), KIND_DECL_TAG << 24, 5, 0]);
+        push(&[s(".data"), (KIND_DATASEC << 24) | 1, 8]);
+        push(&[1, 0, 8]);
         let mut d = Vec::new();
         d.extend_from_slice(&MAGIC.to_le_bytes());
         d.extend_from_slice(&[1, 0]);
@@ -262,6 +346,22 @@ mod tests {
         d.extend_from_slice(&t);
         d.extend_from_slice(&strings);
         d
+    }
+
+    #[test]
+    fn tracepoint_prototypes_are_read_and_checked() {
+        let b = Btf::parse(&blob()).unwrap();
+        assert_eq!(b.tracepoint_args("demo"), Some(vec!["struct task *".to_string(), "int".to_string()]));
+        assert_eq!(b.check_args("demo", &["struct task *"]), Ok(()));
+        assert!(b.check_args("demo", &["struct request *"]).unwrap_err().contains("passes (struct task *, int)"));
+        assert!(b.check_args("demo", &["struct task *", "int", "int"]).is_err());
+        assert!(b.check_args("absent", &["int"]).unwrap_err().contains("no btf_trace_absent"));
+    }
+
+    #[test]
+    fn a_typedef_cycle_is_a_refusal_not_a_hang() {
+        let b = Btf::parse(&blob()).unwrap();
+        assert_eq!(b.offset("cyc", "x", 4), Err(BtfError::Size("cyc".into(), "x".into(), 0, 4)));
     }
 
     #[test]
@@ -298,5 +398,8 @@ mod tests {
         assert!(b.offset("task_struct", "tgid", 4).is_ok());
         assert!(b.offset("request", "__sector", 8).is_ok());
         assert!(b.offset("request", "start_time_ns", 8).is_ok());
+        for (tp, args) in super::super::BTF_ARGS {
+            assert_eq!(b.check_args(tp, args), Ok(()), "{tp}");
+        }
     }
 }

@@ -59,6 +59,17 @@ pub enum ProbePath {
 
 const BLOCK_BTF: BtfNeeds = BtfNeeds::Block;
 
+/// What each `tp_btf` program reads from its tracepoint's arguments, in order (the leading
+/// ones; a kernel may pass more). Older kernels differ: `block_rq_issue` took
+/// `(q, rq)` before 5.11, and `block_rq_complete`'s error was an errno `int` on 5.15; those
+/// run on the tracefs path.
+pub const BTF_ARGS: &[(&str, &[&str])] = &[
+    ("block_rq_issue", &["struct request *"]),
+    ("block_rq_complete", &["struct request *", "blk_status_t", "unsigned int"]),
+    ("sched_process_fork", &["struct task_struct *", "struct task_struct *"]),
+    ("signal_generate", &["int", "struct kernel_siginfo *", "struct task_struct *", "int", "int"]),
+];
+
 pub const PROBES: &[ProbeSpec] = &[
     ProbeSpec { program: "printk_console", floor: "floor_printk", group: "printk", name: "console", what: "kernel log lines (Xid, AER text, OOM, link, MCE)", btf: None },
     ProbeSpec { program: "ras_aer_event", floor: "floor_aer", group: "ras", name: "aer_event", what: "decoded PCIe AER errors", btf: None },
@@ -71,7 +82,7 @@ pub const PROBES: &[ProbeSpec] = &[
     ProbeSpec { program: "sched_exec", floor: "floor_exec", group: "sched", name: "sched_process_exec", what: "job process exec", btf: None },
     ProbeSpec { program: "sched_exit", floor: "floor_exit", group: "sched", name: "sched_process_exit", what: "process exits", btf: None },
     ProbeSpec { program: "exit_group", floor: "floor_exit_grp", group: "syscalls", name: "sys_enter_exit_group", what: "exit codes", btf: None },
-    ProbeSpec { program: "signal_generate", floor: "floor_signal", group: "signal", name: "signal_generate", what: "fatal signals", btf: Some(BtfSpec { program: "signal_btf", floor: "floor_signal_btf", needs: BtfNeeds::Signal }) },
+    ProbeSpec { program: "signal_generate", floor: "floor_signal", group: "signal", name: "signal_generate", what: "fatal signals", btf: Some(BtfSpec { program: "signal_btf", floor: "floor_sig_btf", needs: BtfNeeds::Signal }) },
 ];
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -248,7 +259,20 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
         o.task_comm = comm;
         o.siginfo_code = code;
     }
-    let ok = [(BtfNeeds::Task, task.map(|_| ())), (BtfNeeds::Block, block.map(|_| ())), (BtfNeeds::Signal, signal.map(|_| ()))].into_iter().collect();
+    let args = |tps: &[&str]| -> Result<(), String> {
+        for tp in tps {
+            let want = BTF_ARGS.iter().find(|a| a.0 == *tp).map_or(&[][..], |a| a.1);
+            b.check_args(tp, want)?;
+        }
+        Ok(())
+    };
+    let ok = [
+        (BtfNeeds::Task, task.map(|_| ()).and_then(|()| args(&["sched_process_fork"]))),
+        (BtfNeeds::Block, block.map(|_| ()).and_then(|()| args(&["block_rq_issue", "block_rq_complete"]))),
+        (BtfNeeds::Signal, signal.map(|_| ()).and_then(|()| args(&["signal_generate"]))),
+    ]
+    .into_iter()
+    .collect();
     (o, ok)
 }
 
@@ -312,17 +336,37 @@ impl Probes {
             prog.attach(group, name).map_err(|e| format!("attach: {e}"))?;
             Ok(())
         };
-        let attach_btf = |ebpf: &mut Ebpf, program: &str, name: &str, kb: &aya::Btf| -> Result<(), String> {
+        let load_btf = |ebpf: &mut Ebpf, program: &str, name: &str, kb: &aya::Btf| -> Result<(), String> {
             let prog: &mut BtfTracePoint = ebpf
                 .program_mut(program)
                 .ok_or_else(|| format!("program {program} not in the object"))?
                 .try_into()
                 .map_err(|e| format!("{e}"))?;
-            prog.load(name, kb).map_err(|e| verifier_msg(&e))?;
+            if prog.fd().is_err() {
+                prog.load(name, kb).map_err(|e| verifier_msg(&e))?;
+            }
+            Ok(())
+        };
+        let attach_btf = |ebpf: &mut Ebpf, program: &str, name: &str, kb: &aya::Btf| -> Result<(), String> {
+            load_btf(ebpf, program, name, kb)?;
+            let prog: &mut BtfTracePoint = ebpf.program_mut(program).ok_or("gone")?.try_into().map_err(|e| format!("{e}"))?;
             prog.attach().map_err(|e| format!("attach: {e}"))?;
             Ok(())
         };
         let floors = opts.bench == BenchPrograms::FloorOnly;
+        // The block pair works as a pair: the BTF completion measures what the BTF issue
+        // remembered, and the tracefs one what the tracefs issue did. Both BTF programs must
+        // load before either is used, or both run on tracefs.
+        let mut btf_ok = btf_ok;
+        if let (Some(Ok(())), Some(kb)) = (btf_ok.get(&BtfNeeds::Block), &kernel_btf) {
+            let pair = PROBES.iter().filter_map(|p| p.btf.filter(|b| b.needs == BtfNeeds::Block).map(|b| (if floors { b.floor } else { b.program }, p.name)));
+            for (program, name) in pair.collect::<Vec<_>>() {
+                if let Err(e) = load_btf(&mut ebpf, program, name, kb) {
+                    btf_ok.insert(BtfNeeds::Block, Err(format!("BTF program {program} refused, so the block pair stays on tracefs: {e}")));
+                    break;
+                }
+            }
+        }
         let mut fork_on_btf = false;
         for spec in PROBES {
             // The BTF fork program tells threads from processes by itself.
