@@ -364,13 +364,31 @@ fn longjob(d: &Scratch) -> PathBuf {
 }
 
 /// Start `run` on the long job, send `sig` to nantrace after 1.5 s; (rc, stderr, bundles).
+/// SIGINT, SIGHUP, SIGTERM at their defaults in nantrace and its job, whatever the test
+/// runner inherited: a runner started with `nohup` or as a background command of a script
+/// ignores SIGHUP or SIGINT, its children inherit that, and a shell cannot trap a signal it
+/// was started ignoring (that is how `nohup nantrace run` is meant to behave, not what these
+/// tests test).
+fn default_signals(c: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: signal() is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        c.pre_exec(|| {
+            for s in [libc::SIGINT, libc::SIGHUP, libc::SIGTERM] {
+                libc::signal(s, libc::SIG_DFL);
+            }
+            Ok(())
+        })
+    }
+}
+
 fn signal_run(d: &Scratch, tag: &str, sig: i32, extra: &[&str]) -> (Option<i32>, String, Vec<PathBuf>) {
     let out = d.join(tag);
     let job = longjob(d);
     let mut args = vec!["run", "--no-probes", "--post", "1", "--out", out.to_str().unwrap()];
     args.extend_from_slice(extra);
     args.extend(["--", job.to_str().unwrap()]);
-    let child = Command::new(BIN).args(&args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let child = default_signals(Command::new(BIN).args(&args)).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, sig) };
@@ -406,7 +424,7 @@ fn r6_5_r6_6_a_signal_during_the_dump_gives_no_second_bundle() {
     // for a foreground child defers a SIGINT until the child exits, and then may exit 0: the
     // outcome depended on where the signal landed, under load).
     let job = "i=0; while [ $i -lt 20 ]; do seq 1 20000 | sed 's/^/HOSTILE-fill line /'; i=$((i+1)); done; echo HOSTILE-dump loss nan; exec sleep 20";
-    let mut child = Command::new(BIN)
+    let mut child = default_signals(&mut Command::new(BIN))
         .args(["run", "--no-probes", "--post", "0", "--out", out.to_str().unwrap(), "--", "sh", "-c", job])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
