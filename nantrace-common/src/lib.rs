@@ -42,6 +42,17 @@ pub enum EventKind {
 /// Number of slots in the per-CPU drop counter map: index = kind id (0 unused).
 pub const DROP_SLOTS: u32 = 16;
 
+/// Pids the job membership map covers: the kernel's PID_MAX_LIMIT on 64-bit (pid_max can be
+/// raised to it at any time, so the map is sized for it, not for today's pid_max).
+pub const JOB_MAP_PIDS: u32 = 4 * 1024 * 1024;
+/// Pids per element of the membership map (one byte each, in a `u64`).
+pub const JOB_MAP_PIDS_PER_WORD: u32 = 8;
+/// Elements of the membership map: 4 MiB in all.
+pub const JOB_MAP_WORDS: u32 = JOB_MAP_PIDS / JOB_MAP_PIDS_PER_WORD;
+/// `BPF_F_MMAPABLE`: userspace maps the membership map and writes single bytes, so its
+/// writes never race the kernel side's writes to a neighbouring pid's byte.
+pub const BPF_F_MMAPABLE: u32 = 1 << 10;
+
 impl EventKind {
     pub const ALL: [EventKind; 9] = [
         EventKind::Printk,

@@ -139,6 +139,9 @@ mod micro {
             unsafe { *p += 1 };
         }
     });
+    mc!(mc_jobmap, |_c| {
+        core::hint::black_box(crate::is_job(7));
+    });
     mc!(mc_pcpu, |_c| {
         if let Some(p) = MC_PCPU.get_ptr_mut(0) {
             // SAFETY: per-CPU slot.

@@ -20,7 +20,7 @@ use aya_ebpf::{
 };
 use nantrace_common::{BioStart, BlockEvent, EventKind, FLAG_JOB};
 
-use crate::{conf, count_drop, current_pid_tgid, is_job, EVENTS, JOB_PIDS};
+use crate::{conf, count_drop, current_pid_tgid, is_job, set_job, EVENTS};
 
 /// A job's in-flight requests, by `struct request *`.
 #[map]
@@ -166,7 +166,7 @@ pub fn fork_btf(ctx: BtfTracePointContext) -> i32 {
     let cpid: i32 = load(child, conf!(btf.task_pid));
     let ctgid: i32 = load(child, conf!(btf.task_tgid));
     let cpid = cpid as u32;
-    let _ = JOB_PIDS.insert(&cpid, &tgid, 0);
+    set_job(cpid, true);
     if cpid != ctgid as u32 {
         // A new thread of an existing process: followed, not an event.
         return 0;

@@ -1,5 +1,5 @@
 //! The job's process tree (tested on 6.18): `sched:sched_process_fork` follows forks from the
-//! root pids in `JOB_PIDS`; `task:task_newtask` tells threads from processes; `exec`, `exit`
+//! root pids in `JOB_MAP`; `task:task_newtask` tells threads from processes; `exec`, `exit`
 //! (with `group_dead`), `syscalls:sys_enter_exit_group` (the exit code) and
 //! `signal:signal_generate` (fatal signals) complete the story.
 use aya_ebpf::{
@@ -11,7 +11,7 @@ use nantrace_common::{
     EventKind, ExecEvent, ExitEvent, ExitInfo, ForkEvent, SignalEvent, FLAG_JOB, MISSING,
 };
 
-use crate::{conf, count_drop, current_pid_tgid, fill_header, fill_header_as, is_job, read_data_loc, EVENTS, JOB_PIDS};
+use crate::{conf, count_drop, current_pid_tgid, fill_header, fill_header_as, is_job, read_data_loc, set_job, EVENTS};
 
 const CLONE_THREAD: u64 = 0x0001_0000;
 
@@ -61,7 +61,7 @@ pub fn sched_fork(ctx: TracePointContext) -> u32 {
         return 0;
     };
     let child = child as u32;
-    let _ = JOB_PIDS.insert(&child, &tgid, 0);
+    set_job(child, true);
     // SAFETY: presence check only.
     if unsafe { NEW_THREADS.get(&child) }.is_some() {
         let _ = NEW_THREADS.remove(&child);
@@ -147,7 +147,7 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
             }
         }
     }
-    let _ = JOB_PIDS.remove(&tid);
+    set_job(tid, false);
     let off = conf!(off.exit_group_dead);
     let group_dead = if off == MISSING {
         tid == tgid
@@ -158,7 +158,7 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
     if !group_dead {
         return 0;
     }
-    let _ = JOB_PIDS.remove(&tgid);
+    set_job(tgid, false);
     // SAFETY: value copied out before removal.
     let info = unsafe { EXIT_INFO.get(&tgid) }.copied();
     if info.is_some() {

@@ -302,3 +302,73 @@ fn a_segfault_is_a_fatal_signal_with_its_kernel_siginfo() {
     let _ = std::fs::remove_file(go.to_str().unwrap());
     assert_probe_path(&w.stop(), &["signal:signal_generate"]);
 }
+
+/// The kernel side's membership map (`JOB_MAP`, one byte per pid): a job process's children
+/// and threads are marked by the fork program, unmarked by the exit program (a stale mark
+/// would make the next process to reuse the pid a "job" process), and a process outside the
+/// job is never marked. Read through the same shared mapping userspace seeds it with.
+#[test]
+fn job_membership_follows_forks_threads_and_exits() {
+    if !privileged("job_membership_follows_forks_threads_and_exits") {
+        return;
+    }
+    let opts = nantrace::probes::Options::default();
+    let mut probes = nantrace::probes::Probes::load(&opts).expect("loading the probes");
+    let dir = std::env::temp_dir().join(format!("nt-member-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    let (go, kid) = (dir.join("go"), dir.join("kid"));
+    // The root forks a threaded process (nantrace's own load generator, 3 threads for 2 s)
+    // and records its pid.
+    let mut root = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "while [ ! -e {go} ]; do sleep 0.02; done; {BIN} bench-internal synth-gen --rate 300 --seconds 2 --burst 1 --threads 3 >/dev/null & echo $! > {kid}; wait; exit 0",
+            go = go.display(),
+            kid = kid.display(),
+        ))
+        .spawn()
+        .unwrap();
+    let root_pid = root.id();
+    let me = std::process::id();
+    assert!(!probes.is_job_pid(root_pid), "marked before it was added");
+    probes.add_job_pid(root_pid).unwrap();
+    assert!(probes.is_job_pid(root_pid));
+    std::fs::write(&go, "").unwrap();
+    let t0 = std::time::Instant::now();
+    let child: u32 = loop {
+        if let Some(p) = std::fs::read_to_string(&kid).ok().and_then(|s| s.trim().parse().ok()) {
+            break p;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the child never wrote its pid");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(probes.is_job_pid(child), "the fork program did not mark the job's child {child}");
+    // Its threads, once it has started them.
+    let mut tids = Vec::new();
+    while tids.len() < 4 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+        tids = std::fs::read_dir(format!("/proc/{child}/task")).map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()).collect()).unwrap_or_default();
+    }
+    assert!(tids.len() >= 4, "the generator has threads {tids:?}");
+    for t in &tids {
+        assert!(probes.is_job_pid(*t), "thread {t} of the job's process {child} is not marked");
+    }
+    assert!(!probes.is_job_pid(me), "the test process (outside the job) is marked");
+    // Marks of neighbouring pids are independent bytes: setting and clearing an unmarked pid
+    // in the same 8-byte element leaves the kernel's mark of the child beside it alone.
+    let other = (child & !7..(child & !7) + 8).find(|p| !probes.is_job_pid(*p)).expect("an unmarked pid beside the child");
+    probes.add_job_pid(other).unwrap();
+    assert!(probes.is_job_pid(other));
+    probes.remove_job_pid(other).unwrap();
+    assert!(probes.is_job_pid(child), "clearing pid {other} cleared its neighbour {child}");
+    assert!(root.wait().unwrap().success());
+    // The exit program runs before the parent is woken, so the marks are gone by now.
+    assert!(!probes.is_job_pid(child), "the exited child {child} is still marked");
+    assert!(!probes.is_job_pid(root_pid), "the exited root {root_pid} is still marked");
+    for t in &tids {
+        assert!(!probes.is_job_pid(*t), "the exited thread {t} is still marked");
+    }
+    assert_eq!(probes.job_pid_count(), 0, "marks left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}

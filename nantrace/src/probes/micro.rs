@@ -20,6 +20,7 @@ pub const MICRO: &[(&str, &str)] = &[
     ("mc_hash_hit", "hash lookup, key present"),
     ("mc_hash_insdel", "hash insert + delete"),
     ("mc_array", "array lookup + increment (inlined by the verifier)"),
+    ("mc_jobmap", "job membership test (a byte of JOB_MAP, inlined array lookup)"),
     ("mc_pcpu", "per-CPU array lookup + increment"),
     ("mc_rb_discard", "ring buffer reserve 48 B + discard"),
     ("mc_rb_query", "ring buffer query (bytes waiting)"),

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use aya::programs::{BtfTracePoint, TracePoint};
 use aya::{Ebpf, EbpfLoader};
 use nantrace_common::{BioHistKey, BtfOffsets, Config, EventKind, TpOffsets, DROP_SLOTS, MISSING};
@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::tracefs::{self, Format};
 
 pub mod btf;
+mod jobmap;
 mod micro;
 
 pub use micro::{microcost, MICRO};
@@ -282,7 +283,7 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
 pub struct Probes {
     ebpf: Ebpf,
     pub status: Vec<ProbeStatus>,
-    job_pids: BpfHashMap<MapData, u32, u32>,
+    job_map: jobmap::JobMap,
     drops: PerCpuArray<MapData, u64>,
     bio_hist: PerCpuHashMap<MapData, BioHistKey, u64>,
     pub tracefs: PathBuf,
@@ -421,10 +422,13 @@ impl Probes {
             status.push(ProbeStatus { program: "bench_emit", tracepoint: "syscalls:sys_enter_getppid".into(), path: ProbePath::Tracefs, btf_fallback: None, attached: res.is_ok(), reason: res.err(), what: "benchmark: synthetic records" });
         }
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or_else(|| ProbeError::Map(name, "missing from the object".into()));
-        let job_pids = BpfHashMap::try_from(take(&mut ebpf, "JOB_PIDS")?).map_err(|e| ProbeError::Map("JOB_PIDS", e.to_string()))?;
+        let job_map = match take(&mut ebpf, "JOB_MAP")? {
+            aya::maps::Map::Array(m) => jobmap::JobMap::new(m)?,
+            _ => return Err(ProbeError::Map("JOB_MAP", "not an array".into())),
+        };
         let drops = PerCpuArray::try_from(take(&mut ebpf, "DROPS")?).map_err(|e| ProbeError::Map("DROPS", e.to_string()))?;
         let bio_hist = PerCpuHashMap::try_from(take(&mut ebpf, "BIO_HIST")?).map_err(|e| ProbeError::Map("BIO_HIST", e.to_string()))?;
-        Ok(Self { ebpf, status, job_pids, drops, bio_hist, tracefs: root })
+        Ok(Self { ebpf, status, job_map, drops, bio_hist, tracefs: root })
     }
 
     /// The synthetic generator (`BenchPrograms::Synthetic`): records per getppid from `tgid`.
@@ -443,15 +447,20 @@ impl Probes {
 
     /// Mark `pid` (and, through the fork probe, its future children) as the job's.
     pub fn add_job_pid(&mut self, pid: u32) -> Result<(), ProbeError> {
-        self.job_pids.insert(pid, pid, 0).map_err(|e| ProbeError::Map("JOB_PIDS", e.to_string()))
+        self.job_map.set(pid, true)
     }
 
     pub fn remove_job_pid(&mut self, pid: u32) -> Result<(), ProbeError> {
-        self.job_pids.remove(&pid).map_err(|e| ProbeError::Map("JOB_PIDS", e.to_string()))
+        self.job_map.set(pid, false)
+    }
+
+    /// Whether `pid` is marked as a job's now (the kernel side's view).
+    pub fn is_job_pid(&self, pid: u32) -> bool {
+        self.job_map.get(pid)
     }
 
     pub fn job_pid_count(&self) -> usize {
-        self.job_pids.keys().filter(Result::is_ok).count()
+        self.job_map.count()
     }
 
     /// Ring-buffer reserve failures per event source, summed over CPUs.
