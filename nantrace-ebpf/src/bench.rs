@@ -192,3 +192,70 @@ mod btf_floor {
         0
     }
 }
+
+/// `bench-internal membership`: the membership test of a process outside every job, as the
+/// hash of pids did it before session 11 (`ab_hash_*`) and as `JOB_MAP` does it now
+/// (`ab_byte_*`), attached side by side on the tracepoints where such a process pays for it,
+/// under the same workload: the same cold caches for both.
+mod membership {
+    use aya_ebpf::{
+        macros::{btf_tracepoint, map, tracepoint},
+        maps::HashMap,
+        programs::{BtfTracePointContext, TracePointContext},
+    };
+
+    use crate::{current_pid_tgid, is_job};
+
+    /// Seeded by userspace with pids of a large imaginary job; the workload is not in it.
+    #[map]
+    static AB_HASH: HashMap<u32, u32> = HashMap::with_max_entries(65536, 0);
+
+    #[inline(always)]
+    fn hash_test() {
+        let (tgid, _) = current_pid_tgid();
+        // SAFETY: presence only.
+        core::hint::black_box(unsafe { AB_HASH.get(&tgid) }.is_some());
+    }
+
+    #[inline(always)]
+    fn byte_test() {
+        let (tgid, _) = current_pid_tgid();
+        core::hint::black_box(is_job(tgid));
+    }
+
+    #[tracepoint(category = "sched", name = "sched_process_exec")]
+    pub fn ab_hash_exec(_c: TracePointContext) -> u32 {
+        hash_test();
+        0
+    }
+
+    #[tracepoint(category = "sched", name = "sched_process_exec")]
+    pub fn ab_byte_exec(_c: TracePointContext) -> u32 {
+        byte_test();
+        0
+    }
+
+    #[tracepoint(category = "syscalls", name = "sys_enter_exit_group")]
+    pub fn ab_hash_exitg(_c: TracePointContext) -> u32 {
+        hash_test();
+        0
+    }
+
+    #[tracepoint(category = "syscalls", name = "sys_enter_exit_group")]
+    pub fn ab_byte_exitg(_c: TracePointContext) -> u32 {
+        byte_test();
+        0
+    }
+
+    #[btf_tracepoint(function = "block_rq_issue")]
+    pub fn ab_hash_issue(_c: BtfTracePointContext) -> i32 {
+        hash_test();
+        0
+    }
+
+    #[btf_tracepoint(function = "block_rq_issue")]
+    pub fn ab_byte_issue(_c: BtfTracePointContext) -> i32 {
+        byte_test();
+        0
+    }
+}

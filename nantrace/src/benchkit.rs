@@ -378,3 +378,30 @@ pub fn microcost(n: u64) -> anyhow::Result<Value> {
         .collect();
     Ok(json!(rows))
 }
+
+/// `bench-internal membership`: the membership test of a process outside every job, the old
+/// hash (seeded with 4096 other pids) against the `JOB_MAP` byte, side by side on exec,
+/// exit_group and block issue while this process runs the workload `n` iterations (twice).
+pub fn membership(n: u64, dir: &std::path::Path) -> anyhow::Result<Value> {
+    const STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    let before = std::fs::read_to_string(STATS).unwrap_or_default();
+    std::fs::write(STATS, "1")?;
+    let mut work = || {
+        workload(n as u32, 0, dir, None);
+    };
+    let r = crate::probes::membership_ab(4096, &mut work);
+    if before.trim() != "1" {
+        let _ = std::fs::write(STATS, before.trim());
+    }
+    let r = r?;
+    let ns = |p: &str| r.iter().find(|x| x.0 == p).map(|x| (x.1, x.2));
+    let rows: Vec<Value> = crate::probes::MEMBERSHIP_AB
+        .iter()
+        .map(|&(tp, h, b)| {
+            let (hr, hn) = ns(h).unwrap_or((0, f64::NAN));
+            let (br, bn) = ns(b).unwrap_or((0, f64::NAN));
+            json!({ "tracepoint": tp, "hash_program": h, "byte_program": b, "runs": hr.min(br), "hash_ns_per_run": hn, "byte_ns_per_run": bn })
+        })
+        .collect();
+    Ok(json!({ "iterations": n, "hash_seeded_pids": 4096, "rows": rows }))
+}

@@ -483,6 +483,7 @@ fn main() -> anyhow::Result<()> {
                 "bpf-stats" => b::bpf_stats(),
                 "floor" => b::floor(go.as_deref())?,
                 "microcost" => b::microcost(n)?,
+                "membership" => b::membership(n, &dir)?,
                 "synth" => runtime()?.block_on(b::synth(rate, seconds, burst, threads))?,
                 "synth-gen" => b::synth_gen(rate, seconds, burst, threads, go.as_deref()),
                 other => anyhow::bail!("unknown bench-internal {other}"),

@@ -4,34 +4,12 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use common::agent::Agent;
+use common::agent::{kill_job as kill, start_job, timeline, Agent};
 use common::{bundles, kmsg, privileged, sh, BIN};
 use serde_json::Value;
-
-/// A job script under `dir`, started with its output in a log file (as a batch system does).
-fn start_job(dir: &Path, name: &str, body: &str) -> (Child, PathBuf) {
-    let script = dir.join(format!("{name}.sh"));
-    std::fs::write(&script, format!("#!/bin/bash\n{body}\n")).unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let log = dir.join(format!("{name}.log"));
-    let f = std::fs::File::create(&log).unwrap();
-    let child = Command::new(&script).stdout(f.try_clone().unwrap()).stderr(f).stdin(Stdio::null()).spawn().unwrap();
-    (child, log)
-}
-
-fn timeline(b: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(b.join("timeline.json")).unwrap()).unwrap()
-}
-
-fn kill(c: &mut Child) {
-    let _ = sh(&format!("pkill -KILL -P {}", c.id()));
-    let _ = c.kill();
-    let _ = c.wait();
-}
 
 #[test]
 fn two_jobs_found_by_themselves_nan_in_one_bundle_for_that_job_only() {

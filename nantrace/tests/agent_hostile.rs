@@ -6,21 +6,11 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::agent::Agent;
+use common::agent::{kill_job, start_job, Agent};
 use common::{bundles, privileged, sh, BIN};
 
 fn job(dir: &std::path::Path, name: &str, body: &str) -> std::process::Child {
-    let script = dir.join(format!("{name}.sh"));
-    std::fs::write(&script, format!("#!/bin/bash\n{body}\n")).unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-    Command::new(&script).stdout(log.try_clone().unwrap()).stderr(log).stdin(Stdio::null()).spawn().unwrap()
-}
-
-fn stop(mut c: std::process::Child) {
-    let _ = sh(&format!("pkill -KILL -P {}", c.id()));
-    let _ = c.kill();
-    let _ = c.wait();
+    start_job(dir, name, body).0
 }
 
 #[test]
@@ -31,11 +21,11 @@ fn without_probes_the_agent_keeps_running_on_log_evidence() {
     let a = Agent::start("noprobes", 19481, &["--no-probes", "--match", "nt-np-job"]);
     std::thread::sleep(Duration::from_secs(1));
     assert!(a.ctl(&["status"])["probes_error"].as_str().unwrap().contains("--no-probes"));
-    let j = job(&a.dir, "nt-np-job", "for i in 1 2 3; do echo \"step $i loss 1.$i\"; sleep 0.3; done; echo 'step 4 loss nan'; sleep 20");
+    let mut j = job(&a.dir, "nt-np-job", "for i in 1 2 3; do echo \"step $i loss 1.$i\"; sleep 0.3; done; echo 'step 4 loss nan'; sleep 20");
     a.wait_job(j.id(), Duration::from_secs(10));
     let b = a.wait_bundles(1, Duration::from_secs(20));
     assert_eq!(b.len(), 1, "the NaN was not seen without probes");
-    stop(j);
+    kill_job(&mut j);
     a.stop();
 }
 
@@ -53,8 +43,8 @@ fn one_users_many_jobs_do_not_hide_anothers_and_the_excess_is_said() {
     let v = a.ctl(&["status"]);
     assert_eq!((v["jobs"].as_u64(), v["jobs_not_watched"].as_u64()), (Some(2), Some(1)), "{v}");
     assert!(a.metrics_text().contains("nantrace_jobs_not_watched 1"));
-    for j in jobs {
-        stop(j);
+    for mut j in jobs {
+        kill_job(&mut j);
     }
     let _ = std::fs::remove_dir_all(&cfgd);
     a.stop();
@@ -69,7 +59,7 @@ fn a_sparse_file_in_the_logs_place_is_read_from_near_its_end() {
     // The job's stdout is one file; it then puts a 1 TiB sparse file in the log's place
     // (another inode) and prints the NaN there.
     let log = a.dir.join("train.log");
-    let j = {
+    let mut j = {
         let script = a.dir.join("nt-sparse-job.sh");
         std::fs::write(&script, format!("#!/bin/bash\nexec >{l}\nfor i in 1 2 3; do echo \"step $i loss 1.$i\"; sleep 0.5; done\ntruncate -s 1T {l}.new && mv {l}.new {l}\necho 'step 4 loss nan' >>{l}\nsleep 30\n", l = log.display())).unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -80,7 +70,7 @@ fn a_sparse_file_in_the_logs_place_is_read_from_near_its_end() {
     let b = a.wait_bundles(1, Duration::from_secs(30));
     assert_eq!(b.len(), 1, "the NaN after the sparse file was not seen");
     eprintln!("NaN seen {:.1} s after the job was listed", t0.elapsed().as_secs_f64());
-    stop(j);
+    kill_job(&mut j);
     a.stop();
 }
 
@@ -99,13 +89,13 @@ fn a_fifo_in_the_logs_place_is_never_opened() {
     // it is read (re-review D3).
     std::fs::write(&script, format!("#!/bin/bash\nexec >{l}\necho 'step 1 loss 1.0'\nsleep 2\nrm {l}; mkfifo {l}\n(exec 3>{l}; touch {m}; echo x >&3) &\nw=$!\nsleep 4\nkill $w; rm -f {l}; echo 'step 9 loss: nan' >{l}\nsleep 30\n", l = log.display(), m = mark.display())).unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let j = Command::new(&script).stdin(Stdio::null()).spawn().unwrap();
+    let mut j = Command::new(&script).stdin(Stdio::null()).spawn().unwrap();
     a.wait_job(j.id(), Duration::from_secs(10));
     std::thread::sleep(Duration::from_secs(4));
     assert!(!mark.exists(), "the agent opened the FIFO (its writer was woken)");
     let b = a.wait_bundles(1, Duration::from_secs(20));
     assert_eq!(b.len(), 1, "the regular file that replaced the FIFO was not read");
-    stop(j);
+    kill_job(&mut j);
     let _ = sh(&format!("pkill -f '{}'", log.display()));
     a.stop();
 }

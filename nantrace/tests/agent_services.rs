@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::agent::Agent;
+use common::agent::{timeline, Agent};
 use common::{bundles, kmsg, privileged, BIN};
 use serde_json::Value;
 
@@ -50,10 +50,6 @@ impl Drop for Slurm {
     fn drop(&mut self) {
         let _ = Command::new("bash").arg(scripts().join("slurm-local.sh")).arg("down").status();
     }
-}
-
-fn timeline(b: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(b.join("timeline.json")).unwrap()).unwrap()
 }
 
 #[test]

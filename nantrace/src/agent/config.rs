@@ -150,6 +150,52 @@ impl Config {
 
 pub const DEFAULT_PATH: &str = "/etc/nantrace/agent.toml";
 
+/// Command-line settings over the config file.
+#[derive(Clone, Debug, Default)]
+pub struct Args {
+    pub config: Option<PathBuf>,
+    pub spool_dir: Option<PathBuf>,
+    pub socket: Option<PathBuf>,
+    pub metrics_addr: Option<String>,
+    pub match_commands: Vec<String>,
+    pub gpu_devices: Vec<String>,
+    pub slurm_jobs: Option<String>,
+    pub post_s: Option<f64>,
+    pub no_probes: bool,
+    /// A `/proc`-shaped directory to discover jobs in (tests).
+    pub proc_root: Option<PathBuf>,
+}
+
+impl Args {
+    pub(super) fn config(&self) -> anyhow::Result<Config> {
+        let mut c = Config::load(Some(self.config.as_deref().unwrap_or(Path::new(DEFAULT_PATH))))?;
+        if let Some(v) = &self.spool_dir {
+            c.spool_dir.clone_from(v);
+        }
+        if let Some(v) = &self.socket {
+            c.socket.clone_from(v);
+        }
+        if let Some(v) = &self.metrics_addr {
+            c.metrics_addr.clone_from(v);
+        }
+        if !self.match_commands.is_empty() {
+            c.match_commands.clone_from(&self.match_commands);
+        }
+        if !self.gpu_devices.is_empty() {
+            c.gpu_devices.clone_from(&self.gpu_devices);
+        }
+        if let Some(v) = &self.slurm_jobs {
+            c.slurm_jobs.clone_from(v);
+        }
+        if let Some(v) = self.post_s {
+            c.post_s = v;
+        }
+        c.check()?;
+        Ok(c)
+    }
+}
+
+
 #[cfg(test)]
 mod tests {
     use super::Config;

@@ -158,7 +158,7 @@ pub fn last_report(incidents: &[Value], spool: &Path) -> Value {
 
 impl super::Agent {
     /// One request on the socket, answered from the agent's state.
-    pub(super) fn answer(&self, req: &Value, scan_now: &std::sync::mpsc::Sender<()>, disc: &std::sync::mpsc::Sender<super::DiscMsg>) -> Value {
+    pub(super) fn answer(&self, req: &Value, scan_now: &std::sync::mpsc::Sender<()>, disc: &std::sync::mpsc::Sender<super::scanner::DiscMsg>) -> Value {
         let cmd = req["cmd"].as_str().unwrap_or("");
         let st = super::lock(&self.state);
         match cmd {
@@ -211,7 +211,7 @@ impl super::Agent {
             "slurm-prolog" | "slurm-epilog" | "scan" => {
                 let id = req["job_id"].as_str().unwrap_or("");
                 if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit() || b == b'_') {
-                    let _ = disc.send(if cmd == "slurm-prolog" { super::DiscMsg::WantSlurm(id.to_string()) } else { super::DiscMsg::ForgetSlurm(id.to_string()) });
+                    let _ = disc.send(if cmd == "slurm-prolog" { super::scanner::DiscMsg::WantSlurm(id.to_string()) } else { super::scanner::DiscMsg::ForgetSlurm(id.to_string()) });
                 }
                 let _ = scan_now.send(());
                 let key = format!("slurm-{id}");

@@ -186,6 +186,26 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: std::sync::Arc<Metrics>)
     Ok(())
 }
 
+/// Count what the metrics export from one kernel event.
+pub(super) fn observe(m: &Metrics, e: &crate::event::Event) {
+    m.inc("nantrace_events_total", &[("source", e.source())]);
+    match &e.detail {
+        crate::event::Detail::Kmsg(k) => match k.class.as_deref() {
+            Some(crate::classify::KmsgClass::Xid { xid, pci, .. }) => m.inc("nantrace_xid_total", &[("xid", &xid.to_string()), ("gpu", pci)]),
+            Some(crate::classify::KmsgClass::Sxid { sxid, pci, .. }) => m.inc("nantrace_sxid_total", &[("sxid", &sxid.to_string()), ("switch", pci)]),
+            Some(crate::classify::KmsgClass::Aer { severity, device, .. }) => m.inc("nantrace_aer_total", &[("severity", severity), ("device", device)]),
+            Some(c) => {
+                let class = serde_json::to_value(c).ok().and_then(|v| v["class"].as_str().map(str::to_string)).unwrap_or_default();
+                m.inc("nantrace_kernel_errors_total", &[("class", &class)]);
+            }
+            None => {}
+        },
+        crate::event::Detail::Aer(a) => m.inc("nantrace_aer_total", &[("severity", crate::event::aer_severity_name(a.severity)), ("device", &a.device)]),
+        crate::event::Detail::Oom(o) => m.inc("nantrace_oom_kills_total", &[("job", if o.victim_job { "true" } else { "false" })]),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Metrics;

@@ -10,6 +10,7 @@ pub mod config;
 pub mod ctl;
 pub mod discover;
 mod logs;
+mod scanner;
 pub mod metrics;
 pub mod spool;
 pub mod webhook;
@@ -30,61 +31,10 @@ use crate::event::{Detail, Event};
 use crate::recorder::Recorder;
 use crate::session::{follow_file, Input, Kernel, LogFormat, Mode, Session};
 use crate::trigger::TriggerKind;
+pub use config::Args;
 use config::Config;
 use discover::Found;
 use metrics::Metrics;
-
-/// Command-line settings over the config file.
-#[derive(Clone, Debug, Default)]
-pub struct Args {
-    pub config: Option<PathBuf>,
-    pub spool_dir: Option<PathBuf>,
-    pub socket: Option<PathBuf>,
-    pub metrics_addr: Option<String>,
-    pub match_commands: Vec<String>,
-    pub gpu_devices: Vec<String>,
-    pub slurm_jobs: Option<String>,
-    pub post_s: Option<f64>,
-    pub no_probes: bool,
-    /// A `/proc`-shaped directory to discover jobs in (tests).
-    pub proc_root: Option<PathBuf>,
-}
-
-impl Args {
-    fn config(&self) -> anyhow::Result<Config> {
-        let mut c = Config::load(Some(self.config.as_deref().unwrap_or(Path::new(config::DEFAULT_PATH))))?;
-        if let Some(v) = &self.spool_dir {
-            c.spool_dir.clone_from(v);
-        }
-        if let Some(v) = &self.socket {
-            c.socket.clone_from(v);
-        }
-        if let Some(v) = &self.metrics_addr {
-            c.metrics_addr.clone_from(v);
-        }
-        if !self.match_commands.is_empty() {
-            c.match_commands.clone_from(&self.match_commands);
-        }
-        if !self.gpu_devices.is_empty() {
-            c.gpu_devices.clone_from(&self.gpu_devices);
-        }
-        if let Some(v) = &self.slurm_jobs {
-            c.slurm_jobs.clone_from(v);
-        }
-        if let Some(v) = self.post_s {
-            c.post_s = v;
-        }
-        c.check()?;
-        Ok(c)
-    }
-}
-
-/// To the discovery thread.
-enum DiscMsg {
-    Config(Box<Config>),
-    WantSlurm(String),
-    ForgetSlurm(String),
-}
 
 /// One watched job.
 struct Job {
@@ -132,26 +82,6 @@ fn gpu_minor_of(pci: &str) -> Option<u32> {
     None
 }
 
-/// Count what the metrics export from one kernel event.
-fn observe(m: &Metrics, e: &Event) {
-    m.inc("nantrace_events_total", &[("source", e.source())]);
-    match &e.detail {
-        Detail::Kmsg(k) => match k.class.as_deref() {
-            Some(KmsgClass::Xid { xid, pci, .. }) => m.inc("nantrace_xid_total", &[("xid", &xid.to_string()), ("gpu", pci)]),
-            Some(KmsgClass::Sxid { sxid, pci, .. }) => m.inc("nantrace_sxid_total", &[("sxid", &sxid.to_string()), ("switch", pci)]),
-            Some(KmsgClass::Aer { severity, device, .. }) => m.inc("nantrace_aer_total", &[("severity", severity), ("device", device)]),
-            Some(c) => {
-                let class = serde_json::to_value(c).ok().and_then(|v| v["class"].as_str().map(str::to_string)).unwrap_or_default();
-                m.inc("nantrace_kernel_errors_total", &[("class", &class)]);
-            }
-            None => {}
-        },
-        Detail::Aer(a) => m.inc("nantrace_aer_total", &[("severity", crate::event::aer_severity_name(a.severity)), ("device", &a.device)]),
-        Detail::Oom(o) => m.inc("nantrace_oom_kills_total", &[("job", if o.victim_job { "true" } else { "false" })]),
-        _ => {}
-    }
-}
-
 struct Agent {
     cfg: Config,
     args: Args,
@@ -179,7 +109,7 @@ impl Agent {
             let mut st = lock(&self.state);
             let mut node = lock(&self.node);
             for e in batch {
-                observe(&self.metrics, &e);
+                metrics::observe(&self.metrics, &e);
                 let mut job = st.pid_job.get(&e.pid).cloned();
                 match &e.detail {
                     Detail::Fork { child_pid, .. } => {
@@ -470,37 +400,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             true
         });
     }
-    // Discovery on a thread of its own (/proc reads block): results every interval, or at once
-    // when asked (a Slurm prolog, `ctl scan`).
-    let (disc_tx, mut disc_rx) = mpsc::channel::<(Vec<Found>, f64)>(4);
-    let (scan_now, scan_rx) = std::sync::mpsc::channel::<()>();
-    let (cfg_tx, cfg_rx) = std::sync::mpsc::channel::<DiscMsg>();
-    {
-        let mut d = discover::Discovery::new(proc_root.clone(), &cfg);
-        let mut every = Duration::from_millis(cfg.scan_interval_ms.max(50));
-        std::thread::Builder::new().name("nantrace-discover".into()).spawn(move || loop {
-            let t0 = std::time::Instant::now();
-            let found = d.scan(monotonic_ns());
-            if disc_tx.blocking_send((found, t0.elapsed().as_secs_f64())).is_err() {
-                return;
-            }
-            let _ = scan_rx.recv_timeout(every);
-            while let Ok(m) = cfg_rx.try_recv() {
-                match m {
-                    DiscMsg::Config(c) => {
-                        d.configure(&c);
-                        every = Duration::from_millis(c.scan_interval_ms.max(50));
-                    }
-                    DiscMsg::WantSlurm(id) => {
-                        d.slurm_wanted.insert(id);
-                    }
-                    DiscMsg::ForgetSlurm(id) => {
-                        d.slurm_wanted.remove(&id);
-                    }
-                }
-            }
-        })?;
-    }
+    // Discovery on a thread of its own (/proc reads block).
+    let scanner::Scanner { results: mut disc_rx, scan_now, control: cfg_tx } = scanner::spawn(discover::Discovery::new(proc_root.clone(), &cfg), &cfg)?;
     let host = crate::bundle::Host::read().hostname;
     let mut agent = Agent { cfg, args, kernel, node, state, metrics, webhook, done_tx, host, started: monotonic_ns(), proc_root };
     crate::say!(
@@ -533,7 +434,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             Some(key) = done_rx.recv() => agent.job_ended(&key),
             _ = hup.recv() => match agent.args.config() {
                 Ok(c) => {
-                    let _ = cfg_tx.send(DiscMsg::Config(Box::new(c.clone())));
+                    let _ = cfg_tx.send(scanner::DiscMsg::Config(Box::new(c.clone())));
                     if c.spool_dir != agent.cfg.spool_dir || c.socket != agent.cfg.socket || c.metrics_addr != agent.cfg.metrics_addr || c.webhook_url != agent.cfg.webhook_url {
                         crate::say!("nantrace: config reloaded; spool_dir, socket, metrics_addr and webhook_url take effect at the next start");
                     } else {

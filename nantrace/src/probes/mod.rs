@@ -17,7 +17,7 @@ pub mod btf;
 mod jobmap;
 mod micro;
 
-pub use micro::{microcost, MICRO};
+pub use micro::{membership_ab, microcost, MEMBERSHIP_AB, MICRO};
 
 static BPF_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/nantrace.bpf.o"));
 

@@ -1,7 +1,7 @@
 //! A running `nantrace agent` for the tests: its own spool, socket and metrics port.
 use std::io::{BufRead as _, BufReader};
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -135,3 +135,26 @@ impl Drop for Agent {
     }
 }
 
+
+/// A job script under `dir`, started with its output in `<name>.log` (as a batch system does).
+pub fn start_job(dir: &Path, name: &str, body: &str) -> (Child, PathBuf) {
+    let script = dir.join(format!("{name}.sh"));
+    std::fs::write(&script, format!("#!/bin/bash\n{body}\n")).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let log = dir.join(format!("{name}.log"));
+    let f = std::fs::File::create(&log).unwrap();
+    let child = Command::new(&script).stdout(f.try_clone().unwrap()).stderr(f).stdin(Stdio::null()).spawn().unwrap();
+    (child, log)
+}
+
+/// Kill a job started by [`start_job`] and its children, and reap it.
+pub fn kill_job(c: &mut Child) {
+    let _ = super::sh(&format!("pkill -KILL -P {}", c.id()));
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+/// A bundle's timeline.json.
+pub fn timeline(bundle: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(bundle.join("timeline.json")).unwrap()).unwrap()
+}

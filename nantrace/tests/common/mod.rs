@@ -32,6 +32,11 @@ pub fn sh(cmd: &str) -> std::process::Output {
     Command::new("sh").arg("-c").arg(cmd).output().expect("sh")
 }
 
+/// Give `p` to uid and gid 65534 (nobody), the link itself where `p` is a symlink.
+pub fn chown_nobody(p: &Path) {
+    sh_ok(&format!("chown -h 65534:65534 '{}'", p.display()));
+}
+
 pub fn sh_ok(cmd: &str) {
     let o = sh(cmd);
     assert!(o.status.success(), "`{cmd}` failed: {}", String::from_utf8_lossy(&o.stderr));

@@ -10,6 +10,12 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::root;
 
+mod agent;
+mod blocks;
+mod render;
+
+pub use render::render;
+
 /// Same tracepoints and fields as nantrace's probes, job followed from the root pid ($1).
 const BPFTRACE: &str = r#"
 BEGIN { @job[$1] = 1; }
@@ -355,107 +361,6 @@ fn idle_cpu(bin: &Path, secs: f64) -> Result<f64> {
     Ok((b - a) as f64 / 100.0 / el)
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
-/// `nantrace agent`: idle CPU and RSS with 0, 1 and 4 watched jobs, job start to "watched",
-/// trigger (`ctl dump`, post-window 0) to bundle on disk.
-fn agent(bin: &Path, secs: f64, tmp: &Path) -> Result<serde_json::Value> {
-    let dir = tmp.join("agent");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
-    let sock = dir.join("run/agent.sock");
-    let spool = dir.join("spool");
-    let mut a = Command::new(bin)
-        .args(["agent", "--spool", spool.to_str().unwrap(), "--socket", sock.to_str().unwrap(), "--metrics-addr", "127.0.0.1:19499", "--match", "nt-benchjob-", "--post", "0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let result = (|| -> Result<serde_json::Value> {
-        wait_for_line(&mut a, "probes attached", Duration::from_secs(30))?;
-        let ctl = |args: &[&str]| -> Result<serde_json::Value> {
-            let o = Command::new(bin).arg("ctl").args(args).args(["--json", "--socket", sock.to_str().unwrap()]).output()?;
-            if !o.status.success() {
-                bail!("ctl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-            }
-            json_line(&o.stdout)
-        };
-        let measure = |pid: u32| -> (f64, Option<u64>) {
-            let c0 = cpu_ticks(pid).unwrap_or(0);
-            let t = Instant::now();
-            std::thread::sleep(Duration::from_secs_f64(secs));
-            let c1 = cpu_ticks(pid).unwrap_or(c0);
-            ((c1 - c0) as f64 / 100.0 / t.elapsed().as_secs_f64(), rss_kib(pid))
-        };
-        let mut out = serde_json::Map::new();
-        std::thread::sleep(Duration::from_secs(1));
-        let (cpu0, rss0) = measure(a.id());
-        out.insert("jobs0".into(), serde_json::json!({ "cpu_s_per_s": cpu0, "rss_kib": rss0 }));
-        let mut jobs: Vec<Child> = Vec::new();
-        let mut to_watched = Vec::new();
-        for n in [1usize, 4] {
-            while jobs.len() < n {
-                let i = jobs.len();
-                let script = dir.join(format!("nt-benchjob-{i}.sh"));
-                std::fs::write(&script, format!("#!/bin/sh\nwhile :; do echo \"job {i} loss 0.5\"; sleep 0.5; done\n"))?;
-                std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
-                let log = std::fs::File::create(dir.join(format!("nt-benchjob-{i}.log")))?;
-                let t = Instant::now();
-                let c = Command::new(&script).stdout(log.try_clone()?).stderr(log).spawn()?;
-                let pid = c.id();
-                jobs.push(c);
-                loop {
-                    if ctl(&["jobs"])?["jobs"].as_array().is_some_and(|j| j.iter().any(|j| j["root"] == pid)) {
-                        to_watched.push(t.elapsed().as_secs_f64());
-                        break;
-                    }
-                    if t.elapsed() > Duration::from_secs(20) {
-                        bail!("job {pid} not watched within 20 s");
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
-            std::thread::sleep(Duration::from_secs(1));
-            let (cpu, rss) = measure(a.id());
-            out.insert(format!("jobs{n}"), serde_json::json!({ "cpu_s_per_s": cpu, "rss_kib": rss }));
-        }
-        // Trigger to bundle: `ctl dump` of one job, post-window 0.
-        let key = ctl(&["jobs"])?["jobs"][0]["key"].as_str().unwrap_or("").to_string();
-        let t = Instant::now();
-        ctl(&["dump", "--job", &key])?;
-        let dump_s = loop {
-            let done = std::fs::read_dir(&spool)?.flatten().any(|e| e.file_name().to_string_lossy().starts_with("nantrace-"));
-            if done {
-                break t.elapsed().as_secs_f64();
-            }
-            if t.elapsed() > Duration::from_secs(60) {
-                bail!("no bundle 60 s after ctl dump");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        for mut j in jobs {
-            let _ = j.kill();
-            let _ = j.wait();
-        }
-        out.insert("start_to_watched_s".into(), stats(&mut to_watched));
-        out.insert("trigger_to_bundle_s".into(), serde_json::json!(dump_s));
-        out.insert("measured_s".into(), serde_json::json!(secs));
-        Ok(serde_json::Value::Object(out))
-    })();
-    // SAFETY: signalling our own child.
-    unsafe { libc_kill(a.id() as i32, 15) };
-    let _ = a.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-    result
-}
-
-extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
-}
-
 pub fn run(smoke: bool, bin: &Path) -> Result<()> {
     if euid() != 0 {
         bail!("cargo xtask bench needs root (it loads eBPF probes and reads BPF run statistics)");
@@ -508,9 +413,10 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
         dumps.push(internal(bin, &["dump", "--n", if smoke { "2000" } else { "100000" }, "--dir", tmp.to_str().unwrap()])?["seconds"].as_f64().unwrap_or(0.0));
     }
     let idle = idle_cpu(bin, if smoke { 2.0 } else { 10.0 }).ok();
-    let micro = microcost(bin, if smoke { 20_000 } else { 1_000_000 }, reps.min(3)).unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }));
+    let micro = blocks::microcost(bin, if smoke { 20_000 } else { 1_000_000 }, reps.min(3)).unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }));
+    let member = blocks::membership(bin, if smoke { 20 } else { 1500 }, reps, &tmp).unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }));
     let synth = synthetic(bin, if smoke { 100_000 } else { 500_000 }, if smoke { 1.0 } else { 10.0 }).unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }));
-    let agent = agent(bin, if smoke { 1.0 } else { 10.0 }, &tmp).unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }));
+    let agent = agent::agent(bin, if smoke { 1.0 } else { 10.0 }, &tmp).unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }));
     let flood = flood_dump(bin, if smoke { 200_000 } else { 8_000_000 }, if smoke { 16 } else { 64 }, &tmp).unwrap_or_else(|e| serde_json::json!({ "error": format!("{e:#}") }));
     let uname = Command::new("uname").arg("-r").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
     let date = Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
@@ -529,6 +435,7 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
         "agent": agent,
         "synthetic_throughput": synth,
         "microcost": micro,
+        "membership_ab": member,
     });
     // The previous run, for the tables' "before" column.
     let prev_path = std::env::var_os("NANTRACE_BENCH_PREVIOUS").map_or_else(|| root().join("bench/results.json"), std::path::PathBuf::from);
@@ -562,46 +469,9 @@ pub fn run(smoke: bool, bin: &Path) -> Result<()> {
     }
     std::fs::create_dir_all(root().join("bench"))?;
     std::fs::write(root().join("bench/results.json"), serde_json::to_string_pretty(&results)?)?;
-    std::fs::write(root().join("docs/performance.md"), markdown(&results, &previous))?;
+    std::fs::write(root().join("docs/performance.md"), render::markdown(&results, &previous))?;
     eprintln!("xtask bench: wrote bench/results.json and docs/performance.md");
     Ok(())
-}
-
-/// `cargo xtask bench --render [--previous FILE]`: docs/performance.md from bench/results.json.
-pub fn render(previous: Option<&Path>) -> Result<()> {
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root().join("bench/results.json")).context("bench/results.json")?)?;
-    let prev: serde_json::Value = previous.map(std::fs::read_to_string).transpose()?.map(|t| serde_json::from_str(&t)).transpose()?.unwrap_or_default();
-    std::fs::write(root().join("docs/performance.md"), markdown(&r, &prev))?;
-    eprintln!("xtask bench: wrote docs/performance.md from bench/results.json");
-    Ok(())
-}
-
-fn f(v: &serde_json::Value, scale: f64, unit: &str) -> String {
-    match (v["median"].as_f64(), v["min"].as_f64(), v["max"].as_f64()) {
-        (Some(m), Some(a), Some(b)) => format!("{:.3}{unit} ({:.3}–{:.3})", m * scale, a * scale, b * scale),
-        _ => "n/a".into(),
-    }
-}
-
-/// `bench-internal microcost`, `reps` times: median ns/run of each building block.
-fn microcost(bin: &Path, n: u64, reps: usize) -> Result<serde_json::Value> {
-    let mut by: std::collections::BTreeMap<String, (String, Vec<f64>)> = std::collections::BTreeMap::new();
-    let mut order = Vec::new();
-    for _ in 0..reps {
-        for row in internal(bin, &["microcost", "--n", &n.to_string()])?.as_array().cloned().unwrap_or_default() {
-            let p = row["program"].as_str().unwrap_or("?").to_string();
-            if !order.contains(&p) {
-                order.push(p.clone());
-            }
-            let e = by.entry(p).or_insert_with(|| (row["what"].as_str().unwrap_or("").to_string(), Vec::new()));
-            e.1.extend(row["ns_per_run"].as_f64());
-        }
-    }
-    let rows: Vec<serde_json::Value> = order
-        .iter()
-        .filter_map(|p| by.get_mut(p).map(|(what, v)| serde_json::json!({ "program": p, "what": what, "ns_per_run": stats(v) })))
-        .collect();
-    Ok(serde_json::json!({ "calls": n, "reps": reps, "rows": rows }))
 }
 
 /// `bench-internal synth`: the synthetic generator through the real ring, reader and recorder.
@@ -609,119 +479,3 @@ fn synthetic(bin: &Path, rate: u64, secs: f64) -> Result<serde_json::Value> {
     internal(bin, &["synth", "--rate", &rate.to_string(), "--seconds", &secs.to_string(), "--burst", "32", "--threads", "2"])
 }
 
-/// One row of the per-program table: a nantrace program, its floor, the path it is on, and
-/// the names to compare with: bpftrace's program on the same tracepoint, and the program that
-/// held this tracepoint in the "before" run (see `nantrace/src/probes/mod.rs`, PROBES).
-struct Row {
-    prog: &'static str,
-    floor: &'static str,
-    path: &'static str,
-    bpftrace: Option<&'static str>,
-    before: &'static str,
-}
-
-const fn row(prog: &'static str, floor: &'static str, path: &'static str, bpftrace: Option<&'static str>, before: &'static str) -> Row {
-    Row { prog, floor, path, bpftrace, before }
-}
-
-const ROWS: &[Row] = &[
-    row("printk_console", "floor_printk", "tracefs", Some("console"), "printk_console"),
-    row("oom_mark_victim", "floor_oom", "tracefs", None, "oom_mark_victim"),
-    row("blk_issue_btf", "floor_issue_btf", "btf", Some("block_rq_issue"), "block_rq_issue"),
-    row("block_rq_issue", "floor_blk_issue", "tracefs", Some("block_rq_issue"), "block_rq_issue"),
-    row("blk_done_btf", "floor_done_btf", "btf", Some("block_rq_comple"), "block_rq_done"),
-    row("block_rq_done", "floor_blk_done", "tracefs", Some("block_rq_comple"), "block_rq_done"),
-    row("tcp_retransmit", "floor_tcp", "tracefs", None, "tcp_retransmit"),
-    row("fork_btf", "floor_fork_btf", "btf", Some("sched_process_f"), "sched_fork"),
-    row("sched_fork", "floor_fork", "tracefs", Some("sched_process_f"), "sched_fork"),
-    row("task_newtask", "floor_newtask", "tracefs", None, "task_newtask"),
-    row("sched_exec", "floor_exec", "tracefs", None, "sched_exec"),
-    row("sched_exit", "floor_exit", "tracefs", None, "sched_exit"),
-    row("exit_group", "floor_exit_grp", "tracefs", Some("sys_enter_exit_"), "exit_group"),
-    row("signal_btf", "floor_sig_btf", "btf", Some("signal_generate"), "signal_generate"),
-    row("signal_generate", "floor_signal", "tracefs", Some("signal_generate"), "signal_generate"),
-];
-
-/// Median ns/run of one program (by name, before `#id`) over all runs of one tracer.
-fn prog_ns(r: &serde_json::Value, tracer: &str, name: &str) -> Option<f64> {
-    let mut v: Vec<f64> = r["runs"].as_array()?.iter().filter(|x| x["tracer"] == tracer).filter_map(|x| x["programs"].as_object()).flat_map(|m| m.iter().filter(|(k, _)| k.split('#').next() == Some(name)).filter_map(|(_, p)| p["ns_per_run"].as_f64()).collect::<Vec<_>>()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    Some(v[v.len() / 2])
-}
-
-fn markdown(r: &serde_json::Value, prev: &serde_json::Value) -> String {
-    let w = &r["workload"];
-    let mut s = format!(
-        "# Performance\n\nMeasured by `sudo cargo xtask bench` on {} — kernel {}, {} CPUs (the project's 2-core VM).\nMedians over {} repetitions, (min–max) in brackets. The raw numbers are in `bench/results.json`.\n\n",
-        r["date"].as_str().unwrap_or("?"), r["kernel"].as_str().unwrap_or("?"), r["cpus"], r["reps"]
-    );
-    s.push_str(&format!("## Workload slowdown\n\nThe fixed workload (`nantrace bench-internal workload --n {}`): per iteration one 4 KiB O_DIRECT write + fdatasync, one fork/exec/exit of /bin/true, one TCP round trip over loopback, and a kernel log line every 10 iterations. Tracers: nantrace `attach --pid` (all probes, flight recorder, collectors at 1 s) on its default path (BTF programs for the block pair and fork), the same on the tracefs fallback (`nantrace-tracefs`), the same watching an idle process instead of the workload (`nantrace-outside`: the workload's events are not the job's), and bpftrace running an equivalent script (same tracepoints and fields, `xtask/src/bench.rs`).\n\n| tracer | workload time s | tracer CPU s/s | kernel ns per program run |\n|---|---|---|---|\n", r["workload_iterations"]));
-    for k in ["none", "floor", "nantrace", "nantrace-tracefs", "nantrace-outside", "bpftrace"] {
-        if w.get(k).is_some() {
-            s.push_str(&format!("| {k} | {} | {} | {} |\n", f(&w[k]["elapsed_s"], 1.0, ""), f(&w[k]["tracer_cpu_s_per_s"], 1.0, ""), f(&w[k]["kernel_ns_per_event"], 1.0, "")));
-        }
-    }
-    let ra = &r["ratios"];
-    s.push_str(&format!("\nRatios of medians: nantrace/none = {}, bpftrace/none = {}, nantrace/bpftrace = {}.\n\n", ra["nantrace_vs_none"], ra["bpftrace_vs_none"], ra["nantrace_vs_bpftrace"]));
-    s.push_str("### Per-program kernel cost, above the floor\n\nMedians over the repetitions (`kernel.bpf_stats_enabled=1`). The floor is a do-nothing program of the same kind on the same tracepoint, run under the same workload (`floor_*` in `nantrace-ebpf/src/bench.rs`): what any BPF program there costs (dispatch and run accounting). Path `btf`: the `tp_btf` programs nantrace runs by default where the kernel has BTF (`nantrace-ebpf/src/btf.rs`); `tracefs`: the fallback, measured in a separate run with `NANTRACE_PROBE_PATH=tracefs` (programs on both paths are shown from the default run). \"Outside the job\": the same programs while nantrace watches an idle process, so every event of the workload is someone else's (only the membership check should run). bpftrace's equivalents are listed beside, with the same floor subtracted. The \"before\" column is the run these results replaced (`--previous FILE`), for the program that held the tracepoint then; it ran on another instance of the VM, so compare against bpftrace in the same run rather than absolute nanoseconds across runs.\n\n| program | path | runs/iteration | ns/run | floor | above floor | outside the job, above floor | bpftrace above floor | before: ns/run | before: bpftrace ns/run |\n|---|---|---|---|---|---|---|---|---|---|\n");
-    let iters = r["workload_iterations"].as_f64().unwrap_or(1.0);
-    let fmt = |v: Option<f64>| v.map_or("n/a".to_string(), |x| format!("{x:.0}"));
-    for row in ROWS {
-        // A program that runs on both paths is read from the default run.
-        let tracer = if prog_ns(r, "nantrace", row.prog).is_some() { "nantrace" } else { "nantrace-tracefs" };
-        let Some(ns) = prog_ns(r, tracer, row.prog) else { continue };
-        let fl = prog_ns(r, "floor", row.floor);
-        let outside_tracer = if tracer == "nantrace" { "nantrace-outside" } else { "" };
-        let outside = prog_ns(r, outside_tracer, row.prog);
-        let runs = r["runs"].as_array().and_then(|a| a.iter().rev().find(|x| x["tracer"] == tracer)).and_then(|x| x["programs"].as_object()).and_then(|m| m.iter().find(|(k, _)| k.split('#').next() == Some(row.prog)).map(|(_, p)| p["runs"].as_f64().unwrap_or(0.0)));
-        let bt = row.bpftrace.and_then(|b| prog_ns(r, "bpftrace", b));
-        let before = prog_ns(prev, "nantrace", row.before);
-        let bt_before = row.bpftrace.and_then(|b| prog_ns(prev, "bpftrace", b));
-        let above = |v: Option<f64>| match (v, fl) { (Some(x), Some(f)) => Some(x - f), _ => None };
-        s.push_str(&format!(
-            "| {} | {} | {} | {ns:.0} | {} | {} | {} | {} | {} | {} |\n",
-            row.prog, row.path, runs.map_or("?".into(), |x| format!("{:.1}", x / iters)), fmt(fl), fmt(above(Some(ns))), fmt(above(outside)), fmt(above(bt)), fmt(before), fmt(bt_before)
-        ));
-    }
-    let mc = &r["microcost"];
-    if let Some(rows) = mc["rows"].as_array() {
-        s.push_str(&format!("\n### What the building blocks cost here\n\n`bench-internal microcost`: each block alone in a program on `syscalls:sys_enter_getppid` while one process calls getppid {} times (median of {} runs; `mc_*` in `nantrace-ebpf/src/bench.rs`). A hot loop: caches and branch predictors are warm, so a real program, which runs once per I/O or fork among other work, pays more for the same blocks.\n\n| block | ns/run | above the empty program |\n|---|---|---|\n", mc["calls"], mc["reps"]));
-        let empty = rows.iter().find(|x| x["program"] == "mc_empty").and_then(|x| x["ns_per_run"]["median"].as_f64());
-        for x in rows {
-            let ns = x["ns_per_run"]["median"].as_f64();
-            let above = match (ns, empty) { (Some(a), Some(e)) if x["program"] != "mc_empty" => format!("{:.0}", a - e), _ => "".into() };
-            s.push_str(&format!("| {} | {} | {above} |\n", x["what"].as_str().unwrap_or("?"), fmt(ns)));
-        }
-    }
-    s.push_str(&format!("\n## Startup (launch to first event delivered)\n\n| tracer | seconds |\n|---|---|\n| nantrace | {} |\n| bpftrace | {} |\n", f(&r["startup_s"]["nantrace"], 1.0, ""), f(&r["startup_s"]["bpftrace"], 1.0, "")));
-    let tp = &r["throughput"];
-    let tps = &r["throughput_tiny_ring"];
-    s.push_str(&format!("\n## Throughput and loss\n\nA fork storm of the watched job (`bench-internal forkstorm`, fork + _exit in a loop), 2 events per fork.\n\n| ring | offered ev/s | delivered ev/s | delivered / expected | drops reported |\n|---|---|---|---|---|\n| {} | {:.0} | {:.0} | {} / {} | {} |\n| {} | {:.0} | {:.0} | {} / {} | {} |\n",
-        tp["ring_bytes"], tp["offered_events_per_s"].as_f64().unwrap_or(0.0), tp["delivered_events_per_s"].as_f64().unwrap_or(0.0), tp["delivered_events"], tp["expected_events"], tp["kernel_drops_reported"],
-        tps["ring_bytes"], tps["offered_events_per_s"].as_f64().unwrap_or(0.0), tps["delivered_events_per_s"].as_f64().unwrap_or(0.0), tps["delivered_events"], tps["expected_events"], tps["kernel_drops_reported"]));
-    let sy = &r["synthetic_throughput"];
-    s.push_str(&format!("\n### Synthetic: {:.0} records/s offered for {:.0} s (SYNTHETIC)\n\nThe fork storm cannot offer more than ~16 k events/s on this VM. `bench_emit` (`nantrace-ebpf/src/bench.rs`, attached only by `bench-internal synth`) writes 32 fork-shaped records into the same ring buffer per getppid() of a generator process (2 threads, paced per 0.5 ms); the same reader, decoder and flight recorder as `run` and the agent consume them. Default ring ({} bytes).\n\n| offered | delivered | lost | drops reported | userspace CPU s per million records |\n|---|---|---|---|---|\n| {} ({:.0}/s) | {} ({:.0}/s) | {} | {} | {:.3} |\n",
-        sy["offered_per_s"].as_f64().unwrap_or(0.0), sy["seconds"].as_f64().unwrap_or(0.0), sy["ring_bytes"], sy["offered"], sy["offered_per_s"].as_f64().unwrap_or(0.0), sy["delivered"], sy["delivered_per_s"].as_f64().unwrap_or(0.0), sy["lost"], sy["kernel_drops_reported"], sy["userspace_cpu_s_per_million"].as_f64().unwrap_or(f64::NAN)));
-    s.push_str(&format!("\nUserspace drain (decode + recorder push of recorded ring-buffer records, `bench-internal drain`): {:.0} events/s.\n", r["userspace_drain"]["events_per_s"].as_f64().unwrap_or(0.0)));
-    let m = &r["memory"];
-    s.push_str(&format!("\n## Memory\n\n{} events pushed at a simulated 1 k events/s (10-minute window; timestamps simulated, not waited for) with the mix of kernel events nantrace records: {:.1} bytes per event in the recorder ({} bytes of `Event` inline + heap for strings), RSS {} KiB after the load (started at {} KiB).\n",
-        m["events"], m["bytes_per_event"].as_f64().unwrap_or(0.0), m["event_struct_bytes"], m["rss_kb_after"], m["rss_kb_before"]));
-    s.push_str(&format!("\nBefore: {:.1} bytes per event (that run did not count the queue's capacity: see docs/performance-notes.md), RSS {} KiB.\n", prev["memory"]["bytes_per_event"].as_f64().unwrap_or(f64::NAN), prev["memory"]["rss_kb_after"]));
-    s.push_str(&format!("\n## Dump latency\n\nTrigger to bundle on disk with 100 000 events in the window (timeline, app/kernel logs, report, trace, HTML): {} s (before: {} s).\n", f(&r["dump_s_100k"], 1.0, ""), f(&prev["dump_s_100k"], 1.0, "")));
-    let fl = &r["flood_dump"];
-    s.push_str(&format!("\n## A log flood, then the dump (redteam 2.8, 7.3, 7.4)\n\n`nantrace run --no-probes --mem-cap-mb {}` of a job that prints {} lines as fast as `yes | head` can, then a NaN: the job took {} s (alone: {} s); nantrace's peak RSS {} MiB = cap + {} MiB (target: cap + 64 MiB); {} bytes of output passed through without the full scan (only their lines with a NaN or failure word were read; counted in the bundle); bundle written: {}.\n",
-        fl["cap_mib"], fl["lines"], fl["job_s_under_nantrace"], fl["job_s_alone"], fl["peak_rss_mib"], fl["over_cap_mib"], fl["log_bytes_not_scanned"], fl["bundle"]));
-    s.push_str(&format!("\n## CPU at idle\n\n`nantrace watch` on an idle machine: {} CPU-seconds per second.\n", r["idle_cpu_s_per_s"]));
-    let ag = &r["agent"];
-    s.push_str("\n## The node agent\n\n`nantrace agent` (all probes, collectors at 1 s, /proc scanned every 500 ms), with jobs that print a line every 0.5 s to a log file the agent follows:\n\n| watched jobs | agent CPU s/s | agent RSS MiB |\n|---|---|---|\n");
-    for n in [0, 1, 4] {
-        let j = &ag[format!("jobs{n}")];
-        s.push_str(&format!("| {n} | {:.4} | {:.1} |\n", j["cpu_s_per_s"].as_f64().unwrap_or(f64::NAN), j["rss_kib"].as_f64().unwrap_or(f64::NAN) / 1024.0));
-    }
-    s.push_str(&format!("\nJob start to listed by `nantrace ctl jobs`: {} s (5 jobs). `ctl dump` to bundle on disk (post-window 0): {:.2} s.\n", f(&ag["start_to_watched_s"], 1.0, ""), ag["trigger_to_bundle_s"].as_f64().unwrap_or(f64::NAN)));
-    s.push_str("\n## Against the targets\n\nSee the section written by hand below the generated tables (docs/performance-notes.md).\n");
-    s
-}
