@@ -147,7 +147,12 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
             }
         }
     }
-    set_job(tid, false);
+    // A thread leaves the job. Not the leader while the group lives on (a main thread that
+    // called pthread_exit, or the old leader when another thread execs): its pid is the
+    // process's, which the other threads still run under.
+    if tid != tgid {
+        set_job(tid, false);
+    }
     let off = conf!(off.exit_group_dead);
     let group_dead = if off == MISSING {
         tid == tgid

@@ -379,6 +379,21 @@ pub fn microcost(n: u64) -> anyhow::Result<Value> {
     Ok(json!(rows))
 }
 
+/// `bench-internal leader-exit` (a test's job): the main thread ends first (the `exit`
+/// syscall, not `exit_group`, as pthread_exit in the main thread does), then another thread
+/// of the process runs /bin/true and ends the process with code 5.
+pub fn leader_exit() -> ! {
+    std::thread::spawn(|| {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let _ = std::process::Command::new("/bin/true").status();
+        std::process::exit(5);
+    });
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    // SAFETY: ends the calling thread only, holding no lock; the other thread ends the process.
+    unsafe { libc::syscall(libc::SYS_exit, 0) };
+    unreachable!("the exit syscall returned")
+}
+
 /// `bench-internal membership`: the membership test of a process outside every job, the old
 /// hash (seeded with 4096 other pids) against the `JOB_MAP` byte, side by side on exec,
 /// exit_group and block issue while this process runs the workload `n` iterations (twice).

@@ -303,6 +303,38 @@ fn a_segfault_is_a_fatal_signal_with_its_kernel_siginfo() {
     assert_probe_path(&w.stop(), &["signal:signal_generate"]);
 }
 
+/// A process whose main thread ends first (pthread_exit in the main thread; the old leader's
+/// end when another thread execs is the same exit) stays the job's: the forks, execs and exit
+/// of its other threads are still the job's. The exit program used to unmark the leader's pid,
+/// which is the process's, and the rest of the process left the job.
+#[test]
+fn a_process_whose_main_thread_ended_stays_the_jobs() {
+    if !privileged("a_process_whose_main_thread_ended_stays_the_jobs") {
+        return;
+    }
+    let go = std::env::temp_dir().join(format!("nt-leader-go-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let mut root = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("while [ ! -e {} ]; do sleep 0.05; done; exec {BIN} bench-internal leader-exit", go.display()))
+        .spawn()
+        .unwrap();
+    let root_pid = u64::from(root.id());
+    let w = Watch::start(&["--pid", &root_pid.to_string()]);
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(root.wait().unwrap().code(), Some(5));
+    let (x, _) = w.wait_for("the exec of /bin/true after the main thread ended", Duration::from_secs(10), |v| v["source"] == "exec" && v["filename"].as_str().is_some_and(|f| f.ends_with("/true")));
+    assert_eq!(x["job"], true);
+    let kid = x["pid"].as_u64().unwrap();
+    let (f, _) = w.wait_for("the fork by the remaining thread", Duration::from_secs(10), |v| v["source"] == "fork" && v["child_pid"].as_u64() == Some(kid));
+    assert_eq!(f["pid"].as_u64(), Some(root_pid), "{f}");
+    let (e, _) = w.wait_for("the process's exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(root_pid));
+    assert_eq!(e["exit_code"], 5, "{e}");
+    assert_eq!(e["job"], true);
+    let _ = std::fs::remove_file(&go);
+    assert_probe_path(&w.stop(), &["sched:sched_process_fork"]);
+}
+
 /// The kernel side's membership map (`JOB_MAP`, one byte per pid): a job process's children
 /// and threads are marked by the fork program, unmarked by the exit program (a stale mark
 /// would make the next process to reuse the pid a "job" process), and a process outside the

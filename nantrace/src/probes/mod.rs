@@ -328,6 +328,10 @@ impl Probes {
         let mut ebpf = EbpfLoader::new()
             .override_global("NANTRACE_CONFIG", &cfg, true)
             .map_max_entries("EVENTS", opts.ring_bytes.next_power_of_two())
+            // The benchmark's own hashes (`bench-internal` loads the object separately, at
+            // full size): preallocated, they would take megabytes of kernel memory for nothing.
+            .map_max_entries("AB_HASH", 1)
+            .map_max_entries("MC_HASH", 1)
             .load(BPF_OBJ)?;
         let mut status = Vec::new();
         let attach = |ebpf: &mut Ebpf, program: &str, group: &str, name: &str| -> Result<(), String> {

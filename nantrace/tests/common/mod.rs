@@ -226,7 +226,7 @@ pub fn only_bundle(out: &Path) -> PathBuf {
 }
 
 
-// Helpers of the hostile suites (tests/hostile.rs, tests/hostile_output.rs).
+// Helpers of the hostile suites (tests/hostile.rs, tests/hostile_input.rs, tests/hostile_output.rs).
 
 /// A scratch directory for one hostile test, removed at the end.
 pub struct Scratch(pub PathBuf);

@@ -70,7 +70,7 @@ pub(super) fn markdown(r: &serde_json::Value, prev: &serde_json::Value) -> Strin
         "# Performance\n\nMeasured by `sudo cargo xtask bench` on {} — kernel {}, {} CPUs (the project's 2-core VM).\nMedians over {} repetitions, (min–max) in brackets. The raw numbers are in `bench/results.json`.\n\n",
         r["date"].as_str().unwrap_or("?"), r["kernel"].as_str().unwrap_or("?"), r["cpus"], r["reps"]
     );
-    s.push_str(&format!("## Workload slowdown\n\nThe fixed workload (`nantrace bench-internal workload --n {}`): per iteration one 4 KiB O_DIRECT write + fdatasync, one fork/exec/exit of /bin/true, one TCP round trip over loopback, and a kernel log line every 10 iterations. Tracers: nantrace `attach --pid` (all probes, flight recorder, collectors at 1 s) on its default path (BTF programs for the block pair and fork), the same on the tracefs fallback (`nantrace-tracefs`), the same watching an idle process instead of the workload (`nantrace-outside`: the workload's events are not the job's), and bpftrace running an equivalent script (same tracepoints and fields, `xtask/src/bench.rs`).\n\n| tracer | workload time s | tracer CPU s/s | kernel ns per program run |\n|---|---|---|---|\n", r["workload_iterations"]));
+    s.push_str(&format!("## Workload slowdown\n\nThe fixed workload (`nantrace bench-internal workload --n {}`): per iteration one 4 KiB O_DIRECT write + fdatasync, one fork/exec/exit of /bin/true, one TCP round trip over loopback, and a kernel log line every 10 iterations. Tracers: nantrace `attach --pid` (all probes, flight recorder, collectors at 1 s) on its default path (BTF programs for the block pair and fork), the same on the tracefs fallback (`nantrace-tracefs`), the same watching an idle process instead of the workload (`nantrace-outside`: the workload's events are not the job's), and bpftrace running an equivalent script (same tracepoints and fields, `xtask/src/bench/mod.rs`).\n\n| tracer | workload time s | tracer CPU s/s | kernel ns per program run |\n|---|---|---|---|\n", r["workload_iterations"]));
     for k in ["none", "floor", "nantrace", "nantrace-tracefs", "nantrace-outside", "bpftrace"] {
         if w.get(k).is_some() {
             s.push_str(&format!("| {k} | {} | {} | {} |\n", f(&w[k]["elapsed_s"], 1.0, ""), f(&w[k]["tracer_cpu_s_per_s"], 1.0, ""), f(&w[k]["kernel_ns_per_event"], 1.0, "")));
@@ -112,6 +112,9 @@ pub(super) fn markdown(r: &serde_json::Value, prev: &serde_json::Value) -> Strin
         }
     }
     let ab = &r["membership_ab"];
+    if let Some(e) = ab["error"].as_str() {
+        s.push_str(&format!("\n### The membership test outside the job\n\nNot measured: {e}\n"));
+    }
     if let Some(rows) = ab["rows"].as_array() {
         s.push_str(&format!("\n### The membership test outside the job: hash (before session 11) against the byte map (now)\n\n`bench-internal membership`: on each tracepoint, two programs side by side, one doing the membership test of the current process as the hash of pids did it (`ab_hash_*`, the hash seeded with {} other pids), one as `JOB_MAP` does it now (`ab_byte_*`); both under the same workload ({} iterations, twice: each order of the pair once), so both see the same cold caches. ns per run including the floor (the empty program: see the table above), medians of {} runs.\n\n| tracepoint | hash ns/run | byte ns/run | saved ns/run |\n|---|---|---|---|\n", ab["hash_seeded_pids"], ab["iterations"], ab["reps"]));
         for x in rows {
