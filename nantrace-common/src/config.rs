@@ -40,6 +40,9 @@ pub struct TpOffsets {
     pub fork_child_comm_loc: u32,
     pub exec_filename: u32,
     pub exec_pid: u32,
+    /// The exec'ing thread's tid before exec: another thread than the leader took the
+    /// process's pid, and its old tid is free.
+    pub exec_old_pid: u32,
     pub exit_pid: u32,
     pub exit_group_dead: u32,
     pub sig_sig: u32,
@@ -89,6 +92,7 @@ impl TpOffsets {
             fork_child_comm_loc: 0,
             exec_filename: MISSING,
             exec_pid: MISSING,
+            exec_old_pid: MISSING,
             exit_pid: MISSING,
             exit_group_dead: MISSING,
             sig_sig: MISSING,
@@ -115,6 +119,9 @@ pub struct BtfOffsets {
     pub task_pid: u32,
     pub task_tgid: u32,
     pub task_comm: u32,
+    /// `struct task_struct.exit_code`: the wait status do_exit was given (code << 8, or the
+    /// signal number with 0x80 for a core dump), set before `sched_process_exit` fires.
+    pub task_exit_code: u32,
     /// `struct kernel_siginfo.si_code`.
     pub siginfo_code: u32,
     /// `struct request`: `q`, `__sector`, `start_time_ns`, `io_start_time_ns`, `cmd_flags`.
@@ -135,6 +142,7 @@ impl BtfOffsets {
             task_pid: MISSING,
             task_tgid: MISSING,
             task_comm: MISSING,
+            task_exit_code: MISSING,
             siginfo_code: MISSING,
             rq_q: MISSING,
             rq_sector: MISSING,

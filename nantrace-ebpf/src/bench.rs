@@ -188,6 +188,11 @@ mod btf_floor {
         0
     }
 
+    #[btf_tracepoint(function = "sched_process_exit")]
+    pub fn floor_exit_btf(_ctx: BtfTracePointContext) -> i32 {
+        0
+    }
+
     #[btf_tracepoint(function = "signal_generate")]
     pub fn floor_sig_btf(_ctx: BtfTracePointContext) -> i32 {
         0

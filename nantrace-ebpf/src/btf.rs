@@ -12,6 +12,7 @@
 //!   needs no per-request state (one lookup of the issuer map tells a job's request).
 //! - `fork_btf`: the child's pid and tgid come from the child's task, which tells threads
 //!   from processes without `task_newtask` and its map.
+//! - `exit_btf`: the exit status comes from the exiting task, without `exit_group`.
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, map},
@@ -172,6 +173,25 @@ pub fn fork_btf(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     crate::process::emit_fork(cpid);
+    0
+}
+
+/// `sched_process_exit(struct task_struct *p, bool group_dead)` (the flag since 6.x; older
+/// kernels run the tracefs program): the wait status is the task's own `exit_code`, set by
+/// do_exit just before, so no `exit_group` program runs on every process's exit and no
+/// exit code is remembered per pid. It is exact where the remembered one guessed: a fatal
+/// signal sent but caught, an exit without exit_group, a core dump.
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn exit_btf(ctx: BtfTracePointContext) -> i32 {
+    let (tgid, tid) = current_pid_tgid();
+    let job = is_job(tgid) || is_job(tid);
+    if !job && conf!(whole_machine) == 0 {
+        return 0;
+    }
+    let task: *const u8 = ctx.arg(0);
+    let group_dead: u8 = ctx.arg(1);
+    let status: i32 = load(task, conf!(btf.task_exit_code));
+    crate::process::finish_exit(tgid, tid, job, group_dead != 0, Some(status));
     0
 }
 

@@ -1,7 +1,9 @@
 //! The job's process tree (tested on 6.18): `sched:sched_process_fork` follows forks from the
 //! root pids in `JOB_MAP`; `task:task_newtask` tells threads from processes; `exec`, `exit`
 //! (with `group_dead`), `syscalls:sys_enter_exit_group` (the exit code) and
-//! `signal:signal_generate` (fatal signals) complete the story.
+//! `signal:signal_generate` (fatal signals) complete the story. On the BTF path (`btf.rs`)
+//! the fork and exit programs read the tasks themselves, and neither `task_newtask` nor
+//! `exit_group` is attached.
 use aya_ebpf::{
     macros::{map, tracepoint},
     maps::HashMap,
@@ -97,6 +99,15 @@ pub fn sched_exec(ctx: TracePointContext) -> u32 {
     if !is_job(tgid) {
         return 0;
     }
+    // A thread other than the leader exec'd: it now runs under the process's pid, and its
+    // old tid is free without an exit of its own (the old leader's task took it away and
+    // is released without passing the exit tracepoint again). Unmarked, or the next process
+    // given that pid would count as the job's.
+    if let Some(old) = read_i32(&ctx, conf!(off.exec_old_pid)) {
+        if old as u32 != tgid {
+            set_job(old as u32, false);
+        }
+    }
     let Some(mut entry) = EVENTS.reserve::<ExecEvent>(0) else {
         count_drop(EventKind::Exec);
         return 0;
@@ -133,16 +144,32 @@ pub fn exit_group(ctx: TracePointContext) -> u32 {
 pub fn sched_exit(ctx: TracePointContext) -> u32 {
     let (tgid, tid) = current_pid_tgid();
     let job = is_job(tgid) || is_job(tid);
-    let whole = conf!(whole_machine) != 0;
-    if !job && !whole {
+    if !job && conf!(whole_machine) == 0 {
         return 0;
     }
+    let off = conf!(off.exit_group_dead);
+    let group_dead = if off == MISSING {
+        tid == tgid
+    } else {
+        // SAFETY: probe_read.
+        unsafe { ctx.read_at::<u8>(off as usize) }.unwrap_or(0) != 0
+    };
+    finish_exit(tgid, tid, job, group_dead, None);
+    0
+}
+
+/// The exit of thread `tid` of process `tgid`, a job's (`job`) or any (machine-wide mode):
+/// membership and remembered exit causes are cleaned up, and when the whole group is dead an
+/// exit event is emitted. `status`: the wait status from the task itself (the BTF path);
+/// `None`: from what `exit_group` and `signal_generate` remembered (the tracefs path).
+#[inline(always)]
+pub(crate) fn finish_exit(tgid: u32, tid: u32, job: bool, group_dead: bool, status: Option<i32>) {
     // A thread-directed fatal signal (SIGSEGV from a fault) is keyed by tid: move it to tgid.
     if tid != tgid {
         // SAFETY: value copied out before removal.
         if let Some(i) = unsafe { EXIT_INFO.get(&tid) }.copied() {
             let _ = EXIT_INFO.remove(&tid);
-            if i.signal != 0 {
+            if i.signal != 0 && status.is_none() {
                 let _ = EXIT_INFO.insert(&tgid, &i, 0);
             }
         }
@@ -153,29 +180,27 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
     if tid != tgid {
         set_job(tid, false);
     }
-    let off = conf!(off.exit_group_dead);
-    let group_dead = if off == MISSING {
-        tid == tgid
-    } else {
-        // SAFETY: probe_read.
-        unsafe { ctx.read_at::<u8>(off as usize) }.unwrap_or(0) != 0
-    };
     if !group_dead {
-        return 0;
+        return;
     }
     set_job(tgid, false);
     // SAFETY: value copied out before removal.
-    let info = unsafe { EXIT_INFO.get(&tgid) }.copied();
-    if info.is_some() {
+    let remembered = unsafe { EXIT_INFO.get(&tgid) }.copied();
+    if remembered.is_some() {
         let _ = EXIT_INFO.remove(&tgid);
     }
-    let info = info.unwrap_or(ExitInfo { code: -1, signal: 0 });
+    let info = match status {
+        // As wait(2) decodes it: a signal number in the low 7 bits, else the code above them.
+        Some(s) if s & 0x7f != 0 => ExitInfo { code: -1, signal: s & 0x7f },
+        Some(s) => ExitInfo { code: (s >> 8) & 0xff, signal: 0 },
+        None => remembered.unwrap_or(ExitInfo { code: -1, signal: 0 }),
+    };
     if !job && info.signal == 0 && info.code <= 0 {
-        return 0;
+        return;
     }
     let Some(mut entry) = EVENTS.reserve::<ExitEvent>(0) else {
         count_drop(EventKind::Exit);
-        return 0;
+        return;
     };
     let p = entry.as_mut_ptr();
     // SAFETY: fresh reservation.
@@ -185,7 +210,6 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
         (*p).signal = info.signal;
     }
     crate::submit(entry);
-    0
 }
 
 /// SIGKILL, SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGTERM, SIGILL.

@@ -394,6 +394,25 @@ pub fn leader_exit() -> ! {
     unreachable!("the exit syscall returned")
 }
 
+/// `bench-internal thread-exec` (a test's job): a thread other than the main one writes its
+/// tid to `dir/tid`, waits 300 ms and execs `sleep 0.5`: the process keeps its pid, and the
+/// thread's old tid ends without an exit of its own.
+pub fn thread_exec(dir: &std::path::Path) -> ! {
+    use std::os::unix::process::CommandExt as _;
+    let dir = dir.to_path_buf();
+    let t = std::thread::spawn(move || {
+        // SAFETY: no arguments, no failure mode.
+        let tid = unsafe { libc::gettid() };
+        let _ = std::fs::write(dir.join("tid"), tid.to_string());
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let e = std::process::Command::new("sleep").arg("0.5").exec();
+        eprintln!("thread-exec: exec sleep: {e}");
+        std::process::exit(3);
+    });
+    let _ = t.join();
+    std::process::exit(4)
+}
+
 /// `bench-internal membership`: the membership test of a process outside every job, the old
 /// hash (seeded with 4096 other pids) against the `JOB_MAP` byte, side by side on exec,
 /// exit_group and block issue while this process runs the workload `n` iterations (twice).

@@ -153,7 +153,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<ExitEvent>(), 48);
         assert_eq!(std::mem::size_of::<SignalEvent>(), 72);
         assert_eq!(std::mem::size_of::<AerEvent>(), 104);
-        assert_eq!(std::mem::size_of::<Config>(), 16 + 4 * 44 + 4 * 12);
+        assert_eq!(std::mem::size_of::<Config>(), 16 + 4 * 45 + 4 * 13);
     }
 
     #[test]

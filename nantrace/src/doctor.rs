@@ -94,6 +94,9 @@ pub fn run() -> Report {
     if probes.iter().any(|p| p.tracepoint == "sched:sched_process_fork" && p.attached && p.path == ProbePath::Btf) {
         notes.push("task:task_newtask is not attached: not needed, the BTF fork program tells threads from processes by the child's tgid".into());
     }
+    if probes.iter().any(|p| p.tracepoint == "sched:sched_process_exit" && p.attached && p.path == ProbePath::Btf) {
+        notes.push("syscalls:sys_enter_exit_group is not attached: not needed, the BTF exit program reads the exit status from the exiting task".into());
+    }
     if probes.iter().any(|p| p.tracepoint == "block:block_rq_complete" && p.attached && p.path == ProbePath::Btf) {
         let off = iostats_off();
         if !off.is_empty() {

@@ -70,7 +70,7 @@ fn exit_code_and_sigkill_of_job_processes() {
     let forks = w.all(|v| v["source"] == "fork" && v["pid"].as_u64() == Some(u64::from(root.id())));
     assert!(forks.len() >= 2, "forks of the root: {forks:?}");
     assert!(forks.iter().any(|f| f["child_pid"].as_u64() == Some(kid)));
-    assert_probe_path(&w.stop(), &["sched:sched_process_fork"]);
+    assert_probe_path(&w.stop(), &["sched:sched_process_fork", "sched:sched_process_exit"]);
     let _ = std::fs::remove_file(&go);
     let _ = std::fs::remove_file(format!("{}.kid", go.display()));
 }
@@ -303,7 +303,7 @@ fn a_segfault_is_a_fatal_signal_with_its_kernel_siginfo() {
     let (x, _) = w.wait_for("its exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_i64() == Some(i64::from(child)));
     assert_eq!(x["signal"], "SIGSEGV", "{x}");
     let _ = std::fs::remove_file(go.to_str().unwrap());
-    assert_probe_path(&w.stop(), &["signal:signal_generate"]);
+    assert_probe_path(&w.stop(), &["signal:signal_generate", "sched:sched_process_exit"]);
 }
 
 /// A process whose main thread ends first (pthread_exit in the main thread; the old leader's
@@ -335,7 +335,7 @@ fn a_process_whose_main_thread_ended_stays_the_jobs() {
     assert_eq!(e["exit_code"], 5, "{e}");
     assert_eq!(e["job"], true);
     let _ = std::fs::remove_file(&go);
-    assert_probe_path(&w.stop(), &["sched:sched_process_fork"]);
+    assert_probe_path(&w.stop(), &["sched:sched_process_fork", "sched:sched_process_exit"]);
 }
 
 /// The kernel side's membership map (`JOB_MAP`, one byte per pid): a job process's children
@@ -347,11 +347,8 @@ fn job_membership_follows_forks_threads_and_exits() {
     if !privileged("job_membership_follows_forks_threads_and_exits") {
         return;
     }
-    let opts = nantrace::probes::Options::default();
-    let mut probes = nantrace::probes::Probes::load(&opts).expect("loading the probes");
-    let dir = std::env::temp_dir().join(format!("nt-member-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir(&dir).unwrap();
+    let mut probes = probes_in_process();
+    let dir = out_dir("member");
     let (go, kid) = (dir.join("go"), dir.join("kid"));
     // The root forks a threaded process (nantrace's own load generator, 3 threads for 2 s)
     // and records its pid.
@@ -371,13 +368,7 @@ fn job_membership_follows_forks_threads_and_exits() {
     assert!(probes.is_job_pid(root_pid));
     std::fs::write(&go, "").unwrap();
     let t0 = std::time::Instant::now();
-    let child: u32 = loop {
-        if let Some(p) = std::fs::read_to_string(&kid).ok().and_then(|s| s.trim().parse().ok()) {
-            break p;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "the child never wrote its pid");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let child = pid_from(&kid, "the child's pid");
     assert!(probes.is_job_pid(child), "the fork program did not mark the job's child {child}");
     // Its threads, once it has started them.
     let mut tids = Vec::new();
@@ -406,4 +397,91 @@ fn job_membership_follows_forks_threads_and_exits() {
     }
     assert_eq!(probes.job_pid_count(), 0, "marks left behind");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// No job given: abnormal exits anywhere on the machine are reported (a code, an uncaught
+/// signal), a clean exit is not, and neither is a process that caught the fatal signal and
+/// then exited 0 (the signal was sent, but it is not how the process ended).
+#[test]
+fn machine_wide_abnormal_exits_and_a_caught_signal() {
+    if !privileged("machine_wide_abnormal_exits_and_a_caught_signal") {
+        return;
+    }
+    let dir = out_dir("wide");
+    let w = Watch::start(&[]);
+    let script = format!(
+        "cd {d}; sh -c 'exit 7' & echo $! > seven; wait; \
+         sh -c 'trap \"exit 0\" TERM; kill -TERM $$; sleep 0.2; exit 9' & echo $! > caught; wait; \
+         sh -c 'exit 0' & echo $! > clean; wait; \
+         sleep 30 & echo $! > term; kill -TERM $!; wait; exit 0",
+        d = dir.display()
+    );
+    let st = std::process::Command::new("sh").arg("-c").arg(&script).status().unwrap();
+    assert!(st.success());
+    let pid = |name: &str| u64::from(pid_from(&dir.join(name), name));
+    let (seven, caught, clean, term) = (pid("seven"), pid("caught"), pid("clean"), pid("term"));
+    let (e, _) = w.wait_for("exit 7 outside any job", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(seven));
+    assert_eq!(e["exit_code"], 7, "{e}");
+    assert_eq!(e["job"], false, "{e}");
+    let (t, _) = w.wait_for("the SIGTERM exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(term));
+    assert_eq!(t["signal"], "SIGTERM", "{t}");
+    assert_eq!(t["exit_code"], serde_json::Value::Null, "{t}");
+    // Both came after these two processes had ended: a wrong event for them is in by now.
+    let wrong = w.all(|v| v["source"] == "exit" && (v["pid"].as_u64() == Some(caught) || v["pid"].as_u64() == Some(clean)));
+    assert!(wrong.is_empty(), "exits reported for a clean exit or a caught SIGTERM: {wrong:?}");
+    let sig = w.all(|v| v["source"] == "signal" && v["target_pid"].as_u64() == Some(caught));
+    assert!(sig.iter().any(|s| s["signal"] == "SIGTERM"), "the caught SIGTERM was still sent: {sig:?}");
+    assert_probe_path(&w.stop(), &["sched:sched_process_exit"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A thread other than the main one execs: the process keeps its pid (the job's), and the
+/// thread's old tid, which ends without an exit of its own, is unmarked by the exec program.
+/// A stale mark would make the next process given that pid count as the job's.
+#[test]
+fn a_thread_that_execs_leaves_no_stale_mark() {
+    if !privileged("a_thread_that_execs_leaves_no_stale_mark") {
+        return;
+    }
+    let mut probes = probes_in_process();
+    let dir = out_dir("texec");
+    let go = dir.join("go");
+    let mut root = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("while [ ! -e {} ]; do sleep 0.02; done; exec {BIN} bench-internal thread-exec --dir {}", go.display(), dir.display()))
+        .spawn()
+        .unwrap();
+    let root_pid = root.id();
+    probes.add_job_pid(root_pid).unwrap();
+    std::fs::write(&go, "").unwrap();
+    let t0 = std::time::Instant::now();
+    let tid = pid_from(&dir.join("tid"), "the thread's tid");
+    assert_ne!(tid, root_pid);
+    assert!(probes.is_job_pid(tid), "the job's thread {tid} is not marked before its exec");
+    while std::fs::read_to_string(format!("/proc/{root_pid}/comm")).unwrap_or_default().trim() != "sleep" {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the thread's exec of sleep never happened");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(probes.is_job_pid(root_pid), "the process {root_pid} left the job at its thread's exec");
+    assert!(!probes.is_job_pid(tid), "the exec'ing thread's old tid {tid} is still marked");
+    assert!(root.wait().unwrap().success());
+    assert_eq!(probes.job_pid_count(), 0, "marks left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The probes loaded in this process (`NANTRACE_PROBE_PATH` honoured), to read `JOB_MAP`.
+fn probes_in_process() -> nantrace::probes::Probes {
+    nantrace::probes::Probes::load(&nantrace::probes::Options::default()).expect("loading the probes")
+}
+
+/// The pid a test's job writes to `path`, waited for (10 s at most).
+fn pid_from(path: &std::path::Path, what: &str) -> u32 {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(p) = std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()) {
+            return p;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{what} never written to {}", path.display());
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }

@@ -48,6 +48,7 @@ pub struct BtfSpec {
 pub enum BtfNeeds {
     Block,
     Task,
+    Exit,
     Signal,
 }
 
@@ -71,6 +72,7 @@ pub const BTF_ARGS: &[(&str, &[&str])] = &[
     ("block_rq_issue", &["struct request *"]),
     ("block_rq_complete", &["struct request *", "blk_status_t", "unsigned int"]),
     ("sched_process_fork", &["struct task_struct *", "struct task_struct *"]),
+    ("sched_process_exit", &["struct task_struct *", "bool"]),
     ("signal_generate", &["int", "struct kernel_siginfo *", "struct task_struct *", "int", "int"]),
 ];
 
@@ -84,7 +86,7 @@ pub const PROBES: &[ProbeSpec] = &[
     ProbeSpec { program: "sched_fork", floor: "floor_fork", group: "sched", name: "sched_process_fork", what: "job process tree (fork)", btf: Some(BtfSpec { program: "fork_btf", floor: "floor_fork_btf", needs: BtfNeeds::Task }) },
     ProbeSpec { program: "task_newtask", floor: "floor_newtask", group: "task", name: "task_newtask", what: "thread vs process creation", btf: None },
     ProbeSpec { program: "sched_exec", floor: "floor_exec", group: "sched", name: "sched_process_exec", what: "job process exec", btf: None },
-    ProbeSpec { program: "sched_exit", floor: "floor_exit", group: "sched", name: "sched_process_exit", what: "process exits", btf: None },
+    ProbeSpec { program: "sched_exit", floor: "floor_exit", group: "sched", name: "sched_process_exit", what: "process exits", btf: Some(BtfSpec { program: "exit_btf", floor: "floor_exit_btf", needs: BtfNeeds::Exit }) },
     ProbeSpec { program: "exit_group", floor: "floor_exit_grp", group: "syscalls", name: "sys_enter_exit_group", what: "exit codes", btf: None },
     ProbeSpec { program: "signal_generate", floor: "floor_signal", group: "signal", name: "signal_generate", what: "fatal signals", btf: Some(BtfSpec { program: "signal_btf", floor: "floor_sig_btf", needs: BtfNeeds::Signal }) },
 ];
@@ -203,6 +205,7 @@ pub fn offsets(root: &Path) -> (TpOffsets, BTreeMap<String, String>) {
         fork_child_comm_loc: u32::from(fork.field("child_comm").is_some_and(|f| f.data_loc)),
         exec_filename: exec.offset("filename"),
         exec_pid: exec.offset("pid"),
+        exec_old_pid: exec.offset("old_pid"),
         exit_pid: exit.offset("pid"),
         exit_group_dead: exit.offset("group_dead"),
         sig_sig: sig.offset("sig"),
@@ -223,7 +226,7 @@ pub fn offsets(root: &Path) -> (TpOffsets, BTreeMap<String, String>) {
 type NeedResult = BTreeMap<BtfNeeds, Result<(), String>>;
 
 fn all_needs(why: &str) -> NeedResult {
-    [BtfNeeds::Block, BtfNeeds::Task, BtfNeeds::Signal].into_iter().map(|n| (n, Err(why.to_string()))).collect()
+    [BtfNeeds::Block, BtfNeeds::Task, BtfNeeds::Exit, BtfNeeds::Signal].into_iter().map(|n| (n, Err(why.to_string()))).collect()
 }
 
 /// The struct members the `tp_btf` programs read, from the kernel's BTF; per group of
@@ -258,6 +261,10 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
         // Optional: set only when the queue keeps I/O statistics.
         o.rq_io_start_time = get("request", "io_start_time_ns", 8).unwrap_or(MISSING);
     }
+    let exit = task.clone().and_then(|_| get("task_struct", "exit_code", 4));
+    if let Ok(code) = exit {
+        o.task_exit_code = code;
+    }
     let signal = task.clone().and_then(|_| Ok((get("task_struct", "comm", 16)?, get("kernel_siginfo", "si_code", 4)?)));
     if let Ok((comm, code)) = signal {
         o.task_comm = comm;
@@ -271,7 +278,8 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
         Ok(())
     };
     let ok = [
-        (BtfNeeds::Task, task.map(|_| ()).and_then(|()| args(&["sched_process_fork"]))),
+        (BtfNeeds::Task, task.clone().map(|_| ()).and_then(|()| args(&["sched_process_fork"]))),
+        (BtfNeeds::Exit, exit.map(|_| ()).and_then(|()| args(&["sched_process_exit"]))),
         (BtfNeeds::Block, block.map(|_| ()).and_then(|()| args(&["block_rq_issue", "block_rq_complete"]))),
         (BtfNeeds::Signal, signal.map(|_| ()).and_then(|()| args(&["signal_generate"]))),
     ]
@@ -375,10 +383,11 @@ impl Probes {
                 }
             }
         }
-        let mut fork_on_btf = false;
+        let (mut fork_on_btf, mut exit_on_btf) = (false, false);
         for spec in PROBES {
-            // The BTF fork program tells threads from processes by itself.
-            if spec.program == "task_newtask" && fork_on_btf && !floors {
+            // The BTF fork program tells threads from processes by itself, and the BTF exit
+            // program reads the exit status from the task: their helpers are not attached.
+            if (spec.program == "task_newtask" && fork_on_btf || spec.program == "exit_group" && exit_on_btf) && !floors {
                 continue;
             }
             let tp = format!("{}:{}", spec.group, spec.name);
@@ -403,8 +412,9 @@ impl Probes {
                 };
                 (program, ProbePath::Tracefs, res)
             });
-            if spec.program == "sched_fork" && path == ProbePath::Btf {
-                fork_on_btf = true;
+            if path == ProbePath::Btf {
+                fork_on_btf |= spec.program == "sched_fork";
+                exit_on_btf |= spec.program == "sched_exit";
             }
             // The benchmark's floor run measures both paths' floors.
             if floors && path == ProbePath::Btf {
