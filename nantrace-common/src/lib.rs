@@ -14,7 +14,9 @@ pub mod tcp;
 pub mod aer;
 
 pub use aer::AerEvent;
-pub use block::{BioHistKey, BioKey, BioStart, BlockEvent, BIO_HIST_BUCKETS};
+pub use block::{
+    BioHistSlot, BioIssuer, BioKey, BioStart, BlockEvent, BlockStat, BIO_HIST_BUCKETS, BIO_HIST_PROBES, BIO_HIST_SLOTS, BIO_ISSUER_SLOTS, BLOCK_STATS,
+};
 pub use config::{BtfOffsets, Config, TpOffsets, MISSING};
 pub use oom::OomEvent;
 pub use printk::{PrintkEvent, PRINTK_MSG_LEN};
@@ -117,6 +119,6 @@ mod pod {
     // SAFETY: all these types are `#[repr(C)]`, `Copy`, contain only integers and integer
     // arrays, and have no implicit padding (checked by the size tests in userspace).
     unsafe impl aya::Pod for super::Config {}
-    unsafe impl aya::Pod for super::BioHistKey {}
+    unsafe impl aya::Pod for super::BioHistSlot {}
     unsafe impl aya::Pod for super::ExitInfo {}
 }

@@ -4,11 +4,12 @@
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{map, tracepoint},
-    maps::{HashMap, PerCpuHashMap},
+    maps::{HashMap, PerCpuArray},
     programs::TracePointContext,
 };
 use nantrace_common::{
-    BioHistKey, BioKey, BioStart, BlockEvent, EventKind, BIO_HIST_BUCKETS, FLAG_JOB, MISSING,
+    BioHistSlot, BioKey, BioStart, BlockEvent, BlockStat, EventKind, BIO_HIST_BUCKETS, BIO_HIST_PROBES,
+    BIO_HIST_SLOTS, BLOCK_STATS, FLAG_JOB, MISSING,
 };
 
 use crate::{conf, count_drop, current_pid_tgid, is_job, EVENTS};
@@ -19,8 +20,28 @@ use crate::{conf, count_drop, current_pid_tgid, is_job, EVENTS};
 #[map]
 static BIO_START: HashMap<BioKey, BioStart> = HashMap::with_max_entries(16384, 0);
 
+/// Per-device latency histograms, per CPU (see `BioHistSlot`).
 #[map]
-static BIO_HIST: PerCpuHashMap<BioHistKey, u64> = PerCpuHashMap::with_max_entries(4096, 0);
+static BIO_HIST: PerCpuArray<BioHistSlot> = PerCpuArray::with_max_entries(BIO_HIST_SLOTS, 0);
+
+/// Per-CPU counters of what the block probes could not keep (see `BlockStat`).
+#[map]
+static BLOCK_STATS_MAP: PerCpuArray<u64> = PerCpuArray::with_max_entries(BLOCK_STATS, 0);
+
+#[inline(always)]
+pub(crate) fn count_stat(s: BlockStat) {
+    if let Some(p) = BLOCK_STATS_MAP.get_ptr_mut(s as u32) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU while the program runs.
+        unsafe { *p += 1 };
+    }
+}
+
+/// Fibonacci hashing: the top `bits` bits of `v` times 2^64/phi, spread for pointers and
+/// dev_t values alike.
+#[inline(always)]
+pub(crate) fn spread(v: u64, bits: u32) -> u32 {
+    (v.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as u32
+}
 
 #[inline(always)]
 fn key(ctx: &TracePointContext, dev_off: u32, sector_off: u32) -> Option<BioKey> {
@@ -69,7 +90,7 @@ fn log2(mut v: u64) -> u32 {
     r
 }
 
-/// Count one completion in the device's log2(µs) histogram.
+/// Count one completion in the log2(µs) histogram of device `dev` (not 0).
 #[inline(always)]
 pub(crate) fn hist_add(dev: u32, latency_ns: u64) {
     let us = latency_ns / 1000;
@@ -77,14 +98,26 @@ pub(crate) fn hist_add(dev: u32, latency_ns: u64) {
     if bucket >= BIO_HIST_BUCKETS {
         bucket = BIO_HIST_BUCKETS - 1;
     }
-    let hk = BioHistKey { dev, bucket };
-    match BIO_HIST.get_ptr_mut(&hk) {
-        // SAFETY: per-CPU value, no concurrent writer on this CPU.
-        Some(c) => unsafe { *c += 1 },
-        None => {
-            let _ = BIO_HIST.insert(&hk, &1, 0);
+    let first = spread(u64::from(dev), BIO_HIST_SLOTS.trailing_zeros());
+    for i in 0..BIO_HIST_PROBES {
+        let Some(slot) = BIO_HIST.get_ptr_mut((first + i) % BIO_HIST_SLOTS) else {
+            return;
+        };
+        // SAFETY: this CPU's copy of the slot; a program on this CPU is not preempted by
+        // another program's write to it (an interrupting one could lose one count).
+        unsafe {
+            if (*slot).dev == 0 {
+                (*slot).dev = dev;
+            } else if (*slot).dev != dev {
+                continue;
+            }
+            if let Some(c) = (*slot).counts.get_mut(bucket as usize) {
+                *c += 1;
+            }
         }
+        return;
     }
+    count_stat(BlockStat::HistFull);
 }
 
 #[tracepoint(category = "block", name = "block_rq_complete")]
@@ -106,7 +139,8 @@ pub fn block_rq_done(ctx: TracePointContext) -> u32 {
         Some(s) => now.saturating_sub(s.ts_ns),
         None => 0,
     };
-    if start.is_some() {
+    // dev 0 (a request without a disk) would read as a free slot.
+    if start.is_some() && k.dev != 0 {
         hist_add(k.dev, latency);
     }
     let slow = start.is_some() && latency >= conf!(slow_io_ns);

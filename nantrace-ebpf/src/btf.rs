@@ -6,26 +6,39 @@
 //! programs (`block.rs`, `process.rs`) run, and `doctor` says which path each probe is on.
 //!
 //! - `blk_issue_btf`: for processes outside every watched job, a membership lookup and
-//!   nothing else. A job's request is remembered by its `struct request *` (who issued it).
+//!   nothing else. A job's request is remembered by its `struct request *` (who issued it)
+//!   in a set-associative array: two inlined loads and a store, no hash.
 //! - `blk_done_btf`: latency from the request's own `start_time_ns` (set by the block layer
 //!   for I/O accounting, as iostat's await: queueing included), so the node-wide histogram
-//!   needs no per-request state (one lookup of the issuer map tells a job's request).
+//!   needs no per-request state; two inlined loads of the issuer array tell a job's
+//!   request, and the device's histogram slot is an inlined array load too.
 //! - `fork_btf`: the child's pid and tgid come from the child's task, which tells threads
 //!   from processes without `task_newtask` and its map.
 //! - `exit_btf`: the exit status comes from the exiting task, without `exit_group`.
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, map},
-    maps::HashMap,
+    maps::Array,
     programs::BtfTracePointContext,
 };
-use nantrace_common::{BioStart, BlockEvent, EventKind, FLAG_JOB};
+use nantrace_common::{BioIssuer, BlockEvent, BlockStat, EventKind, BIO_ISSUER_SLOTS, FLAG_JOB};
 
 use crate::{conf, count_drop, current_pid_tgid, is_job, set_job, EVENTS};
 
-/// A job's in-flight requests, by `struct request *`.
+/// A job's in-flight requests, by start sector and driver tag: two ways per set (see
+/// `BioIssuer`).
 #[map]
-static BIO_ISSUER: HashMap<u64, BioStart> = HashMap::with_max_entries(16384, 0);
+static BIO_ISSUERS: Array<BioIssuer> = Array::with_max_entries(BIO_ISSUER_SLOTS, 0);
+
+/// The request's identity in `BIO_ISSUERS` (sector, driver tag + 1), and its set's two ways.
+#[inline(always)]
+fn issuer_ways(rq: *const u8) -> Option<(u64, u32, *mut BioIssuer, *mut BioIssuer)> {
+    let sector: u64 = load(rq, conf!(btf.rq_sector));
+    let tag: i32 = load(rq, conf!(btf.rq_tag));
+    let tag = (tag as u32).wrapping_add(1);
+    let set = crate::block::spread(sector ^ (u64::from(tag) << 44), BIO_ISSUER_SLOTS.trailing_zeros() - 1) * 2;
+    Some((sector, tag, BIO_ISSUERS.get_ptr_mut(set)?, BIO_ISSUERS.get_ptr_mut(set + 1)?))
+}
 
 /// A plain load of a `T` at `base + off`. The verifier knows `off` (a read-only global) and
 /// checks it against the struct's BTF; a fault reads zero.
@@ -46,13 +59,29 @@ pub fn blk_issue_btf(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let rq: *const u8 = ctx.arg(0);
-    let start = BioStart {
-        // SAFETY: helper without arguments.
-        ts_ns: unsafe { bpf_ktime_get_ns() },
-        pid: tgid,
-        _pad: 0,
+    let Some((sector, tag, a, b)) = issuer_ways(rq) else {
+        return 0;
     };
-    let _ = BIO_ISSUER.insert(&(rq as u64), &start, 0);
+    // The completion measures from the request's own start time; a clock read here only for
+    // a queue that keeps none (I/O statistics off).
+    let own: u64 = load(rq, conf!(btf.rq_start_time));
+    // SAFETY: helper without arguments.
+    let ts_ns = if own == 0 { unsafe { bpf_ktime_get_ns() } } else { 0 };
+    // SAFETY: array slots; a set is written by the issuing CPU and cleared by the completing
+    // one, which the block layer orders (a request completes after it was issued).
+    unsafe {
+        let mine = |w: *mut BioIssuer| (*w).tag == 0 || ((*w).tag == tag && (*w).sector == sector);
+        let way = if mine(a) {
+            a
+        } else if mine(b) {
+            b
+        } else {
+            // Both ways hold other live requests: the first is given up, and counted.
+            crate::block::count_stat(BlockStat::IssuerEvicted);
+            a
+        };
+        *way = BioIssuer { sector, tag, pid: tgid, ts_ns };
+    }
     0
 }
 
@@ -82,11 +111,19 @@ pub fn blk_done_btf(ctx: BtfTracePointContext) -> i32 {
     let nr_bytes: u32 = ctx.arg(2);
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: the value is copied out before the entry is removed.
-    let issuer = unsafe { BIO_ISSUER.get(&(rq as u64)) }.copied();
-    if issuer.is_some() {
-        let _ = BIO_ISSUER.remove(&(rq as u64));
-    }
+    let Some((sector, tag, a, b)) = issuer_ways(rq) else {
+        return 0;
+    };
+    // SAFETY: array slots (see blk_issue_btf); the entry is copied out, then freed.
+    let issuer = unsafe {
+        let mine = |w: *mut BioIssuer| (*w).tag == tag && (*w).sector == sector;
+        let way = if mine(a) { Some(a) } else if mine(b) { Some(b) } else { None };
+        way.map(|w| {
+            let v = *w;
+            (*w).tag = 0;
+            v
+        })
+    };
     let mut start: u64 = load(rq, conf!(btf.rq_start_time));
     if start == 0 {
         start = load(rq, conf!(btf.rq_io_start_time));
@@ -97,11 +134,11 @@ pub fn blk_done_btf(ctx: BtfTracePointContext) -> i32 {
     let latency = if start == 0 { 0 } else { now.saturating_sub(start) };
     let q: *const u8 = load(rq, conf!(btf.rq_q));
     let disk: *const u8 = load(q, conf!(btf.q_disk));
+    // The kernel's dev_t: MKDEV(major, minor) = major << 20 | minor.
     let major: i32 = load(disk, conf!(btf.disk_major));
     let minor: i32 = load(disk, conf!(btf.disk_first_minor));
-    // The kernel's dev_t: MKDEV(major, minor) = major << 20 | minor.
     let dev = ((major as u32) << 20) | (minor as u32 & 0xfffff);
-    if start != 0 {
+    if start != 0 && dev != 0 {
         crate::block::hist_add(dev, latency);
     }
     let slow = start != 0 && latency >= conf!(slow_io_ns);
@@ -125,7 +162,7 @@ pub fn blk_done_btf(ctx: BtfTracePointContext) -> i32 {
         (*p).hdr.comm = [0; 16];
         (*p).dev = dev;
         (*p).error = blk_errno(status);
-        (*p).sector = load(rq, conf!(btf.rq_sector));
+        (*p).sector = sector;
         (*p).latency_ns = latency;
         (*p).nr_sector = nr_bytes >> 9;
         (*p)._pad = 0;

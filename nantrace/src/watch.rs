@@ -25,6 +25,8 @@ pub struct WatchArgs {
 pub struct Accounting {
     pub events: BTreeMap<String, u64>,
     pub kernel_drops: BTreeMap<String, u64>,
+    /// What the block probes could not keep (`Probes::block_losses`).
+    pub block_losses: BTreeMap<String, u64>,
     pub decode_errors: u64,
     pub probes_attached: Vec<String>,
     pub probes_not_attached: BTreeMap<String, String>,
@@ -141,8 +143,10 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
         }
     }
     acct.kernel_drops = probes.drops().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    acct.block_losses = probes.block_losses().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     acct.decode_errors = stats.decode_errors.load(Ordering::Relaxed);
-    let doc = serde_json::json!({ "accounting": acct });
+    let mut doc = serde_json::json!({ "accounting": acct });
+    doc["accounting"]["io_latency_histograms_log2_us"] = serde_json::json!(probes.io_histograms());
     if args.json {
         crate::sayout!("{doc}");
     } else {

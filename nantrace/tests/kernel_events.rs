@@ -146,10 +146,17 @@ fn odirect_writes_to_a_loop_device_give_block_events_with_latency() {
     assert!(b["latency_ms"].as_f64().unwrap() > 0.0);
     assert!(b["rwbs"].as_str().unwrap().starts_with('W'), "{b}");
     std::thread::sleep(Duration::from_millis(300));
-    let n = w.all(|v| v["source"] == "block" && v["dev"] == want.as_str() && v["bytes"] == 4096).len();
-    assert!(n >= 60, "expected ~64 4 KiB writes on {want}, got {n}");
+    let writes = w.all(|v| v["source"] == "block" && v["dev"] == want.as_str() && v["bytes"] == 4096);
+    assert!(writes.len() >= 60, "expected ~64 4 KiB writes on {want}, got {}", writes.len());
+    assert!(writes.iter().all(|v| v["job"] == true && v["comm"] == "dd"), "a write not attributed to the job's dd: {writes:?}");
     let _ = std::fs::remove_file(&go);
-    assert_probe_path(&w.stop(), &["block:block_rq_issue", "block:block_rq_complete"]);
+    let acct = w.stop();
+    // Every completion is in the device's histogram, and nothing was given up.
+    let hist: u64 = acct["accounting"]["io_latency_histograms_log2_us"][want.as_str()].as_array().unwrap_or_else(|| panic!("no histogram for {want}: {acct}")).iter().filter_map(serde_json::Value::as_u64).sum();
+    assert!(hist >= writes.len() as u64, "{hist} completions in the histogram of {want}, {} write events", writes.len());
+    assert_eq!(acct["accounting"]["block_losses"]["job_requests_not_attributed"], 0, "{acct}");
+    assert_eq!(acct["accounting"]["block_losses"]["completions_not_in_histograms"], 0, "{acct}");
+    assert_probe_path(&acct, &["block:block_rq_issue", "block:block_rq_complete"]);
 }
 
 /// A real block I/O error: a loop device over a sparse file on a 1 MiB tmpfs. Writing 4 MiB

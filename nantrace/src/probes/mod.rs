@@ -3,21 +3,24 @@
 //! Each tracepoint name is written once, in [`PROBES`]. A probe that cannot attach (missing
 //! tracepoint, kernel without the feature) is reported in [`ProbeStatus`] and the rest run.
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::programs::{BtfTracePoint, TracePoint};
 use aya::{Ebpf, EbpfLoader};
-use nantrace_common::{BioHistKey, BtfOffsets, Config, EventKind, TpOffsets, DROP_SLOTS, MISSING};
+use nantrace_common::{BioHistSlot, BlockStat, BtfOffsets, Config, EventKind, DROP_SLOTS};
 use serde::Serialize;
 
-use crate::tracefs::{self, Format};
+use crate::tracefs;
 
 pub mod btf;
 mod jobmap;
 mod micro;
+mod offsets;
 
 pub use micro::{membership_ab, microcost, MEMBERSHIP_AB, MICRO};
+use offsets::all_needs;
+pub use offsets::{btf_offsets, offsets};
 
 static BPF_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/nantrace.bpf.o"));
 
@@ -151,149 +154,13 @@ impl Default for Options {
     }
 }
 
-/// Tracepoint offsets from the running kernel's format files.
-pub fn offsets(root: &Path) -> (TpOffsets, BTreeMap<String, String>) {
-    let mut missing = BTreeMap::new();
-    let mut fmt = |g: &str, n: &str| match tracefs::read_format(root, g, n) {
-        Ok(f) => f,
-        Err(e) => {
-            missing.insert(format!("{g}:{n}"), e.to_string());
-            Format::default()
-        }
-    };
-    let printk = fmt("printk", "console");
-    let oom = fmt("oom", "mark_victim");
-    crate::decode::set_oom_kb_per_unit(oom.oom_kb_per_unit());
-    let issue = fmt("block", "block_rq_issue");
-    let done = fmt("block", "block_rq_complete");
-    let tcp = fmt("tcp", "tcp_retransmit_skb");
-    let fork = fmt("sched", "sched_process_fork");
-    let exec = fmt("sched", "sched_process_exec");
-    let exit = fmt("sched", "sched_process_exit");
-    let sig = fmt("signal", "signal_generate");
-    let eg = fmt("syscalls", "sys_enter_exit_group");
-    let aer = fmt("ras", "aer_event");
-    let o = TpOffsets {
-        printk_msg: printk.offset("msg"),
-        oom_pid: oom.offset("pid"),
-        oom_comm: oom.field("comm").filter(|f| f.data_loc).map_or(nantrace_common::MISSING, |f| f.offset),
-        oom_total_vm: oom.offset("total_vm"),
-        oom_anon_rss: oom.offset("anon_rss"),
-        oom_file_rss: oom.offset("file_rss"),
-        oom_shmem_rss: oom.offset("shmem_rss"),
-        oom_uid: oom.offset("uid"),
-        oom_pgtables: oom.offset("pgtables"),
-        oom_score_adj: oom.offset("oom_score_adj"),
-        bio_issue_dev: issue.offset("dev"),
-        bio_issue_sector: issue.offset("sector"),
-        bio_done_dev: done.offset("dev"),
-        bio_done_sector: done.offset("sector"),
-        bio_done_nr_sector: done.offset("nr_sector"),
-        bio_done_error: done.offset("error"),
-        bio_done_rwbs: done.offset("rwbs"),
-        tcp_state: tcp.offset("state"),
-        tcp_sport: tcp.offset("sport"),
-        tcp_dport: tcp.offset("dport"),
-        tcp_family: tcp.offset("family"),
-        tcp_saddr: tcp.offset("saddr"),
-        tcp_daddr: tcp.offset("daddr"),
-        tcp_saddr_v6: tcp.offset("saddr_v6"),
-        tcp_daddr_v6: tcp.offset("daddr_v6"),
-        fork_parent_pid: fork.offset("parent_pid"),
-        fork_child_pid: fork.offset("child_pid"),
-        fork_child_comm: fork.offset("child_comm"),
-        fork_child_comm_loc: u32::from(fork.field("child_comm").is_some_and(|f| f.data_loc)),
-        exec_filename: exec.offset("filename"),
-        exec_pid: exec.offset("pid"),
-        exec_old_pid: exec.offset("old_pid"),
-        exit_pid: exit.offset("pid"),
-        exit_group_dead: exit.offset("group_dead"),
-        sig_sig: sig.offset("sig"),
-        sig_code: sig.offset("code"),
-        sig_comm: sig.offset("comm"),
-        sig_pid: sig.offset("pid"),
-        sig_result: sig.offset("result"),
-        exit_group_code: eg.offset("error_code"),
-        aer_dev_name: aer.offset("dev_name"),
-        aer_status: aer.offset("status"),
-        aer_severity: aer.offset("severity"),
-        aer_tlp_valid: aer.offset("tlp_header_valid"),
-        aer_tlp: aer.offset("tlp_header"),
-    };
-    (o, missing)
-}
-
-type NeedResult = BTreeMap<BtfNeeds, Result<(), String>>;
-
-fn all_needs(why: &str) -> NeedResult {
-    [BtfNeeds::Block, BtfNeeds::Task, BtfNeeds::Exit, BtfNeeds::Signal].into_iter().map(|n| (n, Err(why.to_string()))).collect()
-}
-
-/// The struct members the `tp_btf` programs read, from the kernel's BTF; per group of
-/// programs, `Err` names the first member that is missing or not the expected size.
-pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
-    let mut o = BtfOffsets::missing();
-    let get = |s: &str, m: &str, size: u32| b.offset(s, m, size).map_err(|e| e.to_string());
-    let task = (|| -> Result<(u32, u32), String> { Ok((get("task_struct", "pid", 4)?, get("task_struct", "tgid", 4)?)) })();
-    if let Ok((pid, tgid)) = task {
-        o.task_pid = pid;
-        o.task_tgid = tgid;
-    }
-    let block = (|| -> Result<[u32; 7], String> {
-        Ok([
-            get("request", "q", 8)?,
-            get("request", "__sector", 8)?,
-            get("request", "start_time_ns", 8)?,
-            get("request", "cmd_flags", 4)?,
-            get("request_queue", "disk", 8)?,
-            get("gendisk", "major", 4)?,
-            get("gendisk", "first_minor", 4)?,
-        ])
-    })();
-    if let Ok([q, sector, start, flags, disk, major, minor]) = block {
-        o.rq_q = q;
-        o.rq_sector = sector;
-        o.rq_start_time = start;
-        o.rq_cmd_flags = flags;
-        o.q_disk = disk;
-        o.disk_major = major;
-        o.disk_first_minor = minor;
-        // Optional: set only when the queue keeps I/O statistics.
-        o.rq_io_start_time = get("request", "io_start_time_ns", 8).unwrap_or(MISSING);
-    }
-    let exit = task.clone().and_then(|_| get("task_struct", "exit_code", 4));
-    if let Ok(code) = exit {
-        o.task_exit_code = code;
-    }
-    let signal = task.clone().and_then(|_| Ok((get("task_struct", "comm", 16)?, get("kernel_siginfo", "si_code", 4)?)));
-    if let Ok((comm, code)) = signal {
-        o.task_comm = comm;
-        o.siginfo_code = code;
-    }
-    let args = |tps: &[&str]| -> Result<(), String> {
-        for tp in tps {
-            let want = BTF_ARGS.iter().find(|a| a.0 == *tp).map_or(&[][..], |a| a.1);
-            b.check_args(tp, want)?;
-        }
-        Ok(())
-    };
-    let ok = [
-        (BtfNeeds::Task, task.clone().map(|_| ()).and_then(|()| args(&["sched_process_fork"]))),
-        (BtfNeeds::Exit, exit.map(|_| ()).and_then(|()| args(&["sched_process_exit"]))),
-        (BtfNeeds::Block, block.map(|_| ()).and_then(|()| args(&["block_rq_issue", "block_rq_complete"]))),
-        (BtfNeeds::Signal, signal.map(|_| ()).and_then(|()| args(&["signal_generate"]))),
-    ]
-    .into_iter()
-    .collect();
-    (o, ok)
-}
-
 pub struct Probes {
     ebpf: Ebpf,
     pub status: Vec<ProbeStatus>,
     job_map: jobmap::JobMap,
     drops: PerCpuArray<MapData, u64>,
-    bio_hist: PerCpuHashMap<MapData, BioHistKey, u64>,
+    bio_hist: PerCpuArray<MapData, BioHistSlot>,
+    block_stats: PerCpuArray<MapData, u64>,
     pub tracefs: PathBuf,
 }
 
@@ -328,6 +195,7 @@ impl Probes {
             self_pid: std::process::id(),
             off,
             btf: btf_off,
+            _pad: 0,
         };
         // RLIMIT_MEMLOCK: not needed on 6.x (memcg accounting); raising it may fail unprivileged.
         let rl = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
@@ -441,8 +309,9 @@ impl Probes {
             _ => return Err(ProbeError::Map("JOB_MAP", "not an array".into())),
         };
         let drops = PerCpuArray::try_from(take(&mut ebpf, "DROPS")?).map_err(|e| ProbeError::Map("DROPS", e.to_string()))?;
-        let bio_hist = PerCpuHashMap::try_from(take(&mut ebpf, "BIO_HIST")?).map_err(|e| ProbeError::Map("BIO_HIST", e.to_string()))?;
-        Ok(Self { ebpf, status, job_map, drops, bio_hist, tracefs: root })
+        let bio_hist = PerCpuArray::try_from(take(&mut ebpf, "BIO_HIST")?).map_err(|e| ProbeError::Map("BIO_HIST", e.to_string()))?;
+        let block_stats = PerCpuArray::try_from(take(&mut ebpf, "BLOCK_STATS_MAP")?).map_err(|e| ProbeError::Map("BLOCK_STATS_MAP", e.to_string()))?;
+        Ok(Self { ebpf, status, job_map, drops, bio_hist, block_stats, tracefs: root })
     }
 
     /// The synthetic generator (`BenchPrograms::Synthetic`): records per getppid from `tgid`.
@@ -490,22 +359,39 @@ impl Probes {
         out
     }
 
-    /// Per-device block latency histograms (log2 µs buckets), summed over CPUs.
-    pub fn io_histograms(&self) -> BTreeMap<u32, Vec<u64>> {
-        let mut out: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-        for item in self.bio_hist.iter().flatten() {
-            let (k, v) = item;
-            let row = out.entry(k.dev).or_insert_with(|| vec![0; nantrace_common::BIO_HIST_BUCKETS as usize]);
-            if let Some(slot) = row.get_mut(k.bucket as usize) {
-                *slot += v.iter().sum::<u64>();
-            }
-        }
-        out
+    /// Per-device block latency histograms (log2 µs buckets), summed over CPUs, by
+    /// `major:minor`.
+    pub fn io_histograms(&self) -> BTreeMap<String, Vec<u64>> {
+        let by_dev = sum_histograms(self.bio_hist.iter().flatten().flat_map(|per_cpu| per_cpu.iter().copied().collect::<Vec<_>>()));
+        by_dev.into_iter().map(|(d, h)| (format!("{}:{}", d >> 20, d & 0xfffff), h)).collect()
+    }
+
+    /// What the block probes could not keep, summed over CPUs: a job's in-flight request
+    /// given up for a newer one (its completion is measured, not attributed to the job), and
+    /// completions of a device that found no histogram slot.
+    pub fn block_losses(&self) -> BTreeMap<&'static str, u64> {
+        [(BlockStat::IssuerEvicted, "job_requests_not_attributed"), (BlockStat::HistFull, "completions_not_in_histograms")]
+            .into_iter()
+            .map(|(s, name)| (name, self.block_stats.get(&(s as u32), 0).map_or(0, |v| v.iter().sum())))
+            .collect()
     }
 
     pub fn attached(&self) -> usize {
         self.status.iter().filter(|s| s.attached).count()
     }
+}
+
+/// Histogram slots of every CPU, summed by device (a device may sit in different slots on
+/// different CPUs); free slots are skipped.
+fn sum_histograms(slots: impl Iterator<Item = BioHistSlot>) -> BTreeMap<u32, Vec<u64>> {
+    let mut out: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for slot in slots.filter(|s| s.dev != 0) {
+        let row = out.entry(slot.dev).or_insert_with(|| vec![0; nantrace_common::BIO_HIST_BUCKETS as usize]);
+        for (r, c) in row.iter_mut().zip(slot.counts) {
+            *r += c;
+        }
+    }
+    out
 }
 
 pub(crate) fn verifier_msg(e: &aya::programs::ProgramError) -> String {
@@ -516,5 +402,35 @@ pub(crate) fn verifier_msg(e: &aya::programs::ProgramError) -> String {
         format!("{} ... {}", lines[0], lines[lines.len() - 8..].join(" | "))
     } else {
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nantrace_common::BIO_HIST_BUCKETS;
+
+    fn slot(dev: u32, counts: &[(usize, u64)]) -> BioHistSlot {
+        let mut s = BioHistSlot { dev, _pad: 0, counts: [0; BIO_HIST_BUCKETS as usize] };
+        for &(b, n) in counts {
+            s.counts[b] = n;
+        }
+        s
+    }
+
+    /// A device can sit in different slots on different CPUs (each CPU claims slots in its
+    /// own order); free slots hold nothing.
+    #[test]
+    fn histogram_slots_are_summed_by_device_across_cpus() {
+        let dev = (7 << 20) | 3;
+        let slots = vec![slot(dev, &[(0, 2), (5, 1)]), slot(0, &[(1, 9)]), slot(8 << 20, &[(3, 4)]), slot(dev, &[(5, 10), (23, 1)])];
+        let h = sum_histograms(slots.into_iter());
+        assert_eq!(h.len(), 2);
+        let mut want = vec![0; BIO_HIST_BUCKETS as usize];
+        want[0] = 2;
+        want[5] = 11;
+        want[23] = 1;
+        assert_eq!(h[&dev], want);
+        assert_eq!(h[&(8 << 20)].iter().sum::<u64>(), 4);
     }
 }

@@ -92,12 +92,13 @@ impl Kernel {
     pub fn accounting(&self, counts: &BTreeMap<&'static str, u64>) -> Value {
         let mut acct = self.base.clone();
         acct.kernel_drops = self.drops();
+        acct.block_losses = self.with(|p| p.block_losses().into_iter().map(|(k, v)| (k.to_string(), v)).collect()).unwrap_or_default();
         acct.events = counts.iter().map(|(k, v)| ((*k).to_string(), *v)).collect();
         acct.decode_errors = self.decode_errors();
         let mut v = serde_json::to_value(&acct).unwrap_or_else(|e| json!({ "error": e.to_string() }));
         v["probes_error"] = json!(self.error);
         if let Some(h) = self.with(|p| p.io_histograms()) {
-            v["io_latency_histograms_log2_us"] = json!(h.into_iter().map(|(d, h)| (format!("{}:{}", d >> 20, d & 0xfffff), h)).collect::<BTreeMap<_, _>>());
+            v["io_latency_histograms_log2_us"] = json!(h);
         }
         v
     }
