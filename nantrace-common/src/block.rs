@@ -28,8 +28,8 @@ pub struct BioStart {
 /// Slots of the per-CPU latency histogram array: one device per slot, found by a hash of its
 /// dev_t and at most `BIO_HIST_PROBES` slots of linear probing. A device that finds no slot is
 /// counted in `BlockStat::HistFull` and left out of the histograms.
-pub const BIO_HIST_SLOTS: u32 = 128;
-pub const BIO_HIST_PROBES: u32 = 4;
+pub const BIO_HIST_SLOTS: u32 = 256;
+pub const BIO_HIST_PROBES: u32 = 8;
 
 /// One device's log2(µs) latency histogram, in a per-CPU array (an array slot is found by an
 /// inlined load; the per-CPU hash it replaced hashed a key at every completion on the node).
@@ -45,23 +45,21 @@ pub struct BioHistSlot {
 /// Slots of the BTF path's in-flight table (a power of two), two ways per set.
 pub const BIO_ISSUER_SLOTS: u32 = 16384;
 
-/// A watched job's in-flight request on the BTF path, by the request's start sector and
-/// driver tag (no two in-flight requests share both; the `struct request *` cannot be
-/// hashed: the verifier forbids arithmetic on it), in a two-way set-associative array (the hash it replaced cost a hash insert at every issue by
-/// the job and a hash lookup at every completion on the node). When both ways of a set hold
-/// other live requests, the first way is overwritten and counted (`BlockStat::IssuerEvicted`):
-/// its completion is measured but not attributed to the job.
+/// A watched job's in-flight request on the BTF path (`BIO_ISSUERS`, two ways per set; see
+/// `nantrace-ebpf/src/blkid.rs`): the request's identity, and who issued it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BioIssuer {
-    /// The request's start sector.
     pub sector: u64,
-    /// The request's driver tag + 1; 0 = a free slot.
+    /// `rq->start_time_ns` at issue (0 when the queue keeps no I/O statistics).
+    pub start: u64,
+    /// Issue time, only when `start` is 0; else 0.
+    pub ts_ns: u64,
+    pub dev: u32,
+    /// The driver tag + 1; 0 = a free way.
     pub tag: u32,
     pub pid: u32,
-    /// Issue time, only when the request carries no start time of its own (I/O statistics
-    /// off for its queue); else 0.
-    pub ts_ns: u64,
+    pub _pad: u32,
 }
 
 /// Per-CPU counters of the block probes (`BLOCK_STATS`, index = the variant).

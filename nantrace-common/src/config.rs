@@ -122,6 +122,12 @@ pub struct BtfOffsets {
     /// `struct task_struct.exit_code`: the wait status do_exit was given (code << 8, or the
     /// signal number with 0x80 for a core dump), set before `sched_process_exit` fires.
     pub task_exit_code: u32,
+    /// `struct task_struct.signal`, `.group_leader`; `struct signal_struct.flags`,
+    /// `.group_exit_code`: what wait(2) reports for a dead group (`wait_task_zombie`).
+    pub task_signal: u32,
+    pub task_group_leader: u32,
+    pub signal_flags: u32,
+    pub signal_group_exit_code: u32,
     /// `struct kernel_siginfo.si_code`.
     pub siginfo_code: u32,
     /// `struct request`: `q`, `__sector`, `start_time_ns`, `io_start_time_ns`, `cmd_flags`.
@@ -145,6 +151,10 @@ impl BtfOffsets {
             task_tgid: MISSING,
             task_comm: MISSING,
             task_exit_code: MISSING,
+            task_signal: MISSING,
+            task_group_leader: MISSING,
+            signal_flags: MISSING,
+            signal_group_exit_code: MISSING,
             siginfo_code: MISSING,
             rq_q: MISSING,
             rq_sector: MISSING,

@@ -103,8 +103,9 @@ pub(crate) fn hist_add(dev: u32, latency_ns: u64) {
         let Some(slot) = BIO_HIST.get_ptr_mut((first + i) % BIO_HIST_SLOTS) else {
             return;
         };
-        // SAFETY: this CPU's copy of the slot; a program on this CPU is not preempted by
-        // another program's write to it (an interrupting one could lose one count).
+        // SAFETY: this CPU's copy of the slot. The kernel does not nest a program inside
+        // itself on one CPU: a completion in hard irq that interrupts this program is skipped
+        // (counted in the program's `recursion_misses`, not here).
         unsafe {
             if (*slot).dev == 0 {
                 (*slot).dev = dev;

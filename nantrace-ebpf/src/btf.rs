@@ -6,8 +6,9 @@
 //! programs (`block.rs`, `process.rs`) run, and `doctor` says which path each probe is on.
 //!
 //! - `blk_issue_btf`: for processes outside every watched job, a membership lookup and
-//!   nothing else. A job's request is remembered by its `struct request *` (who issued it)
-//!   in a set-associative array: two inlined loads and a store, no hash.
+//!   nothing else. A job's request is remembered (who issued it) in a set-associative
+//!   array, `blkid.rs`: inlined loads and a store, no hash map. `blk_requeue_btf` drops a
+//!   requeued request from it.
 //! - `blk_done_btf`: latency from the request's own `start_time_ns` (set by the block layer
 //!   for I/O accounting, as iostat's await: queueing included), so the node-wide histogram
 //!   needs no per-request state; two inlined loads of the issuer array tell a job's
@@ -17,33 +18,20 @@
 //! - `exit_btf`: the exit status comes from the exiting task, without `exit_group`.
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
-    macros::{btf_tracepoint, map},
-    maps::Array,
+    macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };
-use nantrace_common::{BioIssuer, BlockEvent, BlockStat, EventKind, BIO_ISSUER_SLOTS, FLAG_JOB};
+use nantrace_common::{BlockEvent, EventKind, FLAG_JOB};
 
-use crate::{conf, count_drop, current_pid_tgid, is_job, set_job, EVENTS};
-
-/// A job's in-flight requests, by start sector and driver tag: two ways per set (see
-/// `BioIssuer`).
-#[map]
-static BIO_ISSUERS: Array<BioIssuer> = Array::with_max_entries(BIO_ISSUER_SLOTS, 0);
-
-/// The request's identity in `BIO_ISSUERS` (sector, driver tag + 1), and its set's two ways.
-#[inline(always)]
-fn issuer_ways(rq: *const u8) -> Option<(u64, u32, *mut BioIssuer, *mut BioIssuer)> {
-    let sector: u64 = load(rq, conf!(btf.rq_sector));
-    let tag: i32 = load(rq, conf!(btf.rq_tag));
-    let tag = (tag as u32).wrapping_add(1);
-    let set = crate::block::spread(sector ^ (u64::from(tag) << 44), BIO_ISSUER_SLOTS.trailing_zeros() - 1) * 2;
-    Some((sector, tag, BIO_ISSUERS.get_ptr_mut(set)?, BIO_ISSUERS.get_ptr_mut(set + 1)?))
-}
+use crate::{
+    blkid::{rq_dev, RqId},
+    conf, count_drop, current_pid_tgid, is_job, set_job, EVENTS,
+};
 
 /// A plain load of a `T` at `base + off`. The verifier knows `off` (a read-only global) and
 /// checks it against the struct's BTF; a fault reads zero.
 #[inline(always)]
-fn load<T: Copy + Default>(base: *const u8, off: u32) -> T {
+pub(crate) fn load<T: Copy + Default>(base: *const u8, off: u32) -> T {
     if base.is_null() || off == nantrace_common::MISSING {
         return T::default();
     }
@@ -59,28 +47,24 @@ pub fn blk_issue_btf(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let rq: *const u8 = ctx.arg(0);
-    let Some((sector, tag, a, b)) = issuer_ways(rq) else {
+    let Some(id) = RqId::of(rq) else {
         return 0;
     };
     // The completion measures from the request's own start time; a clock read here only for
     // a queue that keeps none (I/O statistics off).
-    let own: u64 = load(rq, conf!(btf.rq_start_time));
     // SAFETY: helper without arguments.
-    let ts_ns = if own == 0 { unsafe { bpf_ktime_get_ns() } } else { 0 };
-    // SAFETY: array slots; a set is written by the issuing CPU and cleared by the completing
-    // one, which the block layer orders (a request completes after it was issued).
-    unsafe {
-        let mine = |w: *mut BioIssuer| (*w).tag == 0 || ((*w).tag == tag && (*w).sector == sector);
-        let way = if mine(a) {
-            a
-        } else if mine(b) {
-            b
-        } else {
-            // Both ways hold other live requests: the first is given up, and counted.
-            crate::block::count_stat(BlockStat::IssuerEvicted);
-            a
-        };
-        *way = BioIssuer { sector, tag, pid: tgid, ts_ns };
+    let ts_ns = if id.start == 0 { unsafe { bpf_ktime_get_ns() } } else { 0 };
+    id.remember(tgid, ts_ns);
+    0
+}
+
+/// A request that goes back to the queue is issued again later, maybe with another driver
+/// tag: its entry is dropped now (the new issue makes a new one), or it would hold a way.
+#[btf_tracepoint(function = "block_rq_requeue")]
+pub fn blk_requeue_btf(ctx: BtfTracePointContext) -> i32 {
+    let rq: *const u8 = ctx.arg(0);
+    if let Some(id) = RqId::of(rq) {
+        let _ = id.take();
     }
     0
 }
@@ -111,20 +95,9 @@ pub fn blk_done_btf(ctx: BtfTracePointContext) -> i32 {
     let nr_bytes: u32 = ctx.arg(2);
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    let Some((sector, tag, a, b)) = issuer_ways(rq) else {
-        return 0;
-    };
-    // SAFETY: array slots (see blk_issue_btf); the entry is copied out, then freed.
-    let issuer = unsafe {
-        let mine = |w: *mut BioIssuer| (*w).tag == tag && (*w).sector == sector;
-        let way = if mine(a) { Some(a) } else if mine(b) { Some(b) } else { None };
-        way.map(|w| {
-            let v = *w;
-            (*w).tag = 0;
-            v
-        })
-    };
-    let mut start: u64 = load(rq, conf!(btf.rq_start_time));
+    let id = RqId::of(rq);
+    let issuer = id.as_ref().and_then(RqId::take);
+    let mut start: u64 = id.as_ref().map_or(0, |i| i.start);
     if start == 0 {
         start = load(rq, conf!(btf.rq_io_start_time));
     }
@@ -132,12 +105,10 @@ pub fn blk_done_btf(ctx: BtfTracePointContext) -> i32 {
         start = issuer.map_or(0, |s| s.ts_ns);
     }
     let latency = if start == 0 { 0 } else { now.saturating_sub(start) };
-    let q: *const u8 = load(rq, conf!(btf.rq_q));
-    let disk: *const u8 = load(q, conf!(btf.q_disk));
-    // The kernel's dev_t: MKDEV(major, minor) = major << 20 | minor.
-    let major: i32 = load(disk, conf!(btf.disk_major));
-    let minor: i32 = load(disk, conf!(btf.disk_first_minor));
-    let dev = ((major as u32) << 20) | (minor as u32 & 0xfffff);
+    let (dev, sector) = match &id {
+        Some(i) => (i.dev, i.sector),
+        None => (rq_dev(rq), load(rq, conf!(btf.rq_sector))),
+    };
     if start != 0 && dev != 0 {
         crate::block::hist_add(dev, latency);
     }
@@ -214,10 +185,10 @@ pub fn fork_btf(ctx: BtfTracePointContext) -> i32 {
 }
 
 /// `sched_process_exit(struct task_struct *p, bool group_dead)` (the flag since 6.x; older
-/// kernels run the tracefs program): the wait status is the task's own `exit_code`, set by
-/// do_exit just before, so no `exit_group` program runs on every process's exit and no
-/// exit code is remembered per pid. It is exact where the remembered one guessed: a fatal
-/// signal sent but caught, an exit without exit_group, a core dump.
+/// kernels run the tracefs program): the status is read from the kernel's own record, as
+/// wait(2) computes it (`wait_status`), so no `exit_group` program runs on every process's
+/// exit and no exit code is remembered per pid. It is exact where the remembered one
+/// guessed: a fatal signal sent but caught, a last thread that ended with the exit syscall.
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn exit_btf(ctx: BtfTracePointContext) -> i32 {
     let (tgid, tid) = current_pid_tgid();
@@ -226,10 +197,29 @@ pub fn exit_btf(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let task: *const u8 = ctx.arg(0);
-    let group_dead: u8 = ctx.arg(1);
-    let status: i32 = load(task, conf!(btf.task_exit_code));
-    crate::process::finish_exit(tgid, tid, job, group_dead != 0, Some(status));
+    let group_dead = ctx.arg::<u8>(1) != 0;
+    let status = if group_dead { wait_status(task) } else { 0 };
+    crate::process::finish_exit(tgid, tid, job, group_dead, Some(status));
     0
+}
+
+/// `SIGNAL_GROUP_EXIT` in `signal_struct.flags` (the same value since 2.6).
+const SIGNAL_GROUP_EXIT: u32 = 4;
+
+/// The status wait(2) returns for the group of `task`, whose last thread is exiting: as the
+/// kernel's `wait_task_zombie`, the group's exit code when a group exit (exit_group, a fatal
+/// signal) is in progress, else the leader's own. Not the exiting thread's own code: an
+/// io_uring worker thread ends with do_exit(0) when its process is killed, and a last thread
+/// may end with the exit syscall after the leader.
+#[inline(always)]
+fn wait_status(task: *const u8) -> i32 {
+    let signal: *const u8 = load(task, conf!(btf.task_signal));
+    let flags: u32 = load(signal, conf!(btf.signal_flags));
+    if flags & SIGNAL_GROUP_EXIT != 0 {
+        return load(signal, conf!(btf.signal_group_exit_code));
+    }
+    let leader: *const u8 = load(task, conf!(btf.task_group_leader));
+    load(leader, conf!(btf.task_exit_code))
 }
 
 /// `signal_generate(int sig, struct kernel_siginfo *info, struct task_struct *task, int group,

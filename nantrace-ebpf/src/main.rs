@@ -8,6 +8,7 @@
 
 mod aer;
 mod bench;
+mod blkid;
 mod block;
 mod btf;
 mod oom;

@@ -6,7 +6,7 @@
 //! `exit_group` is attached.
 use aya_ebpf::{
     macros::{map, tracepoint},
-    maps::HashMap,
+    maps::{Array, HashMap},
     programs::TracePointContext,
 };
 use nantrace_common::{
@@ -23,9 +23,23 @@ const CLONE_THREAD: u64 = 0x0001_0000;
 #[map]
 static NEW_THREADS: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 
-/// Last exit code / fatal signal per pid, consumed when the process is gone.
+/// Last exit code / fatal signal per pid, consumed when the process is gone (tracefs path
+/// only: the BTF exit program reads the status from the task).
 #[map]
 static EXIT_INFO: HashMap<u32, ExitInfo> = HashMap::with_max_entries(16384, 0);
+
+/// Set by userspace after attaching: index 0 = 1 when the exit program on
+/// `sched_process_exit` is the BTF one, so the signal programs need not remember exit
+/// causes. A map, not the read-only config: which exit program runs is known only after the
+/// verifier accepted it, and the config is fixed before.
+#[map]
+static SETTINGS: Array<u32> = Array::with_max_entries(1, 0);
+
+#[inline(always)]
+fn exit_status_from_task() -> bool {
+    // SAFETY: a u32 of a map value.
+    SETTINGS.get_ptr(0).is_some_and(|p| unsafe { core::ptr::read_volatile(p) } != 0)
+}
 
 #[inline(always)]
 fn read_i32(ctx: &TracePointContext, off: u32) -> Option<i32> {
@@ -159,17 +173,18 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
 }
 
 /// The exit of thread `tid` of process `tgid`, a job's (`job`) or any (machine-wide mode):
-/// membership and remembered exit causes are cleaned up, and when the whole group is dead an
-/// exit event is emitted. `status`: the wait status from the task itself (the BTF path);
-/// `None`: from what `exit_group` and `signal_generate` remembered (the tracefs path).
+/// membership (and on the tracefs path remembered exit causes) is cleaned up, and when the
+/// whole group is dead an exit event is emitted. `status`: the group's wait status, read
+/// from the kernel (the BTF path); `None`: from what `exit_group` and `signal_generate`
+/// remembered (the tracefs path).
 #[inline(always)]
 pub(crate) fn finish_exit(tgid: u32, tid: u32, job: bool, group_dead: bool, status: Option<i32>) {
     // A thread-directed fatal signal (SIGSEGV from a fault) is keyed by tid: move it to tgid.
-    if tid != tgid {
+    if tid != tgid && status.is_none() {
         // SAFETY: value copied out before removal.
         if let Some(i) = unsafe { EXIT_INFO.get(&tid) }.copied() {
             let _ = EXIT_INFO.remove(&tid);
-            if i.signal != 0 && status.is_none() {
+            if i.signal != 0 {
                 let _ = EXIT_INFO.insert(&tgid, &i, 0);
             }
         }
@@ -184,16 +199,19 @@ pub(crate) fn finish_exit(tgid: u32, tid: u32, job: bool, group_dead: bool, stat
         return;
     }
     set_job(tgid, false);
-    // SAFETY: value copied out before removal.
-    let remembered = unsafe { EXIT_INFO.get(&tgid) }.copied();
-    if remembered.is_some() {
-        let _ = EXIT_INFO.remove(&tgid);
-    }
     let info = match status {
-        // As wait(2) decodes it: a signal number in the low 7 bits, else the code above them.
+        // As wait(2) decodes it: a signal number in the low 7 bits (0x80: a core was
+        // dumped, not reported), else the code above them.
         Some(s) if s & 0x7f != 0 => ExitInfo { code: -1, signal: s & 0x7f },
         Some(s) => ExitInfo { code: (s >> 8) & 0xff, signal: 0 },
-        None => remembered.unwrap_or(ExitInfo { code: -1, signal: 0 }),
+        None => {
+            // SAFETY: value copied out before removal.
+            let remembered = unsafe { EXIT_INFO.get(&tgid) }.copied();
+            if remembered.is_some() {
+                let _ = EXIT_INFO.remove(&tgid);
+            }
+            remembered.unwrap_or(ExitInfo { code: -1, signal: 0 })
+        }
     };
     if !job && info.signal == 0 && info.code <= 0 {
         return;
@@ -247,7 +265,7 @@ pub(crate) fn emit_signal(sig: i32, code: i32, target: u32, result: i32, target_
         return;
     }
     // TRACE_SIGNAL_DELIVERED = 0: the signal was queued; an unhandled one ends the process.
-    if result == 0 {
+    if result == 0 && !exit_status_from_task() {
         let _ = EXIT_INFO.insert(&target, &ExitInfo { code: -1, signal: sig }, 0);
     }
     let Some(mut entry) = EVENTS.reserve::<SignalEvent>(0) else {

@@ -95,7 +95,7 @@ pub fn run() -> Report {
         notes.push("task:task_newtask is not attached: not needed, the BTF fork program tells threads from processes by the child's tgid".into());
     }
     if probes.iter().any(|p| p.tracepoint == "sched:sched_process_exit" && p.attached && p.path == ProbePath::Btf) {
-        notes.push("syscalls:sys_enter_exit_group is not attached: not needed, the BTF exit program reads the exit status from the exiting task".into());
+        notes.push("syscalls:sys_enter_exit_group is not attached: not needed, the BTF exit program reads the exit status from the kernel's record of the group".into());
     }
     if probes.iter().any(|p| p.tracepoint == "block:block_rq_complete" && p.attached && p.path == ProbePath::Btf) {
         let off = iostats_off();

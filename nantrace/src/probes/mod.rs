@@ -299,6 +299,22 @@ impl Probes {
                 what: spec.what,
             });
         }
+        // On the BTF block path, a requeued request leaves the in-flight table until its next
+        // issue (the tracefs path keys requests by device and sector: the re-issue overwrites).
+        let block_on_btf = status.iter().any(|p| p.program == "blk_issue_btf" && p.attached);
+        if block_on_btf && !floors {
+            if let Some(kb) = &kernel_btf {
+                let res = attach_btf(&mut ebpf, "blk_requeue_btf", "block_rq_requeue", kb);
+                status.push(ProbeStatus { program: "blk_requeue_btf", tracepoint: "block:block_rq_requeue".into(), path: ProbePath::Btf, btf_fallback: None, attached: res.is_ok(), reason: res.err(), what: "requeued block requests (BTF in-flight table)" });
+            }
+        }
+        // The BTF exit program reads exit statuses from the kernel: the signal programs stop
+        // remembering exit causes for the tracefs exit program.
+        if exit_on_btf && !floors {
+            let m = ebpf.map_mut("SETTINGS").ok_or_else(|| ProbeError::Map("SETTINGS", "missing from the object".into()))?;
+            let mut a: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(m).map_err(|e| ProbeError::Map("SETTINGS", e.to_string()))?;
+            a.set(0, 1, 0).map_err(|e| ProbeError::Map("SETTINGS", e.to_string()))?;
+        }
         if opts.bench == BenchPrograms::Synthetic {
             let res = attach(&mut ebpf, "bench_emit", "syscalls", "sys_enter_getppid");
             status.push(ProbeStatus { program: "bench_emit", tracepoint: "syscalls:sys_enter_getppid".into(), path: ProbePath::Tracefs, btf_fallback: None, attached: res.is_ok(), reason: res.err(), what: "benchmark: synthetic records" });

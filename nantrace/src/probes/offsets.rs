@@ -121,9 +121,21 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
         // Optional: set only when the queue keeps I/O statistics.
         o.rq_io_start_time = get("request", "io_start_time_ns", 8).unwrap_or(MISSING);
     }
-    let exit = task.clone().and_then(|_| get("task_struct", "exit_code", 4));
-    if let Ok(code) = exit {
+    let exit = task.clone().and_then(|_| {
+        Ok([
+            get("task_struct", "exit_code", 4)?,
+            get("task_struct", "signal", 8)?,
+            get("task_struct", "group_leader", 8)?,
+            get("signal_struct", "flags", 4)?,
+            get("signal_struct", "group_exit_code", 4)?,
+        ])
+    });
+    if let Ok([code, signal, leader, flags, group_code]) = exit {
         o.task_exit_code = code;
+        o.task_signal = signal;
+        o.task_group_leader = leader;
+        o.signal_flags = flags;
+        o.signal_group_exit_code = group_code;
     }
     let signal = task.clone().and_then(|_| Ok((get("task_struct", "comm", 16)?, get("kernel_siginfo", "si_code", 4)?)));
     if let Ok((comm, code)) = signal {

@@ -1,0 +1,117 @@
+//! The BTF block path's table of a watched job's in-flight requests (`BIO_ISSUERS`): who
+//! issued a request, found again at its completion without a hash map.
+//!
+//! A request is identified by its device, start sector, driver tag and start time
+//! (`start_time_ns`, set when the request was allocated): no two in-flight requests share
+//! the first three, and the start time tells a reused `struct request` from the one that was
+//! remembered. The `struct request *` itself cannot be hashed (the verifier forbids
+//! arithmetic on it). The table is an array of two-way sets found by a Fibonacci hash of the
+//! identity: the lookups are inlined loads. When both ways hold other live requests, the
+//! first is given up and counted (`BlockStat::IssuerEvicted`): its completion is measured
+//! but not attributed to the job.
+//!
+//! Races, accepted and rare: the table is written by the issuing CPU and cleared by the
+//! completing one without locks. Two CPUs issuing into the same empty set at once may both
+//! take the first way (one request is then not attributed), and an eviction can land between
+//! a completion's copy of a way and its clearing (the newer request is then not attributed).
+use aya_ebpf::{macros::map, maps::Array};
+use nantrace_common::{BioIssuer, BlockStat, BIO_ISSUER_SLOTS};
+
+use crate::{btf::load, conf};
+
+#[map]
+static BIO_ISSUERS: Array<BioIssuer> = Array::with_max_entries(BIO_ISSUER_SLOTS, 0);
+
+/// The kernel's dev_t of a request's disk (through `rq->q->disk`): MKDEV(major, minor) =
+/// major << 20 | minor; 0 without a disk.
+#[inline(always)]
+pub(crate) fn rq_dev(rq: *const u8) -> u32 {
+    let q: *const u8 = load(rq, conf!(btf.rq_q));
+    let disk: *const u8 = load(q, conf!(btf.q_disk));
+    let major: i32 = load(disk, conf!(btf.disk_major));
+    let minor: i32 = load(disk, conf!(btf.disk_first_minor));
+    ((major as u32) << 20) | (minor as u32 & 0xfffff)
+}
+
+/// A request's identity and its set's two ways.
+pub(crate) struct RqId {
+    pub dev: u32,
+    pub sector: u64,
+    /// The driver tag + 1 (0 marks a free way).
+    tag: u32,
+    /// `rq->start_time_ns` (0 when the queue keeps no I/O statistics).
+    pub start: u64,
+    a: *mut BioIssuer,
+    b: *mut BioIssuer,
+}
+
+impl RqId {
+    /// `None` for a request without a driver tag (it cannot be told from others) or a disk.
+    #[inline(always)]
+    pub(crate) fn of(rq: *const u8) -> Option<Self> {
+        let tag: i32 = load(rq, conf!(btf.rq_tag));
+        if tag < 0 {
+            return None;
+        }
+        let dev = rq_dev(rq);
+        if dev == 0 {
+            return None;
+        }
+        let sector: u64 = load(rq, conf!(btf.rq_sector));
+        let start: u64 = load(rq, conf!(btf.rq_start_time));
+        let tag = tag as u32 + 1;
+        let mix = sector ^ (u64::from(tag) << 40) ^ (u64::from(dev) << 20);
+        let set = crate::block::spread(mix, BIO_ISSUER_SLOTS.trailing_zeros() - 1) * 2;
+        Some(Self { dev, sector, tag, start, a: BIO_ISSUERS.get_ptr_mut(set)?, b: BIO_ISSUERS.get_ptr_mut(set + 1)? })
+    }
+
+    /// Whether way `w` holds this request.
+    #[inline(always)]
+    fn holds(&self, w: *mut BioIssuer) -> bool {
+        // SAFETY: a way of the array (a map value).
+        unsafe { (*w).tag == self.tag && (*w).dev == self.dev && (*w).sector == self.sector && (*w).start == self.start }
+    }
+
+    /// Remember that process `pid` issued this request (`ts_ns`: the issue time when the
+    /// request has no start time of its own).
+    #[inline(always)]
+    pub(crate) fn remember(&self, pid: u32, ts_ns: u64) {
+        // A re-issue finds its own way first; then a free one; then the first is given up.
+        // SAFETY: ways of the array (map values).
+        let way = unsafe {
+            if self.holds(self.a) {
+                self.a
+            } else if self.holds(self.b) {
+                self.b
+            } else if (*self.a).tag == 0 {
+                self.a
+            } else if (*self.b).tag == 0 {
+                self.b
+            } else {
+                crate::block::count_stat(BlockStat::IssuerEvicted);
+                self.a
+            }
+        };
+        let v = BioIssuer { sector: self.sector, start: self.start, ts_ns, dev: self.dev, tag: self.tag, pid, _pad: 0 };
+        // SAFETY: as above.
+        unsafe { *way = v };
+    }
+
+    /// The entry of this request, removed from the table; `None`: not a watched job's.
+    #[inline(always)]
+    pub(crate) fn take(&self) -> Option<BioIssuer> {
+        let way = if self.holds(self.a) {
+            self.a
+        } else if self.holds(self.b) {
+            self.b
+        } else {
+            return None;
+        };
+        // SAFETY: as above; copied out, then the whole way is cleared.
+        unsafe {
+            let v = *way;
+            *way = BioIssuer { sector: 0, start: 0, ts_ns: 0, dev: 0, tag: 0, pid: 0, _pad: 0 };
+            Some(v)
+        }
+    }
+}
