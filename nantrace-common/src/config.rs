@@ -136,8 +136,10 @@ pub struct BtfOffsets {
     pub rq_start_time: u32,
     pub rq_io_start_time: u32,
     pub rq_cmd_flags: u32,
-    /// `struct request.tag` (the driver tag).
+    /// `struct request.tag` (the driver tag) and `.internal_tag` (the scheduler tag, held
+    /// from allocation to free when the queue has an I/O scheduler).
     pub rq_tag: u32,
+    pub rq_internal_tag: u32,
     /// `struct request_queue.disk`, `struct gendisk.major` / `.first_minor`.
     pub q_disk: u32,
     pub disk_major: u32,
@@ -162,6 +164,7 @@ impl BtfOffsets {
             rq_io_start_time: MISSING,
             rq_cmd_flags: MISSING,
             rq_tag: MISSING,
+            rq_internal_tag: MISSING,
             q_disk: MISSING,
             disk_major: MISSING,
             disk_first_minor: MISSING,
@@ -181,12 +184,10 @@ pub struct Config {
     pub self_pid: u32,
     pub off: TpOffsets,
     pub btf: BtfOffsets,
-    /// Explicit tail padding to the struct's 8-byte alignment (no implicit padding).
-    pub _pad: u32,
 }
 
 impl Config {
     pub const fn zeroed() -> Self {
-        Self { slow_io_ns: 0, whole_machine: 0, self_pid: 0, off: TpOffsets::missing(), btf: BtfOffsets::missing(), _pad: 0 }
+        Self { slow_io_ns: 0, whole_machine: 0, self_pid: 0, off: TpOffsets::missing(), btf: BtfOffsets::missing() }
     }
 }

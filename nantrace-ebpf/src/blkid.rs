@@ -1,11 +1,14 @@
 //! The BTF block path's table of a watched job's in-flight requests (`BIO_ISSUERS`): who
 //! issued a request, found again at its completion without a hash map.
 //!
-//! A request is identified by its device, start sector, driver tag and start time
-//! (`start_time_ns`, set when the request was allocated): no two in-flight requests share
-//! the first three, and the start time tells a reused `struct request` from the one that was
-//! remembered. The `struct request *` itself cannot be hashed (the verifier forbids
-//! arithmetic on it). The table is an array of two-way sets found by a Fibonacci hash of the
+//! A request is identified by its device, start sector, tag and start time (`start_time_ns`,
+//! set when the request was allocated, so it tells a reused `struct request` from the one
+//! that was remembered, and two requests of different hardware queues that share a tag and a
+//! sector). The tag is the scheduler tag (`internal_tag`) when the queue has an I/O
+//! scheduler, else the driver tag: both are held from allocation to free, so the identity
+//! survives a requeue (the driver tag under a scheduler is given back before a requeue and a
+//! new one taken at the next dispatch, which runs from kblockd, not the job). The
+//! `struct request *` itself cannot be hashed (the verifier forbids arithmetic on it). The table is an array of two-way sets found by a Fibonacci hash of the
 //! identity: the lookups are inlined loads. When both ways hold other live requests, the
 //! first is given up and counted (`BlockStat::IssuerEvicted`): its completion is measured
 //! but not attributed to the job.
@@ -37,7 +40,7 @@ pub(crate) fn rq_dev(rq: *const u8) -> u32 {
 pub(crate) struct RqId {
     pub dev: u32,
     pub sector: u64,
-    /// The driver tag + 1 (0 marks a free way).
+    /// The tag + 1 (0 marks a free way).
     tag: u32,
     /// `rq->start_time_ns` (0 when the queue keeps no I/O statistics).
     pub start: u64,
@@ -46,10 +49,13 @@ pub(crate) struct RqId {
 }
 
 impl RqId {
-    /// `None` for a request without a driver tag (it cannot be told from others) or a disk.
+    /// `None` for a request without a tag (it cannot be told from others) or a disk.
     #[inline(always)]
     pub(crate) fn of(rq: *const u8) -> Option<Self> {
-        let tag: i32 = load(rq, conf!(btf.rq_tag));
+        let mut tag: i32 = load(rq, conf!(btf.rq_internal_tag));
+        if tag < 0 {
+            tag = load(rq, conf!(btf.rq_tag));
+        }
         if tag < 0 {
             return None;
         }

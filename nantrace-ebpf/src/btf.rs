@@ -7,8 +7,7 @@
 //!
 //! - `blk_issue_btf`: for processes outside every watched job, a membership lookup and
 //!   nothing else. A job's request is remembered (who issued it) in a set-associative
-//!   array, `blkid.rs`: inlined loads and a store, no hash map. `blk_requeue_btf` drops a
-//!   requeued request from it.
+//!   array, `blkid.rs`: inlined loads and a store, no hash map.
 //! - `blk_done_btf`: latency from the request's own `start_time_ns` (set by the block layer
 //!   for I/O accounting, as iostat's await: queueing included), so the node-wide histogram
 //!   needs no per-request state; two inlined loads of the issuer array tell a job's
@@ -58,17 +57,6 @@ pub fn blk_issue_btf(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// A request that goes back to the queue is issued again later, maybe with another driver
-/// tag: its entry is dropped now (the new issue makes a new one), or it would hold a way.
-#[btf_tracepoint(function = "block_rq_requeue")]
-pub fn blk_requeue_btf(ctx: BtfTracePointContext) -> i32 {
-    let rq: *const u8 = ctx.arg(0);
-    if let Some(id) = RqId::of(rq) {
-        let _ = id.take();
-    }
-    0
-}
-
 /// blk_status_t to the errno the tracefs `error` field shows. Codes 1-10 have been stable
 /// since 4.13; the higher ones were renumbered between releases, so they read as -EIO.
 #[inline(always)]
@@ -97,7 +85,7 @@ pub fn blk_done_btf(ctx: BtfTracePointContext) -> i32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let id = RqId::of(rq);
     let issuer = id.as_ref().and_then(RqId::take);
-    let mut start: u64 = id.as_ref().map_or(0, |i| i.start);
+    let mut start: u64 = load(rq, conf!(btf.rq_start_time));
     if start == 0 {
         start = load(rq, conf!(btf.rq_io_start_time));
     }
@@ -203,7 +191,7 @@ pub fn exit_btf(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// `SIGNAL_GROUP_EXIT` in `signal_struct.flags` (the same value since 2.6).
+/// `SIGNAL_GROUP_EXIT` in `signal_struct.flags` (4 since 2.6.27 at least; 5.x to 6.18 checked).
 const SIGNAL_GROUP_EXIT: u32 = 4;
 
 /// The status wait(2) returns for the group of `task`, whose last thread is exiting: as the

@@ -162,6 +162,8 @@ fn odirect_writes_to_a_loop_device_give_block_events_with_latency() {
 /// Two devices written at the same offsets at the same time (as RAID1 members are): the
 /// in-flight requests of both share sectors and often driver tags, and each completion must
 /// still be the job's, on its own device, with nothing given up.
+/// Whether two requests overlap is up to timing: with the in-flight table keyed by sector and
+/// tag alone (session 12's first version) it failed about one run in three.
 #[test]
 fn the_same_sectors_on_two_devices_at_once_are_each_the_jobs() {
     if !privileged("the_same_sectors_on_two_devices_at_once_are_each_the_jobs") {
@@ -171,7 +173,9 @@ fn the_same_sectors_on_two_devices_at_once_are_each_the_jobs() {
     let (l1, l2) = (LoopDev::new(&base.with_extension("1.img"), "32M", None), LoopDev::new(&base.with_extension("2.img"), "32M", None));
     let go = base.with_extension("go");
     let _ = std::fs::remove_file(&go);
-    let dd = |dev: &str| format!("dd if=/dev/zero of={dev} bs=4k count=128 oflag=direct 2>/dev/null");
+    // One writer per device, in step: both devices have a request in flight at the same
+    // offset, usually with the same driver tag, most of the time.
+    let dd = |dev: &str| format!("dd if=/dev/zero of={dev} bs=4k count=1024 oflag=direct 2>/dev/null");
     let mut root = std::process::Command::new("sh")
         .arg("-c")
         .arg(format!("while [ ! -e {} ]; do sleep 0.05; done; {} & {} & wait", go.display(), dd(&l1.dev), dd(&l2.dev)))
@@ -184,10 +188,14 @@ fn the_same_sectors_on_two_devices_at_once_are_each_the_jobs() {
     for d in &want {
         w.wait_for("writes on both devices", Duration::from_secs(10), |v| v["source"] == "block" && v["dev"] == d.as_str());
     }
-    std::thread::sleep(Duration::from_millis(300));
     for d in &want {
-        let writes = w.all(|v| v["source"] == "block" && v["dev"] == d.as_str() && v["bytes"] == 4096);
-        assert!(writes.len() >= 120, "expected ~128 4 KiB writes on {d}, got {}", writes.len());
+        let is_write = |v: &serde_json::Value| v["source"] == "block" && v["dev"] == d.as_str() && v["bytes"] == 4096;
+        let t0 = std::time::Instant::now();
+        while w.all(is_write).len() < 1024 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let writes = w.all(is_write);
+        assert!(writes.len() >= 1020, "expected 1024 4 KiB writes on {d}, got {}", writes.len());
         let not_job: Vec<_> = writes.iter().filter(|v| v["job"] != true || v["comm"] != "dd").collect();
         assert!(not_job.is_empty(), "{} of {} writes on {d} not attributed to the job's dd: {:?}", not_job.len(), writes.len(), not_job.first());
     }
@@ -508,7 +516,8 @@ fn a_thread_that_execs_leaves_no_stale_mark() {
         std::thread::sleep(Duration::from_millis(5));
     }
     // comm changes before the exec tracepoint fires: wait for the unmark a little.
-    while probes.is_job_pid(tid) && t0.elapsed() < Duration::from_secs(5) {
+    let t1 = std::time::Instant::now();
+    while probes.is_job_pid(tid) && t1.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(!probes.is_job_pid(tid), "the exec'ing thread's old tid {tid} is still marked");

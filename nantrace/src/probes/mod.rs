@@ -195,7 +195,6 @@ impl Probes {
             self_pid: std::process::id(),
             off,
             btf: btf_off,
-            _pad: 0,
         };
         // RLIMIT_MEMLOCK: not needed on 6.x (memcg accounting); raising it may fail unprivileged.
         let rl = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
@@ -284,6 +283,14 @@ impl Probes {
                 fork_on_btf |= spec.program == "sched_fork";
                 exit_on_btf |= spec.program == "sched_exit";
             }
+            // The BTF exit program reads exit statuses from the kernel: from now on the signal
+            // programs stop remembering exit causes for the tracefs exit program (set before
+            // they attach, so none is remembered and left behind).
+            if spec.program == "sched_exit" && path == ProbePath::Btf && res.is_ok() && !floors {
+                let m = ebpf.map_mut("SETTINGS").ok_or_else(|| ProbeError::Map("SETTINGS", "missing from the object".into()))?;
+                let mut a: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(m).map_err(|e| ProbeError::Map("SETTINGS", e.to_string()))?;
+                a.set(0, 1, 0).map_err(|e| ProbeError::Map("SETTINGS", e.to_string()))?;
+            }
             // The benchmark's floor run measures both paths' floors.
             if floors && path == ProbePath::Btf {
                 let res = attach(&mut ebpf, spec.floor, spec.group, spec.name);
@@ -298,22 +305,6 @@ impl Probes {
                 reason: res.err(),
                 what: spec.what,
             });
-        }
-        // On the BTF block path, a requeued request leaves the in-flight table until its next
-        // issue (the tracefs path keys requests by device and sector: the re-issue overwrites).
-        let block_on_btf = status.iter().any(|p| p.program == "blk_issue_btf" && p.attached);
-        if block_on_btf && !floors {
-            if let Some(kb) = &kernel_btf {
-                let res = attach_btf(&mut ebpf, "blk_requeue_btf", "block_rq_requeue", kb);
-                status.push(ProbeStatus { program: "blk_requeue_btf", tracepoint: "block:block_rq_requeue".into(), path: ProbePath::Btf, btf_fallback: None, attached: res.is_ok(), reason: res.err(), what: "requeued block requests (BTF in-flight table)" });
-            }
-        }
-        // The BTF exit program reads exit statuses from the kernel: the signal programs stop
-        // remembering exit causes for the tracefs exit program.
-        if exit_on_btf && !floors {
-            let m = ebpf.map_mut("SETTINGS").ok_or_else(|| ProbeError::Map("SETTINGS", "missing from the object".into()))?;
-            let mut a: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(m).map_err(|e| ProbeError::Map("SETTINGS", e.to_string()))?;
-            a.set(0, 1, 0).map_err(|e| ProbeError::Map("SETTINGS", e.to_string()))?;
         }
         if opts.bench == BenchPrograms::Synthetic {
             let res = attach(&mut ebpf, "bench_emit", "syscalls", "sys_enter_getppid");

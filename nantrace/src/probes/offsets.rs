@@ -97,10 +97,11 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
         o.task_pid = pid;
         o.task_tgid = tgid;
     }
-    let block = (|| -> Result<[u32; 8], String> {
+    let block = (|| -> Result<[u32; 9], String> {
         Ok([
             get("request", "q", 8)?,
             get("request", "tag", 4)?,
+            get("request", "internal_tag", 4)?,
             get("request", "__sector", 8)?,
             get("request", "start_time_ns", 8)?,
             get("request", "cmd_flags", 4)?,
@@ -109,9 +110,10 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
             get("gendisk", "first_minor", 4)?,
         ])
     })();
-    if let Ok([q, tag, sector, start, flags, disk, major, minor]) = block {
+    if let Ok([q, tag, internal_tag, sector, start, flags, disk, major, minor]) = block {
         o.rq_q = q;
         o.rq_tag = tag;
+        o.rq_internal_tag = internal_tag;
         o.rq_sector = sector;
         o.rq_start_time = start;
         o.rq_cmd_flags = flags;
