@@ -394,6 +394,21 @@ pub fn leader_exit() -> ! {
     unreachable!("the exit syscall returned")
 }
 
+/// `bench-internal thread-exit-last` (a test's job): the main thread ends with the `exit`
+/// syscall (code 0), then the other thread ends with the `exit` syscall and code 7, without
+/// exit_group (wait(2) reports 7 since 6.0, the leader's 0 before).
+pub fn thread_exit_last() -> ! {
+    std::thread::spawn(|| {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // SAFETY: ends this thread only; it is the process's last.
+        unsafe { libc::syscall(libc::SYS_exit, 7) };
+    });
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    // SAFETY: ends the calling thread only, holding no lock.
+    unsafe { libc::syscall(libc::SYS_exit, 0) };
+    unreachable!("the exit syscall returned")
+}
+
 /// `bench-internal thread-exec` (a test's job): a thread other than the main one writes its
 /// tid to `dir/tid`, waits 300 ms and execs `sleep 0.5`: the process keeps its pid, and the
 /// thread's old tid ends without an exit of its own.

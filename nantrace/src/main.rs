@@ -486,6 +486,7 @@ fn main() -> anyhow::Result<()> {
                 "membership" => b::membership(n, &dir)?,
                 "leader-exit" => b::leader_exit(),
                 "thread-exec" => b::thread_exec(&dir),
+                "thread-exit-last" => b::thread_exit_last(),
                 "synth" => runtime()?.block_on(b::synth(rate, seconds, burst, threads))?,
                 "synth-gen" => b::synth_gen(rate, seconds, burst, threads, go.as_deref()),
                 other => anyhow::bail!("unknown bench-internal {other}"),

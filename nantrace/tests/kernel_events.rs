@@ -391,6 +391,40 @@ fn a_process_whose_main_thread_ended_stays_the_jobs() {
     assert_probe_path(&w.stop(), &["sched:sched_process_fork", "sched:sched_process_exit"]);
 }
 
+/// No exit_group: the main thread ends with the exit syscall (code 0), then the last thread
+/// with code 7. The BTF exit program must report what wait(2) reports, computed as the
+/// kernel's `wait_task_zombie` does: since 6.0 the last thread's exit starts a group exit
+/// with its code (`synchronize_group_exit`), so 7 here; older kernels reported the leader's
+/// 0. The tracefs path has no code for such an exit (no exit_group).
+#[test]
+fn the_exit_code_is_what_wait_reports_when_the_last_thread_is_not_the_leader() {
+    if !privileged("the_exit_code_is_what_wait_reports_when_the_last_thread_is_not_the_leader") {
+        return;
+    }
+    let go = std::env::temp_dir().join(format!("nt-lastthread-go-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let mut root = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("while [ ! -e {} ]; do sleep 0.05; done; exec {BIN} bench-internal thread-exit-last", go.display()))
+        .spawn()
+        .unwrap();
+    let root_pid = u64::from(root.id());
+    let w = Watch::start(&["--pid", &root_pid.to_string()]);
+    std::fs::write(&go, "").unwrap();
+    let code = root.wait().unwrap().code().expect("an exit code, not a signal");
+    eprintln!("wait(2) reports exit code {code}");
+    let (e, _) = w.wait_for("the process's exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(root_pid));
+    assert_eq!(e["job"], true);
+    assert_eq!(e["signal"], serde_json::Value::Null, "{e}");
+    if expect_btf() {
+        assert_eq!(e["exit_code"], code, "{e}");
+    } else {
+        assert_eq!(e["exit_code"], serde_json::Value::Null, "no exit_group, no code on tracefs: {e}");
+    }
+    let _ = std::fs::remove_file(&go);
+    assert_probe_path(&w.stop(), &["sched:sched_process_exit"]);
+}
+
 /// The kernel side's membership map (`JOB_MAP`, one byte per pid): a job process's children
 /// and threads are marked by the fork program, unmarked by the exit program (a stale mark
 /// would make the next process to reuse the pid a "job" process), and a process outside the
