@@ -127,16 +127,10 @@ fn odirect_writes_to_a_loop_device_give_block_events_with_latency() {
     let img = std::env::temp_dir().join(format!("nt-loop-{}.img", std::process::id()));
     let lo = LoopDev::new(&img, "32M", None);
     let (dev, minor) = (lo.dev.clone(), lo.minor);
-    let go = std::env::temp_dir().join(format!("nt-dd-go-{}", std::process::id()));
-    let _ = std::fs::remove_file(&go);
-    let mut root = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("while [ ! -e {} ]; do sleep 0.05; done; dd if=/dev/zero of={dev} bs=4k count=64 oflag=direct,dsync 2>/dev/null", go.display()))
-        .spawn()
-        .unwrap();
+    let mut root = Gated::new("dd", &format!("dd if=/dev/zero of={dev} bs=4k count=64 oflag=direct,dsync 2>/dev/null"));
     // --slow-io-ms 0: every completed request is an event, so the test sees each one.
     let w = Watch::start(&["--pid", &root.id().to_string(), "--slow-io-ms", "0"]);
-    std::fs::write(&go, "").unwrap();
+    root.go();
     assert!(root.wait().unwrap().success());
     let want = format!("7:{minor}");
     let (b, _) = w.wait_for("block event on the loop device", Duration::from_secs(10), |v| v["source"] == "block" && v["dev"] == want.as_str());
@@ -149,7 +143,6 @@ fn odirect_writes_to_a_loop_device_give_block_events_with_latency() {
     let writes = w.all(|v| v["source"] == "block" && v["dev"] == want.as_str() && v["bytes"] == 4096);
     assert!(writes.len() >= 60, "expected ~64 4 KiB writes on {want}, got {}", writes.len());
     assert!(writes.iter().all(|v| v["job"] == true && v["comm"] == "dd"), "a write not attributed to the job's dd: {writes:?}");
-    let _ = std::fs::remove_file(&go);
     let acct = w.stop();
     // Every completion is in the device's histogram, and nothing was given up.
     let hist: u64 = acct["accounting"]["io_latency_histograms_log2_us"][want.as_str()].as_array().unwrap_or_else(|| panic!("no histogram for {want}: {acct}")).iter().filter_map(serde_json::Value::as_u64).sum();
@@ -171,18 +164,12 @@ fn the_same_sectors_on_two_devices_at_once_are_each_the_jobs() {
     }
     let base = std::env::temp_dir().join(format!("nt-twin-{}", std::process::id()));
     let (l1, l2) = (LoopDev::new(&base.with_extension("1.img"), "32M", None), LoopDev::new(&base.with_extension("2.img"), "32M", None));
-    let go = base.with_extension("go");
-    let _ = std::fs::remove_file(&go);
     // One writer per device, in step: both devices have a request in flight at the same
     // offset, usually with the same driver tag, most of the time.
     let dd = |dev: &str| format!("dd if=/dev/zero of={dev} bs=4k count=1024 oflag=direct 2>/dev/null");
-    let mut root = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("while [ ! -e {} ]; do sleep 0.05; done; {} & {} & wait", go.display(), dd(&l1.dev), dd(&l2.dev)))
-        .spawn()
-        .unwrap();
+    let mut root = Gated::new("twin", &format!("{} & {} & wait", dd(&l1.dev), dd(&l2.dev)));
     let w = Watch::start(&["--pid", &root.id().to_string(), "--slow-io-ms", "0"]);
-    std::fs::write(&go, "").unwrap();
+    root.go();
     assert!(root.wait().unwrap().success());
     let want = [format!("7:{}", l1.minor), format!("7:{}", l2.minor)];
     for d in &want {
@@ -201,7 +188,6 @@ fn the_same_sectors_on_two_devices_at_once_are_each_the_jobs() {
     }
     let acct = w.stop();
     assert_eq!(acct["accounting"]["block_losses"]["job_requests_not_attributed"], 0, "{acct}");
-    let _ = std::fs::remove_file(&go);
     assert_probe_path(&acct, &["block:block_rq_issue", "block:block_rq_complete"]);
 }
 
@@ -218,15 +204,9 @@ fn writes_past_a_full_backing_store_give_block_errors() {
     sh_ok(&format!("mount -t tmpfs -o size=1M nantrace-test {}", mnt.display()));
     let lo = LoopDev::new(&mnt.join("disk.img"), "16M", Some(format!("umount {0} && rmdir {0}", mnt.display())));
     let (dev, minor) = (lo.dev.clone(), lo.minor);
-    let go = std::env::temp_dir().join(format!("nt-full-go-{}", std::process::id()));
-    let _ = std::fs::remove_file(&go);
-    let mut root = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("while [ ! -e {} ]; do sleep 0.05; done; dd if=/dev/zero of={dev} bs=64k count=64 oflag=direct 2>/dev/null; exit 0", go.display()))
-        .spawn()
-        .unwrap();
+    let mut root = Gated::new("full", &format!("dd if=/dev/zero of={dev} bs=64k count=64 oflag=direct 2>/dev/null; exit 0"));
     let w = Watch::start(&["--pid", &root.id().to_string()]);
-    std::fs::write(&go, "").unwrap();
+    root.go();
     assert!(root.wait().unwrap().success());
     let want = format!("7:{minor}");
     let (b, _) = w.wait_for("block error on the loop device", Duration::from_secs(10), |v| v["source"] == "block" && v["dev"] == want.as_str() && v["error"] != 0);
@@ -234,7 +214,6 @@ fn writes_past_a_full_backing_store_give_block_errors() {
     assert_eq!(b["job"], true, "the job's dd issued it: {b}");
     assert_eq!(b["comm"], "dd");
     assert!(b["rwbs"].as_str().unwrap().starts_with('W'), "{b}");
-    let _ = std::fs::remove_file(&go);
     assert_probe_path(&w.stop(), &["block:block_rq_complete"]);
 }
 
@@ -293,19 +272,10 @@ fn a_jobs_threads_are_not_reported_as_forks() {
     if !privileged("a_jobs_threads_are_not_reported_as_forks") {
         return;
     }
-    let go = std::env::temp_dir().join(format!("nt-thr-go-{}", std::process::id()));
-    let _ = std::fs::remove_file(&go);
-    let mut root = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "while [ ! -e {} ]; do sleep 0.05; done; {BIN} bench-internal synth-gen --rate 3000 --seconds 0.3 --burst 1 --threads 3 >/dev/null; exit 0",
-            go.display()
-        ))
-        .spawn()
-        .unwrap();
+    let mut root = Gated::new("thr", &format!("{BIN} bench-internal synth-gen --rate 3000 --seconds 0.3 --burst 1 --threads 3 >/dev/null; exit 0"));
     let root_pid = u64::from(root.id());
     let w = Watch::start(&["--pid", &root_pid.to_string()]);
-    std::fs::write(&go, "").unwrap();
+    root.go();
     assert!(root.wait().unwrap().success());
     let (x, _) = w.wait_for("exec of the threaded process", Duration::from_secs(10), |v| v["source"] == "exec" && v["filename"].as_str().is_some_and(|f| f.ends_with("/nantrace")));
     let gen = x["pid"].as_u64().unwrap();
@@ -316,7 +286,6 @@ fn a_jobs_threads_are_not_reported_as_forks() {
     std::thread::sleep(Duration::from_millis(200));
     let thread_forks = w.all(|v| v["source"] == "fork" && v["pid"].as_u64() == Some(gen));
     assert!(thread_forks.is_empty(), "threads reported as forks: {thread_forks:?}");
-    let _ = std::fs::remove_file(&go);
     assert_probe_path(&w.stop(), &["sched:sched_process_fork"]);
 }
 
@@ -368,16 +337,10 @@ fn a_process_whose_main_thread_ended_stays_the_jobs() {
     if !privileged("a_process_whose_main_thread_ended_stays_the_jobs") {
         return;
     }
-    let go = std::env::temp_dir().join(format!("nt-leader-go-{}", std::process::id()));
-    let _ = std::fs::remove_file(&go);
-    let mut root = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("while [ ! -e {} ]; do sleep 0.05; done; exec {BIN} bench-internal leader-exit", go.display()))
-        .spawn()
-        .unwrap();
+    let mut root = Gated::new("leader", &format!("exec {BIN} bench-internal leader-exit"));
     let root_pid = u64::from(root.id());
     let w = Watch::start(&["--pid", &root_pid.to_string()]);
-    std::fs::write(&go, "").unwrap();
+    root.go();
     assert_eq!(root.wait().unwrap().code(), Some(5));
     let (x, _) = w.wait_for("the exec of /bin/true after the main thread ended", Duration::from_secs(10), |v| v["source"] == "exec" && v["filename"].as_str().is_some_and(|f| f.ends_with("/true")));
     assert_eq!(x["job"], true);
@@ -387,7 +350,6 @@ fn a_process_whose_main_thread_ended_stays_the_jobs() {
     let (e, _) = w.wait_for("the process's exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(root_pid));
     assert_eq!(e["exit_code"], 5, "{e}");
     assert_eq!(e["job"], true);
-    let _ = std::fs::remove_file(&go);
     assert_probe_path(&w.stop(), &["sched:sched_process_fork", "sched:sched_process_exit"]);
 }
 
@@ -401,16 +363,10 @@ fn the_exit_code_is_what_wait_reports_when_the_last_thread_is_not_the_leader() {
     if !privileged("the_exit_code_is_what_wait_reports_when_the_last_thread_is_not_the_leader") {
         return;
     }
-    let go = std::env::temp_dir().join(format!("nt-lastthread-go-{}", std::process::id()));
-    let _ = std::fs::remove_file(&go);
-    let mut root = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("while [ ! -e {} ]; do sleep 0.05; done; exec {BIN} bench-internal thread-exit-last", go.display()))
-        .spawn()
-        .unwrap();
+    let mut root = Gated::new("lastthread", &format!("exec {BIN} bench-internal thread-exit-last"));
     let root_pid = u64::from(root.id());
     let w = Watch::start(&["--pid", &root_pid.to_string()]);
-    std::fs::write(&go, "").unwrap();
+    root.go();
     let code = root.wait().unwrap().code().expect("an exit code, not a signal");
     eprintln!("wait(2) reports exit code {code}");
     let (e, _) = w.wait_for("the process's exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(root_pid));
@@ -421,7 +377,6 @@ fn the_exit_code_is_what_wait_reports_when_the_last_thread_is_not_the_leader() {
     } else {
         assert_eq!(e["exit_code"], serde_json::Value::Null, "no exit_group, no code on tracefs: {e}");
     }
-    let _ = std::fs::remove_file(&go);
     assert_probe_path(&w.stop(), &["sched:sched_process_exit"]);
 }
 
@@ -532,15 +487,10 @@ fn a_thread_that_execs_leaves_no_stale_mark() {
     }
     let mut probes = probes_in_process();
     let dir = out_dir("texec");
-    let go = dir.join("go");
-    let mut root = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("while [ ! -e {} ]; do sleep 0.02; done; exec {BIN} bench-internal thread-exec --dir {}", go.display(), dir.display()))
-        .spawn()
-        .unwrap();
+    let mut root = Gated::new("texec", &format!("exec {BIN} bench-internal thread-exec --dir {}", dir.display()));
     let root_pid = root.id();
     probes.add_job_pid(root_pid).unwrap();
-    std::fs::write(&go, "").unwrap();
+    root.go();
     let t0 = std::time::Instant::now();
     let tid = pid_from(&dir.join("tid"), "the thread's tid");
     assert_ne!(tid, root_pid);
@@ -575,5 +525,39 @@ fn pid_from(path: &std::path::Path, what: &str) -> u32 {
         }
         assert!(t0.elapsed() < Duration::from_secs(10), "{what} never written to {}", path.display());
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A test's job: `sh -c` that waits for its go file (so nantrace has seeded its pid before it
+/// forks), then runs `then`.
+struct Gated {
+    child: std::process::Child,
+    go: std::path::PathBuf,
+}
+
+impl Gated {
+    fn new(tag: &str, then: &str) -> Self {
+        let go = std::env::temp_dir().join(format!("nt-{tag}-go-{}", std::process::id()));
+        let _ = std::fs::remove_file(&go);
+        let child = std::process::Command::new("sh").arg("-c").arg(format!("while [ ! -e {} ]; do sleep 0.02; done; {then}", go.display())).spawn().unwrap();
+        Self { child, go }
+    }
+
+    fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn go(&self) {
+        std::fs::write(&self.go, "").unwrap();
+    }
+
+    fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.child.wait()
+    }
+}
+
+impl Drop for Gated {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.go);
     }
 }
