@@ -149,6 +149,7 @@ fn odirect_writes_to_a_loop_device_give_block_events_with_latency() {
     assert!(hist >= writes.len() as u64, "{hist} completions in the histogram of {want}, {} write events", writes.len());
     assert_eq!(acct["accounting"]["block_losses"]["job_requests_not_attributed"], 0, "{acct}");
     assert_eq!(acct["accounting"]["block_losses"]["completions_not_in_histograms"], 0, "{acct}");
+    assert!(acct["accounting"]["block_losses"]["runs_skipped_nested"].is_u64(), "the kernel's recursion_misses of the block programs: {acct}");
     assert_probe_path(&acct, &["block:block_rq_issue", "block:block_rq_complete"]);
 }
 

@@ -374,13 +374,28 @@ impl Probes {
     }
 
     /// What the block probes could not keep, summed over CPUs: a job's in-flight request
-    /// given up for a newer one (its completion is measured, not attributed to the job), and
-    /// completions of a device that found no histogram slot.
+    /// given up for a newer one (its completion is measured, not attributed to the job),
+    /// completions of a device that found no histogram slot, and runs of the block programs
+    /// the kernel skipped because the same program was already running on that CPU (a
+    /// completion in hard irq interrupting one in soft irq: `recursion_misses`).
     pub fn block_losses(&self) -> BTreeMap<&'static str, u64> {
-        [(BlockStat::IssuerEvicted, "job_requests_not_attributed"), (BlockStat::HistFull, "completions_not_in_histograms")]
+        let mut out: BTreeMap<&'static str, u64> = [(BlockStat::IssuerEvicted, "job_requests_not_attributed"), (BlockStat::HistFull, "completions_not_in_histograms")]
             .into_iter()
             .map(|(s, name)| (name, self.block_stats.get(&(s as u32), 0).map_or(0, |v| v.iter().sum())))
-            .collect()
+            .collect();
+        let nested = ["blk_issue_btf", "blk_done_btf", "block_rq_issue", "block_rq_done"].iter().filter_map(|p| self.recursion_misses(p)).sum();
+        out.insert("runs_skipped_nested", nested);
+        out
+    }
+
+    /// The kernel's count of runs of `program` skipped as nested (`recursion_misses` in the
+    /// program fd's fdinfo, 5.12+; aya's `ProgramInfo` does not expose it). `None` when the
+    /// program is not loaded or the kernel does not count.
+    fn recursion_misses(&self, program: &str) -> Option<u64> {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+        let fd = self.ebpf.program(program)?.fd().ok()?.as_fd().as_raw_fd();
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+        info.lines().find_map(|l| l.strip_prefix("recursion_misses:")).and_then(|v| v.trim().parse().ok())
     }
 
     pub fn attached(&self) -> usize {
