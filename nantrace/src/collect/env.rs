@@ -107,8 +107,12 @@ pub fn job_env(environ: &[u8]) -> BTreeMap<String, String> {
     out
 }
 
+/// `cmd`'s output when it ran and succeeded. A command not in PATH is not spawned: the failed
+/// exec would end a child with 127, an abnormal exit on the machine-wide timeline of `run`.
 fn cmd_output(cmd: &str, args: &[&str]) -> Option<String> {
-    let o = std::process::Command::new(cmd).args(args).output().ok()?;
+    let path = std::env::var_os("PATH")?;
+    let exe = std::env::split_paths(&path).map(|d| d.join(cmd)).find(|p| p.is_file())?;
+    let o = std::process::Command::new(exe).args(args).output().ok()?;
     o.status.success().then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
@@ -171,6 +175,13 @@ pub fn snapshot(pid: Option<u32>, nvml_driver: Option<(String, Option<i32>)>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_command_runs_from_path_and_a_missing_one_is_not_spawned() {
+        assert_eq!(cmd_output("echo", &["nvcc-like"]).as_deref(), Some("nvcc-like"));
+        assert_eq!(cmd_output("nantrace-no-such-tool", &["--version"]), None);
+        assert_eq!(cmd_output("false", &[]), None);
+    }
 
     const MAPS: &str = "\
 7f1c00000000-7f1c00200000 r-xp 00000000 fd:01 123 /usr/local/cuda-12.1/lib64/libcudart.so.12.1.105
