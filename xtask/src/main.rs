@@ -117,7 +117,7 @@ fn main() -> Result<()> {
             run(Command::new("cargo")
                 .current_dir(root())
                 .env("NANTRACE_PROBE_PATH", "tracefs")
-                .args(["test", "--locked", "-p", "nantrace", "--test", "kernel_events", "--", "--test-threads=1"]))?;
+                .args(["test", "--locked", "-p", "nantrace", "--test", "kernel_events", "--test", "kernel_membership", "--", "--test-threads=1"]))?;
             // The benchmark in smoke mode: proves it still runs (no timing assertions).
             bench::run(true, &root().join("target/debug/nantrace"))?;
             Ok(())

@@ -327,3 +327,49 @@ impl Drop for LoopDev {
         }
     }
 }
+
+/// A test's job: `sh -c` that waits for its go file (so nantrace has seeded its pid before it
+/// forks), then runs `then`.
+pub struct Gated {
+    child: std::process::Child,
+    go: std::path::PathBuf,
+}
+
+impl Gated {
+    pub fn new(tag: &str, then: &str) -> Self {
+        let go = std::env::temp_dir().join(format!("nt-{tag}-go-{}", std::process::id()));
+        let _ = std::fs::remove_file(&go);
+        let child = std::process::Command::new("sh").arg("-c").arg(format!("while [ ! -e {} ]; do sleep 0.02; done; {then}", go.display())).spawn().unwrap();
+        Self { child, go }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn go(&self) {
+        std::fs::write(&self.go, "").unwrap();
+    }
+
+    pub fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.child.wait()
+    }
+}
+
+impl Drop for Gated {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.go);
+    }
+}
+
+/// The pid a test's job writes to `path`, waited for (10 s at most).
+pub fn pid_from(path: &std::path::Path, what: &str) -> u32 {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(p) = std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()) {
+            return p;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{what} never written to {}", path.display());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
