@@ -144,6 +144,10 @@ pub struct BtfOffsets {
     pub q_disk: u32,
     pub disk_major: u32,
     pub disk_first_minor: u32,
+    /// `struct linux_binprm.filename`: the path exec was given, as the tracefs record's.
+    pub binprm_filename: u32,
+    /// Keeps the struct free of implicit padding.
+    pub _pad: u32,
 }
 
 impl BtfOffsets {
@@ -168,6 +172,8 @@ impl BtfOffsets {
             q_disk: MISSING,
             disk_major: MISSING,
             disk_first_minor: MISSING,
+            binprm_filename: MISSING,
+            _pad: 0,
         }
     }
 }

@@ -188,6 +188,11 @@ mod btf_floor {
         0
     }
 
+    #[btf_tracepoint(function = "sched_process_exec")]
+    pub fn floor_exec_btf(_ctx: BtfTracePointContext) -> i32 {
+        0
+    }
+
     #[btf_tracepoint(function = "sched_process_exit")]
     pub fn floor_exit_btf(_ctx: BtfTracePointContext) -> i32 {
         0

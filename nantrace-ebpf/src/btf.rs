@@ -14,7 +14,10 @@
 //!   request, and the device's histogram slot is an inlined array load too.
 //! - `fork_btf`: the child's pid and tgid come from the child's task, which tells threads
 //!   from processes without `task_newtask` and its map.
+//! - `exec_btf`: the old tid and the path come from the arguments, not a tracefs record.
 //! - `exit_btf`: the exit status comes from the exiting task, without `exit_group`.
+//! - fork, exec and exit read the current task's name from the task the tracepoint passes
+//!   (two loads) instead of calling `bpf_get_current_comm`.
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::btf_tracepoint,
@@ -153,12 +156,26 @@ fn rwbs(flags: u32) -> [u8; 16] {
     r
 }
 
+/// The name of `task`, with two plain loads (the verifier allows 8-byte loads inside a
+/// `char[16]` member). Only for the current task, as the tracepoints pass it: another
+/// task's name can change under the loads (prctl(PR_SET_NAME)), and `bpf_get_current_comm`
+/// reads it no more atomically.
+#[inline(always)]
+fn task_comm(task: *const u8) -> [u8; 16] {
+    let w: [u64; 2] = load(task, conf!(btf.task_comm));
+    let mut c = [0u8; 16];
+    c[..8].copy_from_slice(&w[0].to_ne_bytes());
+    c[8..].copy_from_slice(&w[1].to_ne_bytes());
+    c
+}
+
 #[btf_tracepoint(function = "sched_process_fork")]
 pub fn fork_btf(ctx: BtfTracePointContext) -> i32 {
-    let (tgid, _) = current_pid_tgid();
+    let (tgid, tid) = current_pid_tgid();
     if !is_job(tgid) {
         return 0;
     }
+    let parent: *const u8 = ctx.arg(0);
     let child: *const u8 = ctx.arg(1);
     let cpid: i32 = load(child, conf!(btf.task_pid));
     let ctgid: i32 = load(child, conf!(btf.task_tgid));
@@ -168,7 +185,30 @@ pub fn fork_btf(ctx: BtfTracePointContext) -> i32 {
         // A new thread of an existing process: followed, not an event.
         return 0;
     }
-    crate::process::emit_fork(cpid);
+    crate::process::emit_fork(cpid, tgid, tid, task_comm(parent));
+    0
+}
+
+/// `sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)`:
+/// the old tid is an argument and the path a pointer in `bprm`, so no tracefs record field
+/// (`__data_loc`) is read through probe_read; one string copy remains.
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn exec_btf(ctx: BtfTracePointContext) -> i32 {
+    let (tgid, tid) = current_pid_tgid();
+    if !is_job(tgid) {
+        return 0;
+    }
+    let task: *const u8 = ctx.arg(0);
+    let old: i32 = ctx.arg(1);
+    let bprm: *const u8 = ctx.arg(2);
+    crate::process::exec_unmark(tgid, old as u32);
+    let name: *const u8 = load(bprm, conf!(btf.binprm_filename));
+    crate::process::emit_exec(tgid, tid, task_comm(task), |f| {
+        if !name.is_null() {
+            // SAFETY: probe_read of a kernel string, bounded by the buffer.
+            let _ = unsafe { aya_ebpf::helpers::bpf_probe_read_kernel_str_bytes(name, f) };
+        }
+    });
     0
 }
 
@@ -187,7 +227,7 @@ pub fn exit_btf(ctx: BtfTracePointContext) -> i32 {
     let task: *const u8 = ctx.arg(0);
     let group_dead = ctx.arg::<u8>(1) != 0;
     let status = if group_dead { wait_status(task) } else { 0 };
-    crate::process::finish_exit(tgid, tid, job, group_dead, Some(status));
+    crate::process::finish_exit(tgid, tid, job, group_dead, Some(status), || task_comm(task));
     0
 }
 

@@ -13,7 +13,9 @@ use nantrace_common::{
     EventKind, ExecEvent, ExitEvent, ExitInfo, ForkEvent, SignalEvent, FLAG_JOB, MISSING,
 };
 
-use crate::{conf, count_drop, current_pid_tgid, fill_header, fill_header_as, is_job, read_data_loc, set_job, EVENTS};
+use aya_ebpf::helpers::bpf_get_current_comm;
+
+use crate::{conf, count_drop, current_pid_tgid, fill_header, fill_header_with, is_job, read_data_loc, set_job, EVENTS};
 
 const CLONE_THREAD: u64 = 0x0001_0000;
 
@@ -83,13 +85,15 @@ pub fn sched_fork(ctx: TracePointContext) -> u32 {
         let _ = NEW_THREADS.remove(&child);
         return 0;
     }
-    emit_fork(child);
+    let (tgid, tid) = current_pid_tgid();
+    emit_fork(child, tgid, tid, bpf_get_current_comm().unwrap_or([0; 16]));
     0
 }
 
-/// The fork event of a job process (the current task) that made process `child`.
+/// The fork event of a job process (the current task, `tgid`/`tid`, named `comm`) that
+/// made process `child`.
 #[inline(always)]
-pub(crate) fn emit_fork(child: u32) {
+pub(crate) fn emit_fork(child: u32, tgid: u32, tid: u32, comm: [u8; 16]) {
     let Some(mut entry) = EVENTS.reserve::<ForkEvent>(0) else {
         count_drop(EventKind::Fork);
         return;
@@ -97,47 +101,61 @@ pub(crate) fn emit_fork(child: u32) {
     let p = entry.as_mut_ptr();
     // SAFETY: fresh reservation.
     unsafe {
-        fill_header_as(&raw mut (*p).hdr, EventKind::Fork, true);
+        fill_header_with(&raw mut (*p).hdr, EventKind::Fork, true, tgid, tid, comm);
         (*p).child_pid = child;
         (*p)._pad = 0;
-        // A child is born with its parent's name (copy_process copies comm): the header's,
+        // A child is born with its parent's name (copy_process copies comm): the parent's,
         // already read, instead of a second read through the tracepoint's `child_comm`.
-        (*p).child_comm = (*p).hdr.comm;
+        (*p).child_comm = comm;
     }
     crate::submit(entry);
 }
 
 #[tracepoint(category = "sched", name = "sched_process_exec")]
 pub fn sched_exec(ctx: TracePointContext) -> u32 {
-    let (tgid, _) = current_pid_tgid();
+    let (tgid, tid) = current_pid_tgid();
     if !is_job(tgid) {
         return 0;
     }
-    // A thread other than the leader exec'd: it now runs under the process's pid, and its
-    // old tid is free without an exit of its own (the old leader's task took it away and
-    // is released without passing the exit tracepoint again). Unmarked, or the next process
-    // given that pid would count as the job's.
     if let Some(old) = read_i32(&ctx, conf!(off.exec_old_pid)) {
-        if old as u32 != tgid {
-            set_job(old as u32, false);
-        }
+        exec_unmark(tgid, old as u32);
     }
+    let off = conf!(off.exec_filename);
+    emit_exec(tgid, tid, bpf_get_current_comm().unwrap_or([0; 16]), |f| {
+        if off != MISSING {
+            read_data_loc(&ctx, off, f);
+        }
+    });
+    0
+}
+
+/// A thread other than the leader exec'd (`old`, its tid before, is not `tgid`): it now
+/// runs under the process's pid, and its old tid is free without an exit of its own (the
+/// old leader's task took it away and is released without passing the exit tracepoint
+/// again). Unmarked, or the next process given that pid would count as the job's.
+#[inline(always)]
+pub(crate) fn exec_unmark(tgid: u32, old: u32) {
+    if old != tgid {
+        set_job(old, false);
+    }
+}
+
+/// The exec event of job process `tgid` (thread `tid`, now named `comm`); `filename` fills
+/// in the path exec was given.
+#[inline(always)]
+pub(crate) fn emit_exec(tgid: u32, tid: u32, comm: [u8; 16], filename: impl FnOnce(&mut [u8; 128])) {
     let Some(mut entry) = EVENTS.reserve::<ExecEvent>(0) else {
         count_drop(EventKind::Exec);
-        return 0;
+        return;
     };
     let p = entry.as_mut_ptr();
     // SAFETY: fresh reservation.
     unsafe {
-        fill_header_as(&raw mut (*p).hdr, EventKind::Exec, true);
+        fill_header_with(&raw mut (*p).hdr, EventKind::Exec, true, tgid, tid, comm);
         (*p).filename = [0; 128];
-        let off = conf!(off.exec_filename);
-        if off != MISSING {
-            read_data_loc(&ctx, off, &mut (*p).filename);
-        }
+        filename(&mut (*p).filename);
     }
     crate::submit(entry);
-    0
 }
 
 #[tracepoint(category = "syscalls", name = "sys_enter_exit_group")]
@@ -168,7 +186,7 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
         // SAFETY: probe_read.
         unsafe { ctx.read_at::<u8>(off as usize) }.unwrap_or(0) != 0
     };
-    finish_exit(tgid, tid, job, group_dead, None);
+    finish_exit(tgid, tid, job, group_dead, None, || bpf_get_current_comm().unwrap_or([0; 16]));
     0
 }
 
@@ -176,9 +194,9 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
 /// membership (and on the tracefs path remembered exit causes) is cleaned up, and when the
 /// whole group is dead an exit event is emitted. `status`: the group's wait status, read
 /// from the kernel (the BTF path); `None`: from what `exit_group` and `signal_generate`
-/// remembered (the tracefs path).
+/// remembered (the tracefs path). `comm`: the exiting task's name, read only for an event.
 #[inline(always)]
-pub(crate) fn finish_exit(tgid: u32, tid: u32, job: bool, group_dead: bool, status: Option<i32>) {
+pub(crate) fn finish_exit(tgid: u32, tid: u32, job: bool, group_dead: bool, status: Option<i32>, comm: impl FnOnce() -> [u8; 16]) {
     // A thread-directed fatal signal (SIGSEGV from a fault) is keyed by tid: move it to tgid.
     if tid != tgid && status.is_none() {
         // SAFETY: value copied out before removal.
@@ -223,7 +241,7 @@ pub(crate) fn finish_exit(tgid: u32, tid: u32, job: bool, group_dead: bool, stat
     let p = entry.as_mut_ptr();
     // SAFETY: fresh reservation.
     unsafe {
-        fill_header_as(&raw mut (*p).hdr, EventKind::Exit, job);
+        fill_header_with(&raw mut (*p).hdr, EventKind::Exit, job, tgid, tid, comm());
         (*p).code = info.code;
         (*p).signal = info.signal;
     }

@@ -51,6 +51,9 @@ fn exit_code_and_sigkill_of_job_processes() {
     std::fs::write(&go, "").unwrap();
     let (e3, _) = w.wait_for("exit code 3", Duration::from_secs(10), |v| v["source"] == "exit" && v["exit_code"] == 3);
     assert_eq!(e3["job"], true);
+    // The exiting task's name and ids in the header (read from the task on the BTF path).
+    assert_eq!(e3["comm"], "sh", "{e3}");
+    assert_eq!(e3["tid"], e3["pid"], "{e3}");
     let (k, _) = w.wait_for("SIGKILL exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["signal"] == "SIGKILL");
     let kid: u64 = std::fs::read_to_string(format!("{}.kid", go.display())).unwrap().trim().parse().unwrap();
     assert_eq!(k["pid"].as_u64(), Some(kid));
@@ -280,14 +283,22 @@ fn a_jobs_threads_are_not_reported_as_forks() {
     assert!(root.wait().unwrap().success());
     let (x, _) = w.wait_for("exec of the threaded process", Duration::from_secs(10), |v| v["source"] == "exec" && v["filename"].as_str().is_some_and(|f| f.ends_with("/nantrace")));
     let gen = x["pid"].as_u64().unwrap();
+    // The header carries the name after exec and the exec'ing thread.
+    assert_eq!(x["comm"], "nantrace", "{x}");
+    assert_eq!(x["tid"].as_u64(), Some(gen), "{x}");
+    assert_eq!(x["filename"], BIN, "{x}");
     let (f, _) = w.wait_for("the fork that made it", Duration::from_secs(10), |v| v["source"] == "fork" && v["child_pid"].as_u64() == Some(gen));
     assert_eq!(f["pid"].as_u64(), Some(root_pid));
+    assert_eq!(f["tid"].as_u64(), Some(root_pid), "{f}");
+    assert_eq!(f["comm"], "sh", "{f}");
+    assert_eq!(f["child_comm"], "sh", "{f}");
     let (e, _) = w.wait_for("its exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(gen));
     assert_eq!(e["exit_code"], 0, "{e}");
+    assert_eq!(e["comm"], "nantrace", "{e}");
     std::thread::sleep(Duration::from_millis(200));
     let thread_forks = w.all(|v| v["source"] == "fork" && v["pid"].as_u64() == Some(gen));
     assert!(thread_forks.is_empty(), "threads reported as forks: {thread_forks:?}");
-    assert_probe_path(&w.stop(), &["sched:sched_process_fork"]);
+    assert_probe_path(&w.stop(), &["sched:sched_process_fork", "sched:sched_process_exec", "sched:sched_process_exit"]);
 }
 
 /// A real fault: the kernel's own siginfo (SEGV_MAPERR, 1) reaches the signal event through

@@ -51,6 +51,7 @@ pub struct BtfSpec {
 pub enum BtfNeeds {
     Block,
     Task,
+    Exec,
     Exit,
     Signal,
 }
@@ -75,6 +76,7 @@ pub const BTF_ARGS: &[(&str, &[&str])] = &[
     ("block_rq_issue", &["struct request *"]),
     ("block_rq_complete", &["struct request *", "blk_status_t", "unsigned int"]),
     ("sched_process_fork", &["struct task_struct *", "struct task_struct *"]),
+    ("sched_process_exec", &["struct task_struct *", "pid_t", "struct linux_binprm *"]),
     ("sched_process_exit", &["struct task_struct *", "bool"]),
     ("signal_generate", &["int", "struct kernel_siginfo *", "struct task_struct *", "int", "int"]),
 ];
@@ -88,7 +90,7 @@ pub const PROBES: &[ProbeSpec] = &[
     ProbeSpec { program: "tcp_retransmit", floor: "floor_tcp", group: "tcp", name: "tcp_retransmit_skb", what: "TCP retransmits", btf: None },
     ProbeSpec { program: "sched_fork", floor: "floor_fork", group: "sched", name: "sched_process_fork", what: "job process tree (fork)", btf: Some(BtfSpec { program: "fork_btf", floor: "floor_fork_btf", needs: BtfNeeds::Task }) },
     ProbeSpec { program: "task_newtask", floor: "floor_newtask", group: "task", name: "task_newtask", what: "thread vs process creation", btf: None },
-    ProbeSpec { program: "sched_exec", floor: "floor_exec", group: "sched", name: "sched_process_exec", what: "job process exec", btf: None },
+    ProbeSpec { program: "sched_exec", floor: "floor_exec", group: "sched", name: "sched_process_exec", what: "job process exec", btf: Some(BtfSpec { program: "exec_btf", floor: "floor_exec_btf", needs: BtfNeeds::Exec }) },
     ProbeSpec { program: "sched_exit", floor: "floor_exit", group: "sched", name: "sched_process_exit", what: "process exits", btf: Some(BtfSpec { program: "exit_btf", floor: "floor_exit_btf", needs: BtfNeeds::Exit }) },
     ProbeSpec { program: "exit_group", floor: "floor_exit_grp", group: "syscalls", name: "sys_enter_exit_group", what: "exit codes", btf: None },
     ProbeSpec { program: "signal_generate", floor: "floor_signal", group: "signal", name: "signal_generate", what: "fatal signals", btf: Some(BtfSpec { program: "signal_btf", floor: "floor_sig_btf", needs: BtfNeeds::Signal }) },

@@ -84,7 +84,7 @@ pub fn offsets(root: &Path) -> (TpOffsets, BTreeMap<String, String>) {
 pub type NeedResult = BTreeMap<BtfNeeds, Result<(), String>>;
 
 pub(super) fn all_needs(why: &str) -> NeedResult {
-    [BtfNeeds::Block, BtfNeeds::Task, BtfNeeds::Exit, BtfNeeds::Signal].into_iter().map(|n| (n, Err(why.to_string()))).collect()
+    [BtfNeeds::Block, BtfNeeds::Task, BtfNeeds::Exec, BtfNeeds::Exit, BtfNeeds::Signal].into_iter().map(|n| (n, Err(why.to_string()))).collect()
 }
 
 /// The struct members the `tp_btf` programs read, from the kernel's BTF; per group of
@@ -92,10 +92,17 @@ pub(super) fn all_needs(why: &str) -> NeedResult {
 pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
     let mut o = BtfOffsets::missing();
     let get = |s: &str, m: &str, size: u32| b.offset(s, m, size).map_err(|e| e.to_string());
-    let task = (|| -> Result<(u32, u32), String> { Ok((get("task_struct", "pid", 4)?, get("task_struct", "tgid", 4)?)) })();
-    if let Ok((pid, tgid)) = task {
+    // Every task program reads the name of the current task from it (fork, exec, exit) or
+    // of the signal's target.
+    let task = (|| -> Result<(u32, u32, u32), String> { Ok((get("task_struct", "pid", 4)?, get("task_struct", "tgid", 4)?, get("task_struct", "comm", 16)?)) })();
+    if let Ok((pid, tgid, comm)) = task {
         o.task_pid = pid;
         o.task_tgid = tgid;
+        o.task_comm = comm;
+    }
+    let exec = task.clone().and_then(|_| get("linux_binprm", "filename", 8));
+    if let Ok(f) = exec {
+        o.binprm_filename = f;
     }
     let block = (|| -> Result<[u32; 9], String> {
         Ok([
@@ -139,9 +146,8 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
         o.signal_flags = flags;
         o.signal_group_exit_code = group_code;
     }
-    let signal = task.clone().and_then(|_| Ok((get("task_struct", "comm", 16)?, get("kernel_siginfo", "si_code", 4)?)));
-    if let Ok((comm, code)) = signal {
-        o.task_comm = comm;
+    let signal = task.clone().and_then(|_| get("kernel_siginfo", "si_code", 4));
+    if let Ok(code) = signal {
         o.siginfo_code = code;
     }
     let args = |tps: &[&str]| -> Result<(), String> {
@@ -153,6 +159,7 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
     };
     let ok = [
         (BtfNeeds::Task, task.clone().map(|_| ()).and_then(|()| args(&["sched_process_fork"]))),
+        (BtfNeeds::Exec, exec.map(|_| ()).and_then(|()| args(&["sched_process_exec"]))),
         (BtfNeeds::Exit, exit.map(|_| ()).and_then(|()| args(&["sched_process_exit"]))),
         (BtfNeeds::Block, block.map(|_| ()).and_then(|()| args(&["block_rq_issue", "block_rq_complete"]))),
         (BtfNeeds::Signal, signal.map(|_| ()).and_then(|()| args(&["signal_generate"]))),

@@ -47,6 +47,7 @@ const ROWS: &[Row] = &[
     row("fork_btf", "floor_fork_btf", "btf", Some("sched_process_f"), "fork_btf"),
     row("sched_fork", "floor_fork", "tracefs", Some("sched_process_f"), "sched_fork"),
     row("task_newtask", "floor_newtask", "tracefs", None, "task_newtask"),
+    row("exec_btf", "floor_exec_btf", "btf", None, "sched_exec"),
     row("sched_exec", "floor_exec", "tracefs", None, "sched_exec"),
     row("exit_btf", "floor_exit_btf", "btf", None, "sched_exit"),
     row("sched_exit", "floor_exit", "tracefs", None, "sched_exit"),
