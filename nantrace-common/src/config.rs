@@ -146,8 +146,13 @@ pub struct BtfOffsets {
     pub disk_first_minor: u32,
     /// `struct linux_binprm.filename`: the path exec was given, as the tracefs record's.
     pub binprm_filename: u32,
-    /// Keeps the struct free of implicit padding.
-    pub _pad: u32,
+    /// `struct request.mq_hctx`, `struct blk_mq_hw_ctx.queue_num`: the hardware queue, whose
+    /// tags are the request's (each queue has its own tag space).
+    pub rq_mq_hctx: u32,
+    pub hctx_queue_num: u32,
+    /// `struct task_struct.start_time`: CLOCK_MONOTONIC ns of the task's creation (set in
+    /// copy_process just before `sched_process_fork`), the clock `bpf_ktime_get_ns` reads.
+    pub task_start_time: u32,
 }
 
 impl BtfOffsets {
@@ -173,7 +178,9 @@ impl BtfOffsets {
             disk_major: MISSING,
             disk_first_minor: MISSING,
             binprm_filename: MISSING,
-            _pad: 0,
+            rq_mq_hctx: MISSING,
+            hctx_queue_num: MISSING,
+            task_start_time: MISSING,
         }
     }
 }

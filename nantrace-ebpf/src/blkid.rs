@@ -8,15 +8,18 @@
 //! scheduler, else the driver tag: both are held from allocation to free, so the identity
 //! survives a requeue (the driver tag under a scheduler is given back before a requeue and a
 //! new one taken at the next dispatch, which runs from kblockd, not the job). The
-//! `struct request *` itself cannot be hashed (the verifier forbids arithmetic on it). The table is an array of two-way sets found by a Fibonacci hash of the
-//! identity: the lookups are inlined loads. When both ways hold other live requests, the
-//! first is given up and counted (`BlockStat::IssuerEvicted`): its completion is measured
-//! but not attributed to the job.
+//! `struct request *` itself cannot be hashed (the verifier forbids arithmetic on it).
 //!
-//! Races, accepted and rare: the table is written by the issuing CPU and cleared by the
-//! completing one without locks. Two CPUs issuing into the same empty set at once may both
-//! take the first way (one request is then not attributed), and an eviction can land between
-//! a completion's copy of a way and its clearing (the newer request is then not attributed).
+//! The table is an array of two-way sets. A request's set is its device's base (a Fibonacci
+//! hash of dev_t) plus its hardware queue's number times 1024 plus its tag: the tags in use
+//! on a queue are a small range (the queue depth), so the sets a device's requests land in
+//! stay in a few cache lines and pages that every completion on the node, the job's or not,
+//! reads again. The session 12 table hashed the sector too, which scattered the lookups over
+//! the 640 KiB table: the completion of a request outside the job then cost ~450 ns more
+//! (a cache and TLB miss on a VM; `cargo xtask bench`, docs/performance-notes.md). When
+//! both ways hold other live requests, the first is given up and counted
+//! (`BlockStat::IssuerEvicted`): its completion is measured but not attributed to the job.
+//!
 use aya_ebpf::{macros::map, maps::Array};
 use nantrace_common::{BioIssuer, BlockStat, BIO_ISSUER_SLOTS};
 
@@ -65,9 +68,12 @@ impl RqId {
         }
         let sector: u64 = load(rq, conf!(btf.rq_sector));
         let start: u64 = load(rq, conf!(btf.rq_start_time));
+        let hctx: *const u8 = load(rq, conf!(btf.rq_mq_hctx));
+        let queue: u32 = load(hctx, conf!(btf.hctx_queue_num));
         let tag = tag as u32 + 1;
-        let mix = sector ^ (u64::from(tag) << 40) ^ (u64::from(dev) << 20);
-        let set = crate::block::spread(mix, BIO_ISSUER_SLOTS.trailing_zeros() - 1) * 2;
+        let sets = BIO_ISSUER_SLOTS / 2;
+        let base = crate::block::spread(u64::from(dev), sets.trailing_zeros());
+        let set = (base.wrapping_add(queue << 10).wrapping_add(tag) & (sets - 1)) * 2;
         Some(Self { dev, sector, tag, start, a: BIO_ISSUERS.get_ptr_mut(set)?, b: BIO_ISSUERS.get_ptr_mut(set + 1)? })
     }
 

@@ -142,7 +142,7 @@ unsafe fn fill_header(h: *mut EventHeader, kind: EventKind) -> (u32, bool) {
 unsafe fn fill_header_as(h: *mut EventHeader, kind: EventKind, job: bool) -> (u32, bool) {
     let (tgid, tid) = current_pid_tgid();
     // SAFETY: forwarded from the caller.
-    unsafe { fill_header_with(h, kind, job, tgid, tid, bpf_get_current_comm().unwrap_or([0; 16])) };
+    unsafe { fill_header_with(h, kind, job, tgid, tid, bpf_get_current_comm().unwrap_or([0; 16]), bpf_ktime_get_ns()) };
     (tgid, job)
 }
 
@@ -153,11 +153,11 @@ unsafe fn fill_header_as(h: *mut EventHeader, kind: EventKind, job: bool) -> (u3
 /// # Safety
 /// As [`fill_header`].
 #[inline(always)]
-unsafe fn fill_header_with(h: *mut EventHeader, kind: EventKind, job: bool, tgid: u32, tid: u32, comm: [u8; 16]) {
+unsafe fn fill_header_with(h: *mut EventHeader, kind: EventKind, job: bool, tgid: u32, tid: u32, comm: [u8; 16], ts_ns: u64) {
     unsafe {
         (*h).kind = kind as u32;
         (*h).flags = if job { FLAG_JOB } else { 0 };
-        (*h).ts_ns = bpf_ktime_get_ns();
+        (*h).ts_ns = ts_ns;
         (*h).pid = tgid;
         (*h).tid = tid;
         (*h).comm = comm;

@@ -13,7 +13,7 @@ use nantrace_common::{
     EventKind, ExecEvent, ExitEvent, ExitInfo, ForkEvent, SignalEvent, FLAG_JOB, MISSING,
 };
 
-use aya_ebpf::helpers::bpf_get_current_comm;
+use aya_ebpf::helpers::{bpf_get_current_comm, bpf_ktime_get_ns};
 
 use crate::{conf, count_drop, current_pid_tgid, fill_header, fill_header_with, is_job, read_data_loc, set_job, EVENTS};
 
@@ -86,14 +86,16 @@ pub fn sched_fork(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let (tgid, tid) = current_pid_tgid();
-    emit_fork(child, tgid, tid, bpf_get_current_comm().unwrap_or([0; 16]));
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    emit_fork(child, tgid, tid, bpf_get_current_comm().unwrap_or([0; 16]), now);
     0
 }
 
 /// The fork event of a job process (the current task, `tgid`/`tid`, named `comm`) that
-/// made process `child`.
+/// made process `child` at `ts_ns`.
 #[inline(always)]
-pub(crate) fn emit_fork(child: u32, tgid: u32, tid: u32, comm: [u8; 16]) {
+pub(crate) fn emit_fork(child: u32, tgid: u32, tid: u32, comm: [u8; 16], ts_ns: u64) {
     let Some(mut entry) = EVENTS.reserve::<ForkEvent>(0) else {
         count_drop(EventKind::Fork);
         return;
@@ -101,7 +103,7 @@ pub(crate) fn emit_fork(child: u32, tgid: u32, tid: u32, comm: [u8; 16]) {
     let p = entry.as_mut_ptr();
     // SAFETY: fresh reservation.
     unsafe {
-        fill_header_with(&raw mut (*p).hdr, EventKind::Fork, true, tgid, tid, comm);
+        fill_header_with(&raw mut (*p).hdr, EventKind::Fork, true, tgid, tid, comm, ts_ns);
         (*p).child_pid = child;
         (*p)._pad = 0;
         // A child is born with its parent's name (copy_process copies comm): the parent's,
@@ -151,7 +153,7 @@ pub(crate) fn emit_exec(tgid: u32, tid: u32, comm: [u8; 16], filename: impl FnOn
     let p = entry.as_mut_ptr();
     // SAFETY: fresh reservation.
     unsafe {
-        fill_header_with(&raw mut (*p).hdr, EventKind::Exec, true, tgid, tid, comm);
+        fill_header_with(&raw mut (*p).hdr, EventKind::Exec, true, tgid, tid, comm, bpf_ktime_get_ns());
         (*p).filename = [0; 128];
         filename(&mut (*p).filename);
     }
@@ -241,7 +243,7 @@ pub(crate) fn finish_exit(tgid: u32, tid: u32, job: bool, group_dead: bool, stat
     let p = entry.as_mut_ptr();
     // SAFETY: fresh reservation.
     unsafe {
-        fill_header_with(&raw mut (*p).hdr, EventKind::Exit, job, tgid, tid, comm());
+        fill_header_with(&raw mut (*p).hdr, EventKind::Exit, job, tgid, tid, comm(), bpf_ktime_get_ns());
         (*p).code = info.code;
         (*p).signal = info.signal;
     }

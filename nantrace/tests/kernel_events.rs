@@ -279,6 +279,7 @@ fn a_jobs_threads_are_not_reported_as_forks() {
     let mut root = Gated::new("thr", &format!("{BIN} bench-internal synth-gen --rate 3000 --seconds 0.3 --burst 1 --threads 3 >/dev/null; exit 0"));
     let root_pid = u64::from(root.id());
     let w = Watch::start(&["--pid", &root_pid.to_string()]);
+    let went = mono_ns();
     root.go();
     assert!(root.wait().unwrap().success());
     let (x, _) = w.wait_for("exec of the threaded process", Duration::from_secs(10), |v| v["source"] == "exec" && v["filename"].as_str().is_some_and(|f| f.ends_with("/nantrace")));
@@ -292,6 +293,10 @@ fn a_jobs_threads_are_not_reported_as_forks() {
     assert_eq!(f["tid"].as_u64(), Some(root_pid), "{f}");
     assert_eq!(f["comm"], "sh", "{f}");
     assert_eq!(f["child_comm"], "sh", "{f}");
+    // The fork's time (the child's `start_time` on the BTF path) is on the clock of the other
+    // events: after the go, before the child's exec.
+    let (tf, tx) = (f["mono_ns"].as_u64().unwrap(), x["mono_ns"].as_u64().unwrap());
+    assert!(went <= tf && tf <= tx, "go {went}, fork {tf}, exec {tx}");
     let (e, _) = w.wait_for("its exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(gen));
     assert_eq!(e["exit_code"], 0, "{e}");
     assert_eq!(e["comm"], "nantrace", "{e}");
@@ -426,4 +431,12 @@ fn machine_wide_abnormal_exits_and_a_caught_signal() {
     assert!(sig.iter().any(|s| s["signal"] == "SIGTERM"), "the caught SIGTERM was still sent: {sig:?}");
     assert_probe_path(&w.stop(), &["sched:sched_process_exit"]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// CLOCK_MONOTONIC now, in ns: the clock of the events' `mono_ns`.
+fn mono_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid out pointer.
+    assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut t) }, 0);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }

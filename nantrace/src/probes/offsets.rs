@@ -94,18 +94,23 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
     let get = |s: &str, m: &str, size: u32| b.offset(s, m, size).map_err(|e| e.to_string());
     // Every task program reads the name of the current task from it (fork, exec, exit) or
     // of the signal's target.
-    let task = (|| -> Result<(u32, u32, u32), String> { Ok((get("task_struct", "pid", 4)?, get("task_struct", "tgid", 4)?, get("task_struct", "comm", 16)?)) })();
-    if let Ok((pid, tgid, comm)) = task {
+    let task = (|| -> Result<[u32; 4], String> {
+        Ok([get("task_struct", "pid", 4)?, get("task_struct", "tgid", 4)?, get("task_struct", "comm", 16)?, get("task_struct", "start_time", 8)?])
+    })();
+    if let Ok([pid, tgid, comm, start]) = task {
         o.task_pid = pid;
         o.task_tgid = tgid;
         o.task_comm = comm;
+        o.task_start_time = start;
     }
     let exec = task.clone().and_then(|_| get("linux_binprm", "filename", 8));
     if let Ok(f) = exec {
         o.binprm_filename = f;
     }
-    let block = (|| -> Result<[u32; 9], String> {
+    let block = (|| -> Result<[u32; 11], String> {
         Ok([
+            get("request", "mq_hctx", 8)?,
+            get("blk_mq_hw_ctx", "queue_num", 4)?,
             get("request", "q", 8)?,
             get("request", "tag", 4)?,
             get("request", "internal_tag", 4)?,
@@ -117,7 +122,9 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
             get("gendisk", "first_minor", 4)?,
         ])
     })();
-    if let Ok([q, tag, internal_tag, sector, start, flags, disk, major, minor]) = block {
+    if let Ok([hctx, queue_num, q, tag, internal_tag, sector, start, flags, disk, major, minor]) = block {
+        o.rq_mq_hctx = hctx;
+        o.hctx_queue_num = queue_num;
         o.rq_q = q;
         o.rq_tag = tag;
         o.rq_internal_tag = internal_tag;
