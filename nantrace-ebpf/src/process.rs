@@ -250,10 +250,12 @@ pub(crate) fn finish_exit(tgid: u32, tid: u32, job: bool, group_dead: bool, stat
     crate::submit(entry);
 }
 
-/// SIGKILL, SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGTERM, SIGILL.
+/// SIGKILL, SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGTERM, SIGILL: one shift and mask (runs for
+/// every signal on the node, SIGCHLD at each child exit first of all).
 #[inline(always)]
 pub(crate) fn fatal(sig: i32) -> bool {
-    matches!(sig, 9 | 11 | 7 | 6 | 8 | 15 | 4)
+    const FATAL: u32 = 1 << 9 | 1 << 11 | 1 << 7 | 1 << 6 | 1 << 8 | 1 << 15 | 1 << 4;
+    (sig as u32) < 32 && FATAL >> sig as u32 & 1 != 0
 }
 
 #[tracepoint(category = "signal", name = "signal_generate")]
