@@ -49,7 +49,7 @@ const ROWS: &[Row] = &[
     row("task_newtask", "floor_newtask", "tracefs", None, "task_newtask"),
     row("exec_btf", "floor_exec_btf", "btf", None, "sched_exec"),
     row("sched_exec", "floor_exec", "tracefs", None, "sched_exec"),
-    row("exit_btf", "floor_exit_btf", "btf", None, "sched_exit"),
+    row("exit_btf", "floor_exit_btf", "btf", None, "exit_btf"),
     row("sched_exit", "floor_exit", "tracefs", None, "sched_exit"),
     row("exit_group", "floor_exit_grp", "tracefs", Some("sys_enter_exit_"), "exit_group"),
     row("signal_btf", "floor_sig_btf", "btf", Some("signal_generate"), "signal_btf"),
@@ -92,7 +92,9 @@ pub(super) fn markdown(r: &serde_json::Value, prev: &serde_json::Value) -> Strin
         let outside = prog_ns(r, outside_tracer, row.prog);
         let runs = r["runs"].as_array().and_then(|a| a.iter().rev().find(|x| x["tracer"] == tracer)).and_then(|x| x["programs"].as_object()).and_then(|m| m.iter().find(|(k, _)| k.split('#').next() == Some(row.prog)).map(|(_, p)| p["runs"].as_f64().unwrap_or(0.0)));
         let bt = row.bpftrace.and_then(|b| prog_ns(r, "bpftrace", b));
-        let prev_fl = prog_ns(prev, "floor", row.floor);
+        // A program new in this run (no floor of its own before): the floor of the program
+        // that held the tracepoint then.
+        let prev_fl = prog_ns(prev, "floor", row.floor).or_else(|| ROWS.iter().find(|x| x.prog == row.before).and_then(|x| prog_ns(prev, "floor", x.floor)));
         let above_prev = |v: Option<f64>| match (v, prev_fl) { (Some(x), Some(f)) => Some(x - f), _ => None };
         let before = above_prev(prog_ns(prev, "nantrace", row.before).or_else(|| prog_ns(prev, "nantrace-tracefs", row.before)));
         let before_outside = above_prev(prog_ns(prev, "nantrace-outside", row.before));
