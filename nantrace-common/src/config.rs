@@ -191,6 +191,9 @@ impl BtfOffsets {
 pub struct Config {
     /// Block requests slower than this are emitted as events (errors always are).
     pub slow_io_ns: u64,
+    /// Bytes waiting in the ring buffer at which the reader is woken (a quarter of a small
+    /// ring, at most 256 KiB): below it the reader drains on its 25 ms timer.
+    pub wake_bytes: u64,
     /// 1: no job given, report abnormal exits and fatal signals machine-wide.
     pub whole_machine: u32,
     /// Our own tgid, so nantrace does not trace itself.
@@ -201,6 +204,6 @@ pub struct Config {
 
 impl Config {
     pub const fn zeroed() -> Self {
-        Self { slow_io_ns: 0, whole_machine: 0, self_pid: 0, off: TpOffsets::missing(), btf: BtfOffsets::missing() }
+        Self { slow_io_ns: 0, wake_bytes: 0, whole_machine: 0, self_pid: 0, off: TpOffsets::missing(), btf: BtfOffsets::missing() }
     }
 }

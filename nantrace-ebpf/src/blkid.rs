@@ -15,11 +15,17 @@
 //! on a queue are a small range (the queue depth), so the sets a device's requests land in
 //! stay in a few cache lines and pages that every completion on the node, the job's or not,
 //! reads again. The session 12 table hashed the sector too, which scattered the lookups over
-//! the 640 KiB table: the completion of a request outside the job then cost ~450 ns more
-//! (a cache and TLB miss on a VM; `cargo xtask bench`, docs/performance-notes.md). When
-//! both ways hold other live requests, the first is given up and counted
+//! the 640 KiB table: the completion of a request outside the job then cost ~190-300 ns
+//! more (cache and TLB misses on a VM; docs/performance-notes.md, "Session 13"). On a
+//! multi-queue device the windows of 8 queues share the table's range (8192 sets / 1024),
+//! so locality holds per queue; the load factor, hence the eviction rate, is as before.
+//! When both ways hold other live requests, the first is given up and counted
 //! (`BlockStat::IssuerEvicted`): its completion is measured but not attributed to the job.
 //!
+//! Races, accepted and rare: the table is written by the issuing CPU and cleared by the
+//! completing one without locks. Two CPUs issuing into the same empty set at once may both
+//! take the first way (one request is then not attributed), and an eviction can land between
+//! a completion's copy of a way and its clearing (the newer request is then not attributed).
 use aya_ebpf::{macros::map, maps::Array};
 use nantrace_common::{BioIssuer, BlockStat, BIO_ISSUER_SLOTS};
 

@@ -157,9 +157,9 @@ fn rwbs(flags: u32) -> [u8; 16] {
 }
 
 /// The name of `task`, with two plain loads (the verifier allows 8-byte loads inside a
-/// `char[16]` member). Only for the current task, as the tracepoints pass it: another
-/// task's name can change under the loads (prctl(PR_SET_NAME)), and `bpf_get_current_comm`
-/// reads it no more atomically.
+/// `char[16]` member). Used for the current task, as the tracepoints pass it. A name can be
+/// rewritten while it is read (/proc/PID/task/TID/comm); `bpf_get_current_comm` copies it
+/// without a lock too.
 #[inline(always)]
 fn task_comm(task: *const u8) -> [u8; 16] {
     let w: [u64; 2] = load(task, conf!(btf.task_comm));

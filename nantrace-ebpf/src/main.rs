@@ -59,12 +59,11 @@ static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_SLOTS, 0);
 #[map]
 static JOB_MAP: Array<u64> = Array::with_max_entries(JOB_MAP_WORDS, BPF_F_MMAPABLE);
 
-/// Wake the reader only when a good amount of data is waiting: a wakeup per event costs an
-/// irq_work (a VM exit on virtual machines; measured ~200 µs of workload time per fork/exec/
-/// exit iteration). Userspace also drains on a 25 ms timer, so nothing waits longer than that.
-/// Each CPU asks every 16th record, so a burst overshoots the mark by at most 16 records per
-/// CPU before the wakeup.
-const WAKE_BYTES: u64 = 256 * 1024;
+// The reader is woken only when `wake_bytes` are waiting (`Config`): a wakeup per event
+// costs an irq_work (a VM exit on virtual machines; measured ~200 µs of workload time per
+// fork/exec/exit iteration). Userspace also drains on a 25 ms timer, so nothing waits longer
+// than that. Each CPU asks every 16th record, so a burst overshoots the mark by at most 16
+// records per CPU before the wakeup.
 const BPF_RB_AVAIL_DATA: u64 = 0;
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
@@ -82,7 +81,7 @@ fn submit<T: 'static>(entry: aya_ebpf::maps::ring_buf::RingBufEntry<T>) {
         *n += 1;
         *n % WAKE_CHECK_EVERY == 0
     });
-    let flags = if check && EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKE_BYTES { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP };
+    let flags = if check && EVENTS.query(BPF_RB_AVAIL_DATA) >= conf!(wake_bytes) { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP };
     entry.submit(flags);
 }
 

@@ -2,8 +2,8 @@
 //! root pids in `JOB_MAP`; `task:task_newtask` tells threads from processes; `exec`, `exit`
 //! (with `group_dead`), `syscalls:sys_enter_exit_group` (the exit code) and
 //! `signal:signal_generate` (fatal signals) complete the story. On the BTF path (`btf.rs`)
-//! the fork and exit programs read the tasks themselves, and neither `task_newtask` nor
-//! `exit_group` is attached.
+//! the fork, exec and exit programs read the tasks and arguments themselves, and neither
+//! `task_newtask` nor `exit_group` is attached.
 use aya_ebpf::{
     macros::{map, tracepoint},
     maps::{Array, HashMap},
@@ -71,7 +71,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
 
 #[tracepoint(category = "sched", name = "sched_process_fork")]
 pub fn sched_fork(ctx: TracePointContext) -> u32 {
-    let (tgid, _) = current_pid_tgid();
+    let (tgid, tid) = current_pid_tgid();
     if !is_job(tgid) {
         return 0;
     }
@@ -85,7 +85,6 @@ pub fn sched_fork(ctx: TracePointContext) -> u32 {
         let _ = NEW_THREADS.remove(&child);
         return 0;
     }
-    let (tgid, tid) = current_pid_tgid();
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     emit_fork(child, tgid, tid, bpf_get_current_comm().unwrap_or([0; 16]), now);

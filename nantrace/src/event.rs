@@ -63,7 +63,8 @@ pub fn comm_from(s: &str) -> Comm {
 /// events are the process's (`tid()` is the pid).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Event {
-    /// CLOCK_MONOTONIC nanoseconds (kernel `bpf_ktime_get_ns` or userspace arrival).
+    /// CLOCK_MONOTONIC nanoseconds (kernel `bpf_ktime_get_ns`, a BTF fork's child `start_time`,
+    /// or userspace arrival).
     pub mono_ns: u64,
     pub pid: u32,
     pub comm: Comm,

@@ -276,7 +276,11 @@ fn a_jobs_threads_are_not_reported_as_forks() {
     if !privileged("a_jobs_threads_are_not_reported_as_forks") {
         return;
     }
-    let mut root = Gated::new("thr", &format!("{BIN} bench-internal synth-gen --rate 3000 --seconds 0.3 --burst 1 --threads 3 >/dev/null; exit 0"));
+    // A script first: exec's path is the script's (`bprm->filename`), not its interpreter's.
+    let script = std::env::temp_dir().join(format!("nt-script-{}.sh", std::process::id()));
+    std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut root = Gated::new("thr", &format!("{}; {BIN} bench-internal synth-gen --rate 3000 --seconds 0.3 --burst 1 --threads 3 >/dev/null; exit 0", script.display()));
     let root_pid = u64::from(root.id());
     let w = Watch::start(&["--pid", &root_pid.to_string()]);
     let went = mono_ns();
@@ -284,10 +288,12 @@ fn a_jobs_threads_are_not_reported_as_forks() {
     assert!(root.wait().unwrap().success());
     let (x, _) = w.wait_for("exec of the threaded process", Duration::from_secs(10), |v| v["source"] == "exec" && v["filename"].as_str().is_some_and(|f| f.ends_with("/nantrace")));
     let gen = x["pid"].as_u64().unwrap();
-    // The header carries the name after exec and the exec'ing thread.
+    // The header carries the name after exec.
     assert_eq!(x["comm"], "nantrace", "{x}");
-    assert_eq!(x["tid"].as_u64(), Some(gen), "{x}");
     assert_eq!(x["filename"], BIN, "{x}");
+    let (sx, _) = w.wait_for("exec of the script", Duration::from_secs(10), |v| v["source"] == "exec" && v["comm"].as_str().is_some_and(|c| c.starts_with("nt-script")));
+    assert_eq!(sx["filename"], script.to_str().unwrap(), "the script's path, not /bin/sh: {sx}");
+    let _ = std::fs::remove_file(&script);
     let (f, _) = w.wait_for("the fork that made it", Duration::from_secs(10), |v| v["source"] == "fork" && v["child_pid"].as_u64() == Some(gen));
     assert_eq!(f["pid"].as_u64(), Some(root_pid));
     assert_eq!(f["tid"].as_u64(), Some(root_pid), "{f}");
@@ -364,6 +370,8 @@ fn a_process_whose_main_thread_ended_stays_the_jobs() {
     let kid = x["pid"].as_u64().unwrap();
     let (f, _) = w.wait_for("the fork by the remaining thread", Duration::from_secs(10), |v| v["source"] == "fork" && v["child_pid"].as_u64() == Some(kid));
     assert_eq!(f["pid"].as_u64(), Some(root_pid), "{f}");
+    // The forking thread is not the leader: the header's tid is its own.
+    assert!(f["tid"].as_u64().is_some_and(|t| t != root_pid && t > 0), "{f}");
     let (e, _) = w.wait_for("the process's exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(root_pid));
     assert_eq!(e["exit_code"], 5, "{e}");
     assert_eq!(e["job"], true);
@@ -389,6 +397,8 @@ fn the_exit_code_is_what_wait_reports_when_the_last_thread_is_not_the_leader() {
     let (e, _) = w.wait_for("the process's exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(root_pid));
     assert_eq!(e["job"], true);
     assert_eq!(e["signal"], serde_json::Value::Null, "{e}");
+    // The last thread out is not the leader: the header's tid is its own.
+    assert!(e["tid"].as_u64().is_some_and(|t| t != root_pid && t > 0), "{e}");
     if expect_btf() {
         assert_eq!(e["exit_code"], code, "{e}");
     } else {

@@ -32,7 +32,7 @@ fn load_seeded(map: &'static str, keys: &mut dyn Iterator<Item = u32>) -> Result
     if BPF_OBJ.is_empty() {
         return Err(ProbeError::NotBuilt);
     }
-    let cfg = Config { slow_io_ns: u64::MAX, whole_machine: 0, self_pid: std::process::id(), off: TpOffsets::missing(), btf: BtfOffsets::missing() };
+    let cfg = Config { slow_io_ns: u64::MAX, wake_bytes: u64::MAX, whole_machine: 0, self_pid: std::process::id(), off: TpOffsets::missing(), btf: BtfOffsets::missing() };
     let mut ebpf = EbpfLoader::new().override_global("NANTRACE_CONFIG", &cfg, true).load(BPF_OBJ)?;
     let m = ebpf.map_mut(map).ok_or_else(|| ProbeError::Map(map, "missing from the object".into()))?;
     let mut h: BpfHashMap<&mut MapData, u32, u32> = BpfHashMap::try_from(m).map_err(|e| ProbeError::Map(map, e.to_string()))?;

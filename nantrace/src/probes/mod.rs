@@ -81,6 +81,13 @@ pub const BTF_ARGS: &[(&str, &[&str])] = &[
     ("signal_generate", &["int", "struct kernel_siginfo *", "struct task_struct *", "int", "int"]),
 ];
 
+/// Bytes waiting in a ring of `ring_bytes` (rounded up to a power of two, as loaded) at
+/// which the kernel side wakes the reader: 256 KiB, or a quarter of a smaller ring (a ring
+/// that never holds 256 KiB would otherwise never wake it, and be drained only by the timer).
+pub fn wake_bytes(ring_bytes: u32) -> u64 {
+    (u64::from(ring_bytes.next_power_of_two()) / 4).min(256 * 1024)
+}
+
 pub const PROBES: &[ProbeSpec] = &[
     ProbeSpec { program: "printk_console", floor: "floor_printk", group: "printk", name: "console", what: "kernel log lines (Xid, AER text, OOM, link, MCE)", btf: None },
     ProbeSpec { program: "ras_aer_event", floor: "floor_aer", group: "ras", name: "aer_event", what: "decoded PCIe AER errors", btf: None },
@@ -193,6 +200,7 @@ impl Probes {
         };
         let cfg = Config {
             slow_io_ns: opts.slow_io_ns,
+            wake_bytes: wake_bytes(opts.ring_bytes),
             whole_machine: u32::from(opts.whole_machine),
             self_pid: std::process::id(),
             off,
@@ -456,5 +464,16 @@ mod tests {
         want[23] = 1;
         assert_eq!(h[&dev], want);
         assert_eq!(h[&(8 << 20)].iter().sum::<u64>(), 4);
+    }
+
+    /// The default ring wakes the reader at 256 KiB; a ring too small to hold that, at a
+    /// quarter of its size (as loaded: a power of two).
+    #[test]
+    fn the_wakeup_mark_fits_the_ring() {
+        assert_eq!(wake_bytes(8 << 20), 256 * 1024);
+        assert_eq!(wake_bytes(1 << 20), 256 * 1024);
+        assert_eq!(wake_bytes(256 * 1024), 64 * 1024);
+        assert_eq!(wake_bytes(4096), 1024);
+        assert_eq!(wake_bytes(3000), 1024);
     }
 }

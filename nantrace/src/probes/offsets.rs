@@ -92,18 +92,23 @@ pub(super) fn all_needs(why: &str) -> NeedResult {
 pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
     let mut o = BtfOffsets::missing();
     let get = |s: &str, m: &str, size: u32| b.offset(s, m, size).map_err(|e| e.to_string());
-    // Every task program reads the name of the current task from it (fork, exec, exit) or
-    // of the signal's target.
-    let task = (|| -> Result<[u32; 4], String> {
-        Ok([get("task_struct", "pid", 4)?, get("task_struct", "tgid", 4)?, get("task_struct", "comm", 16)?, get("task_struct", "start_time", 8)?])
-    })();
-    if let Ok([pid, tgid, comm, start]) = task {
+    let task = (|| -> Result<(u32, u32), String> { Ok((get("task_struct", "pid", 4)?, get("task_struct", "tgid", 4)?)) })();
+    if let Ok((pid, tgid)) = task {
         o.task_pid = pid;
         o.task_tgid = tgid;
-        o.task_comm = comm;
+    }
+    // Every task program reads a name from a task: the current task's (fork, exec, exit) or
+    // the signal's target's. Each program needs only the members it reads, so a kernel that
+    // changes one falls back for those programs alone.
+    let comm = get("task_struct", "comm", 16);
+    if let Ok(c) = comm {
+        o.task_comm = c;
+    }
+    let fork = task.clone().and_then(|_| comm.clone()).and_then(|_| get("task_struct", "start_time", 8));
+    if let Ok(start) = fork {
         o.task_start_time = start;
     }
-    let exec = task.clone().and_then(|_| get("linux_binprm", "filename", 8));
+    let exec = comm.clone().and_then(|_| get("linux_binprm", "filename", 8));
     if let Ok(f) = exec {
         o.binprm_filename = f;
     }
@@ -137,7 +142,7 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
         // Optional: set only when the queue keeps I/O statistics.
         o.rq_io_start_time = get("request", "io_start_time_ns", 8).unwrap_or(MISSING);
     }
-    let exit = task.clone().and_then(|_| {
+    let exit = comm.clone().and_then(|_| {
         Ok([
             get("task_struct", "exit_code", 4)?,
             get("task_struct", "signal", 8)?,
@@ -153,7 +158,7 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
         o.signal_flags = flags;
         o.signal_group_exit_code = group_code;
     }
-    let signal = task.clone().and_then(|_| get("kernel_siginfo", "si_code", 4));
+    let signal = task.clone().and_then(|_| comm.clone()).and_then(|_| get("kernel_siginfo", "si_code", 4));
     if let Ok(code) = signal {
         o.siginfo_code = code;
     }
@@ -165,7 +170,7 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
         Ok(())
     };
     let ok = [
-        (BtfNeeds::Task, task.clone().map(|_| ()).and_then(|()| args(&["sched_process_fork"]))),
+        (BtfNeeds::Task, fork.map(|_| ()).and_then(|()| args(&["sched_process_fork"]))),
         (BtfNeeds::Exec, exec.map(|_| ()).and_then(|()| args(&["sched_process_exec"]))),
         (BtfNeeds::Exit, exit.map(|_| ()).and_then(|()| args(&["sched_process_exit"]))),
         (BtfNeeds::Block, block.map(|_| ()).and_then(|()| args(&["block_rq_issue", "block_rq_complete"]))),
