@@ -39,6 +39,10 @@ pub struct ExitEvent {
     /// -1 when unknown (killed by a signal, or the exit was not seen).
     pub code: i32,
     pub signal: i32,
+    /// 1 when the kernel dumped a core (the 0x80 bit of the wait status; BTF path only: the
+    /// tracefs path does not know and reports 0).
+    pub core_dumped: u32,
+    pub _pad: u32,
 }
 
 /// `signal:signal_generate` of a fatal signal to a job process. Header = the sender.

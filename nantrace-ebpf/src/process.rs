@@ -220,7 +220,7 @@ pub(crate) fn finish_exit(tgid: u32, tid: u32, job: bool, group_dead: bool, stat
     set_job(tgid, false);
     let info = match status {
         // As wait(2) decodes it: a signal number in the low 7 bits (0x80: a core was
-        // dumped, not reported), else the code above them.
+        // dumped), else the code above them.
         Some(s) if s & 0x7f != 0 => ExitInfo { code: -1, signal: s & 0x7f },
         Some(s) => ExitInfo { code: (s >> 8) & 0xff, signal: 0 },
         None => {
@@ -245,6 +245,8 @@ pub(crate) fn finish_exit(tgid: u32, tid: u32, job: bool, group_dead: bool, stat
         fill_header_with(&raw mut (*p).hdr, EventKind::Exit, job, tgid, tid, comm(), bpf_ktime_get_ns());
         (*p).code = info.code;
         (*p).signal = info.signal;
+        (*p).core_dumped = u32::from(status.is_some_and(|s| s & 0x7f != 0 && s & 0x80 != 0));
+        (*p)._pad = 0;
     }
     crate::submit(entry);
 }

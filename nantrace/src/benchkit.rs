@@ -99,7 +99,7 @@ fn synthetic(i: u64, t: u64) -> Event {
     let detail = match i % 10 {
         0..=3 => Detail::Block { dev: 259 << 20, error: 0, sector: i * 8, latency_us: 60_000 + (i % 1000) as u32, nr_sector: 8, rwbs: *b"WS\0\0\0\0" },
         4..=5 => Detail::Fork { child_pid: (i % 60_000) as u32, child_comm: comm, tid: 0 },
-        6..=7 => Detail::Exit { code: 0, signal: 0, tid: 0 },
+        6..=7 => Detail::Exit { code: 0, signal: 0, tid: 0, core_dumped: false },
         8 => Detail::Signal { sig: 9, code: 0, target_pid: 77, result: 0, target_comm: comm, tid: 0 },
         _ => Detail::Kmsg(Kmsg { text: "nvme nvme0: I/O 123 QID 4 timeout, completion polled".into(), class: None }),
     };
@@ -131,7 +131,7 @@ pub fn memory(n: u64) -> Value {
 pub fn drain(n: u64) -> Value {
     use nantrace_common::*;
     let mut hdr = EventHeader { kind: EventKind::Exit as u32, flags: FLAG_JOB, ts_ns: 1, pid: 42, tid: 42, comm: [b'x'; 16] };
-    let exit = ExitEvent { hdr, code: 0, signal: 0 };
+    let exit = ExitEvent { hdr, code: 0, signal: 0, core_dumped: 0, _pad: 0 };
     hdr.kind = EventKind::Block as u32;
     let block = BlockEvent { hdr, dev: 7 << 20, error: 0, sector: 8, latency_ns: 1000, nr_sector: 8, _pad: 0, rwbs: [b'W'; 16] };
     // SAFETY: padding-free #[repr(C)] structs viewed as bytes.

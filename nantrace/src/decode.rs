@@ -116,7 +116,7 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
         }
         EventKind::Exit => {
             let e: ExitEvent = read(buf, h.kind)?;
-            base(&h, Detail::Exit { code: e.code, signal: e.signal, tid: 0 })
+            base(&h, Detail::Exit { code: e.code, signal: e.signal, tid: 0, core_dumped: e.core_dumped != 0 })
         }
         EventKind::Signal => {
             let e: SignalEvent = read(buf, h.kind)?;
@@ -150,7 +150,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<BlockEvent>(), 88);
         assert_eq!(std::mem::size_of::<TcpRetransmitEvent>(), 88);
         assert_eq!(std::mem::size_of::<ForkEvent>(), 64);
-        assert_eq!(std::mem::size_of::<ExitEvent>(), 48);
+        assert_eq!(std::mem::size_of::<ExitEvent>(), 56);
         assert_eq!(std::mem::size_of::<SignalEvent>(), 72);
         assert_eq!(std::mem::size_of::<AerEvent>(), 104);
         assert_eq!(std::mem::size_of::<Config>(), 24 + 4 * 45 + 4 * 23);
@@ -202,8 +202,13 @@ mod tests {
 
     #[test]
     fn process_events_round_trip() {
-        let ex = ExitEvent { hdr: hdr(EventKind::Exit), code: 3, signal: 0 };
-        assert_eq!(decode(&bytes(&ex)).unwrap().detail, Detail::Exit { code: 3, signal: 0, tid: 4243 });
+        let ex = ExitEvent { hdr: hdr(EventKind::Exit), code: 3, signal: 0, core_dumped: 0, _pad: 0 };
+        assert_eq!(decode(&bytes(&ex)).unwrap().detail, Detail::Exit { code: 3, signal: 0, tid: 4243, core_dumped: false });
+        let segv = ExitEvent { hdr: hdr(EventKind::Exit), code: -1, signal: 11, core_dumped: 1, _pad: 0 };
+        let j = decode(&bytes(&segv)).unwrap().to_json(&crate::clock::ClockMap::sample());
+        assert_eq!((j["signal"].as_str(), j["core_dumped"].as_bool(), j["exit_code"].is_null()), (Some("SIGSEGV"), Some(true), true));
+        let j = decode(&bytes(&ex)).unwrap().to_json(&crate::clock::ClockMap::sample());
+        assert!(j.get("core_dumped").is_none(), "only a dumped core is said: {j}");
         let mut c = [0u8; 16];
         c[..6].copy_from_slice(b"worker");
         let f = ForkEvent { hdr: hdr(EventKind::Fork), child_pid: 77, _pad: 0, child_comm: c };
@@ -237,8 +242,8 @@ mod tests {
 
     #[test]
     fn truncated_and_unknown_records_are_errors() {
-        let ex = bytes(&ExitEvent { hdr: hdr(EventKind::Exit), code: 3, signal: 0 });
-        assert_eq!(decode(&ex[..47]), Err(DecodeError::Short { kind: 8, need: 48, got: 47 }));
+        let ex = bytes(&ExitEvent { hdr: hdr(EventKind::Exit), code: 3, signal: 0, core_dumped: 0, _pad: 0 });
+        assert_eq!(decode(&ex[..55]), Err(DecodeError::Short { kind: 8, need: 56, got: 55 }));
         assert!(matches!(decode(&ex[..10]), Err(DecodeError::Short { kind: 0, .. })));
         assert_eq!(decode(&[]), Err(DecodeError::Short { kind: 0, need: 40, got: 0 }));
         let mut h = hdr(EventKind::Exit);

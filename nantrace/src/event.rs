@@ -149,8 +149,9 @@ pub enum Detail {
     /// `tid`: the forking thread.
     Fork { child_pid: u32, child_comm: Comm, tid: u32 },
     Exec { filename: Box<str> },
-    /// `tid`: the exiting thread (the process when it is the group leader).
-    Exit { code: i32, signal: i32, tid: u32 },
+    /// `tid`: the exiting thread (the process when it is the group leader); `core_dumped`:
+    /// the kernel wrote a core (known on the BTF path only).
+    Exit { code: i32, signal: i32, tid: u32, core_dumped: bool },
     /// `tid`: the sending thread.
     Signal { sig: i32, code: i32, target_pid: u32, result: i32, target_comm: Comm, tid: u32 },
     Log(Box<LogLine>),
@@ -363,10 +364,13 @@ impl Event {
                 put("child_comm", comm_str(child_comm).into());
             }
             Detail::Exec { filename } => put("filename", filename.as_ref().into()),
-            Detail::Exit { code, signal, .. } => {
+            Detail::Exit { code, signal, core_dumped, .. } => {
                 put("exit_code", if *code >= 0 { (*code).into() } else { Value::Null });
                 put("signal", if *signal > 0 { signal_name(*signal).into() } else { Value::Null });
                 put("signo", (*signal).into());
+                if *core_dumped {
+                    put("core_dumped", true.into());
+                }
             }
             Detail::Signal { sig, code, target_pid, result, target_comm, .. } => {
                 put("signal", signal_name(*sig).into());

@@ -316,7 +316,7 @@ mod tests {
     use crate::event::{Detail, Event};
 
     fn ev(t: u64) -> Event {
-        Event::new(t, 1, 1, crate::event::Comm::NONE, false, Detail::Exit { code: 0, signal: 0, tid: 0 })
+        Event::new(t, 1, 1, crate::event::Comm::NONE, false, Detail::Exit { code: 0, signal: 0, tid: 0, core_dumped: false })
     }
 
     #[test]

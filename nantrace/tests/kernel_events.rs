@@ -322,11 +322,20 @@ fn a_segfault_is_a_fatal_signal_with_its_kernel_siginfo() {
     }
     let go = std::ffi::CString::new(format!("/tmp/nt-segv-go-{}", std::process::id())).unwrap();
     let _ = std::fs::remove_file(go.to_str().unwrap());
-    // SAFETY: the child only calls async-signal-safe functions (access, usleep) and then
-    // faults; the parent waits for it.
+    // The child dumps a core into a directory of its own (a `core_pattern` without a pipe
+    // writes it to the process's working directory).
+    let core_dir = std::env::temp_dir().join(format!("nt-core-{}", std::process::id()));
+    std::fs::create_dir_all(&core_dir).unwrap();
+    let core_dir_c = std::ffi::CString::new(core_dir.to_str().unwrap()).unwrap();
+    let pattern = std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap_or_default();
+    // SAFETY: the child only calls async-signal-safe functions (setrlimit, chdir, access,
+    // usleep) and then faults; the parent waits for it.
     let child = unsafe { libc::fork() };
     if child == 0 {
         unsafe {
+            let unlimited = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+            libc::setrlimit(libc::RLIMIT_CORE, &unlimited);
+            libc::chdir(core_dir_c.as_ptr());
             while libc::access(go.as_ptr(), libc::F_OK) != 0 {
                 libc::usleep(20_000);
             }
@@ -347,6 +356,19 @@ fn a_segfault_is_a_fatal_signal_with_its_kernel_siginfo() {
     assert_eq!(s["job"], true);
     let (x, _) = w.wait_for("its exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_i64() == Some(i64::from(child)));
     assert_eq!(x["signal"], "SIGSEGV", "{x}");
+    // The core dump is what wait(2) says (WCOREDUMP) on the BTF path; the tracefs path does
+    // not know, and says nothing.
+    let dumped = libc::WCOREDUMP(status);
+    if !pattern.starts_with('|') && !pattern.trim().is_empty() {
+        assert!(dumped, "core_pattern {pattern:?} and RLIMIT_CORE unlimited, yet no core: status {status:#x}");
+    }
+    eprintln!("core dumped: {dumped} (core_pattern {:?})", pattern.trim());
+    if expect_btf() {
+        assert_eq!(x["core_dumped"].as_bool().unwrap_or(false), dumped, "{x}");
+    } else {
+        assert!(x.get("core_dumped").is_none(), "{x}");
+    }
+    let _ = std::fs::remove_dir_all(&core_dir);
     let _ = std::fs::remove_file(go.to_str().unwrap());
     assert_probe_path(&w.stop(), &["signal:signal_generate", "sched:sched_process_exit"]);
 }

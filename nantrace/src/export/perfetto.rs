@@ -172,11 +172,12 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
                 let (start, name) = open.remove(&pid).unwrap_or((start_ts, comm.to_string()));
                 lifetimes.push((pid, start, ts, name));
                 let what = match (e["exit_code"].as_i64(), e["signal"].as_str()) {
+                    (_, Some(s)) if e["core_dumped"] == true => format!("{s} (core dumped)"),
                     (_, Some(s)) => s.to_string(),
                     (Some(c), _) => format!("exit {c}"),
                     _ => "exit".into(),
                 };
-                b.instant(ts, 4, pid, &format!("{comm} {pid}"), &what, json!({ "exit_code": e["exit_code"], "signal": e["signal"] }), false);
+                b.instant(ts, 4, pid, &format!("{comm} {pid}"), &what, json!({ "exit_code": e["exit_code"], "signal": e["signal"], "core_dumped": e["core_dumped"] == true }), false);
             }
             "exec" | "signal" | "oom" => {
                 let name = match src {
