@@ -53,6 +53,10 @@ pub struct JobInfo {
     pub command: Vec<String>,
     pub exit_code: Option<i32>,
     pub exit_signal: Option<i32>,
+    /// The kernel wrote a core when the signal ended it (wait(2)'s WCOREDUMP for `run`; the
+    /// exit event's `core_dumped` otherwise).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub exit_core_dumped: bool,
     /// The agent: which job this is (Slurm job/step/user, pod/namespace/container, or a
     /// process tree) and why it was watched.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -107,6 +107,40 @@ fn job_killed_by_sigkill_gives_a_signal_bundle() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// A job that dumps a core: wait(2)'s WCOREDUMP in the facts and the report, and the kernel's
+/// record of it in the exit event (BTF path).
+#[test]
+fn a_job_that_dumps_core_says_so() {
+    if !privileged("a_job_that_dumps_core_says_so") {
+        return;
+    }
+    let pattern = std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap_or_default();
+    if pattern.starts_with('|') || pattern.trim().is_empty() {
+        eprintln!("SKIP a_job_that_dumps_core_says_so: core_pattern {pattern:?} does not write a core file here");
+        return;
+    }
+    let out = out_dir("core");
+    let dir = out_dir("core-cwd");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = format!("ulimit -c unlimited; cd {}; echo 'step 1 | loss 1.0'; kill -SEGV $$", dir.display());
+    let (st, _, stderr) = run(&["run", "--out", out.to_str().unwrap(), "--", "bash", "-c", &script]);
+    eprintln!("{stderr}");
+    assert_eq!(st.code(), Some(128 + 11), "exit code = 128 + SIGSEGV");
+    let bundle = only_bundle(&out);
+    let t = timeline(&bundle);
+    assert_eq!(t["job"]["exit_signal"], 11);
+    assert_eq!(t["job"]["exit_core_dumped"], true, "{}", t["job"]);
+    let report = std::fs::read_to_string(bundle.join("report.md")).unwrap();
+    assert!(report.contains("signal 11 (core dumped)"), "{report}");
+    let root = t["job"]["root_pid"].as_u64().unwrap();
+    let exit = t["events"].as_array().unwrap().iter().find(|e| e["source"] == "exit" && e["pid"].as_u64() == Some(root)).cloned().expect("the job's exit event");
+    if expect_btf() {
+        assert_eq!(exit["core_dumped"], true, "{exit}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn job_exiting_1_gives_an_exit_bundle_and_exit_0_none() {
     if !privileged("job_exiting_1_gives_an_exit_bundle_and_exit_0_none") {

@@ -227,7 +227,7 @@ impl Agent {
         let identity = f.identity();
         let mut opts = self.cfg.session_opts();
         opts.mem_cap_mb = 0; // set in bytes below
-        let info = JobInfo { root_pid: Some(f.root), command: crate::collect::cmdline(f.root), exit_code: None, exit_signal: None, identity: Some(json!({ "job": key, "found_by": f.reason, "scheduler": identity })) };
+        let info = JobInfo { root_pid: Some(f.root), command: crate::collect::cmdline(f.root), exit_code: None, exit_signal: None, exit_core_dumped: false, identity: Some(json!({ "job": key, "found_by": f.reason, "scheduler": identity })) };
         let (tx, rx) = mpsc::channel::<Input>(4096);
         let metrics = self.metrics.clone();
         let state = self.state.clone();

@@ -31,8 +31,9 @@ pub fn derived(t: &serde_json::Value, snapshot: &serde_json::Value) -> (Vec<(Str
 }
 
 /// "ended by SIGINT", "exit code 3", "still running".
-pub fn exit_text(code: Option<i32>, signal: Option<i32>) -> String {
+pub fn exit_text(code: Option<i32>, signal: Option<i32>, core_dumped: bool) -> String {
     match (code, signal) {
+        (_, Some(s)) if core_dumped => format!("ended by {} (core dumped)", crate::event::signal_name(s)),
         (_, Some(s)) => format!("ended by {}", crate::event::signal_name(s)),
         (Some(c), None) => format!("exit code {c}"),
         _ => "still running".into(),
@@ -66,7 +67,7 @@ pub fn summary(dir: &Path, inc: &Incident, verdict: Option<&str>) -> String {
     let aers = count(ev, |e| e.source() == "aer");
     let sigs = count(ev, |e| e.job() && matches!(e.detail, Detail::Signal { .. }));
     let forks = count(ev, |e| e.job() && matches!(e.detail, Detail::Fork { .. }));
-    let exit = exit_text(inc.job.exit_code, inc.job.exit_signal);
+    let exit = exit_text(inc.job.exit_code, inc.job.exit_signal, inc.job.exit_core_dumped);
     let rs = &inc.accounting["recorder"];
     let drops: u64 = inc.accounting["kernel_drops"].as_object().map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum());
     let span = match (ev.first(), ev.last()) {
@@ -94,4 +95,17 @@ pub fn summary(dir: &Path, inc: &Incident, verdict: Option<&str>) -> String {
         drops,
         rs["evicted_by_time"].as_u64().unwrap_or(0) + rs["evicted_by_memory"].as_u64().unwrap_or(0),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exit_text;
+
+    #[test]
+    fn the_exit_says_how_the_job_ended() {
+        assert_eq!(exit_text(Some(1), None, false), "exit code 1");
+        assert_eq!(exit_text(None, Some(9), false), "ended by SIGKILL");
+        assert_eq!(exit_text(None, Some(11), true), "ended by SIGSEGV (core dumped)");
+        assert_eq!(exit_text(None, None, false), "still running");
+    }
 }

@@ -73,7 +73,7 @@ pub fn markdown(a: &Analysis, timeline: &Value) -> String {
     }
     s.push_str("\n## Facts for the ML team\n\n");
     let fa = &a.facts;
-    s.push_str(&format!("- command: {} (pid {}), exit: {}\n", md(&fa["job"]["command"].as_array().map(|c| c.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" ")).unwrap_or_default()), fa["job"]["root_pid"], match (fa["job"]["exit_code"].as_i64(), fa["job"]["exit_signal"].as_i64()) { (_, Some(sg)) => format!("signal {sg}"), (Some(c), _) => format!("code {c}"), _ => "still running".into() }));
+    s.push_str(&format!("- command: {} (pid {}), exit: {}\n", md(&fa["job"]["command"].as_array().map(|c| c.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" ")).unwrap_or_default()), fa["job"]["root_pid"], match (fa["job"]["exit_code"].as_i64(), fa["job"]["exit_signal"].as_i64()) { (_, Some(sg)) if fa["job"]["exit_core_dumped"] == true => format!("signal {sg} (core dumped)"), (_, Some(sg)) => format!("signal {sg}"), (Some(c), _) => format!("code {c}"), _ => "still running".into() }));
     s.push_str(&format!("- NVIDIA driver: {}\n- CUDA driver: {}\n- nvcc: {}\n", fa["nvidia_driver"].as_str().unwrap_or("none").lines().next().unwrap_or(""), or_none(&fa["cuda_driver"]), fa["nvcc"].as_str().unwrap_or("none")));
     if let Some(l) = fa["libraries"].as_object() {
         for (k, v) in l {

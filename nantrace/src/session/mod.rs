@@ -86,7 +86,7 @@ pub enum Input {
     Kernel(Vec<Event>),
     Log(Event),
     Samples(Vec<Event>),
-    JobExit { code: Option<i32>, signal: Option<i32> },
+    JobExit { code: Option<i32>, signal: Option<i32>, core_dumped: bool },
     /// A trigger from outside, with the time it was received.
     Fire(TriggerKind, String, u64),
     /// The recorder's share of the agent's budget changed (bytes).
@@ -258,10 +258,11 @@ impl Session {
             self.fire(f);
         }
         if self.mode == Mode::Follow {
-            if let (Detail::Exit { code, signal, .. }, Some(root)) = (&e.detail, self.info.root_pid) {
+            if let (Detail::Exit { code, signal, core_dumped, .. }, Some(root)) = (&e.detail, self.info.root_pid) {
                 if e.pid == root {
                     self.info.exit_code = (*code >= 0).then_some(*code);
                     self.info.exit_signal = (*signal > 0).then_some(*signal);
+                    self.info.exit_core_dumped = *core_dumped;
                 }
             }
         }
@@ -287,18 +288,20 @@ impl Session {
         self.rec.push(e);
     }
 
-    /// The job has ended (`code`/`signal` from `wait` in spawn mode; from the kernel otherwise).
-    pub fn on_exit(&mut self, code: Option<i32>, signal: Option<i32>) {
+    /// The job has ended (`code`/`signal`/`core_dumped` from `wait` in spawn mode; from the
+    /// kernel otherwise).
+    pub fn on_exit(&mut self, code: Option<i32>, signal: Option<i32>, core_dumped: bool) {
         self.job_done = true;
         if self.mode == Mode::Spawn {
             self.info.exit_code = code;
             self.info.exit_signal = signal;
+            self.info.exit_core_dumped = core_dumped;
         }
         let now = monotonic_ns();
         let (code, signal) = (self.info.exit_code, self.info.exit_signal);
         let root = self.info.root_pid.unwrap_or(0);
         if self.quiet_exit && self.incident.is_empty() {
-            self.say(&format!("nantrace: the job ended ({}) after the signal that the last bundle answered", crate::export::exit_text(code, signal)));
+            self.say(&format!("nantrace: the job ended ({}) after the signal that the last bundle answered", crate::export::exit_text(code, signal, self.info.exit_core_dumped)));
         } else if let Some(s) = signal {
             self.fire(Fired { kind: TriggerKind::Signal, mono_ns: now, reason: format!("job {root} ended by {}", crate::event::signal_name(s)) });
         } else if let Some(c) = code.filter(|c| *c != 0) {
@@ -337,7 +340,7 @@ impl Session {
         match input {
             Input::Kernel(batch) | Input::Samples(batch) => batch.into_iter().for_each(|e| self.on_event(e)),
             Input::Log(e) => self.on_log(e),
-            Input::JobExit { code, signal } => self.on_exit(code, signal),
+            Input::JobExit { code, signal, core_dumped } => self.on_exit(code, signal, core_dumped),
             Input::Fire(kind, reason, at) => self.on_fire(kind, reason, at),
             Input::Budget(bytes) => self.rec.set_cap(bytes),
         }

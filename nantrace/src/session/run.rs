@@ -156,11 +156,11 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                 for h in [scanners.0, scanners.1].into_iter().flatten() {
                     let _ = tokio::time::timeout(Duration::from_secs(120), tokio::task::spawn_blocking(move || h.join())).await;
                 }
-                let (code, signal) = match st {
-                    Ok(s) => (s.code(), s.signal()),
-                    Err(_) => (None, None),
+                let (code, signal, core_dumped) = match st {
+                    Ok(s) => (s.code(), s.signal(), s.core_dumped()),
+                    Err(_) => (None, None, false),
                 };
-                let _ = tx2.send(Input::JobExit { code, signal }).await;
+                let _ = tx2.send(Input::JobExit { code, signal, core_dumped }).await;
             });
         }
         Job::Attach { pid, logs } => {
@@ -254,6 +254,6 @@ pub fn watch_root_alive(pid: u32, tx: mpsc::Sender<Input>, logs_behind: Arc<Atom
         while logs_behind.load(Ordering::SeqCst) > 0 && t0.elapsed() < Duration::from_secs(120) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let _ = tx.send(Input::JobExit { code: None, signal: None }).await;
+        let _ = tx.send(Input::JobExit { code: None, signal: None, core_dumped: false }).await;
     });
 }
