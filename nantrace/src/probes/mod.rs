@@ -474,6 +474,5 @@ mod tests {
         assert_eq!(wake_bytes(1 << 20), 256 * 1024);
         assert_eq!(wake_bytes(256 * 1024), 64 * 1024);
         assert_eq!(wake_bytes(4096), 1024);
-        assert_eq!(wake_bytes(3000), 1024);
     }
 }

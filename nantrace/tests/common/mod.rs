@@ -229,6 +229,15 @@ pub fn only_bundle(out: &Path) -> PathBuf {
 // Helpers of the hostile suites (tests/hostile.rs, tests/hostile_input.rs, tests/hostile_output.rs).
 
 /// A scratch directory for one hostile test, removed at the end.
+/// Whether the kernel writes a core file into the dumping process's working directory (a
+/// `core_pattern` that is neither a pipe nor an absolute or relative path elsewhere), so a
+/// test can let a process dump a core into a scratch directory and expect WCOREDUMP.
+pub fn cores_land_in_cwd() -> bool {
+    let p = std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap_or_default();
+    let p = p.trim();
+    !p.is_empty() && !p.starts_with('|') && !p.contains('/')
+}
+
 pub struct Scratch(pub PathBuf);
 
 impl Scratch {
