@@ -389,6 +389,16 @@ pub fn test_job(what: &str, dir: &std::path::Path) -> ! {
     }
 }
 
+/// `bench-internal nvml-cost` (`--seconds`) and `cuda-steps` (`--seconds`, `--n`: FMA
+/// iterations per element): see `gpucheck::bench`.
+pub fn gpu(what: &str, seconds: f64, n: u64) -> Value {
+    use crate::gpucheck::bench;
+    match what {
+        "nvml-cost" => bench::nvml_cost(seconds),
+        _ => bench::cuda_steps(0, seconds, u32::try_from(n).unwrap_or(u32::MAX)),
+    }
+}
+
 /// `bench-internal leader-exit` (a test's job): the main thread ends first (the `exit`
 /// syscall, not `exit_group`, as pthread_exit in the main thread does), then another thread
 /// of the process runs /bin/true and ends the process with code 5.

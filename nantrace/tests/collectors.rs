@@ -59,6 +59,30 @@ fn snapshot_has_every_family_and_says_why_when_there_is_no_gpu() {
     assert!(s["scheduler"]["cgroup"]["paths"].as_array().is_some());
 }
 
+/// The GPU sampling benchmark's helpers (scripts/gpu-perf.sh): on a GPU node they measure;
+/// without a driver (CI) they say what is missing and measure nothing.
+#[test]
+fn gpu_cost_helpers_measure_or_say_why_not() {
+    let bench = |args: &[&str]| -> Value {
+        let o = Command::new(BIN).arg("bench-internal").args(args).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let nvml = bench(&["nvml-cost", "--seconds", "0.3"]);
+    if nvml["available"] == true {
+        assert!(nvml["gpus"].as_u64().unwrap() >= 1 && nvml["rounds"].as_u64().unwrap() >= 1, "{nvml}");
+        assert!(nvml["cpu_us_per_gpu_per_sample"].as_f64().unwrap() > 0.0, "{nvml}");
+    } else {
+        assert!(nvml["error"].as_str().unwrap().contains("NVML"), "{nvml}");
+    }
+    let steps = bench(&["cuda-steps", "--seconds", "0.3", "--n", "1000"]);
+    if steps["available"] == true {
+        assert!(steps["steps"].as_u64().unwrap() >= 1 && steps["step_ms"]["median"].as_f64().unwrap() > 0.0, "{steps}");
+    } else {
+        assert!(steps["error"].as_str().unwrap().contains("libcuda"), "{steps}");
+    }
+}
+
 #[test]
 fn snapshot_works_unprivileged() {
     if !privileged("snapshot_works_unprivileged") {

@@ -9,6 +9,7 @@
 //! walking ones and seeded random patterns over a share of free memory, checked on the GPU.
 //! Schema `nantrace.gpucheck/1`, in docs/gpu-check.md.
 pub mod cuda;
+pub mod bench;
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
