@@ -262,6 +262,13 @@ pub fn signal_btf(ctx: BtfTracePointContext) -> i32 {
     if !crate::process::fatal(sig) {
         return 0;
     }
+    signal_fatal(&ctx, sig)
+}
+
+/// The rare path of `signal_btf` in a function of its own (a BPF-to-BPF call), so the
+/// common path, a non-fatal signal, does not pay for the registers the rest uses.
+#[inline(never)]
+fn signal_fatal(ctx: &BtfTracePointContext, sig: i32) -> i32 {
     let info: *const u8 = ctx.arg(1);
     let task: *const u8 = ctx.arg(2);
     let result: i32 = ctx.arg(4);
