@@ -459,7 +459,7 @@ fn main() -> anyhow::Result<()> {
                 }
                 (None, None) => sayout!("{text}"),
             }
-            if v["error"].is_string() { 2 } else if nantrace::gpucheck::findings(&v).is_empty() { 0 } else { 1 }
+            nantrace::gpucheck::exit_code(&v)
         }
         Cmd::Doctor { json } => {
             let r = nantrace::doctor::run();

@@ -169,6 +169,63 @@ fn check_gpu(cu: &cuda::Cuda, ordinal: u32, o: &Opts) -> Value {
     g
 }
 
+/// What NVML says of a GPU before the check: MIG mode, and the processes computing on it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuState {
+    pub mig: bool,
+    /// (pid, name) of each process with a compute context on the GPU.
+    pub holders: Vec<(u32, String)>,
+}
+
+/// Why GPU `s` is not checked, if it is not: MIG mode is on (the check tests whole GPUs), or
+/// another process computes on it (a job that still runs: nantrace does not compete with it,
+/// and the comparison would measure the contention). `me`: our own pid, not a holder.
+pub fn skip_reason(s: &GpuState, me: u32) -> Option<String> {
+    if s.mig {
+        return Some("MIG mode is on: the check tests whole GPUs; check each instance with CUDA_VISIBLE_DEVICES=MIG-<uuid> nantrace gpucheck".into());
+    }
+    let others: Vec<String> = s.holders.iter().filter(|(pid, _)| *pid != me).map(|(pid, name)| format!("{name} {pid}")).collect();
+    if others.is_empty() {
+        return None;
+    }
+    Some(format!("busy: {} compute(s) on it; not checked while another process uses the GPU", others.join(", ")))
+}
+
+/// Each GPU's state from NVML, by normalized PCI address; empty without NVML (the check then
+/// runs on every GPU CUDA shows, as before).
+fn nvml_states() -> BTreeMap<String, GpuState> {
+    let mut out = BTreeMap::new();
+    let Ok(nvml) = crate::collect::gpu::init() else { return out };
+    for i in 0..nvml.device_count().unwrap_or(0) {
+        let Ok(d) = nvml.device_by_index(i) else { continue };
+        let Ok(pci) = d.pci_info() else { continue };
+        // NotSupported (a GPU without MIG) reads as off.
+        let mig = d.mig_mode().is_ok_and(|m| m.current == 1);
+        let holders = d
+            .running_compute_processes()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| (p.pid, std::fs::read_to_string(format!("/proc/{}/comm", p.pid)).map_or_else(|_| "?".to_string(), |c| c.trim().to_string())))
+            .collect();
+        out.insert(crate::classify::normalize_pci(&pci.bus_id), GpuState { mig, holders });
+    }
+    out
+}
+
+/// The exit code of `nantrace gpucheck`: 1 when a GPU disagreed or had memory errors; else 2
+/// when the check could not run or left a GPU out (busy, MIG, an error); else 0.
+pub fn exit_code(v: &Value) -> i32 {
+    let f = findings(v);
+    let unchecked = |x: &String| x.contains(" not checked: ") || x.contains("did not complete") || x.starts_with("the check could not run");
+    if f.iter().any(|x| !unchecked(x)) {
+        1
+    } else if v["error"].is_string() || !f.is_empty() {
+        2
+    } else {
+        0
+    }
+}
+
 /// Run the check on every selected GPU in parallel; gpucheck.json's value.
 pub fn run(o: &Opts) -> Value {
     let started = crate::clock::rfc3339(crate::clock::ClockMap::sample().to_wall(crate::clock::monotonic_ns()));
@@ -185,10 +242,24 @@ pub fn run(o: &Opts) -> Value {
     }
     let ordinals: Vec<u32> = o.gpus.clone().unwrap_or_else(|| (0..count).collect()).into_iter().filter(|g| *g < count).collect();
     let nvml_before = crate::collect::gpu::snapshot();
-    let gpus: Vec<Value> = std::thread::scope(|s| {
-        let hs: Vec<_> = ordinals.iter().map(|&g| s.spawn({ let cu = &cu; move || check_gpu(cu, g, o) })).collect();
+    // Busy GPUs and MIG are said, not checked (matched to CUDA's devices by PCI address).
+    let states = nvml_states();
+    let me = std::process::id();
+    let skipped: BTreeMap<u32, Value> = ordinals
+        .iter()
+        .filter_map(|&g| {
+            let (_, name, pci) = cu.device(i32::try_from(g).ok()?).ok()?;
+            let pci = crate::classify::normalize_pci(&pci);
+            let why = skip_reason(states.get(&pci)?, me)?;
+            Some((g, json!({ "index": g, "name": name, "pci": pci, "skipped": why })))
+        })
+        .collect();
+    let mut gpus: Vec<Value> = std::thread::scope(|s| {
+        let hs: Vec<_> = ordinals.iter().filter(|g| !skipped.contains_key(g)).map(|&g| s.spawn({ let cu = &cu; move || check_gpu(cu, g, o) })).collect();
         hs.into_iter().map(|h| h.join().unwrap_or_else(|_| json!({ "error": "the check's thread panicked" }))).collect()
     });
+    gpus.extend(skipped.into_values());
+    gpus.sort_by_key(|g| g["index"].as_u64().unwrap_or(u64::MAX));
     let nvml_after = crate::collect::gpu::snapshot();
     let mut v = json!({ "schema": SCHEMA, "started": started, "options": { "reps": o.reps, "iterations": o.iters, "mem_fraction": o.mem_fraction, "corrupt_test": o.corrupt }, "gpus": gpus, "nvml_before": nvml_before, "nvml_after": nvml_after });
     v["findings"] = json!(findings(&v));
@@ -205,6 +276,9 @@ pub fn findings(v: &Value) -> Vec<String> {
     }
     for g in &gpus {
         let id = format!("GPU {} ({})", g["index"], g["pci"].as_str().unwrap_or("?"));
+        if let Some(why) = g["skipped"].as_str() {
+            out.push(format!("{id} not checked: {why}"));
+        }
         if let Some(e) = g["error"].as_str() {
             out.push(format!("{id}: the check did not complete: {e}"));
         }
@@ -359,6 +433,34 @@ mod tests {
         assert!(summary(&clean).contains("bit-identical"));
         let mem = json!({ "gpus": [gpu(0, "aa", json!([]), 5)] });
         assert_eq!(findings(&mem), vec!["GPU 0 (0000:00:00.0): 5 memory errors with the address pattern (first bad word 77)".to_string()]);
+    }
+
+    /// A GPU in MIG mode, or one another process computes on, is said and not checked; our
+    /// own context is not "another process".
+    #[test]
+    fn busy_and_mig_gpus_are_not_checked() {
+        let me = 100;
+        assert_eq!(skip_reason(&GpuState::default(), me), None);
+        assert_eq!(skip_reason(&GpuState { mig: false, holders: vec![(me, "nantrace".into())] }, me), None);
+        let busy = skip_reason(&GpuState { mig: false, holders: vec![(me, "nantrace".into()), (4242, "python3".into())] }, me).unwrap();
+        assert!(busy.starts_with("busy: python3 4242 compute(s) on it"), "{busy}");
+        let mig = skip_reason(&GpuState { mig: true, holders: vec![] }, me).unwrap();
+        assert!(mig.starts_with("MIG mode is on") && mig.contains("CUDA_VISIBLE_DEVICES=MIG-"), "{mig}");
+    }
+
+    /// Exit codes: a disagreement or memory error is 1 whatever else happened; a GPU left out
+    /// (busy, MIG), a check that did not complete or could not run is 2; all clean is 0.
+    #[test]
+    fn a_gpu_left_out_is_a_finding_and_exit_code_2() {
+        let skipped = json!({ "index": 1, "name": "NVIDIA H200", "pci": "0000:01:00.0", "skipped": "busy: python3 4242 compute(s) on it; not checked while another process uses the GPU" });
+        let v = json!({ "gpus": [gpu(0, "aa", json!([]), 0), skipped.clone()] });
+        assert_eq!(findings(&v), vec!["GPU 1 (0000:01:00.0) not checked: busy: python3 4242 compute(s) on it; not checked while another process uses the GPU".to_string()]);
+        assert_eq!(exit_code(&v), 2);
+        assert!(summary(&v).contains("gpucheck: GPU 1 (0000:01:00.0) not checked: busy"), "{}", summary(&v));
+        let bad = json!({ "gpus": [gpu(0, "aa", json!([]), 3), skipped] });
+        assert_eq!(exit_code(&bad), 1);
+        assert_eq!(exit_code(&json!({ "gpus": [gpu(0, "aa", json!([]), 0)] })), 0);
+        assert_eq!(exit_code(&json!({ "error": "no NVIDIA driver", "gpus": [] })), 2);
     }
 
     #[test]

@@ -201,7 +201,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     // GPU that disagrees with itself or its peers is the strongest GPU evidence there is.
     if snapshot["gpucheck"].is_object() && snapshot["gpucheck"]["error"].is_null() {
         let sig = rules::signal("gpucheck_mismatch");
-        for f in crate::gpucheck::findings(&snapshot["gpucheck"]).into_iter().filter(|f| !f.contains("did not complete")) {
+        for f in crate::gpucheck::findings(&snapshot["gpucheck"]).into_iter().filter(|f| !f.contains("did not complete") && !f.contains(" not checked: ")) {
             let score = f64::from(sig.severity) * 1.25;
             suspects.push(Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: 0.0, text: format!("nantrace gpucheck after the incident: {f}"), touches_job: true, count: 1, score, action: Some("take the GPU out of service and run the vendor's diagnostics (dcgmi diag -r 3)") });
         }
@@ -276,10 +276,19 @@ fn verdict(suspects: &[Finding], timeline: &Value, snapshot: &Value, window_min:
         format!("in what the window kept before {ref_name} (INCOMPLETE: {} evicted for memory)", incomplete.join(", "))
     };
     let g = &snapshot["gpucheck"];
-    let sdc = if g.is_object() && g["error"].is_null() && crate::gpucheck::findings(g).is_empty() {
-        format!("nantrace gpucheck after the incident: {} GPU(s) computed bit-identical FP32/FP16/BF16 results run to run and to their peers, no memory errors.", g["gpus"].as_array().map_or(0, Vec::len))
+    let advice = "(Silent data corruption, ~1 faulty device in 1000, logs nothing: run `nantrace gpucheck --bundle BUNDLE` once the GPUs are free.)";
+    let found = if g.is_object() { crate::gpucheck::findings(g) } else { Vec::new() };
+    let (skipped, other): (Vec<&String>, Vec<&String>) = found.iter().partition(|f| f.contains(" not checked: "));
+    let checked = g["gpus"].as_array().map_or(0, |a| a.iter().filter(|x| x["skipped"].is_null()).count());
+    let sdc = if g.is_object() && g["error"].is_null() && other.is_empty() {
+        let clean = format!("nantrace gpucheck after the incident: {checked} GPU(s) computed bit-identical FP32/FP16/BF16 results run to run and to their peers, no memory errors");
+        match (skipped.is_empty(), checked) {
+            (true, _) => format!("{clean}."),
+            (false, 0) => format!("nantrace gpucheck after the incident tested no GPU: {}. {advice}", skipped.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; ")),
+            (false, _) => format!("{clean}; {}. {advice}", skipped.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; ")),
+        }
     } else {
-        "(Silent data corruption, ~1 faulty device in 1000, logs nothing: run `nantrace gpucheck --bundle BUNDLE` once the GPUs are free.)".to_string()
+        advice.to_string()
     };
     (
         format!("NOT THE MACHINE, as far as nantrace can see: no hardware, kernel, system or job-output fault {window}. Look at the model side: learning rate, data, precision. {sdc}"),

@@ -430,6 +430,16 @@ fn a_gpucheck_disagreement_is_the_top_suspect_and_a_clean_one_is_said() {
     c.snapshot["gpucheck"] = json!({ "schema": crate::gpucheck::SCHEMA, "gpus": [gpu(0, "aa", json!([])), gpu(1, "aa", json!([]))] });
     let b = c.analyze();
     assert!(b.verdict.starts_with("NOT THE MACHINE") && b.verdict.contains("2 GPU(s) computed bit-identical"), "{}", b.verdict);
+    // A GPU another process still used was not checked: said, not a suspect, not "clean".
+    let mut d = Scenario::healthy();
+    d.snapshot["gpucheck"] = json!({ "schema": crate::gpucheck::SCHEMA, "gpus": [gpu(0, "aa", json!([])), { "index": 1, "name": "NVIDIA H200", "pci": "0000:01:00.0", "skipped": "busy: python3 4242 compute(s) on it; not checked while another process uses the GPU" }] });
+    let e = d.analyze();
+    assert!(e.suspects.iter().all(|s| s.signal != "gpucheck_mismatch"), "{:?}", e.suspects);
+    assert!(e.verdict.contains("1 GPU(s) computed bit-identical") && e.verdict.contains("GPU 1 (0000:01:00.0) not checked: busy"), "{}", e.verdict);
+    let mut m = Scenario::healthy();
+    m.snapshot["gpucheck"] = json!({ "schema": crate::gpucheck::SCHEMA, "gpus": [{ "index": 0, "name": "NVIDIA H200", "pci": "0000:00:00.0", "skipped": "MIG mode is on: the check tests whole GPUs" }] });
+    let n = m.analyze();
+    assert!(n.verdict.contains("tested no GPU: GPU 0 (0000:00:00.0) not checked: MIG mode is on") && n.verdict.contains("run `nantrace gpucheck --bundle BUNDLE`"), "{}", n.verdict);
 }
 
 #[test]
