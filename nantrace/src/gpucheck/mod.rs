@@ -180,9 +180,12 @@ pub struct GpuState {
 /// Why GPU `s` is not checked, if it is not: MIG mode is on (the check tests whole GPUs), or
 /// another process computes on it (a job that still runs: nantrace does not compete with it,
 /// and the comparison would measure the contention). `me`: our own pid, not a holder.
-pub fn skip_reason(s: &GpuState, me: u32) -> Option<String> {
+/// `instances`: CUDA_VISIBLE_DEVICES names MIG instances, so CUDA's devices are those
+/// instances, isolated from the others: a MIG GPU is checked, whoever computes on its other
+/// instances (NVML's process list of a MIG GPU covers all of them).
+pub fn skip_reason(s: &GpuState, me: u32, instances: bool) -> Option<String> {
     if s.mig {
-        return Some("MIG mode is on: the check tests whole GPUs; check each instance with CUDA_VISIBLE_DEVICES=MIG-<uuid> nantrace gpucheck".into());
+        return (!instances).then(|| "MIG mode is on: the check tests whole GPUs; check each instance with CUDA_VISIBLE_DEVICES=MIG-<uuid> nantrace gpucheck".into());
     }
     let others: Vec<String> = s.holders.iter().filter(|(pid, _)| *pid != me).map(|(pid, name)| format!("{name} {pid}")).collect();
     if others.is_empty() {
@@ -245,12 +248,13 @@ pub fn run(o: &Opts) -> Value {
     // Busy GPUs and MIG are said, not checked (matched to CUDA's devices by PCI address).
     let states = nvml_states();
     let me = std::process::id();
+    let instances = std::env::var("CUDA_VISIBLE_DEVICES").is_ok_and(|v| v.contains("MIG-"));
     let skipped: BTreeMap<u32, Value> = ordinals
         .iter()
         .filter_map(|&g| {
             let (_, name, pci) = cu.device(i32::try_from(g).ok()?).ok()?;
             let pci = crate::classify::normalize_pci(&pci);
-            let why = skip_reason(states.get(&pci)?, me)?;
+            let why = skip_reason(states.get(&pci)?, me, instances)?;
             Some((g, json!({ "index": g, "name": name, "pci": pci, "skipped": why })))
         })
         .collect();
@@ -440,12 +444,15 @@ mod tests {
     #[test]
     fn busy_and_mig_gpus_are_not_checked() {
         let me = 100;
-        assert_eq!(skip_reason(&GpuState::default(), me), None);
-        assert_eq!(skip_reason(&GpuState { mig: false, holders: vec![(me, "nantrace".into())] }, me), None);
-        let busy = skip_reason(&GpuState { mig: false, holders: vec![(me, "nantrace".into()), (4242, "python3".into())] }, me).unwrap();
+        assert_eq!(skip_reason(&GpuState::default(), me, false), None);
+        assert_eq!(skip_reason(&GpuState { mig: false, holders: vec![(me, "nantrace".into())] }, me, false), None);
+        let busy = skip_reason(&GpuState { mig: false, holders: vec![(me, "nantrace".into()), (4242, "python3".into())] }, me, false).unwrap();
         assert!(busy.starts_with("busy: python3 4242 compute(s) on it"), "{busy}");
-        let mig = skip_reason(&GpuState { mig: true, holders: vec![] }, me).unwrap();
-        assert!(mig.starts_with("MIG mode is on") && mig.contains("CUDA_VISIBLE_DEVICES=MIG-"), "{mig}");
+        let mig = GpuState { mig: true, holders: vec![(4242, "python3".into())] };
+        let why = skip_reason(&mig, me, false).unwrap();
+        assert!(why.starts_with("MIG mode is on") && why.contains("CUDA_VISIBLE_DEVICES=MIG-"), "{why}");
+        // Instances named in CUDA_VISIBLE_DEVICES are checked, whatever runs on the others.
+        assert_eq!(skip_reason(&mig, me, true), None);
     }
 
     /// Exit codes: a disagreement or memory error is 1 whatever else happened; a GPU left out
