@@ -419,8 +419,11 @@ fn r6_5_r6_6_a_signal_during_the_dump_gives_no_second_bundle() {
     // Enough events that the dump of a debug build takes a while; the NaN comes last.
     // `exec sleep`: the job's last process gets the forwarded SIGINT itself (a shell waiting
     // for a foreground child defers a SIGINT until the child exits, and then may exit 0: the
-    // outcome depended on where the signal landed, under load).
-    let job = "i=0; while [ $i -lt 20 ]; do seq 1 20000 | sed 's/^/HOSTILE-fill line /'; i=$((i+1)); done; echo HOSTILE-dump loss nan; exec sleep 20";
+    // outcome depended on where the signal landed, under load). A long sleep: the job's
+    // output is never held back by the scan, so under load (a debug build on 2 busy cores)
+    // the NaN line can be scanned many seconds after the job printed it; with `sleep 20` the
+    // job once ended by itself (exit 0) before the signal came (CI, session 13).
+    let job = "i=0; while [ $i -lt 20 ]; do seq 1 20000 | sed 's/^/HOSTILE-fill line /'; i=$((i+1)); done; echo HOSTILE-dump loss nan; exec sleep 600";
     let mut child = default_signals(&mut Command::new(BIN))
         .args(["run", "--no-probes", "--post", "0", "--out", out.to_str().unwrap(), "--", "sh", "-c", job])
         .stdin(Stdio::null())
@@ -446,8 +449,23 @@ fn r6_5_r6_6_a_signal_during_the_dump_gives_no_second_bundle() {
     std::thread::sleep(Duration::from_millis(50));
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let st = child.wait().unwrap();
+    // Bounded: a signal that is not forwarded leaves the job (and nantrace) running.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if std::time::Instant::now() > deadline {
+            // The job (nantrace's child) first, or `sleep 600` outlives the test.
+            let _ = Command::new("pkill").args(["-KILL", "-P", &child.id().to_string()]).status();
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let se = reader.join().unwrap();
+    let st = st.unwrap_or_else(|| panic!("nantrace did not end within 120 s of the SIGINT: not forwarded to the job? {se}"));
     assert_eq!(bundles(&out).len(), 1, "{se}");
     assert_eq!(st.code(), Some(130), "the job dies of the forwarded SIGINT: {se}");
 }
