@@ -147,7 +147,8 @@ unsafe fn fill_header_as(h: *mut EventHeader, kind: EventKind, job: bool) -> (u3
 
 /// Fill the common header from values the caller already has: the BTF programs read the
 /// name from the task the tracepoint passes (two loads instead of `bpf_get_current_comm`),
-/// and the ids from their membership check. Only the clock is a helper call.
+/// and the ids from their membership check. `ts_ns`: `bpf_ktime_get_ns()`, or a
+/// CLOCK_MONOTONIC time the kernel already took (a new task's `start_time`).
 ///
 /// # Safety
 /// As [`fill_header`].
