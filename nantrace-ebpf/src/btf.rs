@@ -297,10 +297,14 @@ fn signal_fatal(ctx: &BtfTracePointContext, sig: i32) -> i32 {
     let result: i32 = ctx.arg(4);
     let target: i32 = load(task, conf!(btf.task_pid));
     // The tracefs record's `code`: SEND_SIG_NOINFO (0) is SI_USER, SEND_SIG_PRIV (1) SI_KERNEL.
+    // `info` is not always a pointer, and kernels that know it (btf.c's raw_tp_null_args,
+    // 6.12 and some 6.18 builds) type the argument as a scalar: a plain load of it is refused
+    // (`R1 invalid mem access 'scalar'`). A probe_read takes any value on every kernel, and
+    // this path runs for fatal signals only.
     let code = match info as u64 {
         0 => 0,
         1 => 0x80,
-        _ => load::<i32>(info, conf!(btf.siginfo_code)),
+        _ => siginfo_code(info),
     };
     let comm_off = conf!(btf.task_comm);
     let comm = if comm_off == nantrace_common::MISSING || task.is_null() {
@@ -311,4 +315,16 @@ fn signal_fatal(ctx: &BtfTracePointContext, sig: i32) -> i32 {
     };
     crate::process::emit_signal(sig, code, target as u32, result, comm);
     0
+}
+
+/// `info->si_code` through probe_read (see `signal_fatal`); 0 when the offset is unknown or
+/// the read faults.
+#[inline(always)]
+fn siginfo_code(info: *const u8) -> i32 {
+    let off = conf!(btf.siginfo_code);
+    if off == nantrace_common::MISSING {
+        return 0;
+    }
+    // SAFETY: probe_read of a kernel address the tracepoint passed; a fault returns an error.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(info.add(off as usize) as *const i32) }.unwrap_or(0)
 }

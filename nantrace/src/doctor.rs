@@ -16,6 +16,8 @@ pub struct Report {
     pub probes_built: bool,
     pub load_error: Option<String>,
     pub probes: Vec<ProbeStatus>,
+    /// Where the kernel log lines come from and why (`crate::klog`).
+    pub kernel_log: Option<crate::klog::KlogSource>,
     pub nvml: String,
     pub notes: Vec<String>,
 }
@@ -64,12 +66,12 @@ pub fn run() -> Report {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
     let tracefs = crate::tracefs::root().map(|p| p.display().to_string());
     let mut notes = Vec::new();
-    let (probes, load_error) = if !Probes::is_built() {
-        (Vec::new(), Some("eBPF object not built into this binary: run `cargo xtask build`".to_string()))
+    let (probes, load_error, kernel_log) = if !Probes::is_built() {
+        (Vec::new(), Some("eBPF object not built into this binary: run `cargo xtask build`".to_string()), None)
     } else {
         match Probes::load(&Options::default()) {
-            Ok(p) => (p.status.clone(), None),
-            Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+            Ok(p) => (p.status.clone(), None, p.klog.clone()),
+            Err(e) => (Vec::new(), Some(format!("{e:#}")), None),
         }
     };
     let probes = if probes.is_empty() {
@@ -118,6 +120,7 @@ pub fn run() -> Report {
         probes_built: Probes::is_built(),
         load_error,
         probes,
+        kernel_log,
         nvml: nvml_status(),
         notes,
     }
@@ -133,6 +136,9 @@ pub fn print_human(r: &Report) {
     if let Some(e) = &r.load_error {
         crate::sayout!("load          FAILED: {e}");
     }
+    if let Some(k) = &r.kernel_log {
+        crate::sayout!("kernel log    {} ({})", k.source, k.why);
+    }
     crate::sayout!("NVML          {}", r.nvml);
     crate::sayout!("probes:");
     for p in &r.probes {
@@ -140,7 +146,15 @@ pub fn print_human(r: &Report) {
             "  {:<34} {:<12} {:<8} {}",
             p.tracepoint,
             if p.attached { "attached" } else { "NOT ATTACHED" },
-            if p.attached { if p.path == ProbePath::Btf { "btf" } else { "tracefs" } } else { "" },
+            if p.attached {
+                match p.path {
+                    ProbePath::Btf => "btf",
+                    ProbePath::Tracefs => "tracefs",
+                    ProbePath::Kmsg => "kmsg",
+                }
+            } else {
+                ""
+            },
             p.reason.as_deref().unwrap_or(p.what)
         );
     }

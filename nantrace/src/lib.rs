@@ -9,6 +9,7 @@ pub mod event;
 pub mod probes;
 pub mod recorder;
 pub mod stream;
+pub mod klog;
 pub mod tracefs;
 pub mod watch;
 pub mod doctor;

@@ -15,6 +15,8 @@ use crate::event::Event;
 pub struct ReaderStats {
     pub records: AtomicU64,
     pub decode_errors: AtomicU64,
+    /// `/dev/kmsg` records overwritten before they were read (when it is the log's source).
+    pub kmsg_missed: AtomicU64,
 }
 
 pub fn spawn(ring: RingBuf<MapData>, tx: mpsc::Sender<Vec<Event>>) -> (Arc<ReaderStats>, tokio::task::JoinHandle<std::io::Result<()>>) {

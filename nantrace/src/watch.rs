@@ -32,6 +32,9 @@ pub struct Accounting {
     pub probes_not_attached: BTreeMap<String, String>,
     /// The attached probes that run as `tp_btf` programs (the rest read tracefs records).
     pub probes_btf: Vec<String>,
+    /// Where the kernel log lines came from (`printk:console` or `/dev/kmsg`) and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_log: Option<crate::klog::KlogSource>,
 }
 
 impl Accounting {
@@ -103,9 +106,9 @@ pub fn human_line(e: &Event, clock: &ClockMap) -> String {
 pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
     let mut probes = start_probes(&args.pids, args.slow_io_ms)?;
     let mut acct = Accounting::with_probes(&probes.status);
-    let ring = probes.take_ring()?;
+    acct.kernel_log = probes.klog.clone();
     let (tx, mut rx) = mpsc::channel(256);
-    let (stats, _reader) = crate::stream::spawn(ring, tx);
+    let stats = probes.start_readers(tx)?;
     let mut clock = ClockMap::sample();
     crate::say!(
         "nantrace: watching {} ({} of {} probes attached){}",
@@ -143,6 +146,9 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
         }
     }
     acct.kernel_drops = probes.drops().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    if acct.kernel_log.as_ref().is_some_and(crate::klog::KlogSource::is_kmsg) {
+        acct.kernel_drops.insert("kmsg_overwritten".into(), stats.kmsg_missed.load(Ordering::Relaxed));
+    }
     acct.block_losses = probes.block_losses().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     acct.decode_errors = stats.decode_errors.load(Ordering::Relaxed);
     let mut doc = serde_json::json!({ "accounting": acct });

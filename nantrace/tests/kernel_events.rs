@@ -33,6 +33,49 @@ fn xid_written_to_kmsg_arrives_decoded() {
     assert_eq!(acct["accounting"]["kernel_drops"]["kmsg"], 0);
 }
 
+/// A quiet console (`dmesg -n 1`, as many servers run): the Xid at level 4 is printed on no
+/// console and must arrive anyway, through the source the startup check chose (on 5.10
+/// `printk:console` fires only for printed records, so there it is /dev/kmsg), and then
+/// through /dev/kmsg forced, so that reader runs on every kernel. The event's time is the
+/// record's own, on the probes' clock: between the write and its arrival.
+#[test]
+fn an_xid_arrives_with_a_quiet_console_from_either_kernel_log_source() {
+    if !privileged("an_xid_arrives_with_a_quiet_console_from_either_kernel_log_source") {
+        return;
+    }
+    let _quiet = ConsoleLevel::set(1);
+    for (pid, env) in [(4242, &[][..]), (4243, &[("NANTRACE_KLOG", "kmsg")][..])] {
+        let w = Watch::start_env(&[], env);
+        let before = mono_ns();
+        kmsg(&format!("NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python3, GPU has fallen off the bus."));
+        let (e, _) = w.wait_for("Xid 79 event with a quiet console", Duration::from_secs(10), |v| v["source"] == "xid" && v["xid_pid"] == pid);
+        let after = mono_ns();
+        assert_eq!(e["xid"], 79);
+        assert_eq!(e["pci"], "0000:3b:00.0");
+        assert_eq!(e["xid_process"], "python3");
+        let t = e["mono_ns"].as_u64().unwrap();
+        // 5 ms of slack: /dev/kmsg's clock is fitted to the monotonic one on a marker.
+        assert!(t + 5_000_000 >= before && t <= after + 5_000_000, "event time {t} outside the write {before}..{after}: {e}");
+        let acct = w.stop();
+        let src = &acct["accounting"]["kernel_log"];
+        eprintln!("kernel log source: {src}");
+        if env.is_empty() {
+            assert!(src["source"] == "printk:console" || src["source"] == "/dev/kmsg", "{src}");
+        } else {
+            assert_eq!(src["source"], "/dev/kmsg", "{src}");
+            assert_eq!(acct["accounting"]["kernel_drops"]["kmsg_overwritten"], 0, "{acct}");
+            let attached = acct["accounting"]["probes_attached"].as_array().unwrap();
+            assert!(attached.iter().any(|p| p == "/dev/kmsg") && !attached.iter().any(|p| p == "printk:console"), "one source only: {attached:?}");
+        }
+        // One event per line: the two sources never both deliver it.
+        assert_eq!(w_count_xid(&acct), 1, "{acct}");
+    }
+}
+
+fn w_count_xid(acct: &serde_json::Value) -> u64 {
+    acct["accounting"]["events"]["xid"].as_u64().unwrap_or(0)
+}
+
 #[test]
 fn exit_code_and_sigkill_of_job_processes() {
     if !privileged("exit_code_and_sigkill_of_job_processes") {

@@ -64,6 +64,8 @@ pub enum ProbePath {
     Btf,
     /// A classic tracepoint reading the tracefs record at offsets from its `format` file.
     Tracefs,
+    /// Not a program: the kernel log read from `/dev/kmsg` in userspace (`crate::klog`).
+    Kmsg,
 }
 
 const BLOCK_BTF: BtfNeeds = BtfNeeds::Block;
@@ -171,6 +173,13 @@ pub struct Probes {
     bio_hist: PerCpuArray<MapData, BioHistSlot>,
     block_stats: PerCpuArray<MapData, u64>,
     pub tracefs: PathBuf,
+    /// Where the kernel log lines come from (`crate::klog`); `None` in the benchmark.
+    pub klog: Option<crate::klog::KlogSource>,
+    /// `/dev/kmsg`, when it is the kernel log's source, with the offset from its records'
+    /// clock to the probes' (measured on the startup marker).
+    kmsg: Option<(crate::klog::KmsgFile, i64)>,
+    /// Events read while checking the kernel log source, for the reader to pass on first.
+    pending: Vec<crate::event::Event>,
 }
 
 impl Probes {
@@ -328,7 +337,105 @@ impl Probes {
         let drops = PerCpuArray::try_from(take(&mut ebpf, "DROPS")?).map_err(|e| ProbeError::Map("DROPS", e.to_string()))?;
         let bio_hist = PerCpuArray::try_from(take(&mut ebpf, "BIO_HIST")?).map_err(|e| ProbeError::Map("BIO_HIST", e.to_string()))?;
         let block_stats = PerCpuArray::try_from(take(&mut ebpf, "BLOCK_STATS_MAP")?).map_err(|e| ProbeError::Map("BLOCK_STATS_MAP", e.to_string()))?;
-        Ok(Self { ebpf, status, job_map, drops, bio_hist, block_stats, tracefs: root })
+        let mut p = Self { ebpf, status, job_map, drops, bio_hist, block_stats, tracefs: root, klog: None, kmsg: None, pending: Vec::new() };
+        if opts.bench == BenchPrograms::None {
+            p.choose_klog();
+        }
+        Ok(p)
+    }
+
+    /// Decide where the kernel log comes from (`crate::klog`): the marker at level 7 through
+    /// the probe, or `/dev/kmsg`. On `/dev/kmsg` the printk program is unloaded (one source,
+    /// no line twice) and a `/dev/kmsg` row joins the status.
+    fn choose_klog(&mut self) {
+        use crate::klog::{self, Check, KlogSource};
+        let printk = self.status.iter().position(|s| s.program == "printk_console" && s.attached);
+        let forced = std::env::var("NANTRACE_KLOG").ok();
+        let missed = std::sync::atomic::AtomicU64::new(0);
+        let mut kmsg = klog::KmsgFile::open_at_end();
+        let nonce = (u64::from(std::process::id()) << 32) ^ crate::clock::monotonic_ns();
+        let written = klog::write_marker(nonce);
+        let seen_by_probe = printk.is_some() && written.is_ok() && self.marker_in_ring(nonce);
+        let check = Check { console_loglevel: klog::console_loglevel(), ignore_loglevel: klog::ignore_loglevel(), seen_by_probe, written: written.is_ok() };
+        let mut src = match printk {
+            Some(_) => klog::decide(&check, forced.as_deref()),
+            None => KlogSource { source: KlogSource::DEV_KMSG, why: "printk:console is not attached".into() },
+        };
+        if src.is_kmsg() {
+            match &mut kmsg {
+                Ok(k) => {
+                    let (before, offset) = match &written {
+                        Ok(at) => klog::read_until_marker(k, nonce, *at, &missed),
+                        Err(_) => (Vec::new(), None),
+                    };
+                    self.pending.extend(before);
+                    if let Some(i) = printk {
+                        if let Some(Ok(tp)) = self.ebpf.program_mut("printk_console").map(<&mut TracePoint>::try_from) {
+                            let _ = tp.unload();
+                        }
+                        self.status[i].attached = false;
+                        self.status[i].reason = Some(format!("not used, the kernel log is read from /dev/kmsg: {}", src.why));
+                    }
+                    self.status.push(ProbeStatus {
+                        program: "kmsg_reader",
+                        tracepoint: KlogSource::DEV_KMSG.into(),
+                        path: ProbePath::Kmsg,
+                        btf_fallback: None,
+                        attached: true,
+                        reason: None,
+                        what: "kernel log lines (Xid, AER text, OOM, link, MCE), read in userspace",
+                    });
+                    // The marker's write time against its record's timestamp; without a
+                    // marker, the records' own clock (local_clock, within ms of CLOCK_MONOTONIC).
+                    self.kmsg = Some((kmsg.expect("checked Ok above"), offset.unwrap_or(0)));
+                }
+                Err(e) => {
+                    src = KlogSource {
+                        source: if printk.is_some() { KlogSource::TRACEPOINT } else { "none" },
+                        why: format!("{}; but /dev/kmsg cannot be opened ({e}), so the probe is kept", src.why),
+                    };
+                }
+            }
+        }
+        self.klog = Some(src);
+    }
+
+    /// Whether the marker with `nonce` comes through the ring within 500 ms; what else
+    /// arrives meanwhile is kept for the reader.
+    fn marker_in_ring(&mut self, nonce: u64) -> bool {
+        let want = format!("{} {nonce:016x}", crate::klog::MARKER);
+        let Some(m) = self.ebpf.map_mut("EVENTS") else { return false };
+        let Ok(mut ring) = RingBuf::try_from(m) else { return false };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+        while std::time::Instant::now() < deadline {
+            let mut any = false;
+            while let Some(item) = ring.next() {
+                any = true;
+                let Ok(e) = crate::decode::decode(&item) else { continue };
+                if let crate::event::Detail::Kmsg(k) = &e.detail {
+                    if k.text.contains(&want) {
+                        return true;
+                    }
+                }
+                if self.pending.len() < 100_000 {
+                    self.pending.push(e);
+                }
+            }
+            if !any {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        false
+    }
+
+    /// `/dev/kmsg` and its clock offset, when it is the kernel log's source (can be taken once).
+    pub fn take_kmsg(&mut self) -> Option<(crate::klog::KmsgFile, i64)> {
+        self.kmsg.take()
+    }
+
+    /// The events read while the source was checked, for the reader to pass on first.
+    pub fn take_pending(&mut self) -> Vec<crate::event::Event> {
+        std::mem::take(&mut self.pending)
     }
 
     /// The synthetic generator (`BenchPrograms::Synthetic`): records per getppid from `tgid`.
@@ -411,6 +518,21 @@ impl Probes {
     pub fn attached(&self) -> usize {
         self.status.iter().filter(|s| s.attached).count()
     }
+
+    /// The ring reader, and the `/dev/kmsg` reader when the kernel log comes from it: every
+    /// event into `tx`, the ones read during the startup check first.
+    pub fn start_readers(&mut self, tx: tokio::sync::mpsc::Sender<Vec<crate::event::Event>>) -> Result<std::sync::Arc<crate::stream::ReaderStats>, ProbeError> {
+        let ring = self.take_ring()?;
+        let pending = self.take_pending();
+        if !pending.is_empty() {
+            let _ = tx.try_send(pending);
+        }
+        let (stats, _h) = crate::stream::spawn(ring, tx.clone());
+        if let Some((k, offset)) = self.take_kmsg() {
+            let _h = crate::klog::spawn_reader(k, offset, tx, stats.clone());
+        }
+        Ok(stats)
+    }
 }
 
 /// Histogram slots of every CPU, summed by device (a device may sit in different slots on
@@ -427,20 +549,72 @@ fn sum_histograms(slots: impl Iterator<Item = BioHistSlot>) -> BTreeMap<u32, Vec
 }
 
 pub(crate) fn verifier_msg(e: &aya::programs::ProgramError) -> String {
-    // The verifier log is long; keep its last lines, which say what failed.
-    let s = format!("load: {e:#}");
-    let lines: Vec<&str> = s.lines().collect();
-    if lines.len() > 12 {
-        format!("{} ... {}", lines[0], lines[lines.len() - 8..].join(" | "))
-    } else {
-        s
+    excerpt_verifier_log(&format!("load: {e:#}"))
+}
+
+/// A verifier log cut to what says why the program was refused: the first line (aya's error),
+/// the last instruction the verifier looked at and the lines right after it (the error, e.g.
+/// `R1 invalid mem access 'scalar'`), wherever they are, and the last lines. Newer kernels end
+/// the log with per-subprogram statistics, so the tail alone can miss the error (7.x).
+pub(crate) fn excerpt_verifier_log(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().map(str::trim_end).filter(|l| !l.trim().is_empty()).collect();
+    if lines.len() <= 12 {
+        return lines.join("\n");
     }
+    let is_insn = |l: &str| {
+        let l = l.trim_start();
+        let digits = l.bytes().take_while(u8::is_ascii_digit).count();
+        digits > 0 && l[digits..].starts_with(": (")
+    };
+    let tail_from = lines.len() - 6;
+    let mut keep: Vec<usize> = vec![0];
+    if let Some(i) = lines.iter().rposition(|l| is_insn(l)) {
+        // The instruction, the two lines before it (the register state it ran in) and the
+        // error lines after it up to the next instruction or the statistics.
+        keep.extend(i.saturating_sub(2).max(1)..=i);
+        keep.extend((i + 1..lines.len().min(i + 4)).take_while(|&j| !is_insn(lines[j])));
+    }
+    keep.extend(tail_from..lines.len());
+    keep.sort_unstable();
+    keep.dedup();
+    let mut out = String::new();
+    let mut prev = None;
+    for i in keep {
+        if !out.is_empty() {
+            out.push_str(if prev.is_some_and(|p| p + 1 == i) { " | " } else { " ... " });
+        }
+        out.push_str(lines[i]);
+        prev = Some(i);
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use nantrace_common::BIO_HIST_BUCKETS;
+
+    /// The verifier's own error line is kept wherever it is: a 7.x log ends with statistics
+    /// after it (the 7.3 refusal of the signal program once lost its error line that way).
+    #[test]
+    fn the_verifier_error_line_is_kept_before_trailing_statistics() {
+        let mut log = String::from("load: the BPF_PROG_LOAD syscall failed. Verifier output: 0: R1=ctx() R10=fp0\n");
+        for i in 0..30 {
+            log.push_str(&format!("{i}: (bf) r6 = r1 ; R1=ctx() R6_w=ctx()\n"));
+        }
+        log.push_str("40: (0f) r1 += r2 ; frame1: R1=scalar() R2=8\n41: (61) r9 = *(u32 *)(r1 +0)\nR1 invalid mem access 'scalar'\n");
+        log.push_str("processed 36 insns (limit 1000000) max_states_per_insn 0 total_states 3\n");
+        for i in 0..8 {
+            log.push_str(&format!("func#{i} stack depth 0 ... arithmetic, helper calls, or other operations that can invalidate it.\n"));
+        }
+        let m = excerpt_verifier_log(&log);
+        assert!(m.contains("41: (61) r9 = *(u32 *)(r1 +0) | R1 invalid mem access 'scalar'"), "{m}");
+        assert!(m.starts_with("load: the BPF_PROG_LOAD"), "{m}");
+        assert!(m.contains("func#7"), "{m}");
+        assert!(m.len() < 1500, "{m}");
+        // A short log is kept whole.
+        assert_eq!(excerpt_verifier_log("load: a\nb"), "load: a\nb");
+    }
 
     fn slot(dev: u32, counts: &[(usize, u64)]) -> BioHistSlot {
         let mut s = BioHistSlot { dev, _pad: 0, counts: [0; BIO_HIST_BUCKETS as usize] };

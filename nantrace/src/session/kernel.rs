@@ -31,7 +31,7 @@ impl Kernel {
     /// `whole_machine`: abnormal exits and fatal signals of every process, not only the job's.
     pub fn load(pids: &[u32], slow_io_ms: f64, whole_machine: bool) -> Self {
         match start_probes_with(pids, slow_io_ms, whole_machine) {
-            Ok(p) => Self { base: Accounting::with_probes(&p.status), probes: Mutex::new(Some(p)), error: None, stats: Mutex::new(None) },
+            Ok(p) => Self { base: Accounting { kernel_log: p.klog.clone(), ..Accounting::with_probes(&p.status) }, probes: Mutex::new(Some(p)), error: None, stats: Mutex::new(None) },
             Err(e) => {
                 crate::say!("nantrace: WARNING: kernel probes unavailable, recording the job's output only: {e:#}");
                 Self::none(&format!("{e:#}"))
@@ -61,9 +61,8 @@ impl Kernel {
 
     /// Start the ring reader: decoded batches go to `tx`.
     pub fn start_stream(&self, tx: mpsc::Sender<Vec<Event>>) -> anyhow::Result<()> {
-        let ring = self.with(Probes::take_ring).transpose()?;
-        if let Some(ring) = ring {
-            let (stats, _h) = crate::stream::spawn(ring, tx);
+        let stats = self.with(|p| p.start_readers(tx)).transpose()?;
+        if let Some(stats) = stats {
             *self.stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(stats);
         }
         Ok(())
@@ -92,6 +91,10 @@ impl Kernel {
     pub fn accounting(&self, counts: &BTreeMap<&'static str, u64>) -> Value {
         let mut acct = self.base.clone();
         acct.kernel_drops = self.drops();
+        if acct.kernel_log.as_ref().is_some_and(crate::klog::KlogSource::is_kmsg) {
+            let missed = self.stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref().map_or(0, |s| s.kmsg_missed.load(Ordering::Relaxed));
+            acct.kernel_drops.insert("kmsg_overwritten".into(), missed);
+        }
         acct.block_losses = self.with(|p| p.block_losses().into_iter().map(|(k, v)| (k.to_string(), v)).collect()).unwrap_or_default();
         acct.events = counts.iter().map(|(k, v)| ((*k).to_string(), *v)).collect();
         acct.decode_errors = self.decode_errors();

@@ -50,9 +50,15 @@ pub struct Watch {
 
 impl Watch {
     pub fn start(args: &[&str]) -> Self {
+        Self::start_env(args, &[])
+    }
+
+    /// As [`Watch::start`], with environment variables set for nantrace.
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(BIN)
             .args(["watch", "--json"])
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -202,6 +208,24 @@ impl NetPair {
 impl Drop for NetPair {
     fn drop(&mut self) {
         let _ = sh(&format!("ip netns del {} ; ip netns del {}", self.a, self.b));
+    }
+}
+
+/// The console loglevel (`dmesg -n`) set for a test, put back on drop.
+pub struct ConsoleLevel(String);
+
+impl ConsoleLevel {
+    pub fn set(level: u32) -> Self {
+        let old = std::fs::read_to_string("/proc/sys/kernel/printk").expect("read /proc/sys/kernel/printk");
+        let first = old.split_whitespace().next().unwrap_or("4").to_string();
+        std::fs::write("/proc/sys/kernel/printk", level.to_string()).expect("set the console loglevel");
+        ConsoleLevel(first)
+    }
+}
+
+impl Drop for ConsoleLevel {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/sys/kernel/printk", &self.0);
     }
 }
 
