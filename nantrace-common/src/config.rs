@@ -20,6 +20,9 @@ pub struct TpOffsets {
     pub oom_score_adj: u32,
     pub bio_issue_dev: u32,
     pub bio_issue_sector: u32,
+    /// `block:block_rq_insert` (same event class as the issue on every kernel seen).
+    pub bio_insert_dev: u32,
+    pub bio_insert_sector: u32,
     pub bio_done_dev: u32,
     pub bio_done_sector: u32,
     pub bio_done_nr_sector: u32,
@@ -73,6 +76,8 @@ impl TpOffsets {
             oom_score_adj: MISSING,
             bio_issue_dev: MISSING,
             bio_issue_sector: MISSING,
+            bio_insert_dev: MISSING,
+            bio_insert_sector: MISSING,
             bio_done_dev: MISSING,
             bio_done_sector: MISSING,
             bio_done_nr_sector: MISSING,
@@ -153,6 +158,13 @@ pub struct BtfOffsets {
     /// `struct task_struct.start_time`: CLOCK_MONOTONIC ns of the task's creation (set in
     /// copy_process just before `sched_process_fork`), the clock `bpf_ktime_get_ns` reads.
     pub task_start_time: u32,
+    /// `struct signal_struct.live`: the group's threads not yet past do_exit's decrement;
+    /// 0 at `sched_process_exit` means the group is dead (for kernels whose tracepoint does
+    /// not say `group_dead`: before 6.x on the BTF path, any without the record field).
+    pub signal_live: u32,
+    /// 1: `sched_process_exit` passes `group_dead` as its second argument (6.x); otherwise
+    /// the BTF exit program finds it from `signal_live` (`exit_live_btf`).
+    pub exit_group_dead_arg: u32,
 }
 
 impl BtfOffsets {
@@ -181,6 +193,8 @@ impl BtfOffsets {
             rq_mq_hctx: MISSING,
             hctx_queue_num: MISSING,
             task_start_time: MISSING,
+            signal_live: MISSING,
+            exit_group_dead_arg: MISSING,
         }
     }
 }

@@ -58,19 +58,24 @@ pub(crate) struct RqId {
 }
 
 impl RqId {
-    /// `None` for a request without a tag (it cannot be told from others) or a disk.
+    /// No request: every field set (the 6.1 verifier refuses a read of a stack slot that one
+    /// path left unwritten, which an `Option`'s payload is when `None`).
+    const NONE: Self = Self { dev: 0, sector: 0, tag: 0, start: 0, a: core::ptr::null_mut(), b: core::ptr::null_mut() };
+
+    /// The request's identity; [`RqId::valid`] is false for a request without a tag (it
+    /// cannot be told from others) or a disk.
     #[inline(always)]
-    pub(crate) fn of(rq: *const u8) -> Option<Self> {
+    pub(crate) fn of(rq: *const u8) -> Self {
         let mut tag: i32 = load(rq, conf!(btf.rq_internal_tag));
         if tag < 0 {
             tag = load(rq, conf!(btf.rq_tag));
         }
         if tag < 0 {
-            return None;
+            return Self::NONE;
         }
         let dev = rq_dev(rq);
         if dev == 0 {
-            return None;
+            return Self::NONE;
         }
         let sector: u64 = load(rq, conf!(btf.rq_sector));
         let start: u64 = load(rq, conf!(btf.rq_start_time));
@@ -80,22 +85,33 @@ impl RqId {
         let sets = BIO_ISSUER_SLOTS / 2;
         let base = crate::block::spread(u64::from(dev), sets.trailing_zeros());
         let set = (base.wrapping_add(queue << 10).wrapping_add(tag) & (sets - 1)) * 2;
-        Some(Self { dev, sector, tag, start, a: BIO_ISSUERS.get_ptr_mut(set)?, b: BIO_ISSUERS.get_ptr_mut(set + 1)? })
+        match (BIO_ISSUERS.get_ptr_mut(set), BIO_ISSUERS.get_ptr_mut(set + 1)) {
+            (Some(a), Some(b)) => Self { dev, sector, tag, start, a, b },
+            _ => Self::NONE,
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn valid(&self) -> bool {
+        !self.a.is_null() && !self.b.is_null()
     }
 
     /// Whether way `w` holds this request.
     #[inline(always)]
     fn holds(&self, w: *mut BioIssuer) -> bool {
-        // SAFETY: a way of the array (a map value).
-        unsafe { (*w).tag == self.tag && (*w).dev == self.dev && (*w).sector == self.sector && (*w).start == self.start }
+        // SAFETY: a way of the array (a map value), checked non-null.
+        !w.is_null() && unsafe { (*w).tag == self.tag && (*w).dev == self.dev && (*w).sector == self.sector && (*w).start == self.start }
     }
 
     /// Remember that process `pid` issued this request (`ts_ns`: the issue time when the
     /// request has no start time of its own).
     #[inline(always)]
     pub(crate) fn remember(&self, pid: u32, ts_ns: u64) {
+        if !self.valid() {
+            return;
+        }
         // A re-issue finds its own way first; then a free one; then the first is given up.
-        // SAFETY: ways of the array (map values).
+        // SAFETY: ways of the array (map values), checked non-null.
         let way = unsafe {
             if self.holds(self.a) {
                 self.a
@@ -115,21 +131,22 @@ impl RqId {
         unsafe { *way = v };
     }
 
-    /// The entry of this request, removed from the table; `None`: not a watched job's.
+    /// The entry of this request, removed from the table; `tag` 0: not a watched job's.
     #[inline(always)]
-    pub(crate) fn take(&self) -> Option<BioIssuer> {
+    pub(crate) fn take(&self) -> BioIssuer {
+        let empty = BioIssuer { sector: 0, start: 0, ts_ns: 0, dev: 0, tag: 0, pid: 0, _pad: 0 };
         let way = if self.holds(self.a) {
             self.a
         } else if self.holds(self.b) {
             self.b
         } else {
-            return None;
+            return empty;
         };
         // SAFETY: as above; copied out, then the whole way is cleared.
         unsafe {
             let v = *way;
-            *way = BioIssuer { sector: 0, start: 0, ts_ns: 0, dev: 0, tag: 0, pid: 0, _pad: 0 };
-            Some(v)
+            *way = empty;
+            v
         }
     }
 }

@@ -4,7 +4,7 @@
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{map, tracepoint},
-    maps::{HashMap, PerCpuArray},
+    maps::{HashMap, LruHashMap, PerCpuArray},
     programs::TracePointContext,
 };
 use nantrace_common::{
@@ -19,6 +19,12 @@ use crate::{conf, count_drop, current_pid_tgid, is_job, EVENTS};
 /// would go unmeasured (inserts fail) rather than evict live ones.
 #[map]
 static BIO_START: HashMap<BioKey, BioStart> = HashMap::with_max_entries(16384, 0);
+
+/// The job's queued requests (`block_rq_insert`), until a kworker dispatches them: an LRU,
+/// since a request merged into another after its insert never completes and would otherwise
+/// stay. Only the job's requests are inserted.
+#[map]
+static JOB_QUEUED: LruHashMap<BioKey, u32> = LruHashMap::with_max_entries(4096, 0);
 
 /// Per-device latency histograms, per CPU (see `BioHistSlot`).
 #[map]
@@ -59,14 +65,39 @@ fn key(ctx: &TracePointContext, dev_off: u32, sector_off: u32) -> Option<BioKey>
     Some(BioKey { dev, _pad: 0, sector })
 }
 
+/// `block:block_rq_insert`: a request queued to be dispatched later (an I/O scheduler, a
+/// plug flushed to a queue that runs from kblockd, as the loop driver on 5.10 and 6.1): the
+/// issue then runs in a kworker, so the job is remembered here, in the submitter's context.
+#[tracepoint(category = "block", name = "block_rq_insert")]
+pub fn block_rq_insert(ctx: TracePointContext) -> u32 {
+    let (tgid, _) = current_pid_tgid();
+    if !is_job(tgid) {
+        return 0;
+    }
+    let Some(k) = key(&ctx, conf!(off.bio_insert_dev), conf!(off.bio_insert_sector)) else {
+        return 0;
+    };
+    let _ = JOB_QUEUED.insert(&k, &tgid, 0);
+    0
+}
+
 #[tracepoint(category = "block", name = "block_rq_issue")]
 pub fn block_rq_issue(ctx: TracePointContext) -> u32 {
     let Some(k) = key(&ctx, conf!(off.bio_issue_dev), conf!(off.bio_issue_sector)) else {
         return 0;
     };
-    let (tgid, _) = current_pid_tgid();
+    let (mut tgid, _) = current_pid_tgid();
     // The job lookup is left to the completion, and only for requests that become events:
-    // the issue path runs for every request.
+    // the issue path runs for every request. A request the job queued (block_rq_insert) and
+    // a kworker dispatches keeps the job as its issuer: one more lookup, for requests issued
+    // outside the job only, on this path only (the BTF issue program needs none).
+    if !is_job(tgid) {
+        // SAFETY: value copied out before the removal.
+        if let Some(pid) = unsafe { JOB_QUEUED.get(&k) }.copied() {
+            let _ = JOB_QUEUED.remove(&k);
+            tgid = pid;
+        }
+    }
     let start = BioStart {
         // SAFETY: helper without arguments.
         ts_ns: unsafe { bpf_ktime_get_ns() },

@@ -42,6 +42,18 @@ pub(crate) fn load<T: Copy + Default>(base: *const u8, off: u32) -> T {
     unsafe { core::ptr::read_volatile(base.add(off as usize) as *const T) }
 }
 
+/// `block_rq_insert(struct request *rq)` (5.11+): the job's request remembered when it is
+/// queued, in the submitter's context; the dispatch (`blk_issue_btf`) may run in a kworker
+/// (kblockd), where the current task is not the job's.
+#[btf_tracepoint(function = "block_rq_insert")]
+pub fn blk_insert_btf(ctx: BtfTracePointContext) -> i32 {
+    let (tgid, _) = current_pid_tgid();
+    if !is_job(tgid) {
+        return 0;
+    }
+    issue_of_job(&ctx, tgid)
+}
+
 #[btf_tracepoint(function = "block_rq_issue")]
 pub fn blk_issue_btf(ctx: BtfTracePointContext) -> i32 {
     let (tgid, _) = current_pid_tgid();
@@ -54,9 +66,10 @@ pub fn blk_issue_btf(ctx: BtfTracePointContext) -> i32 {
 #[inline(never)]
 fn issue_of_job(ctx: &BtfTracePointContext, tgid: u32) -> i32 {
     let rq: *const u8 = ctx.arg(0);
-    let Some(id) = RqId::of(rq) else {
+    let id = RqId::of(rq);
+    if !id.valid() {
         return 0;
-    };
+    }
     // The completion measures from the request's own start time; a clock read here only for
     // a queue that keeps none (I/O statistics off).
     // SAFETY: helper without arguments.
@@ -92,19 +105,17 @@ pub fn blk_done_btf(ctx: BtfTracePointContext) -> i32 {
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let id = RqId::of(rq);
-    let issuer = id.as_ref().and_then(RqId::take);
+    let issuer = id.take();
+    let job = issuer.tag != 0;
     let mut start: u64 = load(rq, conf!(btf.rq_start_time));
     if start == 0 {
         start = load(rq, conf!(btf.rq_io_start_time));
     }
     if start == 0 {
-        start = issuer.map_or(0, |s| s.ts_ns);
+        start = issuer.ts_ns;
     }
     let latency = if start == 0 { 0 } else { now.saturating_sub(start) };
-    let (dev, sector) = match &id {
-        Some(i) => (i.dev, i.sector),
-        None => (rq_dev(rq), load(rq, conf!(btf.rq_sector))),
-    };
+    let (dev, sector) = if id.valid() { (id.dev, id.sector) } else { (rq_dev(rq), load(rq, conf!(btf.rq_sector))) };
     if start != 0 && dev != 0 {
         crate::block::hist_add(dev, latency);
     }
@@ -122,8 +133,8 @@ pub fn blk_done_btf(ctx: BtfTracePointContext) -> i32 {
     unsafe {
         (*p).hdr.kind = EventKind::Block as u32;
         (*p).hdr.ts_ns = now;
-        let pid = issuer.map_or(0, |s| s.pid);
-        (*p).hdr.flags = if issuer.is_some() { FLAG_JOB } else { 0 };
+        let pid = issuer.pid;
+        (*p).hdr.flags = if job { FLAG_JOB } else { 0 };
         (*p).hdr.pid = pid;
         (*p).hdr.tid = pid;
         (*p).hdr.comm = [0; 16];
@@ -252,6 +263,31 @@ pub fn exit_btf(ctx: BtfTracePointContext) -> i32 {
 fn exit_watched(ctx: &BtfTracePointContext, tgid: u32, tid: u32, job: bool) -> i32 {
     let task: *const u8 = ctx.arg(0);
     let group_dead = ctx.arg::<u8>(1) != 0;
+    let status = if group_dead { wait_status(task) } else { 0 };
+    crate::process::finish_exit(tgid, tid, job, group_dead, Some(status), || task_comm(task));
+    0
+}
+
+/// `sched_process_exit(struct task_struct *p)`, before 6.x: no `group_dead` argument, so the
+/// group is dead when its live-thread count (decremented by do_exit before the tracepoint)
+/// is 0. Two threads ending at the same instant can both find 0; for a job only the one
+/// that finds the process still marked ends it (`crate::process::group_dead_by_live`).
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn exit_live_btf(ctx: BtfTracePointContext) -> i32 {
+    let (tgid, tid) = current_pid_tgid();
+    let job = is_job(tgid) || is_job(tid);
+    if !job && conf!(whole_machine) == 0 {
+        return 0;
+    }
+    exit_live_watched(&ctx, tgid, tid, job)
+}
+
+#[inline(never)]
+fn exit_live_watched(ctx: &BtfTracePointContext, tgid: u32, tid: u32, job: bool) -> i32 {
+    let task: *const u8 = ctx.arg(0);
+    let signal: *const u8 = load(task, conf!(btf.task_signal));
+    let live: i32 = if signal.is_null() { -1 } else { load(signal, conf!(btf.signal_live)) };
+    let group_dead = crate::process::group_dead_by_live(live, tgid, tid);
     let status = if group_dead { wait_status(task) } else { 0 };
     crate::process::finish_exit(tgid, tid, job, group_dead, Some(status), || task_comm(task));
     0

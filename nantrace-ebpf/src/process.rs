@@ -182,13 +182,43 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
     }
     let off = conf!(off.exit_group_dead);
     let group_dead = if off == MISSING {
-        tid == tgid
+        group_dead_of_current(tgid, tid)
     } else {
         // SAFETY: probe_read.
         unsafe { ctx.read_at::<u8>(off as usize) }.unwrap_or(0) != 0
     };
     finish_exit(tgid, tid, job, group_dead, None, || bpf_get_current_comm().unwrap_or([0; 16]));
     0
+}
+
+/// Where the record has no `group_dead` (before 6.x): the group's live-thread count read
+/// with probe_read at BTF offsets; without BTF, the leader's exit is taken as the group's
+/// (a main thread that ended before the others then ends the process for nantrace).
+#[inline(always)]
+fn group_dead_of_current(tgid: u32, tid: u32) -> bool {
+    let (so, lo) = (conf!(btf.task_signal), conf!(btf.signal_live));
+    if so == MISSING || lo == MISSING {
+        return tid == tgid;
+    }
+    // SAFETY: helper without arguments; the reads below are probe_reads, which tolerate faults.
+    let task = unsafe { aya_ebpf::helpers::bpf_get_current_task() } as *const u8;
+    let signal = unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(task.wrapping_add(so as usize) as *const u64) }.unwrap_or(0);
+    if signal == 0 {
+        return tid == tgid;
+    }
+    let live = unsafe { aya_ebpf::helpers::bpf_probe_read_kernel((signal as *const u8).wrapping_add(lo as usize) as *const i32) }.unwrap_or(-1);
+    group_dead_by_live(live, tgid, tid)
+}
+
+/// The group is dead when its live count is 0 (`live` < 0: unreadable, then the leader's
+/// exit counts). A job's process ends once: a second thread that also finds 0 (two threads
+/// ending together) finds the process no longer marked and ends only itself.
+#[inline(always)]
+pub(crate) fn group_dead_by_live(live: i32, tgid: u32, tid: u32) -> bool {
+    if live < 0 {
+        return tid == tgid;
+    }
+    live == 0 && (conf!(whole_machine) != 0 && !is_job(tid) || is_job(tgid))
 }
 
 /// The exit of thread `tid` of process `tgid`, a job's (`job`) or any (machine-wide mode):

@@ -51,7 +51,7 @@ pub fn spawn(ring: RingBuf<MapData>, tx: mpsc::Sender<Vec<Event>>) -> (Arc<Reade
                         match decode(&item) {
                             Ok(mut e) => {
                                 use crate::event::{Comm, Detail};
-                                match &e.detail {
+                                match &mut e.detail {
                                     Detail::Exec { .. } => {
                                         names.insert(e.pid, e.comm);
                                     }
@@ -63,6 +63,12 @@ pub fn spawn(ring: RingBuf<MapData>, tx: mpsc::Sender<Vec<Event>>) -> (Arc<Reade
                                     // for the few requests that are events (slow or failed).
                                     Detail::Block { .. } if e.comm == Comm::NONE && e.pid != 0 => {
                                         e.comm = names.get(&e.pid).copied().unwrap_or_else(|| crate::event::comm_from(std::fs::read_to_string(format!("/proc/{}/comm", e.pid)).unwrap_or_default().trim()));
+                                    }
+                                    // Before 5.14 oom:mark_victim carries the pid only:
+                                    // the name from the job's own events, or /proc while
+                                    // the victim is still dying.
+                                    Detail::Oom(o) if o.victim_comm == Comm::NONE && o.victim_pid != 0 => {
+                                        o.victim_comm = names.get(&o.victim_pid).copied().unwrap_or_else(|| crate::event::comm_from(std::fs::read_to_string(format!("/proc/{}/comm", o.victim_pid)).unwrap_or_default().trim()));
                                     }
                                     _ => {}
                                 }

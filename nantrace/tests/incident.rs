@@ -139,7 +139,7 @@ fn a_job_that_dumps_core_says_so() {
     assert!(report.contains("signal 11 (core dumped)"), "{report}");
     let root = t["job"]["root_pid"].as_u64().unwrap();
     let exit = t["events"].as_array().unwrap().iter().find(|e| e["source"] == "exit" && e["pid"].as_u64() == Some(root)).cloned().expect("the job's exit event");
-    if expect_btf() {
+    if expect_btf_for("sched:sched_process_exit") {
         assert_eq!(exit["core_dumped"], true, "{exit}");
     }
     let _ = std::fs::remove_dir_all(&out);

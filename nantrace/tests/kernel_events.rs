@@ -145,19 +145,30 @@ fn oom_kill_in_memory_limited_cgroup_is_a_job_event() {
     let (o, _) = w.wait_for("OOM victim", Duration::from_secs(30), |v| v["source"] == "oom");
     let kid: u64 = std::fs::read_to_string(format!("{}.kid", go.display())).unwrap().trim().parse().unwrap();
     assert_eq!(o["victim_pid"].as_u64(), Some(kid));
-    assert_eq!(o["victim_comm"], "tail");
     assert_eq!(o["victim_job"], true);
-    // The victim's RSS is in kB and fits the 48 MiB limit (it was 4x too large when the
-    // tracepoint's kB values were taken for pages).
-    let rss = o["anon_rss_kb"].as_u64().unwrap();
-    assert!(rss > 20_000 && rss <= 48 * 1024, "victim RSS {rss} kB, limit 49152 kB: {o}");
+    // Before 5.14 the record is the pid alone (no name, no sizes): the name is read from
+    // /proc while the victim dies (it can be gone already), and the size is the kernel line's.
+    let format = std::fs::read_to_string("/sys/kernel/tracing/events/oom/mark_victim/format").unwrap_or_default();
+    let full_record = format.contains("anon_rss");
+    let rss = o["anon_rss_kb"].as_u64().unwrap_or(0);
+    if full_record {
+        assert_eq!(o["victim_comm"], "tail");
+        // The victim's RSS is in kB and fits the 48 MiB limit (it was 4x too large when the
+        // tracepoint's kB values were taken for pages).
+        assert!(rss > 20_000 && rss <= 48 * 1024, "victim RSS {rss} kB, limit 49152 kB: {o}");
+    } else {
+        assert!(o["victim_comm"] == "tail" || o["victim_comm"] == "", "{o}");
+        eprintln!("oom:mark_victim has the pid only on this kernel; victim_comm from /proc: {}", o["victim_comm"]);
+    }
     let (x, _) = w.wait_for("victim's exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(kid));
     assert_eq!(x["signal"], "SIGKILL");
     // The kernel's own OOM report line also arrives through printk.
     let (line, _) = w.wait_for("OOM kill line", Duration::from_secs(10), |v| v["class"] == "oom_kill" && v["victim_pid"].as_u64() == Some(kid));
     // Two witnesses of one kill agree on its size: the kernel's own line prints anon-rss in kB.
     let text = line["text"].as_str().unwrap_or("");
-    if let Some(kb) = text.split("anon-rss:").nth(1).and_then(|r| r.split("kB").next()).and_then(|n| n.trim().parse::<u64>().ok()) {
+    assert!(text.contains("(tail)"), "{line}");
+    let kb = text.split("anon-rss:").nth(1).and_then(|r| r.split("kB").next()).and_then(|n| n.trim().parse::<u64>().ok());
+    if let (Some(kb), true) = (kb, full_record) {
         assert!(kb.abs_diff(rss) * 10 <= kb.max(1), "tracepoint {rss} kB vs kernel line {kb} kB");
     }
     let _ = root.wait();
@@ -257,7 +268,9 @@ fn writes_past_a_full_backing_store_give_block_errors() {
     assert!(root.wait().unwrap().success());
     let want = format!("7:{minor}");
     let (b, _) = w.wait_for("block error on the loop device", Duration::from_secs(10), |v| v["source"] == "block" && v["dev"] == want.as_str() && v["error"] != 0);
-    assert_eq!(b["error"], -28, "ENOSPC from the full tmpfs: {b}");
+    // ENOSPC from the full tmpfs; 5.10's loop driver completes such a write with
+    // BLK_STS_IOERR, which the kernel's own tracefs record shows as -5 too.
+    assert!(b["error"] == -28 || b["error"] == -5, "ENOSPC (or EIO before 5.12) from the full tmpfs: {b}");
     assert_eq!(b["job"], true, "the job's dd issued it: {b}");
     assert_eq!(b["comm"], "dd");
     assert!(b["rwbs"].as_str().unwrap().starts_with('W'), "{b}");
@@ -414,7 +427,7 @@ fn a_segfault_is_a_fatal_signal_with_its_kernel_siginfo() {
         assert!(dumped, "cores land in the working directory and RLIMIT_CORE is unlimited, yet no core: status {status:#x}");
     }
     eprintln!("core dumped: {dumped} (cores in the working directory: {local})");
-    if expect_btf() {
+    if expect_btf_for("sched:sched_process_exit") {
         assert_eq!(x["core_dumped"].as_bool().unwrap_or(false), dumped, "{x}");
     } else {
         assert!(x.get("core_dumped").is_none(), "{x}");
@@ -471,7 +484,7 @@ fn the_exit_code_is_what_wait_reports_when_the_last_thread_is_not_the_leader() {
     assert_eq!(e["signal"], serde_json::Value::Null, "{e}");
     // The last thread out is not the leader: the header's tid is its own.
     assert!(e["tid"].as_u64().is_some_and(|t| t != root_pid && t > 0), "{e}");
-    if expect_btf() {
+    if expect_btf_for("sched:sched_process_exit") {
         assert_eq!(e["exit_code"], code, "{e}");
     } else {
         assert_eq!(e["exit_code"], serde_json::Value::Null, "no exit_group, no code on tracefs: {e}");

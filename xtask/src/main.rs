@@ -3,6 +3,7 @@
 mod bench;
 mod dist;
 mod setup;
+mod vm;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,6 +49,17 @@ enum Cmd {
         /// Measure nothing: write docs/performance.md again from bench/results.json
         #[arg(long)]
         render: bool,
+    },
+    /// The kernel matrix: boot each Debian kernel of xtask/src/vm.rs in QEMU and run doctor
+    /// and the kernel integration tests inside it, on the BTF path and the tracefs fallback
+    /// (root; docs/kernel-matrix.md)
+    VmTest {
+        /// Comma-separated labels (default: all)
+        #[arg(long)]
+        kernels: Option<String>,
+        /// Write the table into docs/kernel-matrix.md
+        #[arg(long)]
+        docs: bool,
     },
     /// Release binary for glibc >= 2.28 (cargo zigbuild), probes embedded, plus
     /// target/dist/nantrace-VERSION-x86_64-linux-gnu.tar.gz (docs/dist.md).
@@ -120,7 +132,15 @@ fn main() -> Result<()> {
                 .args(["test", "--locked", "-p", "nantrace", "--test", "kernel_events", "--test", "kernel_membership", "--", "--test-threads=1"]))?;
             // The benchmark in smoke mode: proves it still runs (no timing assertions).
             bench::run(true, &root().join("target/debug/nantrace"))?;
-            Ok(())
+            // The kernel matrix: the same kernel tests on every kernel of vm.rs, in VMs.
+            if std::env::var("NANTRACE_VM_TEST").is_ok_and(|v| v == "0") {
+                eprintln!("xtask: WARNING: NANTRACE_VM_TEST=0: the kernel matrix is SKIPPED (CI runs it)");
+                return Ok(());
+            }
+            if !root_user {
+                bail!("the kernel matrix needs root (it downloads kernels with apt and runs the privileged tests in VMs)");
+            }
+            vm::vm_test(&vm::Args { kernels: None, docs: false }, &root().join("target/debug/nantrace"))
         }
         Cmd::Demo { scenario, out } => {
             let route = setup::setup()?;
@@ -141,6 +161,12 @@ fn main() -> Result<()> {
             bench::run(smoke, &bin)
         }
         Cmd::Dist { check_old_glibc } => dist::dist(check_old_glibc),
+        Cmd::VmTest { kernels, docs } => {
+            let route = setup::setup()?;
+            setup::build_ebpf(&route)?;
+            let bin = build_cli(false)?;
+            vm::vm_test(&vm::Args { kernels, docs }, &bin)
+        }
     }
 }
 

@@ -75,6 +75,7 @@ const BLOCK_BTF: BtfNeeds = BtfNeeds::Block;
 /// `(q, rq)` before 5.11, and `block_rq_complete`'s error was an errno `int` on 5.15; those
 /// run on the tracefs path.
 pub const BTF_ARGS: &[(&str, &[&str])] = &[
+    ("block_rq_insert", &["struct request *"]),
     ("block_rq_issue", &["struct request *"]),
     ("block_rq_complete", &["struct request *", "blk_status_t", "unsigned int"]),
     ("sched_process_fork", &["struct task_struct *", "struct task_struct *"]),
@@ -94,6 +95,7 @@ pub const PROBES: &[ProbeSpec] = &[
     ProbeSpec { program: "printk_console", floor: "floor_printk", group: "printk", name: "console", what: "kernel log lines (Xid, AER text, OOM, link, MCE)", btf: None },
     ProbeSpec { program: "ras_aer_event", floor: "floor_aer", group: "ras", name: "aer_event", what: "decoded PCIe AER errors", btf: None },
     ProbeSpec { program: "oom_mark_victim", floor: "floor_oom", group: "oom", name: "mark_victim", what: "OOM killer victims", btf: None },
+    ProbeSpec { program: "block_rq_insert", floor: "floor_blk_insert", group: "block", name: "block_rq_insert", what: "who queued a block request (dispatched later, e.g. by kblockd)", btf: Some(BtfSpec { program: "blk_insert_btf", floor: "floor_insert_btf", needs: BLOCK_BTF }) },
     ProbeSpec { program: "block_rq_issue", floor: "floor_blk_issue", group: "block", name: "block_rq_issue", what: "block request start", btf: Some(BtfSpec { program: "blk_issue_btf", floor: "floor_issue_btf", needs: BLOCK_BTF }) },
     ProbeSpec { program: "block_rq_done", floor: "floor_blk_done", group: "block", name: "block_rq_complete", what: "block latency, errors, slow requests", btf: Some(BtfSpec { program: "blk_done_btf", floor: "floor_done_btf", needs: BLOCK_BTF }) },
     ProbeSpec { program: "tcp_retransmit", floor: "floor_tcp", group: "tcp", name: "tcp_retransmit_skb", what: "TCP retransmits", btf: None },
@@ -129,6 +131,11 @@ pub enum ProbeError {
     Load(#[from] aya::EbpfError),
     #[error("map {0}: {1}")]
     Map(&'static str, String),
+    /// No BPF ring buffer (Linux before 5.8, unless backported as in RHEL 8.2+): the probes
+    /// send everything through one, so none is loaded (docs/kernel-matrix.md says why no
+    /// perf-buffer fallback).
+    #[error("this kernel ({0}) has no BPF ring buffer (BPF_MAP_TYPE_RINGBUF, Linux 5.8+; RHEL 8.2+ backports it): the kernel probes need it, so only the job's output, NVML and the system context are recorded")]
+    NoRingBuf(String),
 }
 
 #[derive(Clone, Debug)]
@@ -192,6 +199,12 @@ impl Probes {
             return Err(ProbeError::NotBuilt);
         }
         let root = tracefs::root().ok_or_else(|| ProbeError::NoTracefs(tracefs::why_unavailable()))?;
+        // The kernel's own answer (a probe map is created), not its version: distributions
+        // backport the ring buffer. An error of the probe itself (no permission) is left to
+        // the load below, which says it.
+        if let Ok(false) = aya::sys::is_map_supported(aya::maps::MapType::RingBuf) {
+            return Err(ProbeError::NoRingBuf(std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string()));
+        }
         let (off, missing) = offsets(&root);
         // The BTF path: struct offsets for the `tp_btf` programs, per need, or why not.
         let (btf_off, btf_ok, kernel_btf) = if opts.btf {
@@ -205,8 +218,18 @@ impl Probes {
                 (_, Err(e)) => (BtfOffsets::missing(), all_needs(&format!("kernel BTF unreadable by the loader: {e}")), None),
             }
         } else {
-            (BtfOffsets::missing(), all_needs("NANTRACE_PROBE_PATH=tracefs"), None)
+            // The tracefs programs still read the group's live count at BTF offsets where the
+            // exit record has no `group_dead` (before 6.x); no BTF program is used.
+            let o = match btf::Btf::from_sys_fs() {
+                Ok(Ok(b)) => {
+                    let (full, _) = btf_offsets(&b);
+                    BtfOffsets { task_signal: full.task_signal, signal_live: full.signal_live, ..BtfOffsets::missing() }
+                }
+                _ => BtfOffsets::missing(),
+            };
+            (o, all_needs("NANTRACE_PROBE_PATH=tracefs"), None)
         };
+        let exit_live = btf_off.exit_group_dead_arg != 1;
         let cfg = Config {
             slow_io_ns: opts.slow_io_ns,
             wake_bytes: wake_bytes(opts.ring_bytes),
@@ -280,7 +303,9 @@ impl Probes {
             let mut done = None;
             let mut btf_fallback = None;
             if let Some(b) = spec.btf {
-                let program = if floors { b.floor } else { b.program };
+                // Before 6.x sched_process_exit passes no `group_dead`: the program that
+                // reads the group's live count instead.
+                let program = if floors { b.floor } else if b.needs == BtfNeeds::Exit && exit_live { "exit_live_btf" } else { b.program };
                 match (btf_ok.get(&b.needs).cloned().unwrap_or_else(|| Err("?".into())), &kernel_btf) {
                     (Ok(()), Some(kb)) => match attach_btf(&mut ebpf, program, spec.name, kb) {
                         Ok(()) => done = Some((program, ProbePath::Btf, Ok(()))),
@@ -500,7 +525,7 @@ impl Probes {
             .into_iter()
             .map(|(s, name)| (name, self.block_stats.get(&(s as u32), 0).map_or(0, |v| v.iter().sum())))
             .collect();
-        let nested = ["blk_issue_btf", "blk_done_btf", "block_rq_issue", "block_rq_done"].iter().filter_map(|p| self.recursion_misses(p)).sum();
+        let nested = ["blk_insert_btf", "blk_issue_btf", "blk_done_btf", "block_rq_insert", "block_rq_issue", "block_rq_done"].iter().filter_map(|p| self.recursion_misses(p)).sum();
         out.insert("runs_skipped_nested", nested);
         out
     }

@@ -23,6 +23,7 @@ pub fn offsets(root: &Path) -> (TpOffsets, BTreeMap<String, String>) {
     let oom = fmt("oom", "mark_victim");
     crate::decode::set_oom_kb_per_unit(oom.oom_kb_per_unit());
     let issue = fmt("block", "block_rq_issue");
+    let insert = fmt("block", "block_rq_insert");
     let done = fmt("block", "block_rq_complete");
     let tcp = fmt("tcp", "tcp_retransmit_skb");
     let fork = fmt("sched", "sched_process_fork");
@@ -44,6 +45,8 @@ pub fn offsets(root: &Path) -> (TpOffsets, BTreeMap<String, String>) {
         oom_score_adj: oom.offset("oom_score_adj"),
         bio_issue_dev: issue.offset("dev"),
         bio_issue_sector: issue.offset("sector"),
+        bio_insert_dev: insert.offset("dev"),
+        bio_insert_sector: insert.offset("sector"),
         bio_done_dev: done.offset("dev"),
         bio_done_sector: done.offset("sector"),
         bio_done_nr_sector: done.offset("nr_sector"),
@@ -158,6 +161,12 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
         o.signal_flags = flags;
         o.signal_group_exit_code = group_code;
     }
+    // For the group's death where the exit tracepoint does not pass it (the BTF program on
+    // kernels before 6.x, and the tracefs program where the record lacks `group_dead`).
+    if let (Ok(sig), Ok(live)) = (get("task_struct", "signal", 8), get("signal_struct", "live", 4)) {
+        o.task_signal = sig;
+        o.signal_live = live;
+    }
     let signal = task.clone().and_then(|_| comm.clone()).and_then(|_| get("kernel_siginfo", "si_code", 4));
     if let Ok(code) = signal {
         o.siginfo_code = code;
@@ -172,8 +181,22 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
     let ok = [
         (BtfNeeds::Task, fork.map(|_| ()).and_then(|()| args(&["sched_process_fork"]))),
         (BtfNeeds::Exec, exec.map(|_| ()).and_then(|()| args(&["sched_process_exec"]))),
-        (BtfNeeds::Exit, exit.map(|_| ()).and_then(|()| args(&["sched_process_exit"]))),
-        (BtfNeeds::Block, block.map(|_| ()).and_then(|()| args(&["block_rq_issue", "block_rq_complete"]))),
+        (
+            BtfNeeds::Exit,
+            exit.map(|_| ()).and_then(|()| match args(&["sched_process_exit"]) {
+                Ok(()) => {
+                    o.exit_group_dead_arg = 1;
+                    Ok(())
+                }
+                // (task) alone, before 6.x: exit_live_btf reads the group's live count.
+                Err(e) if o.signal_live != MISSING && b.check_args("sched_process_exit", &["struct task_struct *"]).is_ok() => {
+                    let _ = e;
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }),
+        ),
+        (BtfNeeds::Block, block.map(|_| ()).and_then(|()| args(&["block_rq_insert", "block_rq_issue", "block_rq_complete"]))),
         (BtfNeeds::Signal, signal.map(|_| ()).and_then(|()| args(&["signal_generate"]))),
     ]
     .into_iter()

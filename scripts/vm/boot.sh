@@ -1,0 +1,31 @@
+#!/bin/bash
+# boot.sh KERNEL_DIR OUT_DIR TIMEOUT_S
+# Boot one kernel of the VM matrix (fetch-kernel.sh's directory) in QEMU with a busybox
+# initramfs (init.sh + the kernel's modules), the host's root shared read-only over 9p and
+# OUT_DIR (holding guest.sh and vm.env) writable. The serial console goes to OUT_DIR/serial.log.
+# TCG by default (-accel tcg -cpu max): on this kind of machine /dev/kvm is a software-nested
+# KVM under which a guest kernel crawls. NANTRACE_VM_ACCEL=kvm uses KVM.
+set -euo pipefail
+K=$1 OUT=$2 TIMEOUT=$3
+HERE=$(cd "$(dirname "$0")" && pwd)
+R=$(mktemp -d "${TMPDIR:-/tmp}/ntvm-root.XXXXXX")
+trap 'rm -rf "$R"' EXIT
+mkdir -p "$R"/{bin,sbin,dev,proc,sys,tmp,mod}
+cp /bin/busybox "$R/bin/busybox"
+for a in $(/bin/busybox --list); do [ -e "$R/bin/$a" ] || ln -s busybox "$R/bin/$a"; done
+cp "$HERE/init.sh" "$R/init"; chmod +x "$R/init"
+cp "$K/modules.order" "$R/modules.order"
+[ -d "$K/mod" ] && cp "$K"/mod/*.ko "$R/mod/" 2>/dev/null || true
+(cd "$R" && find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) > "$OUT/initramfs.cpio"
+case ${NANTRACE_VM_ACCEL:-tcg} in
+  kvm) ACCEL=(-enable-kvm -cpu host,-arch-capabilities) ;;
+  *) ACCEL=(-accel tcg,thread=multi -cpu max) ;;
+esac
+rc=0
+timeout --foreground -k 5 "$TIMEOUT" qemu-system-x86_64 "${ACCEL[@]}" -smp "${NANTRACE_VM_SMP:-2}" -m "${NANTRACE_VM_MEM:-2048}" \
+  -nic none -nographic -no-reboot -kernel "$K/vmlinuz" -initrd "$OUT/initramfs.cpio" \
+  -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+  -virtfs local,path="$OUT",mount_tag=out,security_model=none,multidevs=remap \
+  -append "console=ttyS0 panic=-1 rdinit=/init quiet" </dev/null > "$OUT/serial.log" 2>&1 || rc=$?
+rm -f "$OUT/initramfs.cpio"
+exit $rc

@@ -1,0 +1,27 @@
+#!/bin/bash
+# Second stage in the guest (chrooted into the host's root, read-only; /tmp, /run and /root
+# are the guest's tmpfs; /mnt is the run's output directory). vm.env (written by xtask) gives
+# NT (the nantrace binary), REPO, TESTS ("path:name:suite_binary ...") and TEST_TIMEOUT;
+# args.NAME, when present, holds extra arguments for that test binary (--skip NAME ...).
+set -u
+O=/mnt
+. $O/vm.env
+export CI=true HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+uname -r > $O/uname
+ip link set lo up
+"$NT" doctor > $O/doctor.txt 2>&1; echo $? > $O/doctor.rc
+"$NT" doctor --json > $O/doctor.json 2> $O/doctor.err
+cd "$REPO/nantrace"
+for t in $TESTS; do
+  path=${t%%:*}; rest=${t#*:}; name=${rest%%:*}; bin=${rest#*:}
+  start=$(cut -d' ' -f1 /proc/uptime)
+  if [ "$path" = tracefs ]; then export NANTRACE_PROBE_PATH=tracefs; else unset NANTRACE_PROBE_PATH; fi
+  args=()
+  [ -f "$O/args.$name" ] && read -r -a args < "$O/args.$name"
+  timeout -k 10 "$TEST_TIMEOUT" "$bin" --test-threads=1 "${args[@]}" > "$O/test.$path.$name.log" 2>&1
+  echo $? > "$O/test.$path.$name.rc"
+  end=$(cut -d' ' -f1 /proc/uptime)
+  echo "$start $end" > "$O/test.$path.$name.time"
+done
+dmesg > $O/dmesg.txt 2>&1
+echo ok > $O/done
