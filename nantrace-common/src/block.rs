@@ -70,9 +70,12 @@ pub enum BlockStat {
     IssuerEvicted = 0,
     /// A completion whose device found no histogram slot.
     HistFull = 1,
+    /// A job's new request not remembered for its dispatch (`JOB_QUEUED` full): where a
+    /// kworker dispatches it, it is measured but not attributed to the job.
+    QueuedFull = 2,
 }
 
-pub const BLOCK_STATS: u32 = 2;
+pub const BLOCK_STATS: u32 = 3;
 
 /// A completed request that failed or was slower than the threshold. The header's pid/comm are
 /// those of the task that issued it (completion runs in interrupt context).

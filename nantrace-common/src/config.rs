@@ -20,9 +20,10 @@ pub struct TpOffsets {
     pub oom_score_adj: u32,
     pub bio_issue_dev: u32,
     pub bio_issue_sector: u32,
-    /// `block:block_rq_insert` (same event class as the issue on every kernel seen).
-    pub bio_insert_dev: u32,
-    pub bio_insert_sector: u32,
+    /// `block:block_getrq` (a request allocated for a bio, in the submitter's context): where
+    /// the tracefs path remembers the job's requests that a kworker may dispatch.
+    pub bio_getrq_dev: u32,
+    pub bio_getrq_sector: u32,
     pub bio_done_dev: u32,
     pub bio_done_sector: u32,
     pub bio_done_nr_sector: u32,
@@ -76,8 +77,8 @@ impl TpOffsets {
             oom_score_adj: MISSING,
             bio_issue_dev: MISSING,
             bio_issue_sector: MISSING,
-            bio_insert_dev: MISSING,
-            bio_insert_sector: MISSING,
+            bio_getrq_dev: MISSING,
+            bio_getrq_sector: MISSING,
             bio_done_dev: MISSING,
             bio_done_sector: MISSING,
             bio_done_nr_sector: MISSING,

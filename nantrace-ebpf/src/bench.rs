@@ -34,7 +34,7 @@ macro_rules! floor {
 floor!(floor_printk, "printk", "console");
 floor!(floor_aer, "ras", "aer_event");
 floor!(floor_oom, "oom", "mark_victim");
-floor!(floor_blk_insert, "block", "block_rq_insert");
+floor!(floor_blk_getrq, "block", "block_getrq");
 floor!(floor_blk_issue, "block", "block_rq_issue");
 floor!(floor_blk_done, "block", "block_rq_complete");
 floor!(floor_tcp, "tcp", "tcp_retransmit_skb");
@@ -173,11 +173,6 @@ mod micro {
 /// The floor of the `tp_btf` programs, on the same BTF tracepoints.
 mod btf_floor {
     use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
-
-    #[btf_tracepoint(function = "block_rq_insert")]
-    pub fn floor_insert_btf(_ctx: BtfTracePointContext) -> i32 {
-        0
-    }
 
     #[btf_tracepoint(function = "block_rq_issue")]
     pub fn floor_issue_btf(_ctx: BtfTracePointContext) -> i32 {

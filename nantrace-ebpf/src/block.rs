@@ -4,7 +4,7 @@
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{map, tracepoint},
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
     programs::TracePointContext,
 };
 use nantrace_common::{
@@ -20,11 +20,44 @@ use crate::{conf, count_drop, current_pid_tgid, is_job, EVENTS};
 #[map]
 static BIO_START: HashMap<BioKey, BioStart> = HashMap::with_max_entries(16384, 0);
 
-/// The job's queued requests (`block_rq_insert`), until a kworker dispatches them: an LRU,
-/// since a request merged into another after its insert never completes and would otherwise
-/// stay. Only the job's requests are inserted.
+/// The job's requests (`block_getrq`), until their dispatch. A plain hash, not an LRU (a 6.1
+/// guest locked up with an LRU here, under two writers on two loop devices): a request merged
+/// into another before its dispatch is never issued and stays, and when the map is full a
+/// new request is counted (`BlockStat::QueuedFull`), not remembered. Only the job's requests
+/// are inserted.
 #[map]
-static JOB_QUEUED: LruHashMap<BioKey, u32> = LruHashMap::with_max_entries(4096, 0);
+static JOB_QUEUED: HashMap<BioKey, u32> = HashMap::with_max_entries(8192, 0);
+
+/// About how many entries `JOB_QUEUED` holds, so the dispatch of a request outside the job
+/// looks it up only while the job has requests waiting.
+#[map]
+static QUEUED_PENDING: Array<u64> = Array::with_max_entries(1, 0);
+
+#[inline(always)]
+fn pending() -> Option<*mut u64> {
+    let p = QUEUED_PENDING.get_ptr_mut(0)?;
+    // SAFETY: a map value; a racy counter is a hint, not a count.
+    (unsafe { *p } != 0).then_some(p)
+}
+
+/// Whether the job has requests waiting to be dispatched (one array load).
+#[inline(always)]
+pub(crate) fn queued_any() -> bool {
+    pending().is_some()
+}
+
+/// The job's pid for the request at `k` made in the job (`block_getrq`), removed; `None`
+/// without a look when the job has no request waiting.
+#[inline(always)]
+pub(crate) fn queued_take(k: &BioKey) -> Option<u32> {
+    let p = pending()?;
+    // SAFETY: value copied out before the removal.
+    let pid = unsafe { JOB_QUEUED.get(k) }.copied()?;
+    let _ = JOB_QUEUED.remove(k);
+    // SAFETY: as in `pending`.
+    unsafe { *p = (*p).saturating_sub(1) };
+    Some(pid)
+}
 
 /// Per-device latency histograms, per CPU (see `BioHistSlot`).
 #[map]
@@ -65,19 +98,27 @@ fn key(ctx: &TracePointContext, dev_off: u32, sector_off: u32) -> Option<BioKey>
     Some(BioKey { dev, _pad: 0, sector })
 }
 
-/// `block:block_rq_insert`: a request queued to be dispatched later (an I/O scheduler, a
-/// plug flushed to a queue that runs from kblockd, as the loop driver on 5.10 and 6.1): the
-/// issue then runs in a kworker, so the job is remembered here, in the submitter's context.
-#[tracepoint(category = "block", name = "block_rq_insert")]
-pub fn block_rq_insert(ctx: TracePointContext) -> u32 {
+/// `block:block_getrq`: a request allocated for the job's bio, in the submitter's context.
+/// Its dispatch (`block_rq_issue`) can run in a kworker: kblockd runs the queue when a direct
+/// issue was refused or the plug was flushed asynchronously (a loop device on 5.10 and 6.1),
+/// so the job is remembered here, by device and start sector.
+#[tracepoint(category = "block", name = "block_getrq")]
+pub fn block_getrq(ctx: TracePointContext) -> u32 {
     let (tgid, _) = current_pid_tgid();
     if !is_job(tgid) {
         return 0;
     }
-    let Some(k) = key(&ctx, conf!(off.bio_insert_dev), conf!(off.bio_insert_sector)) else {
+    let Some(k) = key(&ctx, conf!(off.bio_getrq_dev), conf!(off.bio_getrq_sector)) else {
         return 0;
     };
-    let _ = JOB_QUEUED.insert(&k, &tgid, 0);
+    if JOB_QUEUED.insert(&k, &tgid, 0).is_ok() {
+        if let Some(p) = QUEUED_PENDING.get_ptr_mut(0) {
+            // SAFETY: as in `pending`.
+            unsafe { *p += 1 };
+        }
+    } else {
+        count_stat(BlockStat::QueuedFull);
+    }
     0
 }
 
@@ -88,15 +129,12 @@ pub fn block_rq_issue(ctx: TracePointContext) -> u32 {
     };
     let (mut tgid, _) = current_pid_tgid();
     // The job lookup is left to the completion, and only for requests that become events:
-    // the issue path runs for every request. A request the job queued (block_rq_insert) and
-    // a kworker dispatches keeps the job as its issuer: one more lookup, for requests issued
-    // outside the job only, on this path only (the BTF issue program needs none).
-    if !is_job(tgid) {
-        // SAFETY: value copied out before the removal.
-        if let Some(pid) = unsafe { JOB_QUEUED.get(&k) }.copied() {
-            let _ = JOB_QUEUED.remove(&k);
-            tgid = pid;
-        }
+    // the issue path runs for every request. A request the job made (block_getrq) and a
+    // kworker dispatches keeps the job as its issuer: one more lookup, only while the job has
+    // requests waiting.
+    match queued_take(&k) {
+        Some(pid) if !is_job(tgid) => tgid = pid,
+        _ => {}
     }
     let start = BioStart {
         // SAFETY: helper without arguments.

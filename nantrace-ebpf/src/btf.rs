@@ -42,25 +42,25 @@ pub(crate) fn load<T: Copy + Default>(base: *const u8, off: u32) -> T {
     unsafe { core::ptr::read_volatile(base.add(off as usize) as *const T) }
 }
 
-/// `block_rq_insert(struct request *rq)` (5.11+): the job's request remembered when it is
-/// queued, in the submitter's context; the dispatch (`blk_issue_btf`) may run in a kworker
-/// (kblockd), where the current task is not the job's.
-#[btf_tracepoint(function = "block_rq_insert")]
-pub fn blk_insert_btf(ctx: BtfTracePointContext) -> i32 {
-    let (tgid, _) = current_pid_tgid();
-    if !is_job(tgid) {
-        return 0;
-    }
-    issue_of_job(&ctx, tgid)
-}
-
 #[btf_tracepoint(function = "block_rq_issue")]
 pub fn blk_issue_btf(ctx: BtfTracePointContext) -> i32 {
     let (tgid, _) = current_pid_tgid();
     if !is_job(tgid) {
-        return 0;
+        // A request the job made (`block_getrq`, in its context) that a kworker (kblockd)
+        // dispatches: looked up only while the job has requests waiting.
+        return if crate::block::queued_any() { issue_queued(&ctx) } else { 0 };
     }
     issue_of_job(&ctx, tgid)
+}
+
+#[inline(never)]
+fn issue_queued(ctx: &BtfTracePointContext) -> i32 {
+    let rq: *const u8 = ctx.arg(0);
+    let k = nantrace_common::BioKey { dev: rq_dev(rq), _pad: 0, sector: load(rq, conf!(btf.rq_sector)) };
+    match crate::block::queued_take(&k) {
+        Some(pid) => issue_of_job(ctx, pid),
+        None => 0,
+    }
 }
 
 #[inline(never)]
@@ -75,6 +75,8 @@ fn issue_of_job(ctx: &BtfTracePointContext, tgid: u32) -> i32 {
     // SAFETY: helper without arguments.
     let ts_ns = if id.start == 0 { unsafe { bpf_ktime_get_ns() } } else { 0 };
     id.remember(tgid, ts_ns);
+    // Its entry from block_getrq is no longer needed (the job issued it itself).
+    let _ = crate::block::queued_take(&nantrace_common::BioKey { dev: id.dev, _pad: 0, sector: id.sector });
     0
 }
 

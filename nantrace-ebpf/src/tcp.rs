@@ -5,13 +5,11 @@ use nantrace_common::{EventKind, TcpRetransmitEvent, MISSING};
 use crate::{conf, count_drop, fill_header, EVENTS};
 
 const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
 
 #[tracepoint(category = "tcp", name = "tcp_retransmit_skb")]
 pub fn tcp_retransmit(ctx: TracePointContext) -> u32 {
     let fam_off = conf!(off.tcp_family);
-    if fam_off == MISSING {
-        return 0;
-    }
     let Some(mut entry) = EVENTS.reserve::<TcpRetransmitEvent>(0) else {
         count_drop(EventKind::TcpRetransmit);
         return 0;
@@ -20,7 +18,15 @@ pub fn tcp_retransmit(ctx: TracePointContext) -> u32 {
     // SAFETY: fresh reservation; field reads go through probe_read.
     unsafe {
         fill_header(&raw mut (*p).hdr, EventKind::TcpRetransmit);
-        let family = ctx.read_at::<u16>(fam_off as usize).unwrap_or(0);
+        // `family` is not in 5.10's record (the kernel matrix found it); there an IPv4
+        // socket's addresses are also stored v4-mapped (::ffff:a.b.c.d) in saddr_v6.
+        let family = if fam_off == MISSING {
+            let v6 = ctx.read_at::<[u8; 16]>(conf!(off.tcp_saddr_v6) as usize).unwrap_or([0; 16]);
+            let mapped = v6[..10].iter().all(|b| *b == 0) && v6[10] == 0xff && v6[11] == 0xff;
+            if mapped { AF_INET } else { AF_INET6 }
+        } else {
+            ctx.read_at::<u16>(fam_off as usize).unwrap_or(0)
+        };
         (*p).family = family;
         (*p)._pad = [0; 3];
         (*p).state = ctx.read_at::<i32>(conf!(off.tcp_state) as usize).unwrap_or(0);

@@ -6,7 +6,6 @@ use nantrace_common::{
     PrintkEvent, SignalEvent, TcpRetransmitEvent, FLAG_JOB, FLAG_TRUNCATED,
 };
 
-use crate::classify::classify;
 /// KiB per unit of the oom:mark_victim memory fields on this kernel (see
 /// `tracefs::Format::oom_kb_per_unit`); kB on every kernel that has the fields.
 static OOM_KB_PER_UNIT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -54,7 +53,7 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
             let n = (e.len as usize).min(e.msg.len());
             let text = cstr(&e.msg[..n]);
             let text = text.trim_end_matches('\n').to_string();
-            let class = classify(&text).map(Box::new);
+            let class = crate::classify::classify_record(&text, false).map(Box::new);
             let mut e = base(&h, Detail::Kmsg(Kmsg { text: text.into(), class }));
             if h.flags & FLAG_TRUNCATED != 0 {
                 e.set_kmsg_truncated();

@@ -124,7 +124,7 @@ pub fn to_event(r: &Record<'_>, offset_ns: i64) -> Event {
         }
         text = &text[..end];
     }
-    let class = crate::classify::classify(text).map(Box::new);
+    let class = crate::classify::classify_record(text, r.cont).map(Box::new);
     let mono = (r.ts_usec.saturating_mul(1000) as i64).saturating_add(offset_ns).max(0) as u64;
     let pid = r.caller_pid.unwrap_or(0);
     let mut e = Event::new(mono, pid, pid, Comm::NONE, false, Detail::Kmsg(Kmsg { text: text.into(), class }));
@@ -276,6 +276,28 @@ mod tests {
         let long = format!("4,1,2,-;{}", "é".repeat(600));
         let e = to_event(&parse_record(&long).unwrap(), 0);
         assert!(e.kmsg_truncated());
+    }
+
+    /// D-1 of the third adversarial test: a file name with a newline and a fake Xid, printed
+    /// by the kernel as the continuation of a segfault report, is never an Xid.
+    #[test]
+    fn a_forged_line_in_a_continuation_is_not_evidence() {
+        // /dev/kmsg on 6.x: merged into the segfault record, the newline escaped.
+        let merged = "4,9,100,-,caller=T77;x[77]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 4 in x\\x0aNVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.\\x0a[401000+1000]";
+        let e = to_event(&parse_record(merged).unwrap(), 0);
+        let Detail::Kmsg(k) = &e.detail else { panic!() };
+        assert!(!matches!(k.class.as_deref(), Some(crate::classify::KmsgClass::Xid { .. })), "{k:?}");
+        // An unmerged continuation record (the `c` flag of older kernels).
+        let cont = "4,10,100,c;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.";
+        let e = to_event(&parse_record(cont).unwrap(), 0);
+        let Detail::Kmsg(k) = &e.detail else { panic!() };
+        assert!(k.class.is_none(), "{k:?}");
+        // The probe's record of the continuation: ` in <name>`, with real newlines.
+        assert!(crate::classify::classify_record(" in x\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n[401000+1000]", false).is_none());
+        assert!(crate::classify::classify_record("[   15.330000]  in x\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", false).is_none());
+        // The kernel's own line still is one.
+        assert!(crate::classify::classify_record("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", false).is_some());
+        assert!(crate::classify::classify_record("[   15.330000] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", false).is_some());
     }
 
     #[test]

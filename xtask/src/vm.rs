@@ -220,7 +220,7 @@ fn run_kernel(k: &Kernel, dir: &Path, nt: &Path, bins: &BTreeMap<String, PathBuf
     std::fs::write(
         dir.join("vm.env"),
         format!(
-            "NT={}\nREPO={}\nTESTS=\"{}\"\nTEST_TIMEOUT=900\nexport NANTRACE_EXPECT_TRACEFS=\"{}\"\n",
+            "NT={}\nREPO={}\nTESTS=\"{}\"\nTEST_TIMEOUT=600\nexport NANTRACE_EXPECT_TRACEFS=\"{}\"\n",
             nt.display(),
             root().display(),
             tests.join(" "),
@@ -228,7 +228,7 @@ fn run_kernel(k: &Kernel, dir: &Path, nt: &Path, bins: &BTreeMap<String, PathBuf
         ),
     )?;
     let t0 = Instant::now();
-    let st = Command::new("bash").arg(root().join("scripts/vm/boot.sh")).arg(&kdir).arg(dir).arg("3000").status()?;
+    let st = Command::new("bash").arg(root().join("scripts/vm/boot.sh")).arg(&kdir).arg(dir).arg("1500").status()?;
     o.wall_s = t0.elapsed().as_secs_f64();
     if !st.success() {
         o.problems.push(format!("qemu: {st}"));

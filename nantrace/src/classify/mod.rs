@@ -295,6 +295,26 @@ fn aer_severity(s: &str) -> String {
 }
 
 /// Classify one kernel log record (it may hold several lines; the first match wins).
+/// A live kernel record (the probe's, or /dev/kmsg's), classified only when it is a line of
+/// its own: a continuation (`KERN_CONT`, e.g. the ` in <file name>[...]` the kernel appends
+/// to a segfault report, where the file name is the user's and may hold newlines and a whole
+/// fake `NVRM: Xid` line) belongs to the record it continues and is never evidence. The
+/// kernel's own lines start with a subsystem or driver name, never with a blank.
+/// `cont`: the record says it is a continuation (/dev/kmsg's `c` flag, older kernels).
+pub fn classify_record(text: &str, cont: bool) -> Option<KmsgClass> {
+    if cont || is_continuation(text) {
+        return None;
+    }
+    classify(text)
+}
+
+/// A record that starts with a blank, after a console timestamp (`[   15.330000] `, the
+/// shape of 5.10's printk:console records).
+fn is_continuation(text: &str) -> bool {
+    let t = text.strip_prefix('[').and_then(|r| r.split_once("] ")).filter(|(ts, _)| ts.trim().parse::<f64>().is_ok()).map_or(text, |(_, rest)| rest);
+    t.starts_with([' ', '\t', '\n'])
+}
+
 pub fn classify(text: &str) -> Option<KmsgClass> {
     let text = strip_prefixes(text);
     // Records that start with a process name: only what the kernel says after the name counts.

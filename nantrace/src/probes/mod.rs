@@ -75,7 +75,6 @@ const BLOCK_BTF: BtfNeeds = BtfNeeds::Block;
 /// `(q, rq)` before 5.11, and `block_rq_complete`'s error was an errno `int` on 5.15; those
 /// run on the tracefs path.
 pub const BTF_ARGS: &[(&str, &[&str])] = &[
-    ("block_rq_insert", &["struct request *"]),
     ("block_rq_issue", &["struct request *"]),
     ("block_rq_complete", &["struct request *", "blk_status_t", "unsigned int"]),
     ("sched_process_fork", &["struct task_struct *", "struct task_struct *"]),
@@ -95,7 +94,9 @@ pub const PROBES: &[ProbeSpec] = &[
     ProbeSpec { program: "printk_console", floor: "floor_printk", group: "printk", name: "console", what: "kernel log lines (Xid, AER text, OOM, link, MCE)", btf: None },
     ProbeSpec { program: "ras_aer_event", floor: "floor_aer", group: "ras", name: "aer_event", what: "decoded PCIe AER errors", btf: None },
     ProbeSpec { program: "oom_mark_victim", floor: "floor_oom", group: "oom", name: "mark_victim", what: "OOM killer victims", btf: None },
-    ProbeSpec { program: "block_rq_insert", floor: "floor_blk_insert", group: "block", name: "block_rq_insert", what: "who queued a block request (dispatched later, e.g. by kblockd)", btf: Some(BtfSpec { program: "blk_insert_btf", floor: "floor_insert_btf", needs: BLOCK_BTF }) },
+    // Who made a block request that a kworker (kblockd) may dispatch: the job's new requests,
+    // in the submitter's context, by device and sector, for both issue programs.
+    ProbeSpec { program: "block_getrq", floor: "floor_blk_getrq", group: "block", name: "block_getrq", what: "the job's new block requests (their dispatch may run in a kworker)", btf: None },
     ProbeSpec { program: "block_rq_issue", floor: "floor_blk_issue", group: "block", name: "block_rq_issue", what: "block request start", btf: Some(BtfSpec { program: "blk_issue_btf", floor: "floor_issue_btf", needs: BLOCK_BTF }) },
     ProbeSpec { program: "block_rq_done", floor: "floor_blk_done", group: "block", name: "block_rq_complete", what: "block latency, errors, slow requests", btf: Some(BtfSpec { program: "blk_done_btf", floor: "floor_done_btf", needs: BLOCK_BTF }) },
     ProbeSpec { program: "tcp_retransmit", floor: "floor_tcp", group: "tcp", name: "tcp_retransmit_skb", what: "TCP retransmits", btf: None },
@@ -521,11 +522,11 @@ impl Probes {
     /// the kernel skipped because the same program was already running on that CPU (a
     /// completion in hard irq interrupting one in soft irq: `recursion_misses`).
     pub fn block_losses(&self) -> BTreeMap<&'static str, u64> {
-        let mut out: BTreeMap<&'static str, u64> = [(BlockStat::IssuerEvicted, "job_requests_not_attributed"), (BlockStat::HistFull, "completions_not_in_histograms")]
+        let mut out: BTreeMap<&'static str, u64> = [(BlockStat::IssuerEvicted, "job_requests_not_attributed"), (BlockStat::HistFull, "completions_not_in_histograms"), (BlockStat::QueuedFull, "job_requests_not_remembered_for_dispatch")]
             .into_iter()
             .map(|(s, name)| (name, self.block_stats.get(&(s as u32), 0).map_or(0, |v| v.iter().sum())))
             .collect();
-        let nested = ["blk_insert_btf", "blk_issue_btf", "blk_done_btf", "block_rq_insert", "block_rq_issue", "block_rq_done"].iter().filter_map(|p| self.recursion_misses(p)).sum();
+        let nested = ["blk_issue_btf", "blk_done_btf", "block_getrq", "block_rq_issue", "block_rq_done"].iter().filter_map(|p| self.recursion_misses(p)).sum();
         out.insert("runs_skipped_nested", nested);
         out
     }

@@ -23,7 +23,7 @@ pub fn offsets(root: &Path) -> (TpOffsets, BTreeMap<String, String>) {
     let oom = fmt("oom", "mark_victim");
     crate::decode::set_oom_kb_per_unit(oom.oom_kb_per_unit());
     let issue = fmt("block", "block_rq_issue");
-    let insert = fmt("block", "block_rq_insert");
+    let getrq = fmt("block", "block_getrq");
     let done = fmt("block", "block_rq_complete");
     let tcp = fmt("tcp", "tcp_retransmit_skb");
     let fork = fmt("sched", "sched_process_fork");
@@ -45,8 +45,8 @@ pub fn offsets(root: &Path) -> (TpOffsets, BTreeMap<String, String>) {
         oom_score_adj: oom.offset("oom_score_adj"),
         bio_issue_dev: issue.offset("dev"),
         bio_issue_sector: issue.offset("sector"),
-        bio_insert_dev: insert.offset("dev"),
-        bio_insert_sector: insert.offset("sector"),
+        bio_getrq_dev: getrq.offset("dev"),
+        bio_getrq_sector: getrq.offset("sector"),
         bio_done_dev: done.offset("dev"),
         bio_done_sector: done.offset("sector"),
         bio_done_nr_sector: done.offset("nr_sector"),
@@ -196,7 +196,7 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
                 Err(e) => Err(e),
             }),
         ),
-        (BtfNeeds::Block, block.map(|_| ()).and_then(|()| args(&["block_rq_insert", "block_rq_issue", "block_rq_complete"]))),
+        (BtfNeeds::Block, block.map(|_| ()).and_then(|()| args(&["block_rq_issue", "block_rq_complete"]))),
         (BtfNeeds::Signal, signal.map(|_| ()).and_then(|()| args(&["signal_generate"]))),
     ]
     .into_iter()
