@@ -18,8 +18,15 @@ for t in $TESTS; do
   if [ "$path" = tracefs ]; then export NANTRACE_PROBE_PATH=tracefs; else unset NANTRACE_PROBE_PATH; fi
   args=()
   [ -f "$O/args.$name" ] && read -r -a args < "$O/args.$name"
+  # Shortly before the timeout: what every process waits on and the kernel stacks of all
+  # but the kernel's threads, so a hang leaves its evidence.
+  ( sleep $((TEST_TIMEOUT - 15)); { ps -eo pid,ppid,stat,wchan:32,etime,args | grep -v ' \[.*\]$'; for p in $(ps -eo pid=,ppid= | awk '$2 != 2 && $1 != 2 {print $1}'); do echo "== $p $(cat /proc/$p/comm 2>/dev/null)"; cat /proc/$p/stack 2>/dev/null; done; dmesg | tail -60; } > "$O/test.$path.$name.hang" 2>&1 ) &
+  snap=$!
   timeout -k 10 "$TEST_TIMEOUT" "$bin" --test-threads=1 "${args[@]}" > "$O/test.$path.$name.log" 2>&1
-  echo $? > "$O/test.$path.$name.rc"
+  rc=$?
+  kill $snap 2>/dev/null; wait $snap 2>/dev/null
+  [ $rc = 124 ] || [ $rc = 137 ] || rm -f "$O/test.$path.$name.hang"
+  echo $rc > "$O/test.$path.$name.rc"
   end=$(cut -d' ' -f1 /proc/uptime)
   echo "$start $end" > "$O/test.$path.$name.time"
 done

@@ -1,7 +1,7 @@
 //! `cargo xtask vm-test`: the kernel matrix. Boots each kernel of [`KERNELS`] (Debian's own
 //! packages, cached) in QEMU and runs inside it `nantrace doctor` and the kernel integration
-//! tests (`kernel_membership`, `kernel_events`, `incident` on the BTF path; the first two again
-//! on the tracefs fallback), with the very binaries built here: the guest mounts the host's
+//! tests (`kernel_log`, `kernel_membership`, `kernel_events`, `incident` on the BTF path;
+//! `kernel_membership` and `kernel_events` again on the tracefs fallback), with the very binaries built here: the guest mounts the host's
 //! root read-only over 9p (scripts/vm/). Prints a table per kernel and fails when a test
 //! fails or a kernel differs from what [`KERNELS`] says it can do (which probes run on the
 //! tracefs path and why, where the kernel log comes from).
@@ -58,7 +58,14 @@ const HOST_ONLY: &[(&str, &str)] = &[
 ];
 
 /// Test suites run in the guest: (path, test target).
-const SUITES: &[(&str, &str)] = &[("btf", "kernel_membership"), ("btf", "kernel_events"), ("btf", "incident"), ("tracefs", "kernel_membership"), ("tracefs", "kernel_events")];
+const SUITES: &[(&str, &str)] = &[
+    ("btf", "kernel_log"),
+    ("btf", "kernel_membership"),
+    ("btf", "kernel_events"),
+    ("btf", "incident"),
+    ("tracefs", "kernel_membership"),
+    ("tracefs", "kernel_events"),
+];
 
 pub struct Args {
     pub kernels: Option<String>,
@@ -220,7 +227,7 @@ fn run_kernel(k: &Kernel, dir: &Path, nt: &Path, bins: &BTreeMap<String, PathBuf
     std::fs::write(
         dir.join("vm.env"),
         format!(
-            "NT={}\nREPO={}\nTESTS=\"{}\"\nTEST_TIMEOUT=600\nexport NANTRACE_EXPECT_TRACEFS=\"{}\"\n",
+            "NT={}\nREPO={}\nTESTS=\"{}\"\nTEST_TIMEOUT=360\nexport NANTRACE_EXPECT_TRACEFS=\"{}\"\n",
             nt.display(),
             root().display(),
             tests.join(" "),
@@ -338,7 +345,7 @@ pub fn vm_test(args: &Args, nt: &Path) -> Result<()> {
         }
         None => KERNELS.iter().collect(),
     };
-    let bins = test_binaries(&["kernel_membership", "kernel_events", "incident"])?;
+    let bins = test_binaries(&["kernel_log", "kernel_membership", "kernel_events", "incident"])?;
     let base = root().join("target/vm").join(now_utc().replace([' ', ':'], "-"));
     let t0 = Instant::now();
     let mut rows = Vec::new();
