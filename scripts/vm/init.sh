@@ -17,6 +17,13 @@ mkdir -p $H
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288,cache=loose hostroot $H || { echo "NTVM: FAILED to mount the host's root"; poweroff -f; }
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 out $H/mnt || { echo "NTVM: FAILED to mount the output directory"; poweroff -f; }
 echo "$UP" > $H/mnt/boot_to_init_s
+# A checkout under a directory the guest covers with a tmpfs below (CI may clone into /tmp):
+# a second view of the host's root is kept (a bind, before the tmpfs covers it), and the
+# checkout is bound back in place from there, read-only as the rest.
+REPO=$(sed -n 's/^REPO=//p' $H/mnt/vm.env)
+case $REPO in
+  /tmp/*|/run/*|/root/*|/var/tmp/*|/var/lib/*) mkdir -p /hostro && mount --bind $H /hostro || echo "NTVM: FAILED to keep a view of $REPO" ;;
+esac
 mount -t proc proc $H/proc
 mount -t sysfs sysfs $H/sys
 mount -t devtmpfs devtmpfs $H/dev
@@ -28,6 +35,9 @@ mount -t tmpfs tmpfs $H/run
 mount -t tmpfs tmpfs $H/root
 mount -t tmpfs tmpfs $H/var/tmp
 mount -t tmpfs tmpfs $H/var/lib 2>/dev/null
+if [ -d /hostro ]; then
+  mkdir -p $H$REPO && mount --bind /hostro$REPO $H$REPO || echo "NTVM: FAILED to bind the checkout $REPO"
+fi
 mount -t tracefs tracefs $H/sys/kernel/tracing 2>/dev/null
 mount -t debugfs debugfs $H/sys/kernel/debug 2>/dev/null
 mount -t bpf bpf $H/sys/fs/bpf 2>/dev/null
