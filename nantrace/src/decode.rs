@@ -152,7 +152,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<ExitEvent>(), 56);
         assert_eq!(std::mem::size_of::<SignalEvent>(), 72);
         assert_eq!(std::mem::size_of::<AerEvent>(), 104);
-        assert_eq!(std::mem::size_of::<Config>(), 24 + 4 * 45 + 4 * 23);
+        assert_eq!(std::mem::size_of::<Config>(), 24 + 4 * 47 + 4 * 25);
         assert_eq!(std::mem::size_of::<nantrace_common::BioHistSlot>(), 8 + 8 * nantrace_common::BIO_HIST_BUCKETS as usize);
         assert_eq!(std::mem::size_of::<nantrace_common::BioIssuer>(), 40);
     }
