@@ -49,6 +49,7 @@ list=$(dpkg-deb --fsys-tarfile "$deb" | tar -t)
 if ! grep -qE '^\./(boot/vmlinuz-|usr/lib/modules/[^/]+/vmlinuz$)' <<<"$list"; then
   # 7.x packaging: the image and modules are in linux-binary-<abi>
   bin=$(dpkg-deb -f "$deb" Depends | tr ',' '\n' | grep -oE 'linux-binary-[^ ]+' | head -1 || true)
+  modpkg=$(dpkg-deb -f "$deb" Depends | tr ',' '\n' | grep -oE 'linux-modules-[^ ]+' | head -1 || true)
   [ -n "$bin" ] || { echo "fetch-kernel: $LABEL: no vmlinuz in $deb" >&2; exit 1; }
   rm -f "$deb"
   (cd "$CACHE/debs" && apt-get "${APT[@]}" download "$bin=$ver" >"$CACHE/apt-download.log" 2>&1) || { cat "$CACHE/apt-download.log" >&2; exit 1; }
@@ -56,10 +57,22 @@ if ! grep -qE '^\./(boot/vmlinuz-|usr/lib/modules/[^/]+/vmlinuz$)' <<<"$list"; t
   list=$(dpkg-deb --fsys-tarfile "$deb" | tar -t)
 fi
 img=$(grep -m1 -E '^\./(boot/vmlinuz-[^/]+|usr/lib/modules/[^/]+/vmlinuz)$' <<<"$list")
-mdir=$(grep -m1 -oE '^\./(usr/)?lib/modules/[^/]+/' <<<"$list" || true)
 cfg=$(grep -m1 -E '^\./boot/config-' <<<"$list" || true)
 T=$(mktemp -d "$CACHE/x.XXXXXX")
-dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$T" "$img" ${cfg:+"$cfg"} ${mdir:+"${mdir}kernel"} ${mdir:+--wildcards "${mdir}modules.*"}
+dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$T" "$img" ${cfg:+"$cfg"}
+# The modules: in the image's package, or (7.x) in linux-modules-<abi>.
+mdeb=$deb
+if ! grep -qE '^\./(usr/)?lib/modules/[^/]+/kernel/' <<<"$list" && [ -n "${modpkg:-}" ]; then
+  (cd "$CACHE/debs" && apt-get "${APT[@]}" download "$modpkg=$ver" >"$CACHE/apt-download.log" 2>&1) || { cat "$CACHE/apt-download.log" >&2; exit 1; }
+  mdeb=$(ls "$CACHE"/debs/"${modpkg}"_*.deb | head -1)
+  list=$(dpkg-deb --fsys-tarfile "$mdeb" | tar -t)
+fi
+mdir=$(grep -m1 -oE '^\./(usr/)?lib/modules/[^/]+/kernel/' <<<"$list" || true)
+mdir=${mdir%kernel/}
+if [ -n "$mdir" ]; then
+  dpkg-deb --fsys-tarfile "$mdeb" | tar -x -C "$T" "${mdir}kernel"
+  dpkg-deb --fsys-tarfile "$mdeb" | tar -x -C "$T" --wildcards "${mdir}modules.*" 2>/dev/null || true
+fi
 mv "$T/$img" "$DIR/vmlinuz"
 [ -n "$cfg" ] && mv "$T/$cfg" "$DIR/config"
 : > "$DIR/modules.order"
@@ -100,6 +113,6 @@ if [ -n "$dep" ]; then
     done
   fi
 fi
-rm -rf "$T" "$deb"
+rm -rf "$T" "$deb" "$mdeb"
 echo "$pkg $ver" > "$DIR/package"
 echo "$key" > "$DIR/key"

@@ -55,6 +55,11 @@ const MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "loop", "veth", "
 const HOST_ONLY: &[(&str, &str)] = &[
     ("incident", "attach_follows_rotation_and_truncation"),
     ("incident", "trigger_file_and_sigusr1_each_give_a_bundle"),
+    // Not a --no-probes test, but it hung in guests now and then (5.10 twice, 7.3 once on
+    // 2026-12-01): the test and `nantrace watch` both waiting on a futex after the job
+    // ended, no process in D state, the kernel fine (the snapshot guest.sh takes). Until that
+    // userspace hang is found, it runs on the host only; the other block tests run here.
+    ("kernel_events", "writes_past_a_full_backing_store_give_block_errors"),
 ];
 
 /// Test suites run in the guest: (path, test target).
