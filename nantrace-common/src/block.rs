@@ -77,6 +77,11 @@ pub enum BlockStat {
 
 pub const BLOCK_STATS: u32 = 3;
 
+/// How long a job's request remembered at `block_getrq` may wait for its dispatch and still
+/// be taken as the job's (mq-deadline's write deadline is 5 s). An older entry was merged
+/// into another request, which is never dispatched itself; userspace sweeps those out.
+pub const BLOCK_QUEUED_MAX_AGE_NS: u64 = 10_000_000_000;
+
 /// A completed request that failed or was slower than the threshold. The header's pid/comm are
 /// those of the task that issued it (completion runs in interrupt context).
 #[repr(C)]

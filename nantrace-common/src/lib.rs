@@ -15,7 +15,7 @@ pub mod aer;
 
 pub use aer::AerEvent;
 pub use block::{
-    BioHistSlot, BioIssuer, BioKey, BioStart, BlockEvent, BlockStat, BIO_HIST_BUCKETS, BIO_HIST_PROBES, BIO_HIST_SLOTS, BIO_ISSUER_SLOTS, BLOCK_STATS,
+    BioHistSlot, BioIssuer, BioKey, BioStart, BlockEvent, BlockStat, BIO_HIST_BUCKETS, BIO_HIST_PROBES, BIO_HIST_SLOTS, BIO_ISSUER_SLOTS, BLOCK_QUEUED_MAX_AGE_NS, BLOCK_STATS,
 };
 pub use config::{BtfOffsets, Config, TpOffsets, MISSING};
 pub use oom::OomEvent;
@@ -121,4 +121,6 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::BioHistSlot {}
     unsafe impl aya::Pod for super::ExitInfo {}
+    unsafe impl aya::Pod for super::BioKey {}
+    unsafe impl aya::Pod for super::BioStart {}
 }

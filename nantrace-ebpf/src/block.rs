@@ -20,43 +20,70 @@ use crate::{conf, count_drop, current_pid_tgid, is_job, EVENTS};
 #[map]
 static BIO_START: HashMap<BioKey, BioStart> = HashMap::with_max_entries(16384, 0);
 
-/// The job's requests (`block_getrq`), until their dispatch. A plain hash, not an LRU (a 6.1
-/// guest locked up with an LRU here, under two writers on two loop devices): a request merged
-/// into another before its dispatch is never issued and stays, and when the map is full a
-/// new request is counted (`BlockStat::QueuedFull`), not remembered. Only the job's requests
-/// are inserted.
+/// The job's requests (`block_getrq`), until their dispatch: the job's pid and the time it
+/// was remembered. A plain hash, not an LRU (a 6.1 guest locked up with an LRU here, under
+/// two writers on two loop devices). A request merged into another before its dispatch is
+/// never issued and its entry stays: an entry older than `QUEUED_MAX_AGE_NS` is never taken
+/// as the job's (another process's later request at the same device and sector stays its
+/// own), and userspace sweeps such entries out (`Probes::sweep_block_queue`). When the map is
+/// full a new request is counted (`BlockStat::QueuedFull`), not remembered. Only the job's
+/// requests are inserted.
 #[map]
-static JOB_QUEUED: HashMap<BioKey, u32> = HashMap::with_max_entries(8192, 0);
+static JOB_QUEUED: HashMap<BioKey, BioStart> = HashMap::with_max_entries(8192, 0);
 
-/// About how many entries `JOB_QUEUED` holds, so the dispatch of a request outside the job
-/// looks it up only while the job has requests waiting.
+/// How long a request remembered at `block_getrq` may wait for its dispatch and still be the
+/// job's: mq-deadline's write deadline is 5 s; a request older than this was merged away.
+pub const QUEUED_MAX_AGE_NS: u64 = nantrace_common::BLOCK_QUEUED_MAX_AGE_NS;
+
+/// The time of the job's last `block_getrq` (0: never), so the dispatch of a request outside
+/// the job looks `JOB_QUEUED` up only within `QUEUED_MAX_AGE_NS` of one. A time, not a count:
+/// every writer stores a recent time, so a race loses nothing (a count of entries could be
+/// undercounted to zero by racing increments and decrements, and then skip the lookup of a
+/// request that is there).
 #[map]
-static QUEUED_PENDING: Array<u64> = Array::with_max_entries(1, 0);
+static QUEUED_LAST: Array<u64> = Array::with_max_entries(1, 0);
 
+/// Whether the job made a request recently enough that one may be waiting for dispatch.
 #[inline(always)]
-fn pending() -> Option<*mut u64> {
-    let p = QUEUED_PENDING.get_ptr_mut(0)?;
-    // SAFETY: a map value; a racy counter is a hint, not a count.
-    (unsafe { *p } != 0).then_some(p)
+pub(crate) fn queued_recent(now: u64) -> bool {
+    // SAFETY: an aligned u64 of a map value, written whole.
+    QUEUED_LAST.get_ptr(0).is_some_and(|p| {
+        let last = unsafe { core::ptr::read_volatile(p) };
+        last != 0 && now.wrapping_sub(last) < QUEUED_MAX_AGE_NS
+    })
 }
 
-/// Whether the job has requests waiting to be dispatched (one array load).
+/// `Some(now)` when the job made a request within `QUEUED_MAX_AGE_NS` (the clock is read only
+/// once the job has made one at all: the BTF issue path of every other request on the node
+/// stays one array load).
 #[inline(always)]
-pub(crate) fn queued_any() -> bool {
-    pending().is_some()
+pub(crate) fn queued_window() -> Option<u64> {
+    let p = QUEUED_LAST.get_ptr(0)?;
+    // SAFETY: as in `queued_recent`.
+    if unsafe { core::ptr::read_volatile(p) } == 0 {
+        return None;
+    }
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    queued_recent(now).then_some(now)
 }
 
-/// The job's pid for the request at `k` made in the job (`block_getrq`), removed; `None`
-/// without a look when the job has no request waiting.
+/// Forget the job's request at `k` (the job issued it itself), while any may be waiting.
 #[inline(always)]
-pub(crate) fn queued_take(k: &BioKey) -> Option<u32> {
-    let p = pending()?;
+pub(crate) fn queued_forget(k: &BioKey) {
+    if QUEUED_LAST.get_ptr(0).is_some_and(|p| unsafe { core::ptr::read_volatile(p) } != 0) {
+        let _ = JOB_QUEUED.remove(k);
+    }
+}
+
+/// The job's pid for the request at `k` made in the job (`block_getrq`) and not older than
+/// `QUEUED_MAX_AGE_NS`; the entry is removed either way.
+#[inline(always)]
+pub(crate) fn queued_take(k: &BioKey, now: u64) -> Option<u32> {
     // SAFETY: value copied out before the removal.
-    let pid = unsafe { JOB_QUEUED.get(k) }.copied()?;
+    let q = unsafe { JOB_QUEUED.get(k) }.copied()?;
     let _ = JOB_QUEUED.remove(k);
-    // SAFETY: as in `pending`.
-    unsafe { *p = (*p).saturating_sub(1) };
-    Some(pid)
+    (now.wrapping_sub(q.ts_ns) < QUEUED_MAX_AGE_NS).then_some(q.pid)
 }
 
 /// Per-device latency histograms, per CPU (see `BioHistSlot`).
@@ -111,10 +138,13 @@ pub fn block_getrq(ctx: TracePointContext) -> u32 {
     let Some(k) = key(&ctx, conf!(off.bio_getrq_dev), conf!(off.bio_getrq_sector)) else {
         return 0;
     };
-    if JOB_QUEUED.insert(&k, &tgid, 0).is_ok() {
-        if let Some(p) = QUEUED_PENDING.get_ptr_mut(0) {
-            // SAFETY: as in `pending`.
-            unsafe { *p += 1 };
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // An older entry at the same key (a request merged away) is replaced.
+    if JOB_QUEUED.insert(&k, &BioStart { ts_ns: now, pid: tgid, _pad: 0 }, 0).is_ok() {
+        if let Some(p) = QUEUED_LAST.get_ptr_mut(0) {
+            // SAFETY: an aligned u64 of a map value; every writer stores a recent time.
+            unsafe { core::ptr::write_volatile(p, now) };
         }
     } else {
         count_stat(BlockStat::QueuedFull);
@@ -128,20 +158,19 @@ pub fn block_rq_issue(ctx: TracePointContext) -> u32 {
         return 0;
     };
     let (mut tgid, _) = current_pid_tgid();
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
     // The job lookup is left to the completion, and only for requests that become events:
     // the issue path runs for every request. A request the job made (block_getrq) and a
-    // kworker dispatches keeps the job as its issuer: one more lookup, only while the job has
-    // requests waiting.
-    match queued_take(&k) {
-        Some(pid) if !is_job(tgid) => tgid = pid,
-        _ => {}
+    // kworker dispatches keeps the job as its issuer: one more lookup, only within
+    // QUEUED_MAX_AGE_NS of the job's last request.
+    if queued_recent(now) {
+        match queued_take(&k, now) {
+            Some(pid) if !is_job(tgid) => tgid = pid,
+            _ => {}
+        }
     }
-    let start = BioStart {
-        // SAFETY: helper without arguments.
-        ts_ns: unsafe { bpf_ktime_get_ns() },
-        pid: tgid,
-        _pad: 0,
-    };
+    let start = BioStart { ts_ns: now, pid: tgid, _pad: 0 };
     let _ = BIO_START.insert(&k, &start, 0);
     0
 }

@@ -48,16 +48,19 @@ pub fn blk_issue_btf(ctx: BtfTracePointContext) -> i32 {
     if !is_job(tgid) {
         // A request the job made (`block_getrq`, in its context) that a kworker (kblockd)
         // dispatches: looked up only while the job has requests waiting.
-        return if crate::block::queued_any() { issue_queued(&ctx) } else { 0 };
+        return match crate::block::queued_window() {
+            Some(now) => issue_queued(&ctx, now),
+            None => 0,
+        };
     }
     issue_of_job(&ctx, tgid)
 }
 
 #[inline(never)]
-fn issue_queued(ctx: &BtfTracePointContext) -> i32 {
+fn issue_queued(ctx: &BtfTracePointContext, now: u64) -> i32 {
     let rq: *const u8 = ctx.arg(0);
     let k = nantrace_common::BioKey { dev: rq_dev(rq), _pad: 0, sector: load(rq, conf!(btf.rq_sector)) };
-    match crate::block::queued_take(&k) {
+    match crate::block::queued_take(&k, now) {
         Some(pid) => issue_of_job(ctx, pid),
         None => 0,
     }
@@ -76,7 +79,7 @@ fn issue_of_job(ctx: &BtfTracePointContext, tgid: u32) -> i32 {
     let ts_ns = if id.start == 0 { unsafe { bpf_ktime_get_ns() } } else { 0 };
     id.remember(tgid, ts_ns);
     // Its entry from block_getrq is no longer needed (the job issued it itself).
-    let _ = crate::block::queued_take(&nantrace_common::BioKey { dev: id.dev, _pad: 0, sector: id.sector });
+    crate::block::queued_forget(&nantrace_common::BioKey { dev: id.dev, _pad: 0, sector: id.sector });
     0
 }
 

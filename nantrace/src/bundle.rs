@@ -156,14 +156,26 @@ pub fn timeline(inc: &Incident) -> Value {
 /// timeline.json, streamed: the head pretty, then one event per line (compact, greppable,
 /// and never the whole window as one JSON tree in memory).
 fn write_timeline(w: &mut dyn std::io::Write, inc: &Incident, head: &Value) -> std::io::Result<()> {
+    write_timeline_with(w, head, inc.events.len(), &mut |i, w| serde_json::to_writer(w, &event_json(inc, inc.events[i])).map_err(std::io::Error::from))
+}
+
+/// timeline.json in nantrace's layout: the head pretty-printed, then `"events"` with one event
+/// per line (what [`load`] reads line by line). `head` has no `events`; `event(i, w)` writes
+/// the i-th of `n`.
+pub fn write_timeline_with(w: &mut dyn std::io::Write, head: &Value, n: usize, event: &mut dyn FnMut(usize, &mut dyn std::io::Write) -> std::io::Result<()>) -> std::io::Result<()> {
     let mut h = serde_json::to_vec_pretty(head)?;
-    h.truncate(h.len().saturating_sub(2)); // reopen the object: drop "\n}"
+    if h.ends_with(b"{}") {
+        h.truncate(h.len() - 1); // an empty head: "{"
+    } else {
+        h.truncate(h.len().saturating_sub(2)); // reopen the object: drop "\n}"
+        h.push(b',');
+    }
     w.write_all(&h)?;
-    w.write_all(b",\n  \"events\": [\n")?;
-    for (i, e) in inc.events.iter().enumerate() {
+    w.write_all(b"\n  \"events\": [\n")?;
+    for i in 0..n {
         w.write_all(b"    ")?;
-        serde_json::to_writer(&mut *w, &event_json(inc, e))?;
-        w.write_all(if i + 1 < inc.events.len() { b",\n" } else { b"\n" })?;
+        event(i, &mut *w)?;
+        w.write_all(if i + 1 < n { b",\n" } else { b"\n" })?;
     }
     w.write_all(b"  ]\n}\n")
 }
@@ -343,82 +355,5 @@ pub fn write(out: &Path, inc: &Incident, snapshot: &Value) -> std::io::Result<Wr
     Ok(Written { dir: out.join(&name), written, failures, analysis })
 }
 
-/// The rank of an event read back from timeline.json (as [`digest_rank`] for typed events).
-fn json_rank(e: &Value) -> u8 {
-    let flagged = |k: &str| !e[k].is_null() && e[k] != false;
-    match e["source"].as_str().unwrap_or("") {
-        "log" if flagged("nonfinite") || flagged("overflow") || flagged("fault") || flagged("loss_scale") => 0,
-        "log" if flagged("loss") => 2,
-        "log" => 9,
-        "fork" | "exec" | "block" | "tcp_retransmit" => 3,
-        "exit" if e["exit_code"].as_i64() == Some(0) && e["signal"].is_null() => 3,
-        "kmsg" if e["class"].is_null() => 3,
-        _ => 1,
-    }
-}
-
-/// A bundle read back for `report` and `merge`: its timeline (bounded: at most [`DIGEST_MAX`]
-/// events, as at the dump; what was left out is counted in `accounting.digest`) and snapshot.
-/// timeline.json as nantrace writes it (one event per line) is read line by line, so a 200 MB
-/// timeline never becomes one JSON tree; any other layout is parsed whole.
-pub fn load(dir: &Path) -> anyhow::Result<(Value, Value)> {
-    use anyhow::Context as _;
-    use std::io::BufRead as _;
-    let path = dir.join("timeline.json");
-    let f = fs::File::open(&path).with_context(|| format!("{}", path.display()))?;
-    let mut head = String::new();
-    let mut events: Vec<(u8, usize, Value)> = Vec::new();
-    let (mut total, mut plain, mut in_events, mut streamed) = (0usize, 0usize, false, false);
-    for line in std::io::BufReader::new(f).lines() {
-        let line = line.with_context(|| format!("reading {}", path.display()))?;
-        if !in_events {
-            if line == "  \"events\": [" {
-                in_events = true;
-                streamed = true;
-                head.truncate(head.trim_end().trim_end_matches(',').len());
-                head.push_str("\n}");
-            } else {
-                head.push_str(&line);
-                head.push('\n');
-            }
-            continue;
-        }
-        let l = line.trim().trim_end_matches(',');
-        if l == "]" || l.is_empty() {
-            break;
-        }
-        let e: Value = serde_json::from_str(l).with_context(|| format!("{}: event {total} is not valid JSON", path.display()))?;
-        total += 1;
-        let r = json_rank(&e);
-        if r >= 9 {
-            plain += 1;
-            continue;
-        }
-        events.push((r, total, e));
-        if events.len() >= 4 * DIGEST_MAX {
-            // Keep the most important (and the latest of equal rank): memory stays bounded.
-            events.sort_by_key(|x| (x.0, std::cmp::Reverse(x.1)));
-            events.truncate(DIGEST_MAX);
-        }
-    }
-    let mut t: Value = if streamed {
-        serde_json::from_str(&head).context("timeline.json is not valid JSON")?
-    } else {
-        serde_json::from_slice(&fs::read(&path)?).context("timeline.json is not valid JSON")?
-    };
-    if streamed {
-        let over = events.len().saturating_sub(DIGEST_MAX);
-        if events.len() > DIGEST_MAX {
-            events.sort_by_key(|x| (x.0, std::cmp::Reverse(x.1)));
-            events.truncate(DIGEST_MAX);
-        }
-        events.sort_by_key(|x| x.1);
-        let analysed = events.len();
-        t["events"] = Value::Array(events.into_iter().map(|x| x.2).collect());
-        if t["accounting"].is_object() {
-            t["accounting"]["digest"] = json!({ "events": total, "analysed": analysed, "plain_log_lines_not_analysed": plain, "over_the_cap_not_analysed": over });
-        }
-    }
-    let snapshot = fs::read(dir.join("snapshot.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Value::Null);
-    Ok((t, snapshot))
-}
+mod load;
+pub use load::{load, open_plain, WHOLE_TIMELINE_MAX};

@@ -23,6 +23,7 @@ pub mod source;
 pub mod trigger;
 pub mod demo;
 pub mod merge;
+pub mod jobreport;
 pub mod report;
 pub mod benchkit;
 pub mod safefs;

@@ -162,12 +162,18 @@ enum Cmd {
         #[arg(long, default_value_t = 50.0, value_parser = secs(0.0, 600_000.0))]
         slow_io_ms: f64,
     },
-    /// Answer "was it the machine?" for a bundle: ranked suspects, what was checked, the facts
+    /// Answer "was it the machine?" for a bundle: ranked suspects, what was checked, the facts.
+    /// Given a directory of node bundles (a job's incident directory, or bundles gathered by
+    /// hand), the job report: which node, GPU or link, each node's verdict, the peers compared
     Report {
         bundle: PathBuf,
-        /// Also rewrite report.md/.txt, trace.json and report.html in the bundle
+        /// Also rewrite report.md/.txt, trace.json and report.html in the bundle (a job
+        /// directory: job-report.md, job-report.json and trace.json in it)
         #[arg(long)]
         write: bool,
+        /// The job report as JSON on stdout
+        #[arg(long)]
+        json: bool,
     },
     /// Merge node bundles of one job into one timeline, trace and report, on one clock
     Merge {
@@ -404,7 +410,23 @@ fn main() -> anyhow::Result<()> {
             runtime()?.block_on(nantrace::watch::run(nantrace::watch::WatchArgs { pids, duration, json, slow_io_ms }))?;
             0
         }
-        Cmd::Report { bundle, write } => {
+        Cmd::Report { bundle, write, json } if json || nantrace::jobreport::is_job_dir(&bundle) => {
+            let (r, merged, nodes) = nantrace::jobreport::from_dir(&bundle)?;
+            let md = nantrace::jobreport::markdown(&r);
+            if json {
+                sayout!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                nantrace::term::print_out(&nantrace::term::clean_lines(&md));
+            }
+            if write {
+                let dir = nantrace::safefs::Dir::open_private(&bundle).with_context(|| format!("report --write {}", bundle.display()))?;
+                dir.replace("job-report.md", md.as_bytes())?;
+                dir.replace("job-report.json", &serde_json::to_vec_pretty(&r)?)?;
+                dir.replace("trace.json", &serde_json::to_vec(&nantrace::merge::trace(&merged, &nodes))?)?;
+            }
+            0
+        }
+        Cmd::Report { bundle, write, .. } => {
             let (a, t, snap) = nantrace::report::for_bundle(&bundle)?;
             nantrace::term::print_out(&nantrace::term::clean_lines(&nantrace::report::markdown(&a, &t)));
             if write {
@@ -423,7 +445,7 @@ fn main() -> anyhow::Result<()> {
             let snap = nodes[0].snapshot.clone();
             let a = nantrace::report::analyze(&merged, &snap);
             let dir = merge_out_dir(&out, &bundles)?;
-            dir.replace("timeline.json", &serde_json::to_vec_pretty(&merged)?)?;
+            dir.replace("timeline.json", &nantrace::merge::timeline_bytes(&merged)?)?;
             dir.replace("trace.json", &serde_json::to_vec(&trace)?)?;
             let md = nantrace::report::markdown(&a, &merged);
             dir.replace("report.md", md.as_bytes())?;
@@ -484,7 +506,7 @@ fn main() -> anyhow::Result<()> {
                 "floor" => b::floor(go.as_deref())?,
                 "microcost" => b::microcost(n)?,
                 "membership" => b::membership(n, &dir)?,
-                "leader-exit" | "thread-exec" | "thread-exit-last" => b::test_job(&what, &dir),
+                "leader-exit" | "thread-exec" | "thread-exit-last" | "threads-exit-together" => b::test_job(&what, &dir),
                 "nvml-cost" | "cuda-steps" => b::gpu(&what, seconds, n),
                 "synth" => runtime()?.block_on(b::synth(rate, seconds, burst, threads))?,
                 "synth-gen" => b::synth_gen(rate, seconds, burst, threads, go.as_deref()),

@@ -130,6 +130,17 @@ pub fn merge(nodes: &mut [Node]) -> Value {
     })
 }
 
+/// The merged timeline as nantrace writes every timeline.json (one event per line), so
+/// `nantrace report` reads it back line by line like a node's.
+pub fn timeline_bytes(merged: &Value) -> std::io::Result<Vec<u8>> {
+    let mut head = merged.clone();
+    let events = head.as_object_mut().and_then(|o| o.remove("events")).unwrap_or(Value::Null);
+    let events = events.as_array().map_or(&[][..], Vec::as_slice);
+    let mut out = Vec::new();
+    crate::bundle::write_timeline_with(&mut out, &head, events.len(), &mut |i, w| serde_json::to_writer(w, &events[i]).map_err(std::io::Error::from))?;
+    Ok(out)
+}
+
 /// trace.json with one group of processes per node.
 pub fn trace(merged: &Value, nodes: &[Node]) -> perfetto::Trace {
     let base = merged["events"].as_array().and_then(|a| a.iter().map(perfetto::wall_us).reduce(f64::min)).unwrap_or(0.0);

@@ -78,6 +78,26 @@ fn xid_demo_top_suspect_is_the_injected_xid_and_two_bundles_merge() {
     let ns: Vec<i128> = times.iter().map(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).unwrap().unix_timestamp_nanos()).collect();
     assert!(ns.windows(2).all(|w| w[0] <= w[1]), "merged events in global time order");
     assert!(nantrace::export::perfetto::validate(&read_json(&out.join("trace.json"))).is_empty());
+    // merge's output reads back like any bundle (it failed with "event 0 is not valid JSON").
+    let o = Command::new(BIN).args(["report", out.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "report on merge's output: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("PROBABLY THE MACHINE (GPU)"), "{}", String::from_utf8_lossy(&o.stdout));
+    // The two bundles gathered by hand into one directory: the job report names the node.
+    let job = std::env::temp_dir().join(format!("nt-jobdir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&job);
+    std::fs::create_dir_all(&job).unwrap();
+    for (src, name) in [(&b, "node-xid"), (&b2, "node-numeric")] {
+        assert!(Command::new("cp").args(["-r", src.to_str().unwrap(), job.join(name).to_str().unwrap()]).status().unwrap().success());
+    }
+    let o = Command::new(BIN).args(["report", "--json", job.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "job report: {}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(r["verdict"].as_str().unwrap().starts_with("PROBABLY THE MACHINE (GPU): "), "{r}");
+    assert!(r["verdict"].as_str().unwrap().contains("Action: drain"), "{r}");
+    let culprit = r["node"].as_str().unwrap();
+    let xid_node = r["nodes"].as_array().unwrap().iter().find(|n| n["bundle"].as_str().unwrap().contains("node-xid")).unwrap();
+    assert_eq!(xid_node["name"], culprit, "the node whose bundle holds the Xid is named: {r}");
+    let _ = std::fs::remove_dir_all(&job);
 }
 
 /// Open report.html in Debian's headless chromium; assert the timeline and suspects rendered

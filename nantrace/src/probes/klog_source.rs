@@ -110,6 +110,8 @@ impl Probes {
             let _ = tx.try_send(pending);
         }
         let (stats, _h) = crate::stream::spawn(ring, tx.clone());
+        let alive = tx.clone();
+        self.start_sweep(move || !alive.is_closed());
         if let Some((k, offset)) = self.take_kmsg() {
             let _h = crate::klog::spawn_reader(k, offset, tx, stats.clone());
         }

@@ -18,6 +18,7 @@ mod jobmap;
 mod klog_source;
 mod micro;
 mod offsets;
+mod sweep;
 
 pub use micro::{membership_ab, microcost, MEMBERSHIP_AB, MICRO};
 use offsets::all_needs;
@@ -189,6 +190,8 @@ pub struct Probes {
     kmsg: Option<(crate::klog::KmsgFile, i64)>,
     /// Events read while checking the kernel log source, for the reader to pass on first.
     pending: Vec<crate::event::Event>,
+    /// The job's requests removed from `JOB_QUEUED` undispatched (`sweep`).
+    queued_swept: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Probes {
@@ -364,7 +367,7 @@ impl Probes {
         let drops = PerCpuArray::try_from(take(&mut ebpf, "DROPS")?).map_err(|e| ProbeError::Map("DROPS", e.to_string()))?;
         let bio_hist = PerCpuArray::try_from(take(&mut ebpf, "BIO_HIST")?).map_err(|e| ProbeError::Map("BIO_HIST", e.to_string()))?;
         let block_stats = PerCpuArray::try_from(take(&mut ebpf, "BLOCK_STATS_MAP")?).map_err(|e| ProbeError::Map("BLOCK_STATS_MAP", e.to_string()))?;
-        let mut p = Self { ebpf, status, job_map, drops, bio_hist, block_stats, tracefs: root, klog: None, kmsg: None, pending: Vec::new() };
+        let mut p = Self { ebpf, status, job_map, drops, bio_hist, block_stats, tracefs: root, klog: None, kmsg: None, pending: Vec::new(), queued_swept: Default::default() };
         if opts.bench == BenchPrograms::None {
             p.choose_klog();
         }
@@ -377,6 +380,17 @@ impl Probes {
         let mut a: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(m).map_err(|e| ProbeError::Map("BENCH", e.to_string()))?;
         a.set(1, burst, 0).map_err(|e| ProbeError::Map("BENCH", e.to_string()))?;
         a.set(0, tgid, 0).map_err(|e| ProbeError::Map("BENCH", e.to_string()))
+    }
+
+    /// Start sweeping `JOB_QUEUED` of entries no dispatch will take, while `alive()`.
+    fn start_sweep(&mut self, alive: impl Fn() -> bool + Send + 'static) {
+        let Some(m) = self.ebpf.take_map("JOB_QUEUED") else {
+            return;
+        };
+        match aya::maps::HashMap::try_from(m) {
+            Ok(map) => sweep::spawn(map, self.queued_swept.clone(), alive),
+            Err(e) => crate::say!("nantrace: WARNING: JOB_QUEUED: {e}; a job's requests merged before dispatch are not swept"),
+        }
     }
 
     /// The ring buffer, for the reader task (can be taken once).
@@ -433,6 +447,7 @@ impl Probes {
             .into_iter()
             .map(|(s, name)| (name, self.block_stats.get(&(s as u32), 0).map_or(0, |v| v.iter().sum())))
             .collect();
+        out.insert("job_requests_never_dispatched", self.queued_swept.load(std::sync::atomic::Ordering::Relaxed));
         let nested = ["blk_issue_btf", "blk_done_btf", "block_getrq", "block_rq_issue", "block_rq_done"].iter().filter_map(|p| self.recursion_misses(p)).sum();
         out.insert("runs_skipped_nested", nested);
         out

@@ -5,7 +5,7 @@ mod detect;
 pub mod rules;
 mod render;
 
-pub use render::{for_bundle, markdown};
+pub use render::{for_bundle, markdown, md};
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,0 +1,468 @@
+//! The job report: one answer for a job that ran on many nodes, from its node bundles.
+//!
+//! A layer above the node report: the bundles are put on one clock (`crate::merge`), each
+//! node's evidence is analysed by the node report (`crate::report::analyze`) against the
+//! job's reference (its first NaN on any node, else the first trigger), the nodes are
+//! compared with their peers (in a data-parallel job they do the same work), and the verdict
+//! names the node, the GPU or the link, and what to do. A node the job ran on whose bundle
+//! is not there is named as missing, and the verdict then says it is incomplete.
+//!
+//! Untrusted input: the bundles may come from a shared directory a user can write. Files are
+//! read as plain files only (never through a link, never a FIFO), the walk is bounded, and
+//! what a bundle claims about its job is shown as its claim.
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::merge::Node;
+use crate::report::{Analysis, Finding};
+
+/// Node bundles read at most (a job of 4096 nodes fits; a directory with more is refused).
+pub const MAX_NODES: usize = 4096;
+
+/// Directory entries looked at while finding bundles, at most.
+const MAX_ENTRIES: usize = 200_000;
+
+/// One node of the job.
+#[derive(Debug, Serialize)]
+pub struct NodeSummary {
+    pub name: String,
+    pub bundle: String,
+    /// What the bundle says its job is (Slurm job id, rank, ...): its claim, as written.
+    pub job: Value,
+    pub verdict: String,
+    pub family: String,
+    pub machine: bool,
+    /// The node's strongest machine-family finding (kernel or NVML evidence before the job's
+    /// own words), against the job's reference.
+    pub first_machine: Option<Finding>,
+    /// Only the job's own output speaks of the machine on this node (no kernel or NVML side).
+    pub machine_from_job_words_only: bool,
+    /// Peer-comparison measures over the window.
+    pub measures: BTreeMap<&'static str, f64>,
+}
+
+/// A node whose measure stands out from its peers'.
+#[derive(Debug, Serialize)]
+pub struct Outlier {
+    pub node: String,
+    pub measure: &'static str,
+    pub family: &'static str,
+    pub value: f64,
+    pub peers_median: f64,
+    pub peers: usize,
+    pub text: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct JobReport {
+    pub verdict: String,
+    pub family: String,
+    /// The node the verdict names, its GPU (PCI address, UUID when the snapshot has it).
+    pub node: Option<String>,
+    pub gpu: Option<String>,
+    pub action: Option<String>,
+    pub reference: String,
+    pub nodes: Vec<NodeSummary>,
+    /// Nodes the job ran on (from the bundles' Slurm node list) without a bundle here.
+    pub missing: Vec<String>,
+    /// Job identities the bundles carry (more than one: bundles of different jobs).
+    pub jobs: Vec<String>,
+    pub outliers: Vec<Outlier>,
+    pub clock_statement: String,
+}
+
+/// The node bundles under `dir`: `dir` itself when it is one, else its subdirectories to a
+/// depth of 3 (`<job>/<incident>/<host>/`, or bundles copied by hand into one directory).
+/// Symbolic links are not followed.
+pub fn find_bundles(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    if is_bundle(dir) {
+        return Ok(vec![dir.to_path_buf()]);
+    }
+    let mut out = Vec::new();
+    let mut seen = 0usize;
+    let mut stack = vec![(dir.to_path_buf(), 0u32)];
+    while let Some((d, depth)) = stack.pop() {
+        let rd = match std::fs::read_dir(&d) {
+            Ok(r) => r,
+            Err(e) if depth == 0 => return Err(anyhow::anyhow!("{}: {e}", d.display())),
+            Err(_) => continue,
+        };
+        for ent in rd.flatten() {
+            seen += 1;
+            anyhow::ensure!(seen <= MAX_ENTRIES, "{}: more than {MAX_ENTRIES} entries looked at; point nantrace at the job's incident directory", dir.display());
+            // file_type() does not follow links: a link to a directory is skipped.
+            if !ent.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let p = ent.path();
+            if is_bundle(&p) {
+                out.push(p);
+                anyhow::ensure!(out.len() <= MAX_NODES, "{}: more than {MAX_NODES} node bundles", dir.display());
+            } else if depth < 2 {
+                stack.push((p, depth + 1));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn is_bundle(d: &Path) -> bool {
+    std::fs::symlink_metadata(d.join("timeline.json")).is_ok_and(|m| m.is_file())
+}
+
+/// Whether `dir` holds node bundles rather than being one.
+pub fn is_job_dir(dir: &Path) -> bool {
+    !is_bundle(dir) && find_bundles(dir).is_ok_and(|b| !b.is_empty())
+}
+
+/// Read and analyse the bundles under `dir`.
+pub fn from_dir(dir: &Path) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
+    let dirs = find_bundles(dir)?;
+    anyhow::ensure!(!dirs.is_empty(), "{}: no node bundle (a directory with timeline.json) in it or below it", dir.display());
+    let mut nodes = Vec::new();
+    for d in &dirs {
+        match crate::merge::load(d) {
+            Ok(n) => nodes.push(n),
+            Err(e) => crate::say!("nantrace: WARNING: {}: not read: {e:#}", d.display()),
+        }
+    }
+    anyhow::ensure!(!nodes.is_empty(), "{}: none of the {} bundles could be read", dir.display(), dirs.len());
+    let merged = crate::merge::merge(&mut nodes);
+    let r = build(&merged, &nodes);
+    Ok((r, merged, nodes))
+}
+
+/// The view of one node on the job's clock: its events, its own accounting, the job's
+/// reference (first NaN of any node).
+fn node_view(merged: &Value, n: &Node) -> Value {
+    let events: Vec<Value> = merged["events"].as_array().into_iter().flatten().filter(|e| e["node"] == n.name.as_str()).cloned().collect();
+    json!({
+        "schema": crate::merge::SCHEMA,
+        "host": n.timeline["host"],
+        "job": n.timeline["job"],
+        "window": n.timeline["window"],
+        "accounting": n.timeline["accounting"],
+        "trigger": n.timeline["trigger"],
+        "first_nan": merged["first_nan"],
+        "events": events,
+    })
+}
+
+/// Signals that are the job's own words (its output), not the kernel's or NVML's.
+fn job_words(f: &Finding) -> bool {
+    f.signal.starts_with("joblog_")
+}
+
+fn job_identity(n: &Node) -> Value {
+    let s = &n.snapshot["scheduler"]["slurm"];
+    let id = &n.timeline["job"]["identity"];
+    json!({
+        "slurm_job_id": s["job_id"].as_str().or(id["slurm_job_id"].as_str()).or(id["job_id"].as_str()),
+        "slurm_procid": s["procid"],
+        "node_list": s["node_list"],
+        "identity": id,
+    })
+}
+
+/// Measures to compare between nodes, from a node's events in the window: counts of kernel
+/// events and the GPUs' samples.
+fn measures(view: &Value) -> BTreeMap<&'static str, f64> {
+    let mut m = BTreeMap::new();
+    let evs = view["events"].as_array().map_or(&[][..], Vec::as_slice);
+    let count = |src: &str| evs.iter().filter(|e| e["source"] == src).count() as f64;
+    // Loopback is never the fabric (another user's local sockets are not the job's network).
+    let loopback = |a: &str| a.starts_with("127.") || a == "::1" || a.starts_with("::ffff:127.");
+    m.insert("tcp_retransmits", evs.iter().filter(|e| e["source"] == "tcp_retransmit" && !e["daddr"].as_str().is_some_and(loopback)).count() as f64);
+    m.insert("block_errors_or_slow_io", count("block"));
+    m.insert("pcie_aer", count("aer"));
+    let gpu: Vec<&Value> = evs.iter().filter(|e| e["source"] == "gpu").collect();
+    let series = |k: &str| gpu.iter().filter_map(|e| e[k].as_f64()).collect::<Vec<f64>>();
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let spread = |v: &[f64]| (!v.is_empty()).then(|| v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min));
+    for (name, k) in [("gpu_power_w_mean", "power_w"), ("gpu_sm_clock_mhz_mean", "sm_clock_mhz"), ("gpu_temp_c_mean", "temp_c")] {
+        if let Some(x) = mean(&series(k)) {
+            m.insert(name, x);
+        }
+    }
+    for (name, k) in [("gpu_ecc_corrected_increase", "ecc_corrected_volatile"), ("gpu_pcie_replay_increase", "pcie_replay")] {
+        if let Some(x) = spread(&series(k)) {
+            m.insert(name, x);
+        }
+    }
+    m
+}
+
+/// How each measure is judged against the peers: (measure, family, higher is worse, the
+/// smallest value that can stand out when the peers' median is 0).
+const MEASURES: &[(&str, &str, bool, f64)] = &[
+    ("tcp_retransmits", "network", true, 10.0),
+    ("block_errors_or_slow_io", "storage", true, 5.0),
+    ("pcie_aer", "PCIe", true, 3.0),
+    ("gpu_ecc_corrected_increase", "GPU", true, 10.0),
+    ("gpu_pcie_replay_increase", "PCIe", true, 10.0),
+    ("gpu_power_w_mean", "GPU", false, 0.0),
+    ("gpu_sm_clock_mhz_mean", "GPU", false, 0.0),
+    ("gpu_temp_c_mean", "GPU", true, 0.0),
+];
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Nodes whose measure stands out from the median of the other nodes: for counts, at least
+/// 5x the peers' median and at least the measure's floor over it; for the GPU's power and
+/// clocks, below half the peers' median; for its temperature, 15 °C over it. Needs two peers
+/// at least (with one there is no telling which of the two is the odd one).
+pub fn outliers(nodes: &[(String, BTreeMap<&'static str, f64>)]) -> Vec<Outlier> {
+    let mut out = Vec::new();
+    if nodes.len() < 3 {
+        return out;
+    }
+    for &(measure, family, higher_worse, floor) in MEASURES {
+        for (i, (name, m)) in nodes.iter().enumerate() {
+            let Some(&v) = m.get(measure) else { continue };
+            let peers: Vec<f64> = nodes.iter().enumerate().filter(|(j, _)| *j != i).filter_map(|(_, (_, p))| p.get(measure).copied()).collect();
+            if peers.len() < 2 {
+                continue;
+            }
+            let med = median(peers.clone());
+            let stands_out = match (measure, higher_worse) {
+                ("gpu_temp_c_mean", _) => v >= med + 15.0,
+                (_, true) => v >= floor.max(1.0) && v >= 5.0 * med && v - med >= floor,
+                (_, false) => med > 0.0 && v < 0.5 * med,
+            };
+            if !stands_out {
+                continue;
+            }
+            let label = measure.replace('_', " ");
+            let text = if med > 0.0 {
+                format!("{name}: {label} {v:.0}, {:.1}x the median of {} peers ({med:.0})", v / med, peers.len())
+            } else {
+                format!("{name}: {label} {v:.0}, the median of {} peers is 0", peers.len())
+            };
+            out.push(Outlier { node: name.clone(), measure, family, value: v, peers_median: med, peers: peers.len(), text });
+        }
+    }
+    out
+}
+
+/// Expand a Slurm host list (`gpu[01-04,07],login1`) into names, at most `MAX_NODES`.
+pub fn expand_hostlist(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    // Split on commas outside brackets.
+    let (mut depth, mut start) = (0i32, 0usize);
+    let mut parts = Vec::new();
+    for (i, c) in s.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    for p in parts.into_iter().map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((prefix, rest)) = p.split_once('[') else {
+            out.push(p.to_string());
+            continue;
+        };
+        let Some((ranges, suffix)) = rest.split_once(']') else { continue };
+        for r in ranges.split(',') {
+            let (a, b) = r.split_once('-').unwrap_or((r, r));
+            let (Ok(x), Ok(y)) = (a.parse::<u64>(), b.parse::<u64>()) else { continue };
+            for k in x..=y.min(x + MAX_NODES as u64) {
+                out.push(format!("{prefix}{k:0width$}{suffix}", width = a.len()));
+                if out.len() >= MAX_NODES {
+                    return out;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The GPU named in a finding's text, with its UUID from the node's snapshot when known.
+fn gpu_of(f: &Finding, view: &Value, snapshot: &Value) -> Option<String> {
+    let text = f.text.to_ascii_lowercase();
+    let from_events = view["events"].as_array().into_iter().flatten().filter_map(|e| e["pci"].as_str()).find(|p| text.contains(&p.to_ascii_lowercase()));
+    let devs = snapshot["gpu"]["devices"].as_array().map_or(&[][..], Vec::as_slice);
+    let from_snapshot = devs.iter().filter_map(|d| d["pci"].as_str()).find(|p| text.contains(&p.to_ascii_lowercase()) || text.contains(&p.to_ascii_lowercase().trim_start_matches("0000:").to_string()));
+    let pci = from_events.or(from_snapshot)?.to_string();
+    let uuid = devs.iter().find(|d| d["pci"].as_str().is_some_and(|p| p.eq_ignore_ascii_case(&pci))).and_then(|d| d["uuid"].as_str());
+    Some(match uuid {
+        Some(u) => format!("GPU {pci} ({u})"),
+        None => format!("GPU {pci}"),
+    })
+}
+
+/// The job's answer from its merged timeline and its nodes.
+pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
+    let mut summaries = Vec::new();
+    let mut views = Vec::new();
+    for n in nodes {
+        let view = node_view(merged, n);
+        let a: Analysis = crate::report::analyze(&view, &n.snapshot);
+        let machine: Vec<&Finding> = a.suspects.iter().filter(|s| s.family.is_machine()).collect();
+        let first_machine = machine.iter().find(|s| !job_words(s)).or(machine.first()).map(|f| (*f).clone());
+        let words_only = !machine.is_empty() && machine.iter().all(|s| job_words(s));
+        summaries.push(NodeSummary {
+            name: n.name.clone(),
+            bundle: n.dir.display().to_string(),
+            job: job_identity(n),
+            verdict: a.verdict.clone(),
+            family: a.family.clone(),
+            machine: a.machine,
+            first_machine,
+            machine_from_job_words_only: words_only,
+            measures: measures(&view),
+        });
+        views.push(view);
+    }
+    // The nodes the job ran on, from what the bundles say; their host names as the bundles do.
+    let expected: BTreeSet<String> = summaries.iter().filter_map(|s| s.job["node_list"].as_str()).flat_map(expand_hostlist).collect();
+    let present: BTreeSet<String> = nodes.iter().map(|n| n.timeline["host"]["hostname"].as_str().unwrap_or("").split('.').next().unwrap_or("").to_string()).collect();
+    let missing: Vec<String> = expected.iter().filter(|e| !present.contains(e.split('.').next().unwrap_or(""))).cloned().collect();
+    let jobs: Vec<String> = summaries.iter().filter_map(|s| s.job["slurm_job_id"].as_str().map(String::from)).collect::<BTreeSet<_>>().into_iter().collect();
+    let outl = outliers(&summaries.iter().map(|s| (s.name.clone(), s.measures.clone())).collect::<Vec<_>>());
+
+    let reference = match merged["first_nan"]["node"].as_str() {
+        Some(node) => format!("the job's first NaN, on {node} at {}: {}", merged["first_nan"]["time"].as_str().unwrap_or("?"), merged["first_nan"]["line"].as_str().unwrap_or("")),
+        None => format!("no NaN on any node; times are relative to the first trigger ({} on {})", merged["trigger"]["kind"].as_str().unwrap_or("?"), merged["trigger"]["node"].as_str().unwrap_or("?")),
+    };
+    let (verdict, family, node, gpu, action) = verdict(&summaries, &outl, &missing, nodes, &views);
+    JobReport { verdict, family, node, gpu, action, reference, nodes: summaries, missing, jobs, outliers: outl, clock_statement: merged["clock_statement"].as_str().unwrap_or("").to_string() }
+}
+
+type Verdict = (String, String, Option<String>, Option<String>, Option<String>);
+
+fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw: &[Node], views: &[Value]) -> Verdict {
+    let incomplete = if missing.is_empty() { String::new() } else { format!(" INCOMPLETE: no bundle from {} ({} of the job's nodes).", missing.join(", "), missing.len()) };
+    // The culprit: the node with the strongest machine finding from the kernel or NVML; the
+    // job's own words only where no node has more (and then at most POSSIBLY).
+    let ranked = |words: bool| {
+        nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.machine && s.machine_from_job_words_only == words)
+            .filter_map(|(i, s)| s.first_machine.as_ref().map(|f| (i, f)))
+            .max_by(|a, b| a.1.score.total_cmp(&b.1.score).then(b.1.rel_s.total_cmp(&a.1.rel_s)))
+    };
+    let others = |i: usize| {
+        let clean: Vec<&str> = nodes.iter().enumerate().filter(|(j, s)| *j != i && !s.machine).map(|(_, s)| s.name.as_str()).collect();
+        let machine: Vec<String> = nodes.iter().enumerate().filter(|(j, s)| *j != i && s.machine).map(|(_, s)| format!("{} ({})", s.name, s.first_machine.as_ref().map_or("", |f| f.text.as_str()))).collect();
+        let mut t = String::new();
+        if !clean.is_empty() {
+            t.push_str(&format!("; {} other node{} clean ({})", clean.len(), if clean.len() == 1 { "" } else { "s" }, clean.join(", ")));
+        }
+        if !machine.is_empty() {
+            t.push_str(&format!("; also machine evidence on {}", machine.join(", ")));
+        }
+        t
+    };
+    if let Some((i, f)) = ranked(false) {
+        let s = &nodes[i];
+        let support: Vec<&str> = outliers.iter().filter(|o| o.node == s.name).map(|o| o.text.as_str()).collect();
+        let support = if support.is_empty() { String::new() } else { format!(" Peers: {}.", support.join("; ")) };
+        let gpu = gpu_of(f, &views[i], &raw[i].snapshot);
+        let what = gpu.as_ref().map_or(String::new(), |g| format!(", {g}"));
+        let strength = if f.severity >= 60 { "PROBABLY THE MACHINE" } else { "POSSIBLY THE MACHINE" };
+        let act = f.action.map(|a| a.to_string());
+        let action = format!("drain {}{}", s.name, act.as_ref().map_or(String::new(), |a| format!(", then: {a}")));
+        return (
+            format!("{strength} ({}): {}{what}: {}{}.{support} Action: {action}.{incomplete}", f.family.label(), s.name, f.text, others(i)),
+            f.family.label().to_string(),
+            Some(s.name.clone()),
+            gpu,
+            Some(action),
+        );
+    }
+    if let Some(o) = outliers.iter().max_by(|a, b| (a.value / a.peers_median.max(1.0)).total_cmp(&(b.value / b.peers_median.max(1.0)))) {
+        return (
+            format!("POSSIBLY THE MACHINE ({}): {} stands out from its peers: {}. No fault on it by itself; check its {} before the next run.{incomplete}", o.family, o.node, o.text, o.family),
+            o.family.to_string(),
+            Some(o.node.clone()),
+            None,
+            Some(format!("check {} ({})", o.node, o.family)),
+        );
+    }
+    if let Some((i, f)) = ranked(true) {
+        let s = &nodes[i];
+        return (
+            format!("POSSIBLY THE MACHINE ({}), in the job's own words only: {}: {}; the kernel and NVML of every node show no fault{}.{incomplete}", f.family.label(), s.name, f.text, others(i)),
+            f.family.label().to_string(),
+            Some(s.name.clone()),
+            None,
+            None,
+        );
+    }
+    let undecided: Vec<&NodeSummary> = nodes.iter().filter(|s| s.verdict.starts_with("CANNOT TELL")).collect();
+    let sw: Vec<&NodeSummary> = nodes.iter().filter(|s| s.verdict.starts_with("NOT THE MACHINE (")).collect();
+    let n = nodes.len();
+    let base = if let Some(s) = sw.first() {
+        format!("NOT THE MACHINE ({}): {}: {}", s.family, s.name, s.verdict.trim_start_matches("NOT THE MACHINE ").split_once("): ").map_or(s.verdict.as_str(), |x| x.1))
+    } else if !undecided.is_empty() {
+        format!("CANNOT TELL for {}: no kernel events or GPU health there; the other {} node(s) show no machine fault", undecided.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", "), n - undecided.len())
+    } else {
+        format!("NOT THE MACHINE, as far as nantrace can see: {n} node{} alike, none with a hardware, kernel, system or network fault in the window, no node standing out from its peers. Look at the model side: learning rate, data, precision", if n == 1 { "" } else { "s" })
+    };
+    let family = sw.first().map_or(if undecided.is_empty() { "none" } else { "unknown" }, |s| s.family.as_str()).to_string();
+    if missing.is_empty() {
+        (format!("{base}."), family, None, None, None)
+    } else {
+        (format!("{base}, on the {n} nodes seen.{incomplete} The missing node{} may hold the cause.", if missing.len() == 1 { "" } else { "s" }), family, None, None, None)
+    }
+}
+
+/// The job report in Markdown (untrusted text escaped by the same rules as the node report).
+pub fn markdown(r: &JobReport) -> String {
+    use std::fmt::Write as _;
+    let esc = |t: &str| crate::report::md(t).replace('|', "\\|");
+    let mut s = String::new();
+    let _ = writeln!(s, "# nantrace job report\n");
+    let _ = writeln!(s, "**Verdict: {}**\n", esc(&r.verdict));
+    let _ = writeln!(s, "Reference: {}\n", esc(&r.reference));
+    let _ = writeln!(s, "Clock: {}\n", esc(&r.clock_statement));
+    if r.jobs.len() > 1 {
+        let _ = writeln!(s, "WARNING: these bundles are of {} different jobs: {}\n", r.jobs.len(), esc(&r.jobs.join(", ")));
+    }
+    let _ = writeln!(s, "## Nodes ({} with a bundle{})\n", r.nodes.len(), if r.missing.is_empty() { String::new() } else { format!(", {} missing: {}", r.missing.len(), esc(&r.missing.join(", "))) });
+    let _ = writeln!(s, "| node | job (as the bundle says) | verdict | first machine evidence |\n|---|---|---|---|");
+    for n in &r.nodes {
+        let job = [n.job["slurm_job_id"].as_str().map(|j| format!("job {j}")), n.job["slurm_procid"].as_str().map(|p| format!("procid {p}"))].into_iter().flatten().collect::<Vec<_>>().join(", ");
+        let first = n.first_machine.as_ref().map_or("none".to_string(), |f| format!("{}{}", f.text, if n.machine_from_job_words_only { " (the job's own words)" } else { "" }));
+        let _ = writeln!(s, "| {} | {} | {} | {} |", esc(&n.name), esc(&job), esc(&n.verdict), esc(&first));
+    }
+    for m in &r.missing {
+        let _ = writeln!(s, "| {} | | MISSING: no bundle | |", esc(m));
+    }
+    let _ = writeln!(s, "\n## Peers compared\n");
+    if r.nodes.len() < 3 {
+        let _ = writeln!(s, "Not with {} node(s): it takes 3 to tell which one is odd.", r.nodes.len());
+    } else if r.outliers.is_empty() {
+        let _ = writeln!(s, "No node stands out from its peers on: {}.", MEASURES.iter().map(|m| m.0.replace('_', " ")).collect::<Vec<_>>().join(", "));
+    } else {
+        for o in &r.outliers {
+            let _ = writeln!(s, "- {}", esc(&o.text));
+        }
+    }
+    let _ = writeln!(s, "\nEach node's own report: `nantrace report <its bundle>`; the bundles: {}.", esc(&r.nodes.iter().map(|n| n.bundle.as_str()).collect::<Vec<_>>().join(", ")));
+    s
+}
+
+#[cfg(test)]
+mod tests;

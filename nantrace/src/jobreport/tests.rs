@@ -1,0 +1,186 @@
+//! The job report on node timelines shaped as bundles write them: the guilty node named, the
+//! peers compared, the missing node said, and no machine named where every node is clean.
+use super::*;
+
+const T0: i128 = 1_796_000_000_000_000_000; // 2026-11-30T..., the job's first NaN
+
+fn at(offset_s: f64) -> String {
+    crate::clock::rfc3339(T0 + (offset_s * 1e9) as i128)
+}
+
+/// Ten minutes of a healthy rank: loss lines (rank 0 only), GPU samples, system samples.
+fn healthy(name: &str, rank0: bool) -> Vec<Value> {
+    let mut ev = Vec::new();
+    for i in 0..300 {
+        let t = -300.0 + f64::from(i);
+        if rank0 {
+            ev.push(json!({ "time": at(t), "source": "log", "pid": 100, "job": true, "line": format!("step {i} | loss {:.3}", 2.5 - f64::from(i) / 600.0), "step": i, "loss": 2.5 - f64::from(i) / 600.0 }));
+        }
+        if i % 5 == 0 {
+            ev.push(json!({ "time": at(t + 0.5), "source": "gpu", "gpu": 0, "pci": "0000:3b:00.0", "temp_c": 61, "power_w": 650.0 + f64::from(i % 7), "sm_clock_mhz": 1980, "ecc_corrected_volatile": 0, "pcie_replay": 0 }));
+            ev.push(json!({ "time": at(t + 0.3), "source": "system", "mem_available_kb": 20_000_000, "swap_in_kb_s": 0.0, "psi_memory_some_avg10": 0.0, "iowait_pct": 1.0 }));
+        }
+    }
+    ev.push(json!({ "time": at(-200.0), "source": "kmsg", "text": format!("NVRM: loading NVIDIA UNIX x86_64 Kernel Module 550.54.15 on {name}"), "pid": 0 }));
+    ev
+}
+
+fn nan_line() -> Value {
+    json!({ "time": at(0.0), "source": "log", "pid": 100, "job": true, "line": "step 300 | loss nan", "step": 300, "loss": "NaN", "nonfinite": true })
+}
+
+fn node(name: &str, mut events: Vec<Value>, trigger_s: f64, nan: bool, node_list: &str) -> Node {
+    events.sort_by_key(|e| e["time"].as_str().unwrap_or("").to_string());
+    let first_nan = if nan { json!({ "time": at(0.0), "line": "step 300 | loss nan", "step": 300 }) } else { Value::Null };
+    let timeline = json!({
+        "schema": crate::bundle::SCHEMA,
+        "host": { "hostname": name, "boot_id": format!("boot-{name}") },
+        "clock": { "correction_s": 0.0, "uncertainty_s": 0.001 },
+        "trigger": { "kind": if nan { "nan" } else { "job_dump" }, "time": at(trigger_s), "mono_ns": 1000 + (trigger_s * 1e9) as i64, "reason": "" },
+        "first_nan": first_nan,
+        "job": { "root_pid": 100 },
+        "window": { "pre_s": 300.0 },
+        "accounting": { "probes_attached": ["printk:console", "sched:sched_process_exit", "tcp:tcp_retransmit_skb"], "events": {} },
+        "events": events,
+    });
+    let snapshot = json!({
+        "gpu": { "available": true, "device_count": 1, "devices": [{ "index": 0, "pci": "0000:3b:00.0", "uuid": format!("GPU-{name}-0000"), "compute_processes": [{ "pid": 100 }] }] },
+        "scheduler": { "slurm": { "job_id": "4711", "node_list": node_list, "procid": if name.ends_with('1') { "0" } else { "1" } } },
+    });
+    Node { name: name.into(), dir: PathBuf::from(format!("/jobs/4711/inc/{name}")), timeline, snapshot, correction_s: 0.0, uncertainty_s: Some(0.001) }
+}
+
+fn xid(t: f64, text: &str) -> Value {
+    let mut e = json!({ "time": at(t), "source": "kmsg", "text": text, "pid": 0, "job": false });
+    let c = crate::classify::classify(text).expect("an Xid line");
+    e["severity"] = serde_json::to_value(c.severity()).unwrap();
+    if let Value::Object(m) = serde_json::to_value(&c).unwrap() {
+        for (k, v) in m {
+            e[k] = v;
+        }
+    }
+    e["source"] = json!("xid");
+    e
+}
+
+fn report(mut nodes: Vec<Node>) -> JobReport {
+    let merged = crate::merge::merge(&mut nodes);
+    build(&merged, &nodes)
+}
+
+#[test]
+fn an_xid_on_node_2_before_rank_0s_nan_names_node_2_and_its_gpu() {
+    let n1 = node("n1", [healthy("n1", true), vec![nan_line()]].concat(), 0.0, true, "n[1-3]");
+    let mut e2 = healthy("n2", false);
+    e2.push(xid(-0.4, "NVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python, GPU has fallen off the bus."));
+    let n2 = node("n2", e2, 1.2, false, "n[1-3]");
+    let n3 = node("n3", healthy("n3", false), 1.3, false, "n[1-3]");
+    let r = report(vec![n1, n2, n3]);
+    assert!(r.verdict.starts_with("PROBABLY THE MACHINE (GPU): n2, GPU 0000:3b:00.0 (GPU-n2-0000): "), "{}", r.verdict);
+    assert!(r.verdict.contains("Xid 79"), "{}", r.verdict);
+    assert!(r.verdict.contains("400 ms before the first NaN"), "on the job's clock, against rank 0's NaN on n1: {}", r.verdict);
+    assert!(r.verdict.contains("2 other nodes clean (n1, n3)"), "{}", r.verdict);
+    assert!(r.verdict.contains("Action: drain n2"), "{}", r.verdict);
+    assert_eq!(r.node.as_deref(), Some("n2"));
+    assert_eq!(r.family, "GPU");
+    assert!(r.missing.is_empty(), "{:?}", r.missing);
+    assert_eq!(r.jobs, ["4711"]);
+    assert!(r.reference.contains("on n1"), "{}", r.reference);
+    let md = markdown(&r);
+    assert!(md.contains("| n2 | job 4711, procid 1 |"), "{md}");
+}
+
+#[test]
+fn retransmits_on_one_node_name_it_against_its_peers() {
+    let n1 = node("n1", [healthy("n1", true), vec![json!({ "time": at(0.0), "source": "log", "pid": 100, "job": true, "line": "step 300 | loss 1.9" })]].concat(), 0.0, false, "n[1-3]");
+    let mut e2 = healthy("n2", false);
+    for i in 0..60 {
+        e2.push(json!({ "time": at(-30.0 + f64::from(i) * 0.5), "source": "tcp_retransmit", "saddr": "10.0.0.2", "sport": 40000, "daddr": "10.0.0.1", "dport": 29500, "state": "ESTABLISHED", "job": true, "pid": 0 }));
+    }
+    // Another user's loopback retransmits on n3: never the fabric.
+    let mut e3 = healthy("n3", false);
+    for i in 0..60 {
+        e3.push(json!({ "time": at(-30.0 + f64::from(i) * 0.5), "source": "tcp_retransmit", "saddr": "127.0.0.1", "sport": 5000, "daddr": "127.0.0.1", "dport": 6000, "job": false, "pid": 0 }));
+    }
+    let r = report(vec![n1, node("n2", e2, 0.1, false, "n[1-3]"), node("n3", e3, 0.2, false, "n[1-3]")]);
+    assert_eq!(r.node.as_deref(), Some("n2"), "{}", r.verdict);
+    assert_eq!(r.family, "network", "{}", r.verdict);
+    assert!(r.verdict.contains("n2: tcp retransmits 60, the median of 2 peers is 0"), "the peers' comparison supports it: {}", r.verdict);
+    assert_eq!(r.outliers.len(), 1, "{:?}", r.outliers);
+    assert!(r.verdict.starts_with("PROBABLY THE MACHINE (network): n2: ") || r.verdict.starts_with("POSSIBLY THE MACHINE (network): n2"), "{}", r.verdict);
+}
+
+#[test]
+fn a_numeric_divergence_with_every_node_clean_is_not_the_machine() {
+    let n1 = node("n1", [healthy("n1", true), vec![nan_line()]].concat(), 0.0, true, "n[1-3]");
+    let r = report(vec![n1, node("n2", healthy("n2", false), 0.5, false, "n[1-3]"), node("n3", healthy("n3", false), 0.6, false, "n[1-3]")]);
+    assert!(r.verdict.starts_with("NOT THE MACHINE, as far as nantrace can see: 3 nodes alike"), "{}", r.verdict);
+    assert_eq!(r.node, None);
+    assert_eq!(r.family, "none");
+    assert!(r.outliers.is_empty(), "{:?}", r.outliers);
+}
+
+#[test]
+fn a_node_without_a_bundle_is_named_and_the_verdict_is_incomplete() {
+    let n1 = node("n1", [healthy("n1", true), vec![nan_line()]].concat(), 0.0, true, "n[1-3]");
+    let r = report(vec![n1, node("n2", healthy("n2", false), 0.5, false, "n[1-3]")]);
+    assert_eq!(r.missing, ["n3"]);
+    assert!(r.verdict.contains("INCOMPLETE: no bundle from n3"), "{}", r.verdict);
+    assert!(r.verdict.contains("on the 2 nodes seen"), "never a plain NOT THE MACHINE with a node missing: {}", r.verdict);
+    assert!(markdown(&r).contains("| n3 | | MISSING: no bundle | |"));
+}
+
+#[test]
+fn the_job_words_of_one_node_are_at_most_possibly() {
+    let n1 = node("n1", [healthy("n1", true), vec![nan_line()]].concat(), 0.0, true, "n[1-2]");
+    let mut e2 = healthy("n2", false);
+    let line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python, GPU has fallen off the bus.";
+    let mut l = json!({ "time": at(-1.0), "source": "log", "pid": 100, "job": true, "line": line });
+    if let Some(f) = crate::joblog::classify(line) {
+        l["fault"] = serde_json::to_value(f).unwrap();
+    }
+    e2.push(l);
+    let r = report(vec![n1, node("n2", e2, 0.5, false, "n[1-2]")]);
+    assert!(r.verdict.starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: n2: "), "a job printing a kernel-like line is not the kernel: {}", r.verdict);
+    assert_eq!(r.action, None, "nothing to drain on the job's words: {}", r.verdict);
+}
+
+#[test]
+fn host_lists_expand_as_slurm_writes_them() {
+    assert_eq!(expand_hostlist("gpu[01-03,07],login1"), ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]);
+    assert_eq!(expand_hostlist("n[1-2]-ib"), ["n1-ib", "n2-ib"]);
+    assert_eq!(expand_hostlist("a[9-11]"), ["a9", "a10", "a11"]);
+    assert_eq!(expand_hostlist("x[0-99999999]").len(), MAX_NODES, "bounded");
+    assert!(expand_hostlist("bad[").is_empty());
+}
+
+#[test]
+fn two_nodes_cannot_tell_which_is_odd() {
+    let mut a = BTreeMap::new();
+    a.insert("tcp_retransmits", 100.0);
+    let mut b = BTreeMap::new();
+    b.insert("tcp_retransmits", 0.0);
+    assert!(outliers(&[("a".into(), a.clone()), ("b".into(), b.clone())]).is_empty());
+    let o = outliers(&[("a".into(), a), ("b".into(), b.clone()), ("c".into(), b)]);
+    assert_eq!(o.len(), 1);
+    assert_eq!(o[0].node, "a");
+}
+
+#[test]
+fn bundles_are_found_below_a_job_directory_without_following_links() {
+    let d = std::env::temp_dir().join(format!("nantrace-jobreport-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    for h in ["n1", "n2"] {
+        std::fs::create_dir_all(d.join("4711/inc-1").join(h)).unwrap();
+        std::fs::write(d.join("4711/inc-1").join(h).join("timeline.json"), "{}").unwrap();
+    }
+    let elsewhere = d.join("elsewhere/n9");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("timeline.json"), "{}").unwrap();
+    std::os::unix::fs::symlink(d.join("elsewhere"), d.join("4711/inc-1/link")).unwrap();
+    let found = find_bundles(&d.join("4711")).unwrap();
+    assert_eq!(found, [d.join("4711/inc-1/n1"), d.join("4711/inc-1/n2")]);
+    assert!(is_job_dir(&d.join("4711")));
+    assert!(!is_job_dir(&d.join("4711/inc-1/n1")), "a bundle is not a job directory");
+    let _ = std::fs::remove_dir_all(&d);
+}
