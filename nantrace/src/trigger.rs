@@ -29,10 +29,13 @@ pub enum TriggerKind {
     File,
     /// SIGINT/SIGTERM to nantrace: dump what there is, then exit.
     Manual,
+    /// Another node's agent opened an incident of this job (the agent's `job_dir`).
+    #[serde(rename = "job-wide")]
+    JobWide,
 }
 
 impl TriggerKind {
-    pub const ALL: [TriggerKind; 10] = [
+    pub const ALL: [TriggerKind; 11] = [
         TriggerKind::Nan,
         TriggerKind::Exit,
         TriggerKind::Signal,
@@ -43,6 +46,7 @@ impl TriggerKind {
         TriggerKind::Ctl,
         TriggerKind::File,
         TriggerKind::Manual,
+        TriggerKind::JobWide,
     ];
 
     pub fn name(self) -> &'static str {
@@ -57,6 +61,7 @@ impl TriggerKind {
             TriggerKind::Ctl => "ctl",
             TriggerKind::File => "file",
             TriggerKind::Manual => "manual",
+            TriggerKind::JobWide => "job-wide",
         }
     }
 

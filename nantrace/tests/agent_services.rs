@@ -178,3 +178,88 @@ fn prometheus_scrapes_the_agent_and_sees_an_injected_xid() {
     assert!(n >= 5.0, "{probes}");
     a.stop();
 }
+
+/// The job-wide dump through the job directory, on the real Slurm: an incident another node's
+/// agent opened for a job watched here makes this agent dump its window under that incident
+/// within a poll (≤ 1 s to the trigger), and this node's own NaN opens an incident there with
+/// its marker and bundle, which `nantrace report` reads as a job.
+#[test]
+fn a_job_wide_incident_in_the_job_directory_is_dumped_here_and_ours_is_shared() {
+    if !privileged("a_job_wide_incident_in_the_job_directory_is_dumped_here_and_ours_is_shared") {
+        return;
+    }
+    let _ = Command::new("useradd").args(["-M", "-s", "/bin/bash", "ntjob"]).status();
+    let base = std::env::temp_dir().join(format!("nt-jobdir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let shared = base.join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cfg = base.join("agent.toml");
+    std::fs::write(&cfg, format!("job_dir = {:?}\nslurm_jobs = \"all\"\n", shared.display().to_string())).unwrap();
+    let slurm = Slurm::up(Path::new("/bin/true"), Path::new("/bin/true"));
+    let a = Agent::start_env("jobdir", 19477, &["--config", cfg.to_str().unwrap()], &[("SLURM_CONF", &slurm.conf)]);
+    let work = a.dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let host = nantrace::bundle::Host::read().hostname;
+
+    // 1. Another node (n9) opened an incident of a job that runs here too.
+    let id = slurm.sbatch("ntjob", &work, "for i in $(seq 1 300); do echo \"step $i loss 0.$i\"; sleep 0.2; done");
+    let key = format!("slurm-{id}");
+    let t0 = Instant::now();
+    while !a.ctl(&["jobs"]).to_string().contains(&key) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "Slurm job {id} not watched");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let root = nantrace::agent::jobdir::Root::open(&shared).unwrap();
+    let inc = root.open_incident(&id, "n9", "nan", "step 12 | loss nan (rank 0, on n9)", nantrace::clock::realtime_ns()).unwrap();
+    let marked = Instant::now();
+    let fired = a.wait_line("the job-wide trigger", Duration::from_secs(10), |l| l.contains(&format!("job {key}: trigger job-wide: job-wide dump: incident {inc}")));
+    let reaction = marked.elapsed();
+    eprintln!("job-wide dump: marker to trigger {:.0} ms: {fired}", reaction.as_secs_f64() * 1e3);
+    assert!(reaction <= Duration::from_millis(1500), "the marker was seen after {reaction:?} (poll {:?})", nantrace::agent::jobdir::POLL);
+    let here = shared.join(&id).join(&inc).join(nantrace::safefs::sanitize(&host, "host"));
+    let t0 = Instant::now();
+    while !here.join("report.md").exists() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no bundle under {}", here.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let t = timeline(&here);
+    assert_eq!(t["trigger"]["kind"], "job-wide", "{}", t["trigger"]);
+    assert!(t["trigger"]["reason"].as_str().unwrap().contains("nan on n9"), "{}", t["trigger"]);
+    assert_eq!(std::fs::symlink_metadata(&here).unwrap().permissions().mode() & 0o777, 0o700);
+    assert!(bundles(&a.spool).iter().any(|b| timeline(b)["trigger"]["kind"] == "job-wide"), "the local spool keeps its own copy");
+    assert_eq!(root.incidents(&id).len(), 1, "no second incident for the same one");
+    let _ = Command::new("scancel").arg(&id).env("SLURM_CONF", &slurm.conf).status();
+
+    // 2. This node's own NaN: an incident opened here, with this node's bundle in it.
+    let id2 = slurm.sbatch("ntjob", &work, "for i in $(seq 1 15); do echo \"step $i loss 2.$i\"; sleep 0.3; done; echo 'step 16 loss nan'; sleep 4; exit 1");
+    let t0 = Instant::now();
+    let (inc2, marker) = loop {
+        if let Some(x) = root.incidents(&id2).into_iter().next() {
+            break x;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "no incident opened for job {id2}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(marker["trigger"], "nan", "{marker}");
+    assert_eq!(marker["host"], nantrace::safefs::sanitize(&host, "host").as_str());
+    let dir2 = shared.join(&id2).join(&inc2);
+    let t0 = Instant::now();
+    while nantrace::jobreport::find_bundles(&dir2).map_or(true, |b| b.is_empty()) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no bundle under {}", dir2.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let o = Command::new(BIN).args(["report", "--json", dir2.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["nodes"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(r["jobs"][0], id2.as_str(), "{r}");
+    assert!(r["missing"].as_array().unwrap().is_empty(), "a one-node job misses no node: {r}");
+    assert!(r["reference"].as_str().unwrap().contains("step 16 loss nan"), "{r}");
+    drop(slurm);
+    a.stop();
+    let _ = std::fs::remove_dir_all(&base);
+}

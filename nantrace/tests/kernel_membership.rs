@@ -77,7 +77,7 @@ fn threads_ending_together_end_their_process_once() {
     if !privileged("threads_ending_together_end_their_process_once") {
         return;
     }
-    for round in 0..5 {
+    for round in 0..3 {
         let mut root = Gated::new("together", &format!("exec {BIN} bench-internal threads-exit-together"));
         let pid = u64::from(root.id());
         let w = Watch::start(&["--pid", &pid.to_string()]);

@@ -50,6 +50,10 @@ pub struct Config {
     pub max_jobs: usize,
     /// At most this many of them from one user (one user's hundred jobs do not hide another's).
     pub max_jobs_per_user: usize,
+    /// The job directory on the cluster's shared filesystem ("" = off): an incident of a
+    /// Slurm job on one node makes every node's agent dump it, under one incident id
+    /// (`<job_dir>/<job>/<incident>/<host>/`; see `agent::jobdir`).
+    pub job_dir: PathBuf,
 }
 
 impl Default for Config {
@@ -78,6 +82,7 @@ impl Default for Config {
             gpucheck_after_nan: true,
             max_jobs: 64,
             max_jobs_per_user: 16,
+            job_dir: PathBuf::new(),
         }
     }
 }

@@ -33,6 +33,8 @@ const FAMILIES: &[(&str, &str, &str)] = &[
     ("nantrace_recorder_bytes", "gauge", "Bytes held by the flight recorders (node-wide and per job)."),
     ("nantrace_webhook_failures_total", "counter", "Incident webhooks that failed after all retries."),
     ("nantrace_discovery_seconds", "gauge", "Duration of the last /proc scan for jobs."),
+    ("nantrace_job_dir_ok", "gauge", "1 when the job directory (job_dir) is in use, 0 when it was refused."),
+    ("nantrace_job_dir_failures_total", "counter", "Job-wide incidents not opened or bundles not shared in the job directory."),
 ];
 
 #[derive(Default)]

@@ -9,6 +9,7 @@
 pub mod config;
 pub mod ctl;
 pub mod discover;
+pub mod jobdir;
 mod logs;
 mod scanner;
 pub mod metrics;
@@ -94,6 +95,8 @@ struct Agent {
     host: String,
     started: u64,
     proc_root: PathBuf,
+    /// The job directory's thread (`job_dir`), when there is one.
+    jobdir: Option<std::sync::mpsc::Sender<jobdir::Msg>>,
 }
 
 impl Agent {
@@ -236,7 +239,21 @@ impl Agent {
         let (key2, ident2, gpucheck) = (key.clone(), identity.clone(), self.cfg.gpucheck_after_nan);
         let m2 = self.metrics.clone();
         let job_uid = f.uid;
-        let session = Session::new(opts, info, Mode::Follow).with_label(format!("job {key}: ")).on_fault(move |fam| m2.inc("nantrace_job_output_failures_total", &[("family", fam.as_str())])).on_dump(move |d| {
+        // A job with a name in the job directory: its incidents are the job's on every node.
+        let shared = self.jobdir.clone().zip(jobdir::job_key(&identity));
+        let (jd_open, jd_dump) = (shared.clone(), shared.clone());
+        if let Some((jd, job)) = &shared {
+            let _ = jd.send(jobdir::Msg::Watch { job: job.clone(), key: key.clone(), tx: tx.clone() });
+        }
+        let (key_open, key_dump) = (key.clone(), key.clone());
+        let session = Session::new(opts, info, Mode::Follow).with_label(format!("job {key}: ")).on_fault(move |fam| m2.inc("nantrace_job_output_failures_total", &[("family", fam.as_str())])).on_open(move |trigger, reason| {
+            if let Some((jd, _)) = &jd_open {
+                let _ = jd.send(jobdir::Msg::Opened { key: key_open.clone(), trigger: trigger.to_string(), reason: reason.to_string() });
+            }
+        }).on_dump(move |d| {
+            if let (Some((jd, _)), Some(dir)) = (&jd_dump, &d.dir) {
+                let _ = jd.send(jobdir::Msg::Dumped { key: key_dump.clone(), bundle: dir.clone() });
+            }
             let family = d.family.clone().unwrap_or_else(|| "none".into());
             match &d.dir {
                 Some(_) => metrics.inc("nantrace_incidents_total", &[("trigger", &d.trigger), ("family", &family)]),
@@ -333,6 +350,9 @@ impl Agent {
         let root = st.jobs.get(key).map_or(0, |j| j.found.root);
         st.ended.insert(key.to_string(), (now, root));
         st.ended.retain(|_, t| now - t.0 < 30_000_000_000);
+        if let Some(jd) = &self.jobdir {
+            let _ = jd.send(jobdir::Msg::Unwatch { key: key.to_string() });
+        }
         if let Some(j) = st.jobs.remove(key) {
             crate::say!("nantrace: job {key} ended after {:.0} s ({} incident(s))", (monotonic_ns() - j.since_ns) as f64 / 1e9, j.incidents);
         }
@@ -403,7 +423,28 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // Discovery on a thread of its own (/proc reads block).
     let scanner::Scanner { results: mut disc_rx, scan_now, control: cfg_tx } = scanner::spawn(discover::Discovery::new(proc_root.clone(), &cfg), &cfg)?;
     let host = crate::bundle::Host::read().hostname;
-    let mut agent = Agent { cfg, args, kernel, node, state, metrics, webhook, done_tx, host, started: monotonic_ns(), proc_root };
+    let jobdir = if cfg.job_dir.as_os_str().is_empty() {
+        None
+    } else {
+        match jobdir::Root::open(&cfg.job_dir) {
+            Ok(root) => {
+                let m = metrics.clone();
+                metrics.set("nantrace_job_dir_ok", &[], 1.0);
+                Some(jobdir::spawn(root, host.clone(), Box::new(move |key, what| {
+                    if what.starts_with("WARNING") {
+                        m.inc("nantrace_job_dir_failures_total", &[]);
+                    }
+                    crate::say!("nantrace: job {key}: {what}");
+                })))
+            }
+            Err(e) => {
+                metrics.set("nantrace_job_dir_ok", &[], 0.0);
+                crate::say!("nantrace: ERROR: {e:#}; job-wide dumps are off, each node's bundles stay in its spool");
+                None
+            }
+        }
+    };
+    let mut agent = Agent { cfg, args, kernel, node, state, metrics, webhook, done_tx, host, started: monotonic_ns(), proc_root, jobdir };
     crate::say!(
         "nantrace: agent {} on {}: {} probes attached, spool {}, socket {}, metrics {}",
         env!("CARGO_PKG_VERSION"),

@@ -113,6 +113,7 @@ pub struct Dumped {
 
 type DumpHook = Box<dyn Fn(&Dumped) + Send>;
 type FaultHook = Box<dyn Fn(crate::joblog::JobFamily) + Send>;
+type OpenHook = Box<dyn Fn(&str, &str) + Send>;
 
 /// How the job is tied to the session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,6 +168,9 @@ pub struct Session {
     on_dump: Option<DumpHook>,
     /// Called with the family of each failure line of the job's output (the agent's metrics).
     on_fault: Option<FaultHook>,
+    /// Called when an incident opens, with its first trigger's kind and reason (the agent's
+    /// job directory: the other nodes of the job dump too).
+    on_open: Option<OpenHook>,
 }
 
 impl Session {
@@ -201,6 +205,7 @@ impl Session {
             label: String::new(),
             on_dump: None,
             on_fault: None,
+            on_open: None,
             opts,
         }
     }
@@ -218,6 +223,11 @@ impl Session {
 
     pub fn on_fault(mut self, f: impl Fn(crate::joblog::JobFamily) + Send + 'static) -> Self {
         self.on_fault = Some(Box::new(f));
+        self
+    }
+
+    pub fn on_open(mut self, f: impl Fn(&str, &str) + Send + 'static) -> Self {
+        self.on_open = Some(Box::new(f));
         self
     }
 
@@ -247,6 +257,9 @@ impl Session {
         self.rec.push(Event::new(f.mono_ns, 0, 0, crate::event::Comm::NONE, false, Detail::Trigger { kind: f.kind.name(), reason: Box::new(f.reason.clone()) }));
         if self.incident.is_empty() {
             self.deadline = Some(monotonic_ns() + (self.opts.post_s * 1e9) as u64);
+            if let Some(h) = &self.on_open {
+                h(f.kind.name(), &f.reason);
+            }
         }
         self.incident.push(f);
     }

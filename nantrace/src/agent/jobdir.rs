@@ -1,0 +1,291 @@
+//! The job-wide dump, through a job directory on the cluster's shared filesystem
+//! (`job_dir`): when one node's agent opens an incident for a Slurm job, every other node's
+//! agent watching that job dumps the same incident's window, and each node's bundle lands
+//! under one incident id: `<job_dir>/<job>/<incident>/<host>/`. No network service: the
+//! filesystem the cluster already shares.
+//!
+//! Layout: `<job_dir>/<job>/<incident>/INCIDENT.json` (the marker: who opened it, when, on
+//! what trigger), `<job_dir>/<job>/<incident>/<host>/` (a copy of that node's bundle; the
+//! original stays in the node's spool).
+//!
+//! Trust: `job_dir` is the agents' (made by an administrator, owned by the identity the
+//! agents have on the shared filesystem: root, or the squashed uid under NFS root_squash) and
+//! writable by that owner alone; the agent refuses one that group or others can write. A
+//! marker is followed only when it is a plain file of that owner in a job directory of that
+//! owner that nobody else can write; anything else is said once and ignored. A marker only
+//! makes an agent dump its own node's evidence: it is never evidence itself, and the
+//! job report (`nantrace report <job_dir>/<job>/<incident>`) reads each node's bundle as
+//! that node's claim. All the shared filesystem's I/O runs on one thread of its own, so a
+//! hung mount never holds a job's session.
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc as std_mpsc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::safefs;
+use crate::session::Input;
+use crate::trigger::TriggerKind;
+
+/// Incidents opened within this long of each other are one incident of the job (a NaN on
+/// rank 0 and the communicator errors it causes on the other nodes seconds later).
+pub const JOIN_WINDOW_S: f64 = 120.0;
+
+/// How often the agents look for incidents other nodes opened.
+pub const POLL: Duration = Duration::from_millis(500);
+
+const MARKER: &str = "INCIDENT.json";
+const MARKER_MAX: u64 = 16 << 10;
+/// Incident directories of one job looked at per poll, at most.
+const INCIDENTS_MAX: usize = 256;
+
+/// The job's name in the job directory: its Slurm job id (`123`, an array task `123_4`, a
+/// heterogeneous component `123+1`), nothing else.
+pub fn job_key(identity: &Value) -> Option<String> {
+    let id = identity["job_id"].as_str()?;
+    (identity["kind"] == "slurm" && !id.is_empty() && id.len() <= 32 && id.bytes().all(|b| b.is_ascii_digit() || b == b'_' || b == b'+')).then(|| id.to_string())
+}
+
+/// The job directory's root, checked.
+#[derive(Clone, Debug)]
+pub struct Root {
+    path: PathBuf,
+    owner: u32,
+}
+
+impl Root {
+    /// `path` must be a directory (not a link) of this agent's uid that only it can write.
+    pub fn open(path: &Path) -> anyhow::Result<Root> {
+        let m = std::fs::symlink_metadata(path).map_err(|e| anyhow::anyhow!("job_dir {}: {e}", path.display()))?;
+        anyhow::ensure!(m.file_type().is_dir(), "job_dir {}: not a directory (a link is not followed)", path.display());
+        // SAFETY: no arguments, no failure mode.
+        let me = unsafe { libc::geteuid() };
+        anyhow::ensure!(m.uid() == me, "job_dir {}: owned by uid {}, not by this agent's uid {me} (on NFS with root_squash the agents are not root there: export the job directory to the nodes without squashing root, or use another shared filesystem)", path.display(), m.uid());
+        anyhow::ensure!(m.mode() & 0o022 == 0, "job_dir {}: writable by group or others (mode {:o}): users could forge incidents; make it the agents' alone (chmod 0755, owned by the agents' uid on the shared filesystem)", path.display(), m.mode() & 0o7777);
+        Ok(Root { path: path.to_path_buf(), owner: m.uid() })
+    }
+
+    fn trusted_dir(&self, p: &Path) -> bool {
+        std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_dir() && m.uid() == self.owner && m.mode() & 0o022 == 0)
+    }
+
+    /// `<root>/<job>/`, made when missing (0700, as the spool: bundles are for the admins).
+    fn job(&self, job: &str) -> std::io::Result<safefs::Dir> {
+        let root = safefs::Dir::open(&self.path)?;
+        match root.create_subdir(job) {
+            Ok(d) => Ok(d),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let p = self.path.join(job);
+                if !self.trusted_dir(&p) {
+                    return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, format!("{} is not the agents' alone", p.display())));
+                }
+                safefs::Dir::open(&p)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The incidents of `job` whose markers can be trusted: (id, marker).
+    pub fn incidents(&self, job: &str) -> Vec<(String, Value)> {
+        let jd = self.path.join(job);
+        if !self.trusted_dir(&jd) {
+            return Vec::new();
+        }
+        let Ok(rd) = std::fs::read_dir(&jd) else { return Vec::new() };
+        let mut out = Vec::new();
+        for ent in rd.flatten().take(INCIDENTS_MAX) {
+            let Some(name) = ent.file_name().to_str().map(String::from) else { continue };
+            if name.starts_with('.') || !self.trusted_dir(&ent.path()) {
+                continue;
+            }
+            let p = ent.path().join(MARKER);
+            let Ok(f) = crate::bundle::open_plain(&p) else { continue };
+            let Ok(m) = f.metadata() else { continue };
+            if m.uid() != self.owner || m.len() > MARKER_MAX {
+                continue;
+            }
+            if let Ok(v) = serde_json::from_reader::<_, Value>(std::io::Read::take(f, MARKER_MAX)) {
+                if v["incident"] == name.as_str() && v["job"] == job {
+                    out.push((name, v));
+                }
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// The incident this node's new trigger belongs to: one another node (or this one)
+    /// opened within [`JOIN_WINDOW_S`], else a new one with this node's marker.
+    pub fn open_incident(&self, job: &str, host: &str, trigger: &str, reason: &str, now_ns: i128) -> std::io::Result<String> {
+        let recent = self.incidents(job).into_iter().filter(|(_, v)| v["time_ns"].as_str().and_then(|t| t.parse::<i128>().ok()).is_some_and(|t| (now_ns - t).abs() as f64 <= JOIN_WINDOW_S * 1e9)).next_back();
+        if let Some((id, _)) = recent {
+            return Ok(id);
+        }
+        let jd = self.job(job)?;
+        let host = safefs::sanitize(host, "host");
+        let id = format!("{}-{host}", crate::clock::compact_utc(now_ns));
+        let d = match jd.create_subdir(&id) {
+            Ok(d) => d,
+            // Two triggers in the same millisecond on this host: one incident.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(id),
+            Err(e) => return Err(e),
+        };
+        let reason: String = crate::term::clean(reason).chars().take(300).collect();
+        let marker = json!({ "schema": "nantrace.incident/1", "job": job, "incident": id, "host": host, "trigger": trigger, "reason": reason, "time": crate::clock::rfc3339(now_ns), "time_ns": now_ns.to_string() });
+        d.write_new(MARKER, &serde_json::to_vec_pretty(&marker).map_err(std::io::Error::other)?)?;
+        Ok(id)
+    }
+
+    /// A copy of the bundle at `bundle` into `<job>/<incident>/<host>/` (another name when
+    /// this host has one there already: a second dump of the same incident).
+    pub fn put_bundle(&self, job: &str, incident: &str, host: &str, bundle: &Path) -> std::io::Result<PathBuf> {
+        let jd = self.job(job)?;
+        let inc = match jd.create_subdir(incident) {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let p = self.path.join(job).join(incident);
+                if !self.trusted_dir(&p) {
+                    return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, format!("{} is not the agents' alone", p.display())));
+                }
+                safefs::Dir::open(&p)?
+            }
+            Err(e) => return Err(e),
+        };
+        let host = safefs::sanitize(host, "host");
+        let (tmp, tmp_name) = inc.create_temp_subdir(&format!(".{host}.tmp-"))?;
+        for ent in std::fs::read_dir(bundle)?.flatten() {
+            let Some(name) = ent.file_name().to_str().map(String::from) else { continue };
+            if !ent.file_type().is_ok_and(|t| t.is_file()) {
+                continue;
+            }
+            let Ok(mut f) = crate::bundle::open_plain(&ent.path()) else { continue };
+            tmp.write_with(&name, |w| std::io::copy(&mut f, w).map(|_| ()))?;
+        }
+        let mut name = host.clone();
+        for n in 2..100 {
+            match inc.rename_noreplace(&tmp_name, &name) {
+                Ok(()) => return Ok(self.path.join(job).join(incident).join(&name)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => name = format!("{host}-{n}"),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "100 bundles of this host in one incident"))
+    }
+}
+
+/// What the agent tells the job directory's thread.
+pub enum Msg {
+    /// A watched job that has a name in the job directory, and its session's input.
+    Watch { job: String, key: String, tx: mpsc::Sender<Input> },
+    Unwatch { key: String },
+    /// The job's session opened an incident (its own trigger).
+    Opened { key: String, trigger: String, reason: String },
+    /// The job's session wrote a bundle.
+    Dumped { key: String, bundle: PathBuf },
+}
+
+struct Watched {
+    job: String,
+    tx: mpsc::Sender<Input>,
+    /// Incidents already dumped or seen (never dumped twice).
+    seen: BTreeSet<String>,
+    /// The incident the job's open (or last) dump belongs to.
+    current: Option<String>,
+}
+
+/// Where the job-directory thread reports what it did (for the agent's log and metrics).
+pub type Report = Box<dyn Fn(&str, &str) + Send>;
+
+/// Start the job directory's thread.
+pub fn spawn(root: Root, host: String, report: Report) -> std_mpsc::Sender<Msg> {
+    let (tx, rx) = std_mpsc::channel::<Msg>();
+    let r = std::thread::Builder::new().name("nantrace-jobdir".into()).spawn(move || {
+        let mut jobs: BTreeMap<String, Watched> = BTreeMap::new();
+        let mut said: BTreeSet<String> = BTreeSet::new();
+        loop {
+            match rx.recv_timeout(POLL) {
+                Ok(m) => handle(&root, &host, &mut jobs, &report, m),
+                Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+            poll(&root, &host, &mut jobs, &report, &mut said);
+        }
+    });
+    if let Err(e) = r {
+        crate::say!("nantrace: WARNING: no thread for the job directory ({e}): no job-wide dumps");
+    }
+    tx
+}
+
+fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report: &Report, m: Msg) {
+    match m {
+        Msg::Watch { job, key, tx } => {
+            // Incidents already there when the job is first seen are not this node's to dump.
+            let seen = root.incidents(&job).into_iter().map(|x| x.0).collect();
+            jobs.insert(key, Watched { job, tx, seen, current: None });
+        }
+        Msg::Unwatch { key } => {
+            jobs.remove(&key);
+        }
+        Msg::Opened { key, trigger, reason } => {
+            let Some(w) = jobs.get_mut(&key) else { return };
+            if w.current.is_some() {
+                return; // the marker of another node opened it, or this one already did
+            }
+            match root.open_incident(&w.job, host, &trigger, &reason, crate::clock::realtime_ns()) {
+                Ok(id) => {
+                    report(&key, &format!("job-wide incident {id} ({trigger} here)"));
+                    w.seen.insert(id.clone());
+                    w.current = Some(id);
+                }
+                Err(e) => report(&key, &format!("WARNING: job directory: no incident opened: {e}")),
+            }
+        }
+        Msg::Dumped { key, bundle } => {
+            let Some(w) = jobs.get_mut(&key) else { return };
+            let id = match w.current.take() {
+                Some(id) => id,
+                None => match root.open_incident(&w.job, host, "dump", "a bundle without a trigger of its own", crate::clock::realtime_ns()) {
+                    Ok(id) => id,
+                    Err(e) => return report(&key, &format!("WARNING: job directory: bundle not shared: {e}")),
+                },
+            };
+            w.seen.insert(id.clone());
+            match root.put_bundle(&w.job, &id, host, &bundle) {
+                Ok(p) => report(&key, &format!("bundle shared as {}", p.display())),
+                Err(e) => report(&key, &format!("WARNING: job directory: bundle not shared under incident {id}: {e}")),
+            }
+        }
+    }
+}
+
+/// Incidents other nodes opened for the jobs watched here: each one dumps this node's window.
+fn poll(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report: &Report, said: &mut BTreeSet<String>) {
+    for (key, w) in jobs.iter_mut() {
+        let jd = root.path.join(&w.job);
+        if jd.exists() && !root.trusted_dir(&jd) && said.insert(w.job.clone()) {
+            report(key, &format!("WARNING: {} is not the agents' alone (owner or mode): its incidents are ignored", jd.display()));
+        }
+        for (id, marker) in root.incidents(&w.job) {
+            if w.seen.contains(&id) || w.current.is_some() {
+                // Done, or this node's own incident is open: the next one after its dump.
+                continue;
+            }
+            w.seen.insert(id.clone());
+            if marker["host"] == safefs::sanitize(host, "host").as_str() {
+                continue;
+            }
+            let why = format!("job-wide dump: incident {id} ({} on {})", crate::term::clean(marker["trigger"].as_str().unwrap_or("?")), crate::term::clean(marker["host"].as_str().unwrap_or("?")));
+            if w.tx.try_send(Input::Fire(TriggerKind::JobWide, why.clone(), crate::clock::monotonic_ns())).is_ok() {
+                report(key, &why);
+                w.current = Some(id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,136 @@
+//! The job directory's protocol on a real directory: incidents opened and joined, bundles
+//! placed under them without following links, markers of anyone but the agents ignored.
+use super::*;
+
+struct Tmp(PathBuf);
+
+impl Tmp {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("nantrace-jobdir-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        Tmp(p)
+    }
+}
+
+impl Drop for Tmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn bundle(dir: &Path) -> PathBuf {
+    let b = dir.join("nantrace-n1-x");
+    std::fs::create_dir_all(&b).unwrap();
+    std::fs::write(b.join("timeline.json"), "{}").unwrap();
+    std::fs::write(b.join("report.md"), "# r").unwrap();
+    b
+}
+
+#[test]
+fn triggers_within_the_join_window_are_one_incident_and_bundles_land_under_it() {
+    let t = Tmp::new("join");
+    let root = Root::open(&t.0).unwrap();
+    let now = 1_796_000_000_000_000_000i128;
+    let a = root.open_incident("4711", "n1", "nan", "step 300 | loss nan", now).unwrap();
+    assert!(a.starts_with("2026") && a.ends_with("Z-n1"), "{a}");
+    let b = root.open_incident("4711", "n2", "job-error", "NCCL error", now + 3_000_000_000).unwrap();
+    assert_eq!(a, b, "3 s later, on another node: the same incident");
+    let c = root.open_incident("4711", "n2", "nan", "again", now + 600_000_000_000).unwrap();
+    assert_ne!(a, c, "10 minutes later: a new incident");
+    let incs = root.incidents("4711");
+    assert_eq!(incs.len(), 2);
+    assert_eq!(incs[0].1["host"], "n1");
+    assert_eq!(incs[0].1["trigger"], "nan");
+    let src = Tmp::new("src");
+    let b1 = bundle(&src.0);
+    let p = root.put_bundle("4711", &a, "n1", &b1).unwrap();
+    assert_eq!(p, t.0.join("4711").join(&a).join("n1"));
+    assert_eq!(std::fs::read_to_string(p.join("report.md")).unwrap(), "# r");
+    let p2 = root.put_bundle("4711", &a, "n1", &b1).unwrap();
+    assert_eq!(p2, t.0.join("4711").join(&a).join("n1-2"), "a second dump of one incident keeps the first");
+    let found = crate::jobreport::find_bundles(&t.0.join("4711").join(&a)).unwrap();
+    assert_eq!(found.len(), 2, "the job report finds the node bundles under the incident");
+}
+
+#[test]
+fn a_job_dir_others_can_write_is_refused() {
+    let t = Tmp::new("mode");
+    std::fs::set_permissions(&t.0, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let e = Root::open(&t.0).unwrap_err().to_string();
+    assert!(e.contains("writable by group or others"), "{e}");
+    let link = t.0.with_extension("link");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&t.0, &link).unwrap();
+    assert!(Root::open(&link).unwrap_err().to_string().contains("not a directory"));
+    let _ = std::fs::remove_file(&link);
+}
+
+#[test]
+fn markers_in_a_directory_others_can_write_or_of_the_wrong_shape_are_ignored() {
+    let t = Tmp::new("forge");
+    let root = Root::open(&t.0).unwrap();
+    let id = root.open_incident("77", "n1", "nan", "x", 1_796_000_000_000_000_000).unwrap();
+    assert_eq!(root.incidents("77").len(), 1);
+    // A marker that names another job or incident than its place: ignored.
+    let fake = t.0.join("77").join("fake");
+    std::fs::create_dir(&fake).unwrap();
+    std::fs::write(fake.join("INCIDENT.json"), serde_json::to_vec(&json!({ "job": "77", "incident": "other", "host": "n9" })).unwrap()).unwrap();
+    // A marker that is a link: ignored.
+    let linked = t.0.join("77").join("linked");
+    std::fs::create_dir(&linked).unwrap();
+    std::os::unix::fs::symlink(t.0.join("77").join(&id).join("INCIDENT.json"), linked.join("INCIDENT.json")).unwrap();
+    assert_eq!(root.incidents("77").iter().map(|x| x.0.as_str()).collect::<Vec<_>>(), [id.as_str()]);
+    // The job's directory made writable by others (a user given access): nothing is trusted.
+    std::fs::set_permissions(t.0.join("77"), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    assert!(root.incidents("77").is_empty());
+    assert!(root.put_bundle("77", &id, "n1", &t.0).is_err(), "nor written into");
+}
+
+#[test]
+fn only_slurm_job_ids_name_a_job() {
+    assert_eq!(job_key(&json!({ "kind": "slurm", "job_id": "4711" })).as_deref(), Some("4711"));
+    assert_eq!(job_key(&json!({ "kind": "slurm", "job_id": "4711_3" })).as_deref(), Some("4711_3"));
+    assert_eq!(job_key(&json!({ "kind": "slurm", "job_id": "../etc" })), None);
+    assert_eq!(job_key(&json!({ "kind": "pod", "job_id": "4711" })), None);
+}
+
+/// The thread: a marker another node wrote makes the job's session fire once; this node's
+/// own trigger opens (or joins) the incident and its bundle is shared under it.
+#[test]
+fn another_nodes_incident_fires_this_nodes_session_once() {
+    let t = Tmp::new("thread");
+    let root = Root::open(&t.0).unwrap();
+    let (tx, mut rx) = mpsc::channel::<Input>(8);
+    let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let s2 = said.clone();
+    let jd = spawn(root.clone(), "n2".into(), Box::new(move |k, m| s2.lock().unwrap().push(format!("{k}: {m}"))));
+    jd.send(Msg::Watch { job: "4711".into(), key: "slurm-4711".into(), tx }).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let id = root.open_incident("4711", "n1", "nan", "step 300 | loss nan", crate::clock::realtime_ns()).unwrap();
+    let t0 = std::time::Instant::now();
+    let fired = loop {
+        if let Ok(i) = rx.try_recv() {
+            break i;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(3), "no fire within 3 s: {:?}", said.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let Input::Fire(kind, why, _) = fired else { panic!("not a fire") };
+    assert_eq!(kind, TriggerKind::JobWide);
+    assert!(why.contains(&id) && why.contains("nan on n1"), "{why}");
+    assert!(t0.elapsed() <= POLL * 3, "within the poll interval: {:?}", t0.elapsed());
+    // The session's own view of it opens nothing new; its bundle goes under the incident.
+    jd.send(Msg::Opened { key: "slurm-4711".into(), trigger: "manual".into(), reason: why }).unwrap();
+    let src = Tmp::new("thread-src");
+    jd.send(Msg::Dumped { key: "slurm-4711".into(), bundle: bundle(&src.0) }).unwrap();
+    let t0 = std::time::Instant::now();
+    while !t.0.join("4711").join(&id).join("n2").join("report.md").exists() {
+        assert!(t0.elapsed() < Duration::from_secs(3), "bundle not shared: {:?}", said.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(POLL * 2);
+    assert!(rx.try_recv().is_err(), "fired once");
+    assert_eq!(root.incidents("4711").len(), 1, "no second incident");
+}
