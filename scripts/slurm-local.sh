@@ -2,6 +2,7 @@
 # One-node local Slurm cluster (Debian slurm-wlm 22.05 + munge) for nantrace agent
 # integration tests. Run as root. Not for production nodes.
 #
+#   scripts/slurm-local.sh install  # only install slurm-wlm and munge, start nothing (the VM cluster)
 #   scripts/slurm-local.sh up       # install if needed, start munged+slurmctld+slurmd, wait until srun works
 #   scripts/slurm-local.sh status   # sinfo + squeue
 #   scripts/slurm-local.sh down     # cancel jobs, stop exactly the daemons `up` started, remove the state dir
@@ -272,8 +273,9 @@ if [ "${1:-}" = up ] || [ "${1:-}" = down ]; then
 fi
 
 case "${1:-}" in
+  install) install_pkgs slurm-wlm munge ;;
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  *) echo "usage: $0 install|up|down|status" >&2; exit 2 ;;
 esac

@@ -354,17 +354,21 @@ fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw:
     let incomplete = if missing.is_empty() { String::new() } else { format!(" INCOMPLETE: no bundle from {} ({} of the job's nodes).", missing.join(", "), missing.len()) };
     // The culprit: the node with the strongest machine finding from the kernel or NVML; the
     // job's own words only where no node has more (and then at most POSSIBLY).
+    // The job's words after the job's reference (its first NaN) are its consequences (the
+    // other ranks' broken connections once rank 0 stopped), never the cause.
     let ranked = |words: bool| {
         nodes
             .iter()
             .enumerate()
             .filter(|(_, s)| s.machine && s.machine_from_job_words_only == words)
             .filter_map(|(i, s)| s.first_machine.as_ref().map(|f| (i, f)))
+            .filter(|(_, f)| !words || f.rel_s <= 0.2)
             .max_by(|a, b| a.1.score.total_cmp(&b.1.score).then(b.1.rel_s.total_cmp(&a.1.rel_s)))
     };
+    let consequence = |s: &NodeSummary| s.machine_from_job_words_only && s.first_machine.as_ref().is_some_and(|f| f.rel_s > 0.2);
     let others = |i: usize| {
-        let clean: Vec<&str> = nodes.iter().enumerate().filter(|(j, s)| *j != i && !s.machine).map(|(_, s)| s.name.as_str()).collect();
-        let machine: Vec<String> = nodes.iter().enumerate().filter(|(j, s)| *j != i && s.machine).map(|(_, s)| format!("{} ({})", s.name, s.first_machine.as_ref().map_or("", |f| f.text.as_str()))).collect();
+        let clean: Vec<&str> = nodes.iter().enumerate().filter(|(j, s)| *j != i && (!s.machine || consequence(s))).map(|(_, s)| s.name.as_str()).collect();
+        let machine: Vec<String> = nodes.iter().enumerate().filter(|(j, s)| *j != i && s.machine && !consequence(s)).map(|(_, s)| format!("{} ({})", s.name, s.first_machine.as_ref().map_or("", |f| f.text.as_str()))).collect();
         let mut t = String::new();
         if !clean.is_empty() {
             t.push_str(&format!("; {} other node{} clean ({})", clean.len(), if clean.len() == 1 { "" } else { "s" }, clean.join(", ")));
@@ -421,6 +425,8 @@ fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw:
         format!("NOT THE MACHINE, as far as nantrace can see: {n} node{} alike, none with a hardware, kernel, system or network fault in the window, no node standing out from its peers. Look at the model side: learning rate, data, precision", if n == 1 { "" } else { "s" })
     };
     let family = sw.first().map_or(if undecided.is_empty() { "none" } else { "unknown" }, |s| s.family.as_str()).to_string();
+    let after: Vec<String> = nodes.iter().filter(|s| consequence(s)).filter_map(|s| s.first_machine.as_ref().map(|f| format!("{}: {}", s.name, f.text))).collect();
+    let base = if after.is_empty() { base } else { format!("{base}. After the first NaN, consequences, not the cause: {}", after.join("; ")) };
     if missing.is_empty() {
         (format!("{base}."), family, None, None, None)
     } else {

@@ -5,6 +5,9 @@
 # OUT_DIR (holding guest.sh and vm.env) writable. The serial console goes to OUT_DIR/serial.log.
 # TCG by default (-accel tcg -cpu max): on this kind of machine /dev/kvm is a software-nested
 # KVM under which a guest kernel crawls. NANTRACE_VM_ACCEL=kvm uses KVM.
+# The VM cluster (`cargo xtask vm-cluster`) adds a NIC and a shared directory: NANTRACE_VM_NIC
+# ("tap-name,mac") puts the guest on that tap (run inside the cluster's network namespace),
+# NANTRACE_VM_SHARED a directory every node mounts writable (9p tag `shared`).
 set -euo pipefail
 K=$1 OUT=$2 TIMEOUT=$3
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -21,9 +24,14 @@ case ${NANTRACE_VM_ACCEL:-tcg} in
   kvm) ACCEL=(-enable-kvm -cpu host,-arch-capabilities) ;;
   *) ACCEL=(-accel tcg,thread=multi -cpu max) ;;
 esac
+EXTRA=(-nic none)
+if [ -n "${NANTRACE_VM_NIC:-}" ]; then
+  EXTRA=(-netdev "tap,id=n0,ifname=${NANTRACE_VM_NIC%%,*},script=no,downscript=no" -device "virtio-net-pci,netdev=n0,mac=${NANTRACE_VM_NIC#*,}")
+fi
+[ -n "${NANTRACE_VM_SHARED:-}" ] && EXTRA+=(-virtfs "local,path=$NANTRACE_VM_SHARED,mount_tag=shared,security_model=none,multidevs=remap")
 rc=0
 timeout --foreground -k 5 "$TIMEOUT" qemu-system-x86_64 "${ACCEL[@]}" -smp "${NANTRACE_VM_SMP:-2}" -m "${NANTRACE_VM_MEM:-2048}" \
-  -nic none -nographic -no-reboot -kernel "$K/vmlinuz" -initrd "$OUT/initramfs.cpio" \
+  "${EXTRA[@]}" -nographic -no-reboot -kernel "$K/vmlinuz" -initrd "$OUT/initramfs.cpio" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
   -virtfs local,path="$OUT",mount_tag=out,security_model=none,multidevs=remap \
   -append "console=ttyS0 panic=-1 rdinit=/init quiet" </dev/null > "$OUT/serial.log" 2>&1 || rc=$?

@@ -1,5 +1,6 @@
 //! `cargo xtask`: the project's front door. Installs what is missing (idempotently), builds the
 //! eBPF probes with the pinned toolchain, builds the CLI, runs the tests, the demo, the bench.
+mod cluster;
 mod bench;
 mod dist;
 mod setup;
@@ -61,6 +62,9 @@ enum Cmd {
         #[arg(long)]
         docs: bool,
     },
+    /// The multi-node tests on a cluster of three QEMU VMs with Slurm and the agent on each
+    /// (root; docs/multi-node.md)
+    VmCluster,
     /// Release binary for glibc >= 2.28 (cargo zigbuild), probes embedded, plus
     /// target/dist/nantrace-VERSION-x86_64-linux-gnu.tar.gz (docs/dist.md).
     /// NANTRACE_BPF_OBJ=path embeds a prebuilt eBPF object instead of building one.
@@ -140,7 +144,15 @@ fn main() -> Result<()> {
             if !root_user {
                 bail!("the kernel matrix needs root (it downloads kernels with apt and runs the privileged tests in VMs)");
             }
-            vm::vm_test(&vm::Args { kernels: None, docs: false }, &root().join("target/debug/nantrace"))
+            vm::vm_test(&vm::Args { kernels: None, docs: false }, &root().join("target/debug/nantrace"))?;
+            // The multi-node tests on a cluster of VMs.
+            cluster::vm_cluster(&root().join("target/debug/nantrace"))
+        }
+        Cmd::VmCluster => {
+            let route = setup::setup()?;
+            setup::build_ebpf(&route)?;
+            let bin = build_cli(false)?;
+            cluster::vm_cluster(&bin)
         }
         Cmd::Demo { scenario, out } => {
             let route = setup::setup()?;

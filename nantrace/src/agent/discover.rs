@@ -20,6 +20,8 @@ pub struct Proc {
     pub uid: u32,
     pub starttime: u64,
     pub cmdline: String,
+    /// The name in /proc/PID/stat: it changes at exec, the start time does not.
+    pub comm: String,
     pub slurm: Option<SlurmRef>,
     pub pod: Option<PodRef>,
 }
@@ -107,10 +109,20 @@ fn stat_fields(stat: &str) -> Option<(u32, u32, u64)> {
     Some((f.get(1)?.parse().ok()?, f.get(2)?.parse().ok()?, f.get(19)?.parse().ok()?))
 }
 
+/// The process name in a stat line (between the first `(` and the last `)`).
+fn stat_comm(stat: &str) -> &str {
+    match (stat.find('('), stat.rfind(')')) {
+        (Some(a), Some(b)) if b > a => &stat[a + 1..b],
+        _ => "",
+    }
+}
+
 /// One process from a `/proc`-shaped directory (None: gone, or a kernel thread).
 pub fn read_proc(root: &Path, pid: u32) -> Option<Proc> {
     let d = root.join(pid.to_string());
-    let (ppid, pgid, starttime) = stat_fields(&std::fs::read_to_string(d.join("stat")).ok()?)?;
+    let stat = std::fs::read_to_string(d.join("stat")).ok()?;
+    let (ppid, pgid, starttime) = stat_fields(&stat)?;
+    let comm = stat_comm(&stat).to_string();
     // Bounded reads: a process may carry megabytes of arguments or environment (review 5).
     let read_max = |name: &str, max: u64| -> Vec<u8> {
         use std::io::Read as _;
@@ -136,7 +148,7 @@ pub fn read_proc(root: &Path, pid: u32) -> Option<Proc> {
             s.step_id = Some("batch".into());
         }
     }
-    Some(Proc { pid, ppid, pgid, uid, starttime, cmdline, slurm, pod: pod_from(&environ, &cgroup) })
+    Some(Proc { pid, ppid, pgid, uid, starttime, cmdline, comm, slurm, pod: pod_from(&environ, &cgroup) })
 }
 
 /// The device paths among a process's open descriptors that start with one of `prefixes`
@@ -249,9 +261,11 @@ impl Discovery {
                 alive.insert(pid);
                 let fresh = match self.seen.get(&pid) {
                     Some(s) => {
-                        // A reused pid is a new process.
+                        // A reused pid is a new process; an exec (the same start time, a new
+                        // name: slurmd's fork becoming slurmstepd, `env` becoming the job) a
+                        // new command line and environment.
                         let st = std::fs::read_to_string(self.root.join(pid.to_string()).join("stat")).ok();
-                        st.as_deref().and_then(stat_fields).map(|f| f.2) != Some(s.proc.starttime)
+                        st.as_deref().and_then(stat_fields).map(|f| f.2) != Some(s.proc.starttime) || st.as_deref().map(stat_comm) != Some(s.proc.comm.as_str())
                     }
                     None => true,
                 };

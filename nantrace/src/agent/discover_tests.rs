@@ -81,7 +81,7 @@ mod slurm_trust {
 
     fn proc(pid: u32, ppid: u32, uid: u32, cmd: &str, job: Option<&str>) -> (u32, Seen) {
         let slurm = job.map(|j| SlurmRef { job_id: j.into(), ..SlurmRef::default() });
-        let proc = Proc { pid, ppid, pgid: pid, uid, starttime: u64::from(pid), cmdline: cmd.into(), slurm, pod: None };
+        let proc = Proc { pid, ppid, pgid: pid, uid, starttime: u64::from(pid), cmdline: cmd.into(), comm: String::new(), slurm, pod: None };
         (pid, Seen { proc, devices: Vec::new(), next_fd_check: u64::MAX, backoff_ns: 0 })
     }
 
@@ -108,4 +108,32 @@ mod slurm_trust {
         assert_eq!((jobs[0].key.as_str(), jobs[0].root, jobs[0].pids.len()), ("slurm-777", 101, 1));
         assert_eq!(jobs[0].uid, 1001);
     }
+}
+
+/// A process first seen between its fork and its exec (slurmd's child before it becomes
+/// `slurmstepd: [5.0]`, seen so on a slow machine): its new name at a later scan makes it read
+/// again, so the job under it is found. The start time alone does not change at an exec.
+#[test]
+fn a_process_seen_before_its_exec_is_read_again_after_it() {
+    let root = std::env::temp_dir().join(format!("nantrace-proc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let put = |pid: u32, ppid: u32, comm: &str, cmdline: &str, environ: &str| {
+        let d = root.join(pid.to_string());
+        std::fs::create_dir_all(&d).unwrap();
+        let zeros = vec!["0"; 16].join(" ");
+        std::fs::write(d.join("stat"), format!("{pid} ({comm}) S {ppid} {pid} {zeros} 4242 0 0\n")).unwrap();
+        std::fs::write(d.join("cmdline"), cmdline.replace(' ', "\0")).unwrap();
+        std::fs::write(d.join("environ"), environ.replace(' ', "\0")).unwrap();
+        std::fs::write(d.join("status"), "Uid:\t0\t0\t0\t0\n").unwrap();
+        std::fs::write(d.join("cgroup"), "0::/\n").unwrap();
+    };
+    put(100, 1, "slurmd", "slurmd -f /etc/slurm/slurm.conf", "PATH=/usr/bin");
+    put(101, 100, "python3", "python3 train.py", "SLURM_JOB_ID=5 SLURM_STEP_ID=0");
+    let cfg = crate::agent::config::Config { slurm_jobs: "all".into(), gpu_devices: Vec::new(), ..Default::default() };
+    let mut d = Discovery::new(root.clone(), &cfg);
+    assert!(d.scan(0).is_empty(), "no slurmstepd yet: not Slurm's");
+    put(100, 1, "slurmstepd", "slurmstepd: [5.0]", "PATH=/usr/bin");
+    let found = d.scan(1);
+    assert_eq!(found.iter().map(|f| f.key.as_str()).collect::<Vec<_>>(), ["slurm-5"], "{found:?}");
+    let _ = std::fs::remove_dir_all(&root);
 }

@@ -139,6 +139,27 @@ impl Root {
         Ok(id)
     }
 
+    /// The incident the job's nodes agree on for `id`: the earliest one within the join window
+    /// of it. Two nodes that opened incidents at nearly the same moment (each before seeing
+    /// the other's marker) both put their bundles under the earlier one; a marker this host
+    /// wrote that then holds no bundle is removed.
+    pub fn settle(&self, job: &str, id: &str, host: &str) -> String {
+        let all = self.incidents(job);
+        let t = |v: &Value| v["time_ns"].as_str().and_then(|t| t.parse::<i128>().ok());
+        let Some(mine) = all.iter().find(|x| x.0 == id).and_then(|x| t(&x.1)) else { return id.to_string() };
+        let first = all.iter().filter_map(|x| t(&x.1).map(|tt| (tt, &x.0))).filter(|(tt, _)| (mine - tt).abs() as f64 <= JOIN_WINDOW_S * 1e9).min();
+        let Some((_, first)) = first else { return id.to_string() };
+        if first != id && id.ends_with(&format!("-{}", safefs::sanitize(host, "host"))) {
+            let d = self.path.join(job).join(id);
+            let only_marker = std::fs::read_dir(&d).is_ok_and(|rd| rd.flatten().all(|e| e.file_name() == MARKER));
+            if only_marker {
+                let _ = std::fs::remove_file(d.join(MARKER));
+                let _ = std::fs::remove_dir(&d);
+            }
+        }
+        first.clone()
+    }
+
     /// A copy of the bundle at `bundle` into `<job>/<incident>/<host>/` (another name when
     /// this host has one there already: a second dump of the same incident).
     pub fn put_bundle(&self, job: &str, incident: &str, host: &str, bundle: &Path) -> std::io::Result<PathBuf> {
@@ -253,6 +274,8 @@ fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report:
                     Err(e) => return report(&key, &format!("WARNING: job directory: bundle not shared: {e}")),
                 },
             };
+            w.seen.insert(id.clone());
+            let id = root.settle(&w.job, &id, host);
             w.seen.insert(id.clone());
             match root.put_bundle(&w.job, &id, host, &bundle) {
                 Ok(p) => report(&key, &format!("bundle shared as {}", p.display())),

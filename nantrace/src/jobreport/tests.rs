@@ -120,6 +120,23 @@ fn a_numeric_divergence_with_every_node_clean_is_not_the_machine() {
     assert!(r.outliers.is_empty(), "{:?}", r.outliers);
 }
 
+/// Rank 0's NaN ends the job; the other ranks then lose their connection to it and say so:
+/// those are consequences, after the cause, and never name a node.
+#[test]
+fn the_other_ranks_broken_connections_after_the_nan_are_consequences() {
+    let n1 = node("n1", [healthy("n1", true), vec![nan_line()]].concat(), 0.0, true, "n[1-3]");
+    let mut e2 = healthy("n2", false);
+    let line = "rank 1 step 16 | connection to rank 0 lost: ConnectionResetError(104, 'Connection reset by peer')";
+    let mut l = json!({ "time": at(0.3), "source": "log", "pid": 100, "job": true, "line": line });
+    let f = crate::joblog::classify(line).expect("a network failure line of the job");
+    l["fault"] = serde_json::to_value(f).unwrap();
+    e2.push(l);
+    let r = report(vec![n1, node("n2", e2, 0.5, false, "n[1-3]"), node("n3", healthy("n3", false), 0.6, false, "n[1-3]")]);
+    assert!(r.verdict.starts_with("NOT THE MACHINE, as far as nantrace can see: 3 nodes alike"), "{}", r.verdict);
+    assert!(r.verdict.contains("After the first NaN, consequences, not the cause: n2: "), "{}", r.verdict);
+    assert_eq!(r.node, None);
+}
+
 #[test]
 fn a_node_without_a_bundle_is_named_and_the_verdict_is_incomplete() {
     let n1 = node("n1", [healthy("n1", true), vec![nan_line()]].concat(), 0.0, true, "n[1-3]");

@@ -54,6 +54,25 @@ fn triggers_within_the_join_window_are_one_incident_and_bundles_land_under_it() 
     assert_eq!(found.len(), 2, "the job report finds the node bundles under the incident");
 }
 
+/// Two nodes that opened an incident each, a moment apart and before seeing each other's
+/// marker, settle on the earlier one; the later marker, left empty, goes.
+#[test]
+fn incidents_opened_at_once_settle_on_the_earlier() {
+    let t = Tmp::new("settle");
+    let root = Root::open(&t.0).unwrap();
+    let now = 1_796_000_000_000_000_000i128;
+    let a = root.open_incident("9", "n1", "nan", "x", now).unwrap();
+    // n2 did not see n1's marker yet: its own (a directory as open_incident makes it).
+    let jd = safefs::Dir::open(&t.0.join("9")).unwrap();
+    let b = format!("{}-n2", crate::clock::compact_utc(now + 1_000_000_000));
+    let d = jd.create_subdir(&b).unwrap();
+    d.write_new(MARKER, &serde_json::to_vec(&json!({ "job": "9", "incident": b, "host": "n2", "trigger": "exit", "time_ns": (now + 1_000_000_000).to_string() })).unwrap()).unwrap();
+    assert_eq!(root.incidents("9").len(), 2);
+    assert_eq!(root.settle("9", &b, "n2"), a);
+    assert_eq!(root.incidents("9").len(), 1, "n2's empty marker is gone");
+    assert_eq!(root.settle("9", &a, "n1"), a);
+}
+
 #[test]
 fn a_job_dir_others_can_write_is_refused() {
     let t = Tmp::new("mode");
