@@ -131,9 +131,51 @@ pub fn from_dir(dir: &Path) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
         }
     }
     anyhow::ensure!(!nodes.is_empty(), "{}: none of the {} bundles could be read", dir.display(), dirs.len());
+    let mut nodes = one_per_host(nodes);
     let merged = crate::merge::merge(&mut nodes);
     let r = build(&merged, &nodes);
     Ok((r, merged, nodes))
+}
+
+/// A node that dumped twice in one incident (the job-wide dump another node asked for, then
+/// its own trigger): one node, its bundles' events together (each once), its first trigger,
+/// its first NaN, the newest accounting and snapshot.
+fn one_per_host(nodes: Vec<Node>) -> Vec<Node> {
+    let mut by_host: BTreeMap<String, Vec<Node>> = BTreeMap::new();
+    for n in nodes {
+        let host = n.timeline["host"]["hostname"].as_str().unwrap_or("").to_string();
+        by_host.entry(host).or_default().push(n);
+    }
+    let mut out = Vec::new();
+    for (_, mut group) in by_host {
+        if group.len() == 1 {
+            out.extend(group);
+            continue;
+        }
+        group.sort_by(|a, b| a.timeline["trigger"]["time"].as_str().unwrap_or("").cmp(b.timeline["trigger"]["time"].as_str().unwrap_or("")));
+        let mut seen = BTreeSet::new();
+        let mut events = Vec::new();
+        for n in &group {
+            for e in n.timeline["events"].as_array().into_iter().flatten() {
+                let key = format!("{}|{}|{}|{}|{}", e["time"], e["source"], e["pid"], e["line"], e["text"]);
+                if seen.insert(key) {
+                    events.push(e.clone());
+                }
+            }
+        }
+        events.sort_by(|a, b| a["time"].as_str().unwrap_or("").cmp(b["time"].as_str().unwrap_or("")));
+        let first_nan = group.iter().filter_map(|n| n.timeline["first_nan"].as_object().map(|_| n.timeline["first_nan"].clone())).min_by(|a, b| a["time"].as_str().unwrap_or("").cmp(b["time"].as_str().unwrap_or("")));
+        let dirs: Vec<String> = group.iter().map(|n| n.dir.display().to_string()).collect();
+        let mut first = group.remove(0);
+        let last = group.pop().unwrap_or_else(|| unreachable!("two or more"));
+        first.timeline["events"] = Value::Array(events);
+        first.timeline["first_nan"] = first_nan.unwrap_or(Value::Null);
+        first.timeline["accounting"] = last.timeline["accounting"].clone();
+        first.timeline["bundles"] = json!(dirs);
+        first.snapshot = last.snapshot;
+        out.push(first);
+    }
+    out
 }
 
 /// The view of one node on the job's clock: its events, its own accounting, the job's
@@ -172,14 +214,18 @@ fn job_identity(n: &Node) -> Value {
 /// events and the GPUs' samples.
 fn measures(view: &Value) -> BTreeMap<&'static str, f64> {
     let mut m = BTreeMap::new();
-    let evs = view["events"].as_array().map_or(&[][..], Vec::as_slice);
+    // Near the incident only: from PEER_BEFORE_S before the job's reference to PEER_AFTER_S
+    // after it (what a node did ten minutes earlier is not this incident).
+    let reference = view["first_nan"]["offset_s"].as_f64().unwrap_or(0.0);
+    let near = |e: &&Value| e["offset_s"].as_f64().is_none_or(|o| (-PEER_BEFORE_S..=PEER_AFTER_S).contains(&(o - reference)));
+    let evs: Vec<&Value> = view["events"].as_array().map_or(&[][..], Vec::as_slice).iter().filter(near).collect();
     let count = |src: &str| evs.iter().filter(|e| e["source"] == src).count() as f64;
     // Loopback is never the fabric (another user's local sockets are not the job's network).
     let loopback = |a: &str| a.starts_with("127.") || a == "::1" || a.starts_with("::ffff:127.");
     m.insert("tcp_retransmits", evs.iter().filter(|e| e["source"] == "tcp_retransmit" && !e["daddr"].as_str().is_some_and(loopback)).count() as f64);
     m.insert("block_errors_or_slow_io", count("block"));
     m.insert("pcie_aer", count("aer"));
-    let gpu: Vec<&Value> = evs.iter().filter(|e| e["source"] == "gpu").collect();
+    let gpu: Vec<&Value> = evs.iter().copied().filter(|e| e["source"] == "gpu").collect();
     let series = |k: &str| gpu.iter().filter_map(|e| e[k].as_f64()).collect::<Vec<f64>>();
     let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
     let spread = |v: &[f64]| (!v.is_empty()).then(|| v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min));
@@ -195,6 +241,11 @@ fn measures(view: &Value) -> BTreeMap<&'static str, f64> {
     }
     m
 }
+
+/// The peers are compared over this many seconds before the job's reference ...
+pub const PEER_BEFORE_S: f64 = 120.0;
+/// ... and this many after it (a job that hangs after its NaN keeps retransmitting).
+pub const PEER_AFTER_S: f64 = 30.0;
 
 /// How each measure is judged against the peers: (measure, family, higher is worse, the
 /// smallest value that can stand out when the peers' median is 0).

@@ -49,7 +49,7 @@ n=1
 while [ ! -e $C/stop ]; do
   if [ -f $C/$n.sh ]; then
     bash $C/$n.sh > $C/$n.out 2>&1
-    echo $? > $C/$n.rc
+    echo $? > $C/.$n.rc && mv $C/.$n.rc $C/$n.rc
     n=$((n + 1))
     continue
   fi

@@ -265,7 +265,9 @@ impl Discovery {
                         // name: slurmd's fork becoming slurmstepd, `env` becoming the job) a
                         // new command line and environment.
                         let st = std::fs::read_to_string(self.root.join(pid.to_string()).join("stat")).ok();
-                        st.as_deref().and_then(stat_fields).map(|f| f.2) != Some(s.proc.starttime) || st.as_deref().map(stat_comm) != Some(s.proc.comm.as_str())
+                        // slurmstepd sets its title (`slurmstepd: [J.S]`) after its exec.
+                        let untitled = s.proc.comm == "slurmstepd" && !s.proc.cmdline.starts_with("slurmstepd: [");
+                        untitled || st.as_deref().and_then(stat_fields).map(|f| f.2) != Some(s.proc.starttime) || st.as_deref().map(stat_comm) != Some(s.proc.comm.as_str())
                     }
                     None => true,
                 };

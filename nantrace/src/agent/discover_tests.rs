@@ -132,8 +132,11 @@ fn a_process_seen_before_its_exec_is_read_again_after_it() {
     let cfg = crate::agent::config::Config { slurm_jobs: "all".into(), gpu_devices: Vec::new(), ..Default::default() };
     let mut d = Discovery::new(root.clone(), &cfg);
     assert!(d.scan(0).is_empty(), "no slurmstepd yet: not Slurm's");
+    // Just after its exec, before it sets its title.
+    put(100, 1, "slurmstepd", "/usr/sbin/slurmstepd", "PATH=/usr/bin");
+    assert!(d.scan(1).is_empty(), "no title yet");
     put(100, 1, "slurmstepd", "slurmstepd: [5.0]", "PATH=/usr/bin");
-    let found = d.scan(1);
+    let found = d.scan(2);
     assert_eq!(found.iter().map(|f| f.key.as_str()).collect::<Vec<_>>(), ["slurm-5"], "{found:?}");
     let _ = std::fs::remove_dir_all(&root);
 }

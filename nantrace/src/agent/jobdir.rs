@@ -186,10 +186,22 @@ impl Root {
             tmp.write_with(&name, |w| std::io::copy(&mut f, w).map(|_| ()))?;
         }
         let mut name = host.clone();
+        let base = self.path.join(job).join(incident);
         for n in 2..100 {
             match inc.rename_noreplace(&tmp_name, &name) {
-                Ok(()) => return Ok(self.path.join(job).join(incident).join(&name)),
+                Ok(()) => return Ok(base.join(&name)),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => name = format!("{host}-{n}"),
+                // A filesystem without renameat2's RENAME_NOREPLACE (9p, some NFS): a plain
+                // rename to a name that is not there. Only this host's agent writes names of
+                // this host here, so nothing else can take it in between.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    if std::fs::symlink_metadata(base.join(&name)).is_ok() {
+                        name = format!("{host}-{n}");
+                        continue;
+                    }
+                    std::fs::rename(base.join(&tmp_name), base.join(&name))?;
+                    return Ok(base.join(&name));
+                }
                 Err(e) => return Err(e),
             }
         }

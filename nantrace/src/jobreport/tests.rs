@@ -201,3 +201,21 @@ fn bundles_are_found_below_a_job_directory_without_following_links() {
     assert!(!is_job_dir(&d.join("4711/inc-1/n1")), "a bundle is not a job directory");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A node that dumped twice in one incident (the job-wide dump, then its own NaN) is one node:
+/// its NaN is the job's reference, and no `n1#2` appears.
+#[test]
+fn two_bundles_of_one_node_in_an_incident_are_one_node() {
+    let early = node("n1", healthy("n1", true), -3.0, false, "n[1-2]");
+    let late = node("n1", [healthy("n1", true), vec![nan_line()]].concat(), 0.0, true, "n[1-2]");
+    let mut e2 = healthy("n2", false);
+    e2.push(xid(-3.4, "NVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python, GPU has fallen off the bus."));
+    let mut nodes = one_per_host(vec![early, late, node("n2", e2, -3.2, false, "n[1-2]")]);
+    assert_eq!(nodes.len(), 2);
+    let merged = crate::merge::merge(&mut nodes);
+    let r = build(&merged, &nodes);
+    assert_eq!(r.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n1", "n2"]);
+    assert!(r.reference.contains("first NaN, on n1"), "{}", r.reference);
+    assert!(r.verdict.starts_with("PROBABLY THE MACHINE (GPU): n2, GPU 0000:3b:00.0"), "{}", r.verdict);
+    assert!(r.verdict.contains("3.4 s before the first NaN"), "{}", r.verdict);
+}
