@@ -49,7 +49,8 @@ pub(crate) fn queued_recent(now: u64) -> bool {
     // SAFETY: an aligned u64 of a map value, written whole.
     QUEUED_LAST.get_ptr(0).is_some_and(|p| {
         let last = unsafe { core::ptr::read_volatile(p) };
-        last != 0 && now.wrapping_sub(last) < QUEUED_MAX_AGE_NS
+        // saturating: another CPU may have stored a time after this one's `now`.
+        last != 0 && now.saturating_sub(last) < QUEUED_MAX_AGE_NS
     })
 }
 
@@ -60,12 +61,13 @@ pub(crate) fn queued_recent(now: u64) -> bool {
 pub(crate) fn queued_window() -> Option<u64> {
     let p = QUEUED_LAST.get_ptr(0)?;
     // SAFETY: as in `queued_recent`.
-    if unsafe { core::ptr::read_volatile(p) } == 0 {
+    let last = unsafe { core::ptr::read_volatile(p) };
+    if last == 0 {
         return None;
     }
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    queued_recent(now).then_some(now)
+    (now.saturating_sub(last) < QUEUED_MAX_AGE_NS).then_some(now)
 }
 
 /// Forget the job's request at `k` (the job issued it itself), while any may be waiting.
@@ -83,7 +85,7 @@ pub(crate) fn queued_take(k: &BioKey, now: u64) -> Option<u32> {
     // SAFETY: value copied out before the removal.
     let q = unsafe { JOB_QUEUED.get(k) }.copied()?;
     let _ = JOB_QUEUED.remove(k);
-    (now.wrapping_sub(q.ts_ns) < QUEUED_MAX_AGE_NS).then_some(q.pid)
+    (now.saturating_sub(q.ts_ns) < QUEUED_MAX_AGE_NS).then_some(q.pid)
 }
 
 /// Per-device latency histograms, per CPU (see `BioHistSlot`).

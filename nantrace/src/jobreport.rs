@@ -98,6 +98,10 @@ pub fn find_bundles(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
                 continue;
             }
             let p = ent.path();
+            // A copy in progress (`.<host>.tmp-...`) or anything hidden is not a node's bundle.
+            if ent.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
             if is_bundle(&p) {
                 out.push(p);
                 anyhow::ensure!(out.len() <= MAX_NODES, "{}: more than {MAX_NODES} node bundles", dir.display());
@@ -395,13 +399,20 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
         Some(node) => format!("the job's first NaN, on {node} at {}: {}", merged["first_nan"]["time"].as_str().unwrap_or("?"), merged["first_nan"]["line"].as_str().unwrap_or("")),
         None => format!("no NaN on any node; times are relative to the first trigger ({} on {})", merged["trigger"]["kind"].as_str().unwrap_or("?"), merged["trigger"]["node"].as_str().unwrap_or("?")),
     };
-    let (verdict, family, node, gpu, action) = verdict(&summaries, &outl, &missing, nodes, &views);
+    let (verdict, family, node, gpu, action) = verdict(&summaries, &outl, &missing, nodes, &views, merged["first_nan"].is_object());
     JobReport { verdict, family, node, gpu, action, reference, nodes: summaries, missing, jobs, outliers: outl, clock_statement: merged["clock_statement"].as_str().unwrap_or("").to_string() }
 }
 
 type Verdict = (String, String, Option<String>, Option<String>, Option<String>);
 
-fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw: &[Node], views: &[Value]) -> Verdict {
+/// The job's words that are consequences when they come after the job's first NaN: the other
+/// ranks' broken connections and hangs once a rank stopped. A GPU, memory or storage fault in
+/// the job's words is never explained away by coming later.
+fn consequence_family(f: &Finding) -> bool {
+    matches!(f.family, crate::report::rules::Family::Network | crate::report::rules::Family::Hang)
+}
+
+fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw: &[Node], views: &[Value], has_nan: bool) -> Verdict {
     let incomplete = if missing.is_empty() { String::new() } else { format!(" INCOMPLETE: no bundle from {} ({} of the job's nodes).", missing.join(", "), missing.len()) };
     // The culprit: the node with the strongest machine finding from the kernel or NVML; the
     // job's own words only where no node has more (and then at most POSSIBLY).
@@ -413,10 +424,12 @@ fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw:
             .enumerate()
             .filter(|(_, s)| s.machine && s.machine_from_job_words_only == words)
             .filter_map(|(i, s)| s.first_machine.as_ref().map(|f| (i, f)))
-            .filter(|(_, f)| !words || f.rel_s <= 0.2)
+            .filter(|(_, f)| !words || !has_nan || f.rel_s <= 0.2 || !consequence_family(f))
+            // A node whose own report explains its GPU fault by the job's own bug is not a culprit.
+            .filter(|(i, _)| !nodes[*i].verdict.starts_with("NOT THE MACHINE"))
             .max_by(|a, b| a.1.score.total_cmp(&b.1.score).then(b.1.rel_s.total_cmp(&a.1.rel_s)))
     };
-    let consequence = |s: &NodeSummary| s.machine_from_job_words_only && s.first_machine.as_ref().is_some_and(|f| f.rel_s > 0.2);
+    let consequence = |s: &NodeSummary| has_nan && s.machine_from_job_words_only && s.first_machine.as_ref().is_some_and(|f| f.rel_s > 0.2 && consequence_family(f));
     let others = |i: usize| {
         let clean: Vec<&str> = nodes.iter().enumerate().filter(|(j, s)| *j != i && (!s.machine || consequence(s))).map(|(_, s)| s.name.as_str()).collect();
         let machine: Vec<String> = nodes.iter().enumerate().filter(|(j, s)| *j != i && s.machine && !consequence(s)).map(|(_, s)| format!("{} ({})", s.name, s.first_machine.as_ref().map_or("", |f| f.text.as_str()))).collect();

@@ -8,6 +8,7 @@
 //! must give are in [`SCENARIOS`]; `nantrace report` on the job's incident directory is run
 //! here, on the host, as a person would.
 use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -181,6 +182,9 @@ fn run_scenario(c: &mut Cluster, nt: &Path, s: &Scenario) -> Result<Outcome> {
         Ok(p) => p,
         Err(e) => {
             o.problem = format!("{e:#}; job directory: {:?}", std::fs::read_dir(&jobs).map(|r| r.flatten().map(|e| e.path().display().to_string()).collect::<Vec<_>>()));
+            if let Some(n) = s.stop_agent {
+                restart_agent(c, n, nt)?;
+            }
             return Ok(o);
         }
     };
@@ -209,9 +213,15 @@ fn run_scenario(c: &mut Cluster, nt: &Path, s: &Scenario) -> Result<Outcome> {
     o.ok = problems.is_empty();
     o.problem = problems.join("; ");
     if let Some(n) = s.stop_agent {
-        c.ok(n, &format!("/bin/bash -c 'nohup {} agent --config /run/ntc/nt/agent.toml >> /mnt/agent.log 2>&1 & echo $! > /run/ntc/nt/agent.pid'; sleep 3", nt.display()))?;
+        restart_agent(c, n, nt)?;
     }
     Ok(o)
+}
+
+/// Start the agent of `node` again and wait until its probes are attached.
+fn restart_agent(c: &mut Cluster, node: usize, nt: &Path) -> Result<()> {
+    c.ok(node, &format!("n0=$(grep -c 'probes attached' /mnt/agent.log); nohup {} agent --config /run/ntc/nt/agent.toml >> /mnt/agent.log 2>&1 & echo $! > /run/ntc/nt/agent.pid; for i in $(seq 1 600); do [ \"$(grep -c 'probes attached' /mnt/agent.log)\" -gt \"$n0\" ] && exit 0; sleep 0.2; done; echo 'the agent did not start'; exit 1", nt.display()))
+        .map(|_| ())
 }
 
 fn boot(kdir: &Path, out: &Path, netns: &str, i: usize, shared: &Path) -> Result<Child> {
@@ -225,6 +235,8 @@ fn boot(kdir: &Path, out: &Path, netns: &str, i: usize, shared: &Path) -> Result
         .env("NANTRACE_VM_SHARED", shared)
         .env("NANTRACE_VM_SMP", "1")
         .env("NANTRACE_VM_MEM", "1024")
+        // Its own process group: stopping it stops timeout and qemu too, not only the shell.
+        .process_group(0)
         .spawn()
         .context("starting qemu")
 }
@@ -253,10 +265,10 @@ pub fn vm_cluster(nt: &Path) -> Result<()> {
     sh(&format!("head -c 1024 /dev/urandom > {0}/munge.key && chmod 400 {0}/munge.key", shared.display()))?;
     let netns = format!("ntc{}", std::process::id());
     sh(&format!("ip netns add {netns} && ip -n {netns} link add br0 type bridge && ip -n {netns} addr add 10.77.0.1/24 dev br0 && ip -n {netns} link set br0 up && ip -n {netns} link set lo up"))?;
-    for i in 1..=3 {
-        sh(&format!("ip -n {netns} tuntap add tap{i} mode tap && ip -n {netns} link set tap{i} master br0 && ip -n {netns} link set tap{i} up"))?;
-    }
     let result = (|| -> Result<Vec<Outcome>> {
+        for i in 1..=3 {
+            sh(&format!("ip -n {netns} tuntap add tap{i} mode tap && ip -n {netns} link set tap{i} master br0 && ip -n {netns} link set tap{i} up"))?;
+        }
         let mut vms = Vec::new();
         let t0 = Instant::now();
         for (i, n) in NODES.iter().enumerate() {
@@ -264,7 +276,16 @@ pub fn vm_cluster(nt: &Path) -> Result<()> {
             std::fs::create_dir_all(&out)?;
             std::fs::copy(root().join("scripts/vm/cluster-guest.sh"), out.join("guest.sh"))?;
             std::fs::write(out.join("vm.env"), format!("NODE={n}\nIP=10.77.0.{}\nNT={}\nREPO={}\n", 11 + i, nt.display(), root().display()))?;
-            vms.push(boot(&kdir, &out, &netns, i, &shared)?);
+            match boot(&kdir, &out, &netns, i, &shared) {
+                Ok(vm) => vms.push(vm),
+                Err(e) => {
+                    for vm in &vms {
+                        // SAFETY: as below.
+                        unsafe { libc_kill(-(vm.id() as i32), 9) };
+                    }
+                    return Err(e);
+                }
+            }
         }
         let mut c = Cluster { shared: shared.clone(), seq: [0; 3] };
         let r = (|| -> Result<Vec<Outcome>> {
@@ -291,7 +312,10 @@ pub fn vm_cluster(nt: &Path) -> Result<()> {
             while vm.try_wait().ok().flatten().is_none() && t1.elapsed() < Duration::from_secs(60) {
                 std::thread::sleep(Duration::from_millis(200));
             }
-            let _ = vm.kill();
+            if vm.try_wait().ok().flatten().is_none() {
+                // SAFETY: signalling the process group this harness started.
+                unsafe { libc_kill(-(vm.id() as i32), 9) };
+            }
             let _ = vm.wait();
         }
         r
@@ -304,4 +328,9 @@ pub fn vm_cluster(nt: &Path) -> Result<()> {
         bail!("vm-cluster: {}", bad.join("; "));
     }
     Ok(())
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
 }

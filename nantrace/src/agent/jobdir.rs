@@ -120,7 +120,7 @@ impl Root {
     /// The incident this node's new trigger belongs to: one another node (or this one)
     /// opened within [`JOIN_WINDOW_S`], else a new one with this node's marker.
     pub fn open_incident(&self, job: &str, host: &str, trigger: &str, reason: &str, now_ns: i128) -> std::io::Result<String> {
-        let recent = self.incidents(job).into_iter().filter(|(_, v)| v["time_ns"].as_str().and_then(|t| t.parse::<i128>().ok()).is_some_and(|t| (now_ns - t).abs() as f64 <= JOIN_WINDOW_S * 1e9)).next_back();
+        let recent = self.incidents(job).into_iter().rfind(|(_, v)| time_of(v).is_some_and(|t| (now_ns - t).abs() as f64 <= JOIN_WINDOW_S * 1e9));
         if let Some((id, _)) = recent {
             return Ok(id);
         }
@@ -146,10 +146,11 @@ impl Root {
     pub fn settle(&self, job: &str, id: &str, host: &str) -> String {
         let all = self.incidents(job);
         let t = |v: &Value| v["time_ns"].as_str().and_then(|t| t.parse::<i128>().ok());
-        let Some(mine) = all.iter().find(|x| x.0 == id).and_then(|x| t(&x.1)) else { return id.to_string() };
-        let first = all.iter().filter_map(|x| t(&x.1).map(|tt| (tt, &x.0))).filter(|(tt, _)| (mine - tt).abs() as f64 <= JOIN_WINDOW_S * 1e9).min();
+        let Some(at) = all.iter().find(|x| x.0 == id).and_then(|x| t(&x.1)) else { return id.to_string() };
+        let first = all.iter().filter_map(|x| t(&x.1).map(|tt| (tt, &x.0))).filter(|(tt, _)| (at - tt).abs() as f64 <= JOIN_WINDOW_S * 1e9).min();
         let Some((_, first)) = first else { return id.to_string() };
-        if first != id && id.ends_with(&format!("-{}", safefs::sanitize(host, "host"))) {
+        let mine = all.iter().find(|x| x.0 == id).is_some_and(|x| x.1["host"] == safefs::sanitize(host, "host").as_str());
+        if first != id && mine {
             let d = self.path.join(job).join(id);
             let only_marker = std::fs::read_dir(&d).is_ok_and(|rd| rd.flatten().all(|e| e.file_name() == MARKER));
             if only_marker {
@@ -177,13 +178,26 @@ impl Root {
         };
         let host = safefs::sanitize(host, "host");
         let (tmp, tmp_name) = inc.create_temp_subdir(&format!(".{host}.tmp-"))?;
-        for ent in std::fs::read_dir(bundle)?.flatten() {
-            let Some(name) = ent.file_name().to_str().map(String::from) else { continue };
-            if !ent.file_type().is_ok_and(|t| t.is_file()) {
-                continue;
+        let copied = (|| -> std::io::Result<()> {
+            for ent in std::fs::read_dir(bundle)?.flatten() {
+                let Some(name) = ent.file_name().to_str().map(String::from) else { continue };
+                if !ent.file_type().is_ok_and(|t| t.is_file()) {
+                    continue;
+                }
+                let Ok(mut f) = crate::bundle::open_plain(&ent.path()) else { continue };
+                tmp.write_with(&name, |w| std::io::copy(&mut f, w).map(|_| ()))?;
             }
-            let Ok(mut f) = crate::bundle::open_plain(&ent.path()) else { continue };
-            tmp.write_with(&name, |w| std::io::copy(&mut f, w).map(|_| ()))?;
+            Ok(())
+        })();
+        if let Err(e) = copied {
+            // A half copy (a full disk) is not left behind as a node's bundle.
+            if let Ok(rd) = std::fs::read_dir(tmp.path()) {
+                for ent in rd.flatten() {
+                    let _ = tmp.remove(&ent.file_name().to_string_lossy());
+                }
+            }
+            let _ = inc.remove_dir(&tmp_name);
+            return Err(e);
         }
         let mut name = host.clone();
         let base = self.path.join(job).join(incident);
@@ -214,10 +228,10 @@ pub enum Msg {
     /// A watched job that has a name in the job directory, and its session's input.
     Watch { job: String, key: String, tx: mpsc::Sender<Input> },
     Unwatch { key: String },
-    /// The job's session opened an incident (its own trigger).
-    Opened { key: String, trigger: String, reason: String },
-    /// The job's session wrote a bundle.
-    Dumped { key: String, bundle: PathBuf },
+    /// The job's session opened an incident (its own trigger), at `at` (wall clock, ns).
+    Opened { key: String, trigger: String, reason: String, at: i128 },
+    /// The job's session wrote a bundle (`None`: the dump failed; the incident is over here).
+    Dumped { key: String, bundle: Option<PathBuf> },
 }
 
 struct Watched {
@@ -225,8 +239,15 @@ struct Watched {
     tx: mpsc::Sender<Input>,
     /// Incidents already dumped or seen (never dumped twice).
     seen: BTreeSet<String>,
-    /// The incident the job's open (or last) dump belongs to.
-    current: Option<String>,
+    /// The incident the job's open dump belongs to, and since when: given up after
+    /// `CURRENT_MAX` without a bundle (a dump that failed, a job-wide trigger turned off).
+    current: Option<(String, std::time::Instant)>,
+}
+
+const CURRENT_MAX: Duration = Duration::from_secs(300);
+
+fn time_of(marker: &Value) -> Option<i128> {
+    marker["time_ns"].as_str().and_then(|t| t.parse().ok())
 }
 
 /// Where the job-directory thread reports what it did (for the agent's log and metrics).
@@ -256,31 +277,37 @@ pub fn spawn(root: Root, host: String, report: Report) -> std_mpsc::Sender<Msg> 
 fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report: &Report, m: Msg) {
     match m {
         Msg::Watch { job, key, tx } => {
-            // Incidents already there when the job is first seen are not this node's to dump.
-            let seen = root.incidents(&job).into_iter().map(|x| x.0).collect();
+            // Incidents long over when the job is first seen here are not this node's to dump;
+            // one opened within the join window is (this node saw the job late).
+            let now = crate::clock::realtime_ns();
+            let seen = root.incidents(&job).into_iter().filter(|x| time_of(&x.1).is_none_or(|t| (now - t) as f64 > JOIN_WINDOW_S * 1e9)).map(|x| x.0).collect();
             jobs.insert(key, Watched { job, tx, seen, current: None });
         }
         Msg::Unwatch { key } => {
             jobs.remove(&key);
         }
-        Msg::Opened { key, trigger, reason } => {
+        Msg::Opened { key, trigger, reason, at } => {
             let Some(w) = jobs.get_mut(&key) else { return };
-            if w.current.is_some() {
+            if w.current.as_ref().is_some_and(|c| c.1.elapsed() < CURRENT_MAX) {
                 return; // the marker of another node opened it, or this one already did
             }
-            match root.open_incident(&w.job, host, &trigger, &reason, crate::clock::realtime_ns()) {
+            match root.open_incident(&w.job, host, &trigger, &reason, at) {
                 Ok(id) => {
                     report(&key, &format!("job-wide incident {id} ({trigger} here)"));
                     w.seen.insert(id.clone());
-                    w.current = Some(id);
+                    w.current = Some((id, std::time::Instant::now()));
                 }
                 Err(e) => report(&key, &format!("WARNING: job directory: no incident opened: {e}")),
             }
         }
         Msg::Dumped { key, bundle } => {
             let Some(w) = jobs.get_mut(&key) else { return };
+            let Some(bundle) = bundle else {
+                w.current = None;
+                return;
+            };
             let id = match w.current.take() {
-                Some(id) => id,
+                Some((id, _)) => id,
                 None => match root.open_incident(&w.job, host, "dump", "a bundle without a trigger of its own", crate::clock::realtime_ns()) {
                     Ok(id) => id,
                     Err(e) => return report(&key, &format!("WARNING: job directory: bundle not shared: {e}")),
@@ -304,19 +331,35 @@ fn poll(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report: &
         if jd.exists() && !root.trusted_dir(&jd) && said.insert(w.job.clone()) {
             report(key, &format!("WARNING: {} is not the agents' alone (owner or mode): its incidents are ignored", jd.display()));
         }
-        for (id, marker) in root.incidents(&w.job) {
+        let all = root.incidents(&w.job);
+        for (id, marker) in all.clone() {
+            if w.current.as_ref().is_some_and(|c| c.1.elapsed() >= CURRENT_MAX) {
+                w.current = None;
+            }
             if w.seen.contains(&id) || w.current.is_some() {
                 // Done, or this node's own incident is open: the next one after its dump.
                 continue;
             }
-            w.seen.insert(id.clone());
             if marker["host"] == safefs::sanitize(host, "host").as_str() {
+                w.seen.insert(id.clone());
                 continue;
             }
             let why = format!("job-wide dump: incident {id} ({} on {})", crate::term::clean(marker["trigger"].as_str().unwrap_or("?")), crate::term::clean(marker["host"].as_str().unwrap_or("?")));
-            if w.tx.try_send(Input::Fire(TriggerKind::JobWide, why.clone(), crate::clock::monotonic_ns())).is_ok() {
-                report(key, &why);
-                w.current = Some(id);
+            match w.tx.try_send(Input::Fire(TriggerKind::JobWide, why.clone(), crate::clock::monotonic_ns())) {
+                Ok(()) => {
+                    report(key, &why);
+                    // Its neighbours within the join window are the same incident of the job.
+                    let t = time_of(&marker);
+                    for (other, m) in &all {
+                        if t.zip(time_of(m)).is_some_and(|(a, b)| (a - b).abs() as f64 <= JOIN_WINDOW_S * 1e9) {
+                            w.seen.insert(other.clone());
+                        }
+                    }
+                    w.seen.insert(id.clone());
+                    w.current = Some((id, std::time::Instant::now()));
+                }
+                // The session's queue is full (a flood): tried again at the next poll.
+                Err(_) => report(key, &format!("WARNING: job-wide dump of incident {id} delayed: the job's queue is full")),
             }
         }
     }

@@ -248,11 +248,11 @@ impl Agent {
         let (key_open, key_dump) = (key.clone(), key.clone());
         let session = Session::new(opts, info, Mode::Follow).with_label(format!("job {key}: ")).on_fault(move |fam| m2.inc("nantrace_job_output_failures_total", &[("family", fam.as_str())])).on_open(move |trigger, reason| {
             if let Some((jd, _)) = &jd_open {
-                let _ = jd.send(jobdir::Msg::Opened { key: key_open.clone(), trigger: trigger.to_string(), reason: reason.to_string() });
+                let _ = jd.send(jobdir::Msg::Opened { key: key_open.clone(), trigger: trigger.to_string(), reason: reason.to_string(), at: crate::clock::realtime_ns() });
             }
         }).on_dump(move |d| {
-            if let (Some((jd, _)), Some(dir)) = (&jd_dump, &d.dir) {
-                let _ = jd.send(jobdir::Msg::Dumped { key: key_dump.clone(), bundle: dir.clone() });
+            if let Some((jd, _)) = &jd_dump {
+                let _ = jd.send(jobdir::Msg::Dumped { key: key_dump.clone(), bundle: d.dir.clone() });
             }
             let family = d.family.clone().unwrap_or_else(|| "none".into());
             match &d.dir {

@@ -219,3 +219,17 @@ fn two_bundles_of_one_node_in_an_incident_are_one_node() {
     assert!(r.verdict.starts_with("PROBABLY THE MACHINE (GPU): n2, GPU 0000:3b:00.0"), "{}", r.verdict);
     assert!(r.verdict.contains("3.4 s before the first NaN"), "{}", r.verdict);
 }
+
+/// A GPU fault in the job's words after the NaN is not explained away as a consequence: the
+/// job report never says NOT THE MACHINE while a node's own output names a GPU fault.
+#[test]
+fn a_gpu_fault_in_the_jobs_words_after_the_nan_is_still_machine_evidence() {
+    let n1 = node("n1", [healthy("n1", true), vec![nan_line()]].concat(), 0.0, true, "n[1-3]");
+    let mut e2 = healthy("n2", false);
+    let line = "RuntimeError: CUDA error: uncorrectable ECC error encountered";
+    let mut l = json!({ "time": at(1.0), "source": "log", "pid": 100, "job": true, "line": line });
+    l["fault"] = serde_json::to_value(crate::joblog::classify(line).expect("a GPU fault line")).unwrap();
+    e2.push(l);
+    let r = report(vec![n1, node("n2", e2, 0.5, false, "n[1-3]"), node("n3", healthy("n3", false), 0.6, false, "n[1-3]")]);
+    assert!(r.verdict.starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: n2: "), "{}", r.verdict);
+}

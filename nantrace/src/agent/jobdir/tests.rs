@@ -141,9 +141,9 @@ fn another_nodes_incident_fires_this_nodes_session_once() {
     assert!(why.contains(&id) && why.contains("nan on n1"), "{why}");
     assert!(t0.elapsed() <= POLL * 3, "within the poll interval: {:?}", t0.elapsed());
     // The session's own view of it opens nothing new; its bundle goes under the incident.
-    jd.send(Msg::Opened { key: "slurm-4711".into(), trigger: "manual".into(), reason: why }).unwrap();
+    jd.send(Msg::Opened { key: "slurm-4711".into(), trigger: "manual".into(), reason: why, at: crate::clock::realtime_ns() }).unwrap();
     let src = Tmp::new("thread-src");
-    jd.send(Msg::Dumped { key: "slurm-4711".into(), bundle: bundle(&src.0) }).unwrap();
+    jd.send(Msg::Dumped { key: "slurm-4711".into(), bundle: Some(bundle(&src.0)) }).unwrap();
     let t0 = std::time::Instant::now();
     while !t.0.join("4711").join(&id).join("n2").join("report.md").exists() {
         assert!(t0.elapsed() < Duration::from_secs(3), "bundle not shared: {:?}", said.lock().unwrap());
@@ -152,4 +152,31 @@ fn another_nodes_incident_fires_this_nodes_session_once() {
     std::thread::sleep(POLL * 2);
     assert!(rx.try_recv().is_err(), "fired once");
     assert_eq!(root.incidents("4711").len(), 1, "no second incident");
+}
+
+/// Two incidents opened a moment apart by two nodes: a third node dumps once, for the first it
+/// sees, and takes the other as the same incident of the job.
+#[test]
+fn incidents_within_the_join_window_fire_a_third_node_once() {
+    let t = Tmp::new("pair");
+    let root = Root::open(&t.0).unwrap();
+    let (tx, mut rx) = mpsc::channel::<Input>(8);
+    let jd = spawn(root.clone(), "n3".into(), Box::new(|_, _| {}));
+    jd.send(Msg::Watch { job: "5".into(), key: "slurm-5".into(), tx }).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let now = crate::clock::realtime_ns();
+    let a = root.open_incident("5", "n1", "nan", "x", now).unwrap();
+    // n2's own, made before it saw n1's (as open_incident would, one second later).
+    let d = safefs::Dir::open(&t.0.join("5")).unwrap().create_subdir(&format!("{}-n2", crate::clock::compact_utc(now + 1_000_000_000))).unwrap();
+    let b = format!("{}-n2", crate::clock::compact_utc(now + 1_000_000_000));
+    d.write_new(MARKER, &serde_json::to_vec(&json!({ "job": "5", "incident": b, "host": "n2", "trigger": "exit", "time_ns": (now + 1_000_000_000).to_string() })).unwrap()).unwrap();
+    std::thread::sleep(POLL * 3);
+    assert!(matches!(rx.try_recv(), Ok(Input::Fire(TriggerKind::JobWide, _, _))), "fired for the first");
+    let src = Tmp::new("pair-src");
+    jd.send(Msg::Dumped { key: "slurm-5".into(), bundle: Some(bundle(&src.0)) }).unwrap();
+    std::thread::sleep(POLL * 3);
+    assert!(rx.try_recv().is_err(), "not a second time for n2's incident of the same moment");
+    assert!(t.0.join("5").join(&a).join("n3").join("report.md").exists(), "the bundle is under the earlier incident");
+    // A failed dump ends the incident here: the next incident of the job fires again.
+    jd.send(Msg::Dumped { key: "slurm-5".into(), bundle: None }).unwrap();
 }
