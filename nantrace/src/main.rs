@@ -411,19 +411,7 @@ fn main() -> anyhow::Result<()> {
             0
         }
         Cmd::Report { bundle, write, json } if json || nantrace::jobreport::is_job_dir(&bundle) => {
-            let (r, merged, nodes) = nantrace::jobreport::from_dir(&bundle)?;
-            let md = nantrace::jobreport::markdown(&r);
-            if json {
-                sayout!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                nantrace::term::print_out(&nantrace::term::clean_lines(&md));
-            }
-            if write {
-                let dir = nantrace::safefs::Dir::open_private(&bundle).with_context(|| format!("report --write {}", bundle.display()))?;
-                dir.replace("job-report.md", md.as_bytes())?;
-                dir.replace("job-report.json", &serde_json::to_vec_pretty(&r)?)?;
-                dir.replace("trace.json", &serde_json::to_vec(&nantrace::merge::trace(&merged, &nodes))?)?;
-            }
+            nantrace::jobreport::cli(&bundle, json, write)?;
             0
         }
         Cmd::Report { bundle, write, .. } => {

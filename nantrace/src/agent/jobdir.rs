@@ -253,6 +253,31 @@ fn time_of(marker: &Value) -> Option<i128> {
 /// Where the job-directory thread reports what it did (for the agent's log and metrics).
 pub type Report = Box<dyn Fn(&str, &str) + Send>;
 
+/// The agent's job directory (`job_dir`; empty: off): its thread, or why there is none (said,
+/// and `nantrace_job_dir_ok 0`); the agent goes on with per-node bundles either way.
+pub fn start(job_dir: &Path, host: &str, metrics: &std::sync::Arc<super::Metrics>) -> Option<std_mpsc::Sender<Msg>> {
+    if job_dir.as_os_str().is_empty() {
+        return None;
+    }
+    match Root::open(job_dir) {
+        Ok(root) => {
+            let m = metrics.clone();
+            metrics.set("nantrace_job_dir_ok", &[], 1.0);
+            Some(spawn(root, host.to_string(), Box::new(move |key, what| {
+                if what.starts_with("WARNING") {
+                    m.inc("nantrace_job_dir_failures_total", &[]);
+                }
+                crate::say!("nantrace: job {key}: {what}");
+            })))
+        }
+        Err(e) => {
+            metrics.set("nantrace_job_dir_ok", &[], 0.0);
+            crate::say!("nantrace: ERROR: {e:#}; job-wide dumps are off, each node's bundles stay in its spool");
+            None
+        }
+    }
+}
+
 /// Start the job directory's thread.
 pub fn spawn(root: Root, host: String, report: Report) -> std_mpsc::Sender<Msg> {
     let (tx, rx) = std_mpsc::channel::<Msg>();

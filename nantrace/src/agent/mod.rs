@@ -423,27 +423,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // Discovery on a thread of its own (/proc reads block).
     let scanner::Scanner { results: mut disc_rx, scan_now, control: cfg_tx } = scanner::spawn(discover::Discovery::new(proc_root.clone(), &cfg), &cfg)?;
     let host = crate::bundle::Host::read().hostname;
-    let jobdir = if cfg.job_dir.as_os_str().is_empty() {
-        None
-    } else {
-        match jobdir::Root::open(&cfg.job_dir) {
-            Ok(root) => {
-                let m = metrics.clone();
-                metrics.set("nantrace_job_dir_ok", &[], 1.0);
-                Some(jobdir::spawn(root, host.clone(), Box::new(move |key, what| {
-                    if what.starts_with("WARNING") {
-                        m.inc("nantrace_job_dir_failures_total", &[]);
-                    }
-                    crate::say!("nantrace: job {key}: {what}");
-                })))
-            }
-            Err(e) => {
-                metrics.set("nantrace_job_dir_ok", &[], 0.0);
-                crate::say!("nantrace: ERROR: {e:#}; job-wide dumps are off, each node's bundles stay in its spool");
-                None
-            }
-        }
-    };
+    let jobdir = jobdir::start(&cfg.job_dir, &host, &metrics);
     let mut agent = Agent { cfg, args, kernel, node, state, metrics, webhook, done_tx, host, started: monotonic_ns(), proc_root, jobdir };
     crate::say!(
         "nantrace: agent {} on {}: {} probes attached, spool {}, socket {}, metrics {}",

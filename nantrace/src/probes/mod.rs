@@ -382,17 +382,6 @@ impl Probes {
         a.set(0, tgid, 0).map_err(|e| ProbeError::Map("BENCH", e.to_string()))
     }
 
-    /// Start sweeping `JOB_QUEUED` of entries no dispatch will take, while `alive()`.
-    fn start_sweep(&mut self, alive: impl Fn() -> bool + Send + 'static) {
-        let Some(m) = self.ebpf.take_map("JOB_QUEUED") else {
-            return;
-        };
-        match aya::maps::HashMap::try_from(m) {
-            Ok(map) => sweep::spawn(map, self.queued_swept.clone(), alive),
-            Err(e) => crate::say!("nantrace: WARNING: JOB_QUEUED: {e}; a job's requests merged before dispatch are not swept"),
-        }
-    }
-
     /// The ring buffer, for the reader task (can be taken once).
     pub fn take_ring(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
         let m = self.ebpf.take_map("EVENTS").ok_or_else(|| ProbeError::Map("EVENTS", "already taken".into()))?;

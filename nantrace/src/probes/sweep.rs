@@ -31,7 +31,7 @@ pub(super) fn sweep(map: &mut HashMap<MapData, BioKey, BioStart>, now: u64) -> u
 }
 
 /// Sweep every few seconds while `alive()`; the count of removed entries in `removed`.
-pub(super) fn spawn(mut map: HashMap<MapData, BioKey, BioStart>, removed: Arc<AtomicU64>, alive: impl Fn() -> bool + Send + 'static) {
+fn spawn(mut map: HashMap<MapData, BioKey, BioStart>, removed: Arc<AtomicU64>, alive: impl Fn() -> bool + Send + 'static) {
     let r = std::thread::Builder::new().name("nantrace-sweep".into()).spawn(move || {
         while alive() {
             std::thread::sleep(EVERY);
@@ -40,5 +40,18 @@ pub(super) fn spawn(mut map: HashMap<MapData, BioKey, BioStart>, removed: Arc<At
     });
     if let Err(e) = r {
         crate::say!("nantrace: WARNING: no thread to sweep the block probes' dispatch table ({e}); a job's requests merged before dispatch stay in it until it is full (then counted)");
+    }
+}
+
+impl super::Probes {
+    /// Start sweeping `JOB_QUEUED` of entries no dispatch will take, while `alive()`.
+    pub(super) fn start_sweep(&mut self, alive: impl Fn() -> bool + Send + 'static) {
+        let Some(m) = self.ebpf.take_map("JOB_QUEUED") else {
+            return;
+        };
+        match HashMap::try_from(m) {
+            Ok(map) => spawn(map, self.queued_swept.clone(), alive),
+            Err(e) => crate::say!("nantrace: WARNING: JOB_QUEUED: {e}; a job's requests merged before dispatch are not swept"),
+        }
     }
 }

@@ -1,0 +1,107 @@
+//! The job report's peer comparison: in a data-parallel job the nodes do the same work, so a
+//! node whose counts or GPU samples stand out from the median of the others is named.
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::Outlier;
+
+/// Measures to compare between nodes, from a node's events in the window: counts of kernel
+/// events and the GPUs' samples.
+pub(super) fn measures(view: &Value) -> BTreeMap<&'static str, f64> {
+    let mut m = BTreeMap::new();
+    // Near the incident only: from PEER_BEFORE_S before the job's reference to PEER_AFTER_S
+    // after it (what a node did ten minutes earlier is not this incident).
+    let reference = view["first_nan"]["offset_s"].as_f64().unwrap_or(0.0);
+    let near = |e: &&Value| e["offset_s"].as_f64().is_none_or(|o| (-PEER_BEFORE_S..=PEER_AFTER_S).contains(&(o - reference)));
+    let evs: Vec<&Value> = view["events"].as_array().map_or(&[][..], Vec::as_slice).iter().filter(near).collect();
+    let count = |src: &str| evs.iter().filter(|e| e["source"] == src).count() as f64;
+    // Loopback is never the fabric (another user's local sockets are not the job's network).
+    let loopback = |a: &str| a.starts_with("127.") || a == "::1" || a.starts_with("::ffff:127.");
+    m.insert("tcp_retransmits", evs.iter().filter(|e| e["source"] == "tcp_retransmit" && !e["daddr"].as_str().is_some_and(loopback)).count() as f64);
+    m.insert("block_errors_or_slow_io", count("block"));
+    m.insert("pcie_aer", count("aer"));
+    let gpu: Vec<&Value> = evs.iter().copied().filter(|e| e["source"] == "gpu").collect();
+    let series = |k: &str| gpu.iter().filter_map(|e| e[k].as_f64()).collect::<Vec<f64>>();
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let spread = |v: &[f64]| (!v.is_empty()).then(|| v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min));
+    for (name, k) in [("gpu_power_w_mean", "power_w"), ("gpu_sm_clock_mhz_mean", "sm_clock_mhz"), ("gpu_temp_c_mean", "temp_c")] {
+        if let Some(x) = mean(&series(k)) {
+            m.insert(name, x);
+        }
+    }
+    for (name, k) in [("gpu_ecc_corrected_increase", "ecc_corrected_volatile"), ("gpu_pcie_replay_increase", "pcie_replay")] {
+        if let Some(x) = spread(&series(k)) {
+            m.insert(name, x);
+        }
+    }
+    m
+}
+
+/// The peers are compared over this many seconds before the job's reference ...
+pub const PEER_BEFORE_S: f64 = 120.0;
+/// ... and this many after it (a job that hangs after its NaN keeps retransmitting).
+pub const PEER_AFTER_S: f64 = 30.0;
+
+/// How each measure is judged against the peers: (measure, family, higher is worse, the
+/// smallest value that can stand out when the peers' median is 0).
+pub(super) const MEASURES: &[(&str, &str, bool, f64)] = &[
+    ("tcp_retransmits", "network", true, 10.0),
+    ("block_errors_or_slow_io", "storage", true, 5.0),
+    ("pcie_aer", "PCIe", true, 3.0),
+    ("gpu_ecc_corrected_increase", "GPU", true, 10.0),
+    ("gpu_pcie_replay_increase", "PCIe", true, 10.0),
+    ("gpu_power_w_mean", "GPU", false, 0.0),
+    ("gpu_sm_clock_mhz_mean", "GPU", false, 0.0),
+    ("gpu_temp_c_mean", "GPU", true, 0.0),
+];
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Nodes whose measure stands out from the median of the other nodes: for counts, at least
+/// 5x the peers' median and at least the measure's floor over it; for the GPU's power and
+/// clocks, below half the peers' median; for its temperature, 15 °C over it. Needs two peers
+/// at least (with one there is no telling which of the two is the odd one).
+pub fn outliers(nodes: &[(String, BTreeMap<&'static str, f64>)]) -> Vec<Outlier> {
+    let mut out = Vec::new();
+    if nodes.len() < 3 {
+        return out;
+    }
+    for &(measure, family, higher_worse, floor) in MEASURES {
+        for (i, (name, m)) in nodes.iter().enumerate() {
+            let Some(&v) = m.get(measure) else { continue };
+            let peers: Vec<f64> = nodes.iter().enumerate().filter(|(j, _)| *j != i).filter_map(|(_, (_, p))| p.get(measure).copied()).collect();
+            if peers.len() < 2 {
+                continue;
+            }
+            let med = median(peers.clone());
+            let stands_out = match (measure, higher_worse) {
+                ("gpu_temp_c_mean", _) => v >= med + 15.0,
+                (_, true) => v >= floor.max(1.0) && v >= 5.0 * med && v - med >= floor,
+                (_, false) => med > 0.0 && v < 0.5 * med,
+            };
+            if !stands_out {
+                continue;
+            }
+            let label = measure.replace('_', " ");
+            let text = if med > 0.0 {
+                format!("{name}: {label} {v:.0}, {:.1}x the median of {} peers ({med:.0})", v / med, peers.len())
+            } else {
+                format!("{name}: {label} {v:.0}, the median of {} peers is 0", peers.len())
+            };
+            out.push(Outlier { node: name.clone(), measure, family, value: v, peers_median: med, peers: peers.len(), text });
+        }
+    }
+    out
+}
+
