@@ -6,7 +6,7 @@
 //! `task_newtask` nor `exit_group` is attached.
 use aya_ebpf::{
     macros::{map, tracepoint},
-    maps::{Array, HashMap, LruHashMap},
+    maps::{Array, HashMap},
     programs::TracePointContext,
 };
 use nantrace_common::{
@@ -29,15 +29,6 @@ static NEW_THREADS: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 /// only: the BTF exit program reads the status from the task).
 #[map]
 static EXIT_INFO: HashMap<u32, ExitInfo> = HashMap::with_max_entries(16384, 0);
-
-/// Processes whose end was claimed from a live count of 0 (`group_dead_by_live`), by tgid,
-/// with the time: several threads ending together can all read 0 after the last decrement,
-/// and only the first to insert here (BPF_NOEXIST, atomic in the kernel's hash) ends the
-/// process. An LRU (process context only: the exit path), so old claims leave by themselves;
-/// a claim older than 100 ms is a reused pid's and is taken over (threads ending together
-/// read the count within microseconds of each other).
-#[map]
-static EXIT_CLAIMS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(4096, 0);
 
 /// Set by userspace after attaching: index 0 = 1 when the exit program on
 /// `sched_process_exit` is the BTF one, so the signal programs need not remember exit
@@ -220,31 +211,14 @@ fn group_dead_of_current(tgid: u32, tid: u32) -> bool {
 }
 
 /// The group is dead when its live count is 0 (`live` < 0: unreadable, then the leader's
-/// exit counts), for a job's process or (machine-wide mode) any other. Each process ends
-/// once: the threads that read 0 together race for its claim in `EXIT_CLAIMS`, and the
-/// losers end only themselves.
+/// exit counts). A job's process ends once: a second thread that also finds 0 (two threads
+/// ending together) finds the process no longer marked and ends only itself.
 #[inline(always)]
 pub(crate) fn group_dead_by_live(live: i32, tgid: u32, tid: u32) -> bool {
     if live < 0 {
         return tid == tgid;
     }
-    live == 0 && (conf!(whole_machine) != 0 && !is_job(tid) || is_job(tgid)) && claim_exit(tgid)
-}
-
-#[inline(always)]
-fn claim_exit(tgid: u32) -> bool {
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if EXIT_CLAIMS.insert(&tgid, &now, u64::from(aya_ebpf::bindings::BPF_NOEXIST)).is_ok() {
-        return true;
-    }
-    // SAFETY: value copied out.
-    match unsafe { EXIT_CLAIMS.get(&tgid) }.copied() {
-        // Claimed by a thread ending now: not this one's to end.
-        Some(t) if now.wrapping_sub(t) < 100_000_000 => false,
-        // A claim of an earlier process with this pid (or one evicted just now).
-        _ => EXIT_CLAIMS.insert(&tgid, &now, 0).is_ok(),
-    }
+    live == 0 && (conf!(whole_machine) != 0 && !is_job(tid) || is_job(tgid))
 }
 
 /// The exit of thread `tid` of process `tgid`, a job's (`job`) or any (machine-wide mode):

@@ -380,12 +380,11 @@ pub fn microcost(n: u64) -> anyhow::Result<Value> {
 }
 
 /// The kernel tests' jobs with a particular thread life (`bench-internal leader-exit`,
-/// `thread-exec`, `thread-exit-last`, `threads-exit-together`); they end the process.
+/// `thread-exec`, `thread-exit-last`); they end the process.
 pub fn test_job(what: &str, dir: &std::path::Path) -> ! {
     match what {
         "leader-exit" => leader_exit(),
         "thread-exec" => thread_exec(dir),
-        "threads-exit-together" => threads_exit_together(),
         _ => thread_exit_last(),
     }
 }
@@ -413,25 +412,6 @@ fn leader_exit() -> ! {
     // SAFETY: ends the calling thread only, holding no lock; the other thread ends the process.
     unsafe { libc::syscall(libc::SYS_exit, 0) };
     unreachable!("the exit syscall returned")
-}
-
-/// `bench-internal threads-exit-together` (a test's job): 32 threads spin, then the main
-/// thread ends the process with exit_group(6): the kernel kills every thread at once, and on
-/// two or more CPUs several of them end together (each can read the group's live count as 0).
-fn threads_exit_together() -> ! {
-    let go = std::sync::Arc::new(std::sync::Barrier::new(33));
-    for _ in 0..32 {
-        let go = go.clone();
-        std::thread::spawn(move || {
-            go.wait();
-            loop {
-                std::hint::spin_loop();
-            }
-        });
-    }
-    go.wait();
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    std::process::exit(6)
 }
 
 /// `bench-internal thread-exit-last` (a test's job): the main thread ends with the `exit`

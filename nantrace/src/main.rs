@@ -494,7 +494,7 @@ fn main() -> anyhow::Result<()> {
                 "floor" => b::floor(go.as_deref())?,
                 "microcost" => b::microcost(n)?,
                 "membership" => b::membership(n, &dir)?,
-                "leader-exit" | "thread-exec" | "thread-exit-last" | "threads-exit-together" => b::test_job(&what, &dir),
+                "leader-exit" | "thread-exec" | "thread-exit-last" => b::test_job(&what, &dir),
                 "nvml-cost" | "cuda-steps" => b::gpu(&what, seconds, n),
                 "synth" => runtime()?.block_on(b::synth(rate, seconds, burst, threads))?,
                 "synth-gen" => b::synth_gen(rate, seconds, burst, threads, go.as_deref()),

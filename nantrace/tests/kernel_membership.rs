@@ -68,31 +68,6 @@ fn job_membership_follows_forks_threads_and_exits() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A process of 33 threads killed together by its exit_group(6) ends once: one exit event,
-/// with its code, however many of its threads end on different CPUs at the same moment
-/// (kernels before 6.x pass no `group_dead`, and every thread that reads the group's live
-/// count after the last decrement sees 0; the first to claim the process ends it).
-#[test]
-fn threads_ending_together_end_their_process_once() {
-    if !privileged("threads_ending_together_end_their_process_once") {
-        return;
-    }
-    for round in 0..3 {
-        let mut root = Gated::new("together", &format!("exec {BIN} bench-internal threads-exit-together"));
-        let pid = u64::from(root.id());
-        let w = Watch::start(&["--pid", &pid.to_string()]);
-        root.go();
-        assert_eq!(root.wait().unwrap().code(), Some(6));
-        let (e, _) = w.wait_for("the process's exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(pid));
-        assert_eq!(e["exit_code"], 6, "{e}");
-        // Late duplicates would arrive within milliseconds; give them a second.
-        std::thread::sleep(Duration::from_secs(1));
-        let exits = w.all(|v| v["source"] == "exit" && v["pid"].as_u64() == Some(pid));
-        assert_eq!(exits.len(), 1, "round {round}: the process ended {} times: {exits:?}", exits.len());
-        w.stop();
-    }
-}
-
 /// A thread other than the main one execs: the process keeps its pid (the job's), and the
 /// thread's old tid, which ends without an exit of its own, is unmarked by the exec program.
 /// A stale mark would make the next process given that pid count as the job's.

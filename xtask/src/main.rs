@@ -138,7 +138,7 @@ fn main() -> Result<()> {
             bench::run(true, &root().join("target/debug/nantrace"))?;
             // The kernel matrix: the same kernel tests on every kernel of vm.rs, in VMs.
             if std::env::var("NANTRACE_VM_TEST").is_ok_and(|v| v == "0") {
-                eprintln!("xtask: WARNING: NANTRACE_VM_TEST=0: the kernel matrix is SKIPPED (CI runs it)");
+                eprintln!("xtask: WARNING: NANTRACE_VM_TEST=0: the kernel matrix and the VM cluster are SKIPPED (CI runs them)");
                 return Ok(());
             }
             if !root_user {
