@@ -120,6 +120,10 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d));
     let mut resample = tokio::time::interval(Duration::from_secs(10));
     let stdout = std::io::stdout();
+    // One SIGINT stream for the whole loop: a `ctrl_c()` made anew at each turn misses a SIGINT
+    // that arrives while a batch is being written (the signal is recorded, nobody listens), and
+    // `watch` then ran on after the tests' stop (the guests' hangs: a busy watch under TCG).
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     loop {
         let sleep = async {
             match deadline {
@@ -142,7 +146,7 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
             }
             _ = resample.tick() => clock = ClockMap::sample(),
             _ = sleep => break,
-            _ = tokio::signal::ctrl_c() => break,
+            _ = sigint.recv() => break,
         }
     }
     acct.kernel_drops = probes.drops().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
