@@ -213,6 +213,23 @@ fn parse_suite(log: &str) -> (usize, Vec<String>, usize, bool) {
     (passed, failed, passed + failed_n + ignored, true)
 }
 
+/// The panic of a failed test, from its `---- NAME stdout ----` section: the `panicked at`
+/// line and the few after it, each cut short, so that a CI log shows why without the guest's
+/// files (which stay on the CI machine).
+fn panic_of(log: &str, name: &str) -> String {
+    let Some(pos) = log.find(&format!("---- {name} stdout ----")) else { return String::new() };
+    let mut lines = log[pos..].lines().skip(1).skip_while(|l| !l.contains("panicked at"));
+    let mut out = String::new();
+    for l in lines.by_ref().take(4) {
+        if l.starts_with("---- ") || l.starts_with("note: run with") || l.trim() == "failures:" {
+            break;
+        }
+        let cut: String = l.chars().take(300).collect();
+        let _ = write!(out, "\n      {cut}");
+    }
+    out
+}
+
 fn run_kernel(k: &Kernel, dir: &Path, nt: &Path, bins: &BTreeMap<String, PathBuf>) -> Result<Outcome> {
     let mut o = Outcome::default();
     let kdir = cache().join("kernels").join(k.label);
@@ -263,7 +280,7 @@ fn run_kernel(k: &Kernel, dir: &Path, nt: &Path, bins: &BTreeMap<String, PathBuf
             o.problems.push(format!("{t} ({path}) did not finish (rc {})", read(&dir.join(format!("test.{path}.{t}.rc"))).trim()));
         }
         for f in &failed {
-            o.problems.push(format!("{t} ({path}): {f} FAILED"));
+            o.problems.push(format!("{t} ({path}): {f} FAILED{}", panic_of(&log, f)));
         }
         o.suites.push(((*path).to_string(), (*t).to_string(), passed, failed, total, secs, finished));
     }
@@ -396,5 +413,12 @@ mod tests {
         assert_eq!((p, f, t, done), (1, vec!["b".to_string()], 3, true));
         // Cut short (a timeout): not finished, the tests that started counted.
         assert_eq!(parse_suite("test a ... ok\ntest b ... "), (0, vec![], 2, false));
+    }
+
+    #[test]
+    fn a_failed_tests_panic_is_quoted() {
+        let log = "failures:\n\n---- b stdout ----\n[watch] x\n\nthread 'b' (9) panicked at t.rs:1:2:\ngot 3\nnote: run with `RUST_BACKTRACE=1`\n\n---- c stdout ----\n";
+        assert_eq!(panic_of(log, "b"), "\n      thread 'b' (9) panicked at t.rs:1:2:\n      got 3");
+        assert_eq!(panic_of(log, "zz"), "");
     }
 }
