@@ -220,7 +220,7 @@ fn node_view(merged: &Value, n: &Node) -> Value {
 
 /// Signals that are the job's own words (its output), not the kernel's or NVML's.
 fn job_words(f: &Finding) -> bool {
-    f.signal.starts_with("joblog_")
+    crate::report::rules::is_job_words(f.signal)
 }
 
 fn job_identity(n: &Node) -> Value {
@@ -355,7 +355,7 @@ fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw:
         let s = &nodes[i];
         return (
             format!("POSSIBLY THE MACHINE ({}), in the job's own words only: {}: {}; the kernel and NVML of every node show no fault{}.{incomplete}", f.family.label(), s.name, f.text, others(i)),
-            f.family.label().to_string(),
+            format!("{}{}", f.family.label(), crate::report::rules::JOB_WORDS_SUFFIX),
             Some(s.name.clone()),
             None,
             None,

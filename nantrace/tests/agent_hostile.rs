@@ -139,3 +139,41 @@ fn a_spool_under_a_users_directory_is_refused_and_a_second_agent_leaves_the_sock
     assert!(bundles(&a.spool).is_empty());
     a.stop();
 }
+
+/// D-4 of the third adversarial test (`jobs/fakekern.sh`): a job whose own output imitates the
+/// kernel's lines (an Xid 79 with a dmesg stamp, a syslog `kernel:` prefix, a raw /dev/kmsg
+/// record, an MCE) while the kernel log, watched, says nothing. The bundle's verdict is at
+/// most POSSIBLY and says whose words they are; the machine-readable family in the metrics
+/// says it too; nothing of it counts as a kernel Xid.
+#[test]
+fn a_jobs_imitation_of_kernel_lines_is_at_most_possibly_and_says_whose_words() {
+    if !privileged("a_jobs_imitation_of_kernel_lines_is_at_most_possibly_and_says_whose_words") {
+        return;
+    }
+    let a = Agent::start("fakekern", 19486, &["--match", "nt-fk-job"]);
+    let body = r#"sleep 1.5
+echo 'step 1 | loss 2.31'
+echo '[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.'
+echo 'kernel: NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, An uncorrectable double bit error'
+echo '<2>[ 99.1] mce: [Hardware Error]: Machine check events logged'
+echo '6,1234,5678,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.'
+echo 'RuntimeError: CUDA error: uncorrectable ECC error encountered' >&2
+echo 'step 2 | loss nan'
+sleep 20"#;
+    let mut j = job(&a.dir, "nt-fk-job", body);
+    a.wait_job(j.id(), Duration::from_secs(10));
+    let b = a.wait_bundles(1, Duration::from_secs(30));
+    let md = std::fs::read_to_string(b[0].join("report.md")).unwrap();
+    let v = md.lines().find(|l| l.starts_with("**")).unwrap_or("");
+    assert!(v.starts_with("**POSSIBLY THE MACHINE (GPU), in the job's own words only: "), "{md}");
+    assert!(v.contains("the kernel log, watched"), "the verdict says the kernel log was watched and silent: {v}");
+    let t = common::agent::timeline(&b[0]);
+    let kernel: Vec<_> = t["events"].as_array().unwrap().iter().filter(|e| matches!(e["source"].as_str(), Some("xid" | "aer" | "kmsg")) && e["text"].as_str().is_some_and(|x| x.contains("NVRM") || x.contains("mce:"))).collect();
+    assert!(kernel.is_empty(), "the job's words became kernel events: {kernel:?}");
+    let m = a.metrics_text();
+    assert!(!m.contains("nantrace_xid_total{"), "a kernel Xid was counted from the job's words: {m}");
+    assert!(m.lines().any(|l| l.starts_with("nantrace_incidents_total{") && l.contains("family=\"GPU (job's words only)\"")), "{m}");
+    assert!(!m.lines().any(|l| l.starts_with("nantrace_incidents_total{") && l.contains("family=\"GPU\"")), "{m}");
+    kill_job(&mut j);
+    a.stop();
+}

@@ -17,8 +17,8 @@ pub(super) fn measures(view: &Value) -> BTreeMap<&'static str, f64> {
     let evs: Vec<&Value> = view["events"].as_array().map_or(&[][..], Vec::as_slice).iter().filter(near).collect();
     let count = |src: &str| evs.iter().filter(|e| e["source"] == src).count() as f64;
     // Loopback is never the fabric (another user's local sockets are not the job's network).
-    let loopback = |a: &str| a.starts_with("127.") || a == "::1" || a.starts_with("::ffff:127.");
-    m.insert("tcp_retransmits", evs.iter().filter(|e| e["source"] == "tcp_retransmit" && !e["daddr"].as_str().is_some_and(loopback)).count() as f64);
+    let lo = crate::report::detect::loopback;
+    m.insert("tcp_retransmits", evs.iter().filter(|e| e["source"] == "tcp_retransmit" && !lo(e["daddr"].as_str()) && !lo(e["saddr"].as_str())).count() as f64);
     m.insert("block_errors_or_slow_io", count("block"));
     m.insert("pcie_aer", count("aer"));
     let gpu: Vec<&Value> = evs.iter().copied().filter(|e| e["source"] == "gpu").collect();

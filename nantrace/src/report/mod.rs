@@ -1,7 +1,7 @@
 //! `nantrace report`: answers "was it the machine?" from a bundle's timeline and snapshot.
 //! Ranked suspects come from the signal table in [`rules`]; when nothing fires, the report says
 //! so plainly and lists what was checked.
-mod detect;
+pub(crate) mod detect;
 pub mod rules;
 mod render;
 
@@ -241,6 +241,21 @@ fn verdict(suspects: &[Finding], timeline: &Value, snapshot: &Value, window_min:
         let job_sw = first(&|s| matches!(s.family, Family::Software | Family::GpuMemoryLimit)).map_or(String::new(), |s| format!(" (the job also reported: {})", s.text));
         // The GPU faulted, but NVIDIA's catalog (or CUDA) says the job's own code can cause it.
         let ambiguous = matches!(top.signal, "xid_app_possible" | "joblog_gpu_ambiguous");
+        // The job's words alone (any user can print a kernel's or a driver's line): at most
+        // POSSIBLY, and the family says so. Where the kernel log was watched and shows no such
+        // fault, that is evidence against them, and the verdict says it.
+        if suspects.iter().filter(|s| s.family.is_machine()).all(|s| rules::is_job_words(s.signal)) {
+            let watched = timeline["accounting"]["probes_attached"].as_array().is_some_and(|a| a.iter().any(|p| p.as_str().is_some_and(|p| p.starts_with("printk:") || p == "kmsg" || p.ends_with("/dev/kmsg"))));
+            let nvml = snapshot["gpu"]["available"].as_bool() == Some(true);
+            let against = match (watched, nvml) {
+                (true, true) => "; the kernel log, watched, and NVML show no such fault",
+                (true, false) => "; the kernel log, watched, shows no such fault",
+                (false, true) => "; NVML shows no such fault, and the kernel log was not watched",
+                (false, false) => "; neither the kernel log nor NVML was watched to confirm it",
+            };
+            let or_code = if ambiguous { ", or the job's own code" } else { "" };
+            return (format!("POSSIBLY THE MACHINE ({}{or_code}), in the job's own words only: {}{against}{job_sw}", top.family.label(), top.text), format!("{}{}", top.family.label(), rules::JOB_WORDS_SUFFIX));
+        }
         return if top.severity >= 60 {
             (format!("PROBABLY THE MACHINE ({}): {}{job_sw}", top.family.label(), top.text), label(top))
         } else if ambiguous {

@@ -45,6 +45,17 @@ impl Family {
     }
 }
 
+/// Whether a signal is the job's own words (a line of its output), not the kernel's or NVML's.
+/// `joblog_gpu_corroborated` is not: it fires only with a hardware Xid beside it.
+pub fn is_job_words(signal: &str) -> bool {
+    signal.starts_with("joblog_") && signal != "joblog_gpu_corroborated"
+}
+
+/// The machine-readable family of a verdict that rests on the job's words alone: the family
+/// and this suffix, so that the webhook, `nantrace_incidents_total{family}` and a drain tell
+/// it from the kernel's or NVML's evidence.
+pub const JOB_WORDS_SUFFIX: &str = " (job's words only)";
+
 /// One signal nantrace looks for.
 #[derive(Clone, Copy, Debug)]
 pub struct Signal {

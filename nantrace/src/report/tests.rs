@@ -6,6 +6,7 @@ use super::*;
 struct Scenario {
     events: Vec<Value>,
     snapshot: Value,
+    probes: Value,
 }
 
 const ROOT: u64 = 4242;
@@ -27,7 +28,7 @@ impl Scenario {
             { "index": 0, "pci": "0000:3b:00.0", "compute_processes": [{ "pid": ROOT }] },
             { "index": 1, "pci": "0000:5e:00.0", "compute_processes": [] },
         ] }, "software": { "env": { "CUDA_VISIBLE_DEVICES": "0" } } });
-        Scenario { events, snapshot }
+        Scenario { events, snapshot, probes: json!(["printk:console"]) }
     }
 
     fn with(mut self, e: Value) -> Self {
@@ -44,7 +45,7 @@ impl Scenario {
             "trigger": { "kind": "nan", "time": "2026-11-30T10:00:00Z" },
             "job": { "root_pid": ROOT },
             "window": { "pre_s": 600.0 },
-            "accounting": { "probes_attached": ["printk:console"], "events": {} },
+            "accounting": { "probes_attached": self.probes, "events": {} },
             "events": evs,
         });
         analyze(&t, &self.snapshot)
@@ -144,6 +145,23 @@ fn retransmit_storm_is_the_top_suspect() {
     assert!(top(&a).text.starts_with("TCP retransmits to 10.0.0.7:29500 up 40×"), "{}", top(&a).text);
 }
 
+/// D-3 of the third adversarial test (`jobs/synstorm.py`): another user's listener that never
+/// accepts, 300 connects to it: thousands of retransmits on loopback. Loopback is never the
+/// fabric, whoever's sockets they are; the same storm to a real peer still is.
+#[test]
+fn loopback_retransmits_are_never_network_evidence() {
+    for (daddr, saddr) in [("127.0.0.1", "127.0.0.1"), ("::1", "::1"), ("::ffff:127.0.0.1", "::ffff:127.0.0.1"), ("10.0.0.7", "127.0.0.1")] {
+        let mut s = Scenario::healthy();
+        for i in 0..300 {
+            s = s.with(json!({ "offset_s": -59.0 + f64::from(i) / 10.0, "source": "tcp_retransmit", "daddr": daddr, "dport": 39571, "saddr": saddr, "sport": 40000 + i, "job": i % 2 == 0 }));
+        }
+        let a = s.analyze();
+        assert!(a.suspects.iter().all(|f| f.signal != "retransmit_storm"), "{daddr}: {}", a.verdict);
+        assert!(a.verdict.starts_with("NOT THE MACHINE"), "{daddr}: {}", a.verdict);
+    }
+    assert!(!crate::report::detect::loopback(Some("10.0.0.7")) && !crate::report::detect::loopback(Some("fe80::1")) && !crate::report::detect::loopback(None));
+}
+
 #[test]
 fn swap_thrash_is_the_top_suspect() {
     let a = Scenario::healthy().with(json!({ "offset_s": -8.0, "source": "system", "swap_in_kb_s": 300.0 * 1024.0 })).analyze();
@@ -226,8 +244,9 @@ fn the_issue_9_job_gets_a_gpu_verdict_not_not_the_machine() {
         .with(job_line(-4.0, "node7:311:402 [0] NCCL WARN NET/IB : Got completion from peer 10.0.3.9<52431> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:10.0.3.7"))
         .analyze();
     assert!(a.machine);
-    assert_eq!(a.family, "GPU");
-    assert!(a.verdict.starts_with("PROBABLY THE MACHINE (GPU): job output: uncorrectable ECC error (cudaErrorECCUncorrectable (214))"), "{}", a.verdict);
+    // The job's words alone: at most POSSIBLY, and the family says whose words they are.
+    assert_eq!(a.family, "GPU (job's words only)");
+    assert!(a.verdict.starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: job output: uncorrectable ECC error (cudaErrorECCUncorrectable (214))"), "{}", a.verdict);
     assert_eq!(top(&a).signal, "joblog_gpu_hw");
     assert!(top(&a).text.contains("rank 1"), "{}", top(&a).text);
     let net = a.suspects.iter().find(|s| s.signal == "joblog_network").expect("the IB error is a suspect");
@@ -245,9 +264,34 @@ fn each_machine_family_of_job_output_names_its_family() {
         ("RuntimeError: CUDA error: unspecified launch failure", "GPU", "joblog_gpu_hw"),
     ] {
         let a = Scenario::healthy().with(job_line(-2.0, line)).analyze();
-        assert_eq!((a.family.as_str(), top(&a).signal), (family, signal), "{line}: {}", a.verdict);
-        assert!(a.verdict.starts_with("PROBABLY THE MACHINE"), "{}", a.verdict);
+        assert_eq!((a.family.as_str(), top(&a).signal), (format!("{family} (job's words only)").as_str(), signal), "{line}: {}", a.verdict);
+        assert!(a.verdict.starts_with(&format!("POSSIBLY THE MACHINE ({family}), in the job's own words only: ")), "{}", a.verdict);
     }
+}
+
+/// D-4 of the third adversarial test: a job that prints the kernel's own Xid line (any user
+/// can) is not the kernel saying it. Its words alone are at most POSSIBLY, with a family that
+/// says so; the kernel's Xid beside the same words is PROBABLY, with the plain family.
+#[test]
+fn the_jobs_words_alone_are_at_most_possibly_and_say_so() {
+    let fake = "[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.";
+    let ecc = "RuntimeError: CUDA error: uncorrectable ECC error encountered";
+    let words = Scenario::healthy().with(job_line(-3.0, fake)).with(job_line(-2.0, ecc)).analyze();
+    assert!(words.machine, "{}", words.verdict);
+    assert_eq!(words.family, "GPU (job's words only)", "{}", words.verdict);
+    assert!(words.verdict.starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: "), "{}", words.verdict);
+    assert!(words.verdict.contains("the kernel log, watched, and NVML show no such fault"), "{}", words.verdict);
+    assert!(words.suspects.iter().all(|s| s.signal != "gpu_fallen_off_bus" && s.signal != "xid_critical"), "the job's imitation became kernel evidence: {:?}", words.suspects.iter().map(|s| s.signal).collect::<Vec<_>>());
+    // Nothing watched the kernel: the verdict says that nothing could confirm them.
+    let mut blind = Scenario::healthy().with(job_line(-2.0, ecc));
+    blind.probes = json!([]);
+    blind.snapshot["gpu"] = json!({ "available": false, "reason": "no NVML" });
+    let blind = blind.analyze();
+    assert!(blind.verdict.starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: ") && blind.verdict.contains("neither the kernel log nor NVML was watched"), "{}", blind.verdict);
+    // The kernel's own Xid on the job's GPU beside the same words: the machine, probably.
+    let kernel = Scenario::healthy().with(job_line(-2.0, ecc)).with(kmsg(-2.5, &format!("NVRM: Xid (PCI:0000:3b:00): 79, pid={ROOT}, name=python3, GPU has fallen off the bus."))).analyze();
+    assert_eq!(kernel.family, "GPU", "{}", kernel.verdict);
+    assert!(kernel.verdict.starts_with("PROBABLY THE MACHINE (GPU): "), "{}", kernel.verdict);
 }
 
 #[test]

@@ -5,6 +5,7 @@ mod host;
 mod joblog;
 mod memory;
 mod network;
+pub(crate) use network::loopback;
 mod numerics;
 mod pcie;
 mod process;

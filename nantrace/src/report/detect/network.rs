@@ -16,7 +16,10 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
     {
         let sig = signal("retransmit_storm");
         let mut per_peer: BTreeMap<String, (usize, usize, f64, bool)> = BTreeMap::new();
-        for (r, e) in ctx.src(Source::TcpRetransmit).filter(|(r, _)| *r > -120.0) {
+        // Loopback is never the fabric: a retransmit to 127.0.0.0/8 or ::1 is a process on this
+        // node that does not read its socket (any user can make thousands: D-3 of the third
+        // adversarial test), not a network fault, whoever's socket it is.
+        for (r, e) in ctx.src(Source::TcpRetransmit).filter(|(r, _)| *r > -120.0).filter(|(_, e)| !loopback(e["daddr"].as_str()) && !loopback(e["saddr"].as_str())) {
             let peer = format!("{}:{}", e["daddr"].as_str().unwrap_or("?"), e["dport"]);
             let peer_of_job = ctx.job_peers.contains(&peer);
             let s = per_peer.entry(peer).or_insert((0, 0, f64::NEG_INFINITY, false));
@@ -44,5 +47,15 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
             signal("link_errors")
         };
         acc.add(sig, e["link"].as_str().unwrap_or(""), *rel, false, || c.to_string());
+    }
+}
+
+/// Whether an address (as the probes print it: `127.0.0.1`, `::1`, `::ffff:127.0.0.1`) is a
+/// loopback address. An address that does not parse is not.
+pub(crate) fn loopback(addr: Option<&str>) -> bool {
+    match addr.and_then(|a| a.parse::<std::net::IpAddr>().ok()) {
+        Some(std::net::IpAddr::V4(a)) => a.is_loopback(),
+        Some(std::net::IpAddr::V6(a)) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|m| m.is_loopback()),
+        None => false,
     }
 }
