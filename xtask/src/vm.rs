@@ -120,6 +120,9 @@ struct Outcome {
     /// (path, suite) -> (passed, failed names, total, seconds, finished)
     suites: Vec<(String, String, usize, Vec<String>, usize, f64, bool)>,
     problems: Vec<String>,
+    /// Tests that failed once and passed when run again alone (guest.sh): reported, with
+    /// their first failure, in the table and on stderr; not problems.
+    flaky: Vec<String>,
 }
 
 fn read(p: &Path) -> String {
@@ -213,6 +216,13 @@ fn parse_suite(log: &str) -> (usize, Vec<String>, usize, bool) {
     (passed, failed, passed + failed_n + ignored, true)
 }
 
+/// Whether a test's second run alone (guest.sh's `rerun.*` files) passed: rc 0, and libtest
+/// ran exactly that one test and it passed.
+fn passed_alone(log: &str, rc: &str) -> bool {
+    let (passed, failed, total, done) = parse_suite(log);
+    rc.trim() == "0" && done && passed == 1 && failed.is_empty() && total == 1
+}
+
 /// The panic of a failed test, from its `---- NAME stdout ----` section: the `panicked at`
 /// line and the few after it, each cut short, so that a CI log shows why without the guest's
 /// files (which stay on the CI machine).
@@ -280,7 +290,14 @@ fn run_kernel(k: &Kernel, dir: &Path, nt: &Path, bins: &BTreeMap<String, PathBuf
             o.problems.push(format!("{t} ({path}) did not finish (rc {})", read(&dir.join(format!("test.{path}.{t}.rc"))).trim()));
         }
         for f in &failed {
-            o.problems.push(format!("{t} ({path}): {f} FAILED{}", panic_of(&log, f)));
+            let rerun = read(&dir.join(format!("rerun.{path}.{t}.{f}.log")));
+            let again = read(&dir.join(format!("rerun.{path}.{t}.{f}.rc")));
+            if passed_alone(&rerun, &again) {
+                o.flaky.push(format!("{t} ({path}): {f} failed, then passed alone{}", panic_of(&log, f)));
+            } else {
+                let second = if rerun.is_empty() { String::new() } else { format!("\n    and again alone (rc {}){}", again.trim(), panic_of(&rerun, f)) };
+                o.problems.push(format!("{t} ({path}): {f} FAILED{}{second}", panic_of(&log, f)));
+            }
         }
         o.suites.push(((*path).to_string(), (*t).to_string(), passed, failed, total, secs, finished));
     }
@@ -333,7 +350,12 @@ fn table(rows: &[(&Kernel, Outcome)], total_s: f64) -> String {
             suites("btf"),
             suites("tracefs"),
             o.wall_s,
-            if o.problems.is_empty() { "ok".to_string() } else { format!("**{} problem(s)**", o.problems.len()) }
+            match (o.problems.len(), o.flaky.len()) {
+                (0, 0) => "ok".to_string(),
+                (0, f) => format!("ok, **{f} flaky**"),
+                (p, 0) => format!("**{p} problem(s)**"),
+                (p, f) => format!("**{p} problem(s), {f} flaky**"),
+            }
         );
     }
     for (k, o) in rows {
@@ -341,6 +363,9 @@ fn table(rows: &[(&Kernel, Outcome)], total_s: f64) -> String {
         let _ = writeln!(s, "\n{}: kernel log: {why}", k.label);
         for p in &o.problems {
             let _ = writeln!(s, "- PROBLEM: {p}");
+        }
+        for f in &o.flaky {
+            let _ = writeln!(s, "- FLAKY: {f}");
         }
     }
     s
@@ -375,6 +400,9 @@ pub fn vm_test(args: &Args, nt: &Path) -> Result<()> {
         eprintln!("xtask: vm-test: {} ...", k.label);
         let o = run_kernel(k, &base.join(k.label), nt, &bins)?;
         eprintln!("xtask: vm-test: {}: {:.0} s, {}", k.label, o.wall_s, if o.problems.is_empty() { "ok".to_string() } else { o.problems.join("; ") });
+        for f in &o.flaky {
+            eprintln!("xtask: vm-test: {}: FLAKY: {f}", k.label);
+        }
         rows.push((k, o));
     }
     let t = table(&rows, t0.elapsed().as_secs_f64());
@@ -420,5 +448,15 @@ mod tests {
         let log = "failures:\n\n---- b stdout ----\n[watch] x\n\nthread 'b' (9) panicked at t.rs:1:2:\ngot 3\nnote: run with `RUST_BACKTRACE=1`\n\n---- c stdout ----\n";
         assert_eq!(panic_of(log, "b"), "\n      thread 'b' (9) panicked at t.rs:1:2:\n      got 3");
         assert_eq!(panic_of(log, "zz"), "");
+    }
+
+    #[test]
+    fn only_a_clean_second_run_of_the_one_test_is_flaky() {
+        let ok = "running 1 test\ntest b ... ok\n\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 11 filtered out; finished in 1.00s\n";
+        assert!(passed_alone(ok, "0\n"));
+        assert!(!passed_alone(ok, "101\n"));
+        assert!(!passed_alone("", ""), "no second run");
+        assert!(!passed_alone("running 0 tests\n\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 12 filtered out; finished in 0.00s\n", "0"), "the name matched nothing");
+        assert!(!passed_alone("running 1 test\ntest b ... FAILED\n\nfailures:\n    b\n\ntest result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 11 filtered out; finished in 1.00s\n", "101"));
     }
 }
