@@ -6,7 +6,10 @@
 #   scripts/prometheus-local.sh query 'PROMQL'              # GET /api/v1/query, prints the JSON
 #   scripts/prometheus-local.sh wait 'PROMQL' [SECONDS]     # poll until the query returns a non-empty result (default 30 s)
 #   scripts/prometheus-local.sh down                        # stop it, remove the state dir
+#   scripts/prometheus-local.sh install                     # only install prometheus and promtool
 #
+# It loads nantrace's shipped rules (dist/prometheus/nantrace-rules.yml), so the tests see
+# its alerts fire (`ALERTS{alertname="NantraceGpuFatalXid"}`).
 # `up` prints `export NANTRACE_PROM_URL=http://127.0.0.1:PORT` on stdout (also in <dir>/env);
 # everything else goes to stderr. The scrape job is named `nantrace`, metrics path /metrics.
 #
@@ -16,6 +19,7 @@
 set -euo pipefail
 
 DIR=${NANTRACE_PROM_DIR:-/run/nantrace-prometheus}
+RULES=$(cd "$(dirname "$0")/.." && pwd)/dist/prometheus/nantrace-rules.yml
 TIMEOUT=${NANTRACE_PROM_TIMEOUT:-60}
 PIDF=$DIR/prometheus.pid
 
@@ -89,6 +93,9 @@ global:
   scrape_interval: 1s
   scrape_timeout: 1s
   evaluation_interval: 1s
+# The alerting and recording rules nantrace ships (dist/prometheus/nantrace-rules.yml).
+rule_files:
+  - '$RULES'
 scrape_configs:
   - job_name: nantrace
     static_configs:
@@ -158,8 +165,9 @@ fi
 
 case "${1:-}" in
   up) shift; cmd_up "$@" ;;
+  install) install_prometheus ;;
   down) cmd_down ;;
   query) shift; cmd_query "$@" ;;
   wait) shift; cmd_wait "$@" ;;
-  *) echo "usage: $0 up TARGET_HOSTPORT [PORT] | down | query PROMQL | wait PROMQL [SECONDS]" >&2; exit 2 ;;
+  *) echo "usage: $0 up TARGET_HOSTPORT [PORT] | install | down | query PROMQL | wait PROMQL [SECONDS]" >&2; exit 2 ;;
 esac

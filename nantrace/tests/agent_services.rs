@@ -176,6 +176,20 @@ fn prometheus_scrapes_the_agent_and_sees_an_injected_xid() {
     let probes = q("nantrace_probes_attached");
     let n: f64 = probes["data"]["result"][0]["value"][1].as_str().unwrap().parse().unwrap();
     assert!(n >= 5.0, "{probes}");
+    // The shipped rules (dist/prometheus/nantrace-rules.yml, loaded by prometheus-local.sh)
+    // page on it: the series appeared at 1, with no 0 before it, as the agent exports a
+    // counter at its first event, and the alert still fires, with the action in it.
+    let t1 = Instant::now();
+    let alert = loop {
+        let v = q("ALERTS{alertname=\"NantraceGpuFatalXid\",alertstate=\"firing\"}");
+        if let Some(s) = v["data"]["result"].as_array().and_then(|r| r.first()) {
+            break s.clone();
+        }
+        assert!(t1.elapsed() < Duration::from_secs(30), "NantraceGpuFatalXid never fired: {v}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    eprintln!("NantraceGpuFatalXid firing {:.1} s after the series: {alert}", t1.elapsed().as_secs_f64());
+    assert_eq!((alert["metric"]["gpu"].as_str(), alert["metric"]["xid"].as_str(), alert["metric"]["severity"].as_str()), (Some("0000:b1:00.0"), Some("79"), Some("critical")), "{alert}");
     a.stop();
 }
 

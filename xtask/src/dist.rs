@@ -219,6 +219,9 @@ pub fn dist(check_old_glibc: bool) -> Result<()> {
     let src = root().join("dist");
     copy_mode(&src.join("nantrace-agent.service"), &stage.join("lib/systemd/system/nantrace-agent.service"), 0o644)?;
     copy_mode(&src.join("install.sh"), &stage.join("install.sh"), 0o755)?;
+    for f in ["nantrace-rules.yml", "nantrace-rules.test.yml"] {
+        copy_mode(&src.join("prometheus").join(f), &stage.join("share/nantrace/prometheus").join(f), 0o644)?;
+    }
     let mut notes = Vec::new();
     if src.join("agent.toml").exists() {
         copy_mode(&src.join("agent.toml"), &stage.join("etc/nantrace/agent.toml"), 0o600)?;

@@ -29,6 +29,7 @@ const FAMILIES: &[(&str, &str, &str)] = &[
     ("nantrace_probes_failed", "gauge", "Kernel probes that could not be attached."),
     ("nantrace_spool_bytes", "gauge", "Bytes of bundles in the spool directory."),
     ("nantrace_spool_bundles", "gauge", "Bundles in the spool directory."),
+    ("nantrace_spool_limit_bytes", "gauge", "The spool's size limit (spool_max_mb), in bytes."),
     ("nantrace_spool_removed_total", "counter", "Bundles removed by the spool's size or age limit."),
     ("nantrace_recorder_bytes", "gauge", "Bytes held by the flight recorders (node-wide and per job)."),
     ("nantrace_webhook_failures_total", "counter", "Incident webhooks that failed after all retries."),
@@ -211,6 +212,51 @@ pub(super) fn observe(m: &Metrics, e: &crate::event::Event) {
 #[cfg(test)]
 mod tests {
     use super::Metrics;
+
+    /// dist/prometheus/nantrace-rules.yml names only metrics the agent exports (a renamed
+    /// metric would silence an alert without a word), and its fatal-Xid list is NVIDIA's
+    /// critical list in data/xid-catalog.tsv. promtool's own tests of the rules run in
+    /// tests/alert_rules.rs.
+    #[test]
+    fn the_alert_rules_name_exported_metrics_and_the_catalogs_fatal_xids() {
+        let rules = include_str!("../../../dist/prometheus/nantrace-rules.yml");
+        let expr: String = rules.lines().filter(|l| l.trim_start().starts_with("expr:")).collect::<Vec<_>>().join("\n");
+        let mut named = std::collections::BTreeSet::new();
+        for (i, _) in expr.match_indices("nantrace_") {
+            let name: String = expr[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            // `nantrace:...` recording rules are not metrics; `nantrace_` inside them would be.
+            if i == 0 || expr.as_bytes()[i - 1] != b':' {
+                named.insert(name);
+            }
+        }
+        assert!(named.len() >= 8, "{named:?}");
+        for n in &named {
+            assert!(super::FAMILIES.iter().any(|(f, _, _)| f == n), "the rules use {n}, which the agent does not export");
+        }
+        // The Grafana dashboard: valid JSON, every panel a question with a query, and every
+        // metric it names exported (or a recording rule of the shipped rules).
+        let dash: serde_json::Value = serde_json::from_str(include_str!("../../../dist/grafana/nantrace-dashboard.json")).expect("the dashboard is valid JSON");
+        let panels = dash["panels"].as_array().expect("panels");
+        assert!(panels.len() >= 8);
+        for p in panels {
+            let title = p["title"].as_str().unwrap_or("");
+            assert!(title.contains('?'), "a panel named by its question: {title}");
+            let q = p["targets"][0]["expr"].as_str().unwrap_or("");
+            assert!(!q.is_empty(), "{title}: no query");
+            for (i, _) in q.match_indices("nantrace") {
+                let name: String = q[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':').collect();
+                if name == "nantrace" {
+                    continue; // the scrape job's name, `up{job="nantrace"}`
+                }
+                let known = if name.contains(':') { rules.contains(&format!("record: {name}\n")) } else { super::FAMILIES.iter().any(|(f, _, _)| *f == name) };
+                assert!(known, "{title}: {name} is neither an exported metric nor a shipped recording rule");
+            }
+        }
+        let critical: Vec<String> = (0..1000).filter(|x| crate::classify::xid_entry(*x).is_some_and(|e| e.severity == crate::classify::Severity::Critical)).map(|x| x.to_string()).collect();
+        let fatal = format!("xid=~\"{}\"", critical.join("|"));
+        let uses = rules.matches(&fatal).count();
+        assert!(uses >= 3, "the fatal-Xid selector is not the catalog's critical list {fatal} (found {uses} times)");
+    }
 
     #[test]
     fn exposition_format_with_escaped_labels() {

@@ -388,6 +388,7 @@ impl Agent {
         let u = spool::usage(&self.cfg.spool_dir);
         self.metrics.set("nantrace_spool_bytes", &[], u.bytes as f64);
         self.metrics.set("nantrace_spool_bundles", &[], u.bundles as f64);
+        self.metrics.set("nantrace_spool_limit_bytes", &[], (self.cfg.spool_max_mb << 20) as f64);
     }
 }
 
