@@ -277,3 +277,99 @@ fn a_job_wide_incident_in_the_job_directory_is_dumped_here_and_ours_is_shared() 
     a.stop();
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// Draining through the real Slurm (`drain = "slurm"`, issue 25): an Xid 13 (possibly the
+/// job's own code) leaves the node alone; an Xid 79 while a GPU job runs leaves it DRAIN with
+/// nantrace's reason (`sinfo -R`), said in the bundle's report and in the incident's record
+/// (what the webhook gets); a person's resume stands; the next incident within the hour is
+/// held back by the cap (1 per hour), and the report says so with the command.
+#[test]
+fn an_xid_79_drains_the_node_in_slurm_with_a_reason_once_within_the_cap() {
+    if !privileged("an_xid_79_drains_the_node_in_slurm_with_a_reason_once_within_the_cap") {
+        return;
+    }
+    let _ = Command::new("useradd").args(["-M", "-s", "/bin/bash", "ntjob"]).status();
+    let base = std::env::temp_dir().join(format!("nt-drain-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // No NVIDIA GPU here: a device node in /dev/nvidia0's place, held open by the job.
+    let dev = base.join("nvidia0");
+    common::sh_ok(&format!("mknod {0} c 1 3 && chmod 0666 {0}", dev.display()));
+    let cfg = base.join("agent.toml");
+    std::fs::write(&cfg, "drain = \"slurm\"\ndrain_max_per_hour = 1\nslurm_jobs = \"all\"\n").unwrap();
+    let slurm = Slurm::up(Path::new("/bin/true"), Path::new("/bin/true"));
+    let host = String::from_utf8(Command::new("hostname").arg("-s").output().unwrap().stdout).unwrap().trim().to_string();
+    let state = || slurm.scontrol(&["show", "node", &host, "-o"]).split_whitespace().find_map(|w| w.strip_prefix("State=")).unwrap_or("?").to_string();
+    let a = Agent::start_env("drain", 19487, &["--config", cfg.to_str().unwrap(), "--gpu-device", base.join("nvidia").to_str().unwrap()], &[("SLURM_CONF", &slurm.conf)]);
+    a.wait_line("drain on", Duration::from_secs(5), |l| l.contains("drain = \"slurm\"") && l.contains(&format!("Slurm node {host}")));
+    let work = a.dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let id = slurm.sbatch("ntjob", &work, &format!("exec 3<>{}; for i in $(seq 1 900); do echo \"step $i loss 0.7\"; sleep 0.1; done", dev.display()));
+    let key = format!("slurm-{id}");
+    let t0 = Instant::now();
+    while !a.ctl(&["jobs"]).to_string().contains(&key) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "Slurm job {id} not watched: {}", a.ctl(&["jobs"]));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let newest_report = |n: usize| {
+        let b = a.wait_bundles(n, Duration::from_secs(40));
+        assert!(b.len() >= n, "bundle {n} never came: {b:?}");
+        let mut b: Vec<_> = b.into_iter().collect();
+        b.sort_by_key(|p| std::fs::metadata(p.join("report.md")).and_then(|m| m.modified()).ok());
+        let p = b.last().unwrap().clone();
+        // The drain's outcome is appended once scontrol answered.
+        let t0 = Instant::now();
+        loop {
+            let md = std::fs::read_to_string(p.join("report.md")).unwrap_or_default();
+            if md.contains("\n## Drain\n") {
+                break md;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "no drain section in {}: {md}", p.display());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    // Xid 13 (NVIDIA: possibly the application), then a dump on demand: no drain.
+    kmsg("NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 0): Out Of Range Address");
+    std::thread::sleep(Duration::from_millis(500));
+    a.ctl(&["dump", "--job", &id]);
+    let md = newest_report(1);
+    assert!(md.contains("not_needed: no drain: the verdict is POSSIBLY THE MACHINE"), "{md}");
+    assert!(!state().contains("DRAIN"), "drained on an Xid 13: {}", state());
+    // The cap counts per clock hour: keep the two Xid 79s in one hour.
+    let into_hour = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 3600;
+    if into_hour > 3540 {
+        std::thread::sleep(Duration::from_secs(3601 - into_hour));
+    }
+    // Xid 79: drained, with nantrace's reason.
+    kmsg("NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus.");
+    let md = newest_report(2);
+    assert!(md.contains(&format!("drained: drained {host} in Slurm")), "{md}");
+    let st = state();
+    assert!(st.contains("DRAIN"), "the node is {st}");
+    let reasons = run(Command::new("sinfo").args(["-R", "-h", "-o", "%n|%E"]).env("SLURM_CONF", &slurm.conf));
+    eprintln!("sinfo -R: {reasons}");
+    let line = reasons.lines().find(|l| l.starts_with(&format!("{host}|"))).unwrap_or_else(|| panic!("{host} not in sinfo -R: {reasons}"));
+    assert!(line.contains("nantrace: GPU Xid 79 (GPU has fallen off the bus) on 0000:3b:00.0 "), "{line}");
+    let inc = a.ctl(&["incidents"]);
+    let rec = inc["incidents"].as_array().unwrap().iter().rev().find(|r| r["trigger"] == "xid").cloned().unwrap_or_default();
+    assert_eq!(rec["drain"]["action"], "drained", "the incident's record (the webhook's body): {rec}");
+    // A person resumes the node: it stays resumed; the next incident this hour is held back.
+    slurm.scontrol(&["update", &format!("NodeName={host}"), "State=RESUME"]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!state().contains("DRAIN"), "re-drained after a resume: {}", state());
+    kmsg("NVRM: Xid (PCI:0000:5e:00): 79, pid=4242, name=python3, GPU has fallen off the bus.");
+    let md = newest_report(3);
+    assert!(md.contains("held_by_cap: drain held back: 1 drain(s) this hour already on this node") && md.contains("scontrol update NodeName="), "{md}");
+    assert!(!state().contains("DRAIN"), "drained past the cap: {}", state());
+    let m = a.metrics_text();
+    for r in ["drained", "held_by_cap", "not_needed"] {
+        assert!(m.contains(&format!("nantrace_drains_total{{result=\"{r}\"}} 1")), "{r}: {m}");
+    }
+    let _ = Command::new("scancel").arg(&id).env("SLURM_CONF", &slurm.conf).status();
+    drop(slurm);
+    a.stop();
+    let _ = std::fs::remove_dir_all(&base);
+}

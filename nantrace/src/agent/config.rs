@@ -54,6 +54,15 @@ pub struct Config {
     /// Slurm job on one node makes every node's agent dump it, under one incident id
     /// (`<job_dir>/<job>/<incident>/<host>/`; see `agent::jobdir`).
     pub job_dir: PathBuf,
+    /// What a verdict that the node needs a reset, reboot or service does (`agent::drain`):
+    /// "off", "recommend" (the scontrol command in the report and the webhook) or "slurm"
+    /// (the agent drains this node through scontrol, with nantrace's reason).
+    pub drain: String,
+    /// At most this many drains per clock hour: across the cluster where `job_dir` is set
+    /// (slots in `<job_dir>/.drains/`), else on this node. What the cap holds back is said.
+    pub drain_max_per_hour: u32,
+    /// This node's name in Slurm ("" = the short host name, as slurm.conf's NodeName usually is).
+    pub slurm_node_name: String,
 }
 
 impl Default for Config {
@@ -83,6 +92,9 @@ impl Default for Config {
             max_jobs: 64,
             max_jobs_per_user: 16,
             job_dir: PathBuf::new(),
+            drain: "off".into(),
+            drain_max_per_hour: 1,
+            slurm_node_name: String::new(),
         }
     }
 }
@@ -127,6 +139,9 @@ impl Config {
         anyhow::ensure!((16..=1 << 20).contains(&self.mem_cap_mb), "mem_cap_mb must be from 16 to 1048576");
         anyhow::ensure!((1..=1 << 30).contains(&self.spool_max_mb), "spool_max_mb must be from 1 to 2^30");
         anyhow::ensure!((50..=60_000).contains(&self.scan_interval_ms), "scan_interval_ms must be from 50 to 60000");
+        anyhow::ensure!(matches!(self.drain.as_str(), "off" | "recommend" | "slurm"), "drain must be \"off\", \"recommend\" or \"slurm\", not {:?}", self.drain);
+        anyhow::ensure!((1..=1000).contains(&self.drain_max_per_hour), "drain_max_per_hour must be from 1 to 1000");
+        anyhow::ensure!(self.slurm_node_name.is_empty() || crate::agent::drain::valid_node_name(&self.slurm_node_name), "slurm_node_name {:?}: letters, digits, '-', '_' and '.' only", self.slurm_node_name);
         anyhow::ensure!(self.webhook_retries <= 10, "webhook_retries must be at most 10");
         anyhow::ensure!((1..=4096).contains(&self.max_jobs), "max_jobs must be from 1 to 4096");
         anyhow::ensure!((1..=4096).contains(&self.max_jobs_per_user), "max_jobs_per_user must be from 1 to 4096");

@@ -7,6 +7,7 @@
 //! bundle is its own window joined with the node's. Node-wide triggers (a fatal Xid) go to the
 //! jobs on that GPU.
 pub mod config;
+pub mod drain;
 pub mod ctl;
 pub mod discover;
 pub mod jobdir;
@@ -97,6 +98,8 @@ struct Agent {
     proc_root: PathBuf,
     /// The job directory's thread (`job_dir`), when there is one.
     jobdir: Option<std::sync::mpsc::Sender<jobdir::Msg>>,
+    /// Drains through the scheduler (`drain`), when not off.
+    drainer: Option<Arc<drain::Drainer>>,
 }
 
 impl Agent {
@@ -238,6 +241,7 @@ impl Agent {
         let host = self.host.clone();
         let (key2, ident2, gpucheck) = (key.clone(), identity.clone(), self.cfg.gpucheck_after_nan);
         let m2 = self.metrics.clone();
+        let drainer = self.drainer.clone();
         let job_uid = f.uid;
         // A job with a name in the job directory: its incidents are the job's on every node.
         let shared = self.jobdir.clone().zip(jobdir::job_key(&identity));
@@ -278,18 +282,27 @@ impl Agent {
             if let Some(j) = st.jobs.get_mut(&key2) {
                 j.incidents += 1;
             }
-            st.incidents.push_back(rec.clone());
-            while st.incidents.len() > MAX_INCIDENTS_LISTED {
-                st.incidents.pop_front();
-            }
             if gpucheck && d.trigger == "nan" && family == "none" {
                 st.gpucheck_queue.extend(d.dir.clone());
             }
             drop(st);
-            if let Some(w) = &webhook {
-                if w.try_send(rec).is_err() {
-                    metrics.inc("nantrace_webhook_failures_total", &[]);
+            let (state, webhook, m3) = (state.clone(), webhook.clone(), metrics.clone());
+            let publish = Box::new(move |rec: Value| {
+                let mut st = lock(&state);
+                st.incidents.push_back(rec.clone());
+                while st.incidents.len() > MAX_INCIDENTS_LISTED {
+                    st.incidents.pop_front();
                 }
+                drop(st);
+                if let Some(w) = &webhook {
+                    if w.try_send(rec).is_err() {
+                        m3.inc("nantrace_webhook_failures_total", &[]);
+                    }
+                }
+            });
+            match &drainer {
+                Some(dr) => drain::after_dump(dr, d, metrics.clone(), format!("job {key2}: "), rec, publish),
+                None => publish(rec),
             }
         });
         let share = self.share(st.jobs.len() + 1);
@@ -425,7 +438,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let scanner::Scanner { results: mut disc_rx, scan_now, control: cfg_tx } = scanner::spawn(discover::Discovery::new(proc_root.clone(), &cfg), &cfg)?;
     let host = crate::bundle::Host::read().hostname;
     let jobdir = jobdir::start(&cfg.job_dir, &host, &metrics);
-    let mut agent = Agent { cfg, args, kernel, node, state, metrics, webhook, done_tx, host, started: monotonic_ns(), proc_root, jobdir };
+    let drainer = drain::start(&cfg, &host, jobdir.is_some());
+    let mut agent = Agent { cfg, args, kernel, node, state, metrics, webhook, done_tx, host, started: monotonic_ns(), proc_root, jobdir, drainer };
     crate::say!(
         "nantrace: agent {} on {}: {} probes attached, spool {}, socket {}, metrics {}",
         env!("CARGO_PKG_VERSION"),

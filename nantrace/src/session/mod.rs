@@ -108,6 +108,10 @@ pub struct Dumped {
     pub verdict: Option<String>,
     pub family: Option<String>,
     pub top_suspect: Option<String>,
+    /// The top suspect's signal (`report::rules`) and NVIDIA's recommended action for it,
+    /// when it has one: what a drain decides on (`agent::drain`).
+    pub top_signal: Option<&'static str>,
+    pub top_action: Option<&'static str>,
     pub trigger: String,
 }
 
