@@ -251,13 +251,19 @@ enum Cmd {
         #[arg(long, hide = true)]
         proc_root: Option<PathBuf>,
     },
-    /// Talk to a running agent: status, jobs, incidents, dump [--job ID], report --last,
-    /// slurm-prolog, slurm-epilog
+    /// Talk to a running agent: status, jobs, incidents, history [--gpu ID] [--since 30d],
+    /// dump [--job ID], report --last, slurm-prolog, slurm-epilog
     Ctl {
         cmd: String,
         /// dump: the job (key from `ctl jobs`, Slurm job id, or root pid); default: every job
         #[arg(long)]
         job: Option<String>,
+        /// history: only incidents that implicated this GPU (PCI address or UUID)
+        #[arg(long)]
+        gpu: Option<String>,
+        /// history: how far back (30d, 12h, 90m, seconds); default 30d
+        #[arg(long)]
+        since: Option<String>,
         /// report: the newest incident (the only choice for now)
         #[arg(long)]
         last: bool,
@@ -371,27 +377,14 @@ fn main() -> anyhow::Result<()> {
             runtime()?.block_on(nantrace::agent::run(args))?;
             0
         }
-        Cmd::Ctl { cmd, job, last: _, socket, json } => {
+        Cmd::Ctl { cmd, job, gpu, since, last: _, socket, json } => {
             let mut req = serde_json::json!({ "cmd": cmd });
-            if let Some(j) = job {
-                req["job"] = j.into();
-            }
-            if cmd == "slurm-prolog" || cmd == "slurm-epilog" {
-                // From Slurm's prolog/epilog environment. Never fail the job's allocation:
-                // an unreachable agent is a message, exit 0.
-                req["job_id"] = std::env::var("SLURM_JOB_ID").unwrap_or_default().into();
-                match nantrace::agent::ctl::request(&socket, &req) {
-                    Ok(v) => say!("nantrace: {cmd}: {v}"),
-                    Err(e) => say!("nantrace: {cmd}: {e:#}"),
+            for (k, v) in [("job", job), ("gpu", gpu), ("since", since)] {
+                if let Some(v) = v {
+                    req[k] = v.into();
                 }
-                return Ok(());
             }
-            let v = nantrace::agent::ctl::request(&socket, &req)?;
-            if json {
-                sayout!("{v}");
-            } else {
-                nantrace::agent::ctl::print(&cmd, &v);
-            }
+            nantrace::agent::ctl::cli(&cmd, req, &socket, json)?;
             0
         }
         Cmd::Attach { pid, logs, rec } => session(Job::Attach { pid, logs }, rec.opts())?,

@@ -126,14 +126,7 @@ fn fatal_xid_dumps_the_gpu_job_only_and_is_counted_in_metrics() {
     if !privileged("fatal_xid_dumps_the_gpu_job_only_and_is_counted_in_metrics") {
         return;
     }
-    // No NVIDIA GPU here: a device node standing in for /dev/nvidia0 (same path shape), held
-    // open by the job the way CUDA holds the real one; discovery reads /proc/PID/fd as it
-    // would on a GPU node.
-    let devdir = std::env::temp_dir().join(format!("nt-agent-dev-{}", std::process::id()));
-    std::fs::create_dir_all(&devdir).unwrap();
-    let dev = devdir.join("nvidia0");
-    let _ = std::fs::remove_file(&dev);
-    common::sh_ok(&format!("mknod {} c 1 3", dev.display()));
+    let (devdir, dev) = common::agent::fake_gpu("xid");
     let a = Agent::start("xid", 19473, &["--gpu-device", devdir.join("nvidia").to_str().unwrap(), "--match", "nt-cpujob"]);
     let (mut gpu, _) = start_job(&a.dir, "nt-gpujob", &format!("exec 3<>{}; for i in $(seq 1 600); do echo \"step $i loss 0.7\"; sleep 0.1; done", dev.display()));
     let (mut cpu, _) = start_job(&a.dir, "nt-cpujob", "for i in $(seq 1 600); do echo \"step $i loss 0.9\"; sleep 0.1; done");
@@ -263,4 +256,57 @@ fn a_log_flood_keeps_the_agent_within_its_budget_and_the_nan_after_it_is_seen() 
     kill(&mut j);
     let _ = std::fs::remove_dir_all(&cfg_dir);
     a.stop();
+}
+
+/// The incident history (issue 25): an Xid 79 on a GPU, the agent restarted (as systemd
+/// would), two more on the same GPU: the third bundle's report says the GPU was implicated in
+/// 2 earlier incidents and is a repeat offender (3 in 7 days: drain and send for service);
+/// `ctl history --gpu` lists the three; `nantrace_gpu_implicated_total` and
+/// `nantrace_gpu_incidents_7d` say 3 for that GPU and nothing for the job; with the index
+/// deleted, a restart rebuilds it from the bundles.
+#[test]
+fn a_gpu_implicated_again_after_a_restart_is_a_repeat_offender() {
+    if !privileged("a_gpu_implicated_again_after_a_restart_is_a_repeat_offender") {
+        return;
+    }
+    let (devdir, dev) = common::agent::fake_gpu("hist");
+    let mut a = Agent::start("hist", 19488, &["--gpu-device", devdir.join("nvidia").to_str().unwrap()]);
+    let (mut gpu, _) = start_job(&a.dir, "nt-histjob", &format!("exec 3<>{}; for i in $(seq 1 1200); do echo \"step $i loss 0.7\"; sleep 0.1; done", dev.display()));
+    a.wait_job(gpu.id(), Duration::from_secs(10));
+    let xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus.";
+    std::thread::sleep(Duration::from_millis(500));
+    kmsg(xid);
+    a.wait_bundles(1, Duration::from_secs(20));
+    a = a.restart();
+    a.wait_line("history read", Duration::from_secs(10), |l| l.contains("incident history: 1 incident(s)"));
+    a.wait_job(gpu.id(), Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(500));
+    for n in [2, 3] {
+        kmsg(xid);
+        a.wait_bundles(n, Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let mut b = bundles(&a.spool);
+    b.sort();
+    let md = std::fs::read_to_string(b.last().unwrap().join("report.md")).unwrap();
+    assert!(md.contains("## History of this node's GPUs"), "{md}");
+    assert!(md.contains("GPU 0000:3b:00.0 was implicated in 2 earlier incidents on this node in 30 days"), "{md}");
+    assert!(md.contains("Repeat offender: implicated 3 times in 7 days: drain the node and send GPU 0000:3b:00.0 for service"), "{md}");
+    let h = a.ctl(&["history", "--gpu", "0000:3b:00.0", "--since", "1d"]);
+    let inc = h["incidents"].as_array().unwrap();
+    assert_eq!(inc.len(), 3, "{h}");
+    assert!(inc.iter().all(|i| i["verdict"] == "PROBABLY THE MACHINE (GPU)" && i["trigger"] == "xid"), "{h}");
+    assert_eq!(a.ctl(&["history", "--gpu", "0000:5e:00.0"])["incidents"].as_array().unwrap().len(), 0);
+    let m = a.metrics_text();
+    assert!(m.contains("nantrace_gpu_implicated_total{gpu=\"0000:3b:00.0\"} 3"), "{m}");
+    assert!(m.contains("nantrace_gpu_incidents_7d{gpu=\"0000:3b:00.0\"} 3"), "{m}");
+    assert!(!m.lines().any(|l| l.starts_with("nantrace_gpu_implicated_total") && l.contains("job")), "the job is never a label: {m}");
+    // The index lost: rebuilt from the bundles' own entries.
+    std::fs::remove_file(a.spool.join(".history.jsonl")).unwrap();
+    a = a.restart();
+    a.wait_line("history rebuilt", Duration::from_secs(10), |l| l.contains("incident history: 3 incident(s)") && l.contains("rebuilt from the spool's bundles"));
+    assert_eq!(a.ctl(&["history"])["incidents"].as_array().unwrap().len(), 3);
+    kill(&mut gpu);
+    a.stop();
+    let _ = std::fs::remove_dir_all(&devdir);
 }

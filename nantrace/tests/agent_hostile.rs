@@ -177,3 +177,93 @@ sleep 20"#;
     kill_job(&mut j);
     a.stop();
 }
+
+/// D-5 of the third adversarial test (`jobs/mntns.sh`): a job in its own mount namespace (as
+/// a rootless container is) writes its log to a path that, on the host, is another file: a
+/// decoy with NaN lines. The agent reads the job's own file, through `/proc/PID/root`, and
+/// the NaN it reports is the job's, never the decoy's.
+#[test]
+fn a_job_in_its_own_mount_namespace_is_read_in_its_own_view() {
+    if !privileged("a_job_in_its_own_mount_namespace_is_read_in_its_own_view") {
+        return;
+    }
+    // Matched only once it runs inside the namespace, its output already there.
+    let a = Agent::start("mntns", 19489, &["--match", "nt-inner-train"]);
+    let d = a.dir.join("nt-mnt-d");
+    std::fs::create_dir_all(&d).unwrap();
+    let decoy = d.join("out.log");
+    std::fs::write(&decoy, "host-side decoy: step 1 loss nan\n").unwrap();
+    let inner = a.dir.join("nt-inner-train.sh");
+    std::fs::write(&inner, "for i in $(seq 1 40); do echo \"step $i loss 0.7\"; sleep 0.1; done; echo 'step 41 loss nan'; sleep 20\n").unwrap();
+    let body = format!("exec unshare -m sh -c \"mount -t tmpfs t {d} && exec sh {inner} > {d}/out.log 2>&1\"", d = d.display(), inner = inner.display());
+    let mut j = job(&a.dir, "nt-mnt-job", &body);
+    a.wait_job(j.id(), Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(1));
+    {
+        use std::io::Write as _;
+        let mut f = std::fs::OpenOptions::new().append(true).open(&decoy).unwrap();
+        writeln!(f, "host-side decoy: step 2 loss nan").unwrap();
+    }
+    let jobs = a.ctl(&["jobs"]);
+    let logs = jobs["jobs"].as_array().unwrap().iter().find(|x| x["root"] == j.id()).map(|x| x["logs"].to_string()).unwrap_or_default();
+    assert!(logs.contains("/root/") && logs.contains("nt-mnt-d/out.log"), "the job's own view of its log: {jobs}");
+    let b = a.wait_bundles(1, Duration::from_secs(20));
+    assert_eq!(b.len(), 1, "{b:?}");
+    let t = common::agent::timeline(&b[0]);
+    let line = t["first_nan"]["line"].as_str().unwrap_or("");
+    assert!(line.contains("step 41 loss nan"), "the NaN is the job's own line, not the decoy's: {}", t["first_nan"]);
+    let app = std::fs::read_to_string(b[0].join("app.log")).unwrap_or_default();
+    assert!(!app.contains("host-side decoy"), "the decoy was read: {app}");
+    kill_job(&mut j);
+    a.stop();
+}
+
+/// D-2 of the third adversarial test (`jobs/podspoof_*.sh`): on a systemd node a user's
+/// `user@UID.service` cgroup subtree is delegated to them, and they can name a directory
+/// there `kubepods-pod<victim's uid>.slice` and move into it. That is never the pod: a pod is
+/// only a `pod<uid>` directory under the kubelet's own roots. Seen through a /proc-shaped
+/// directory (no kubelet here) whose cgroup files are those paths, with real processes: the
+/// victim's job is the pod, the attacker's process is a job of its own (by its command line),
+/// with none of the pod's identity.
+#[test]
+fn a_pod_uid_in_a_users_delegated_cgroup_is_not_the_pod() {
+    if !privileged("a_pod_uid_in_a_users_delegated_cgroup_is_not_the_pod") {
+        return;
+    }
+    use std::os::unix::process::CommandExt as _;
+    let root = std::env::temp_dir().join(format!("nt-podspoof-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let proc_dir = root.join("proc");
+    std::fs::create_dir_all(&proc_dir).unwrap();
+    let uid = "1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718";
+    let u = uid.replace('-', "_");
+    let mut victim = Command::new("sleep").arg("60").spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut attacker = Command::new("sleep").arg("61").uid(65534).gid(65534).spawn().unwrap();
+    for (pid, cgroup, environ) in [
+        (victim.id(), format!("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope\n"), "POD_NAMESPACE=ml\0POD_NAME=trainer-0\0"),
+        (attacker.id(), format!("0::/user.slice/user-65534.slice/user@65534.service/kubepods-pod{u}.slice/cri-containerd-fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210.scope\n"), "POD_NAMESPACE=kube-system\0POD_NAME=etcd-control-plane\0"),
+    ] {
+        let p = proc_dir.join(pid.to_string());
+        std::fs::create_dir_all(&p).unwrap();
+        for f in ["stat", "cmdline", "status", "fd"] {
+            std::os::unix::fs::symlink(format!("/proc/{pid}/{f}"), p.join(f)).unwrap();
+        }
+        std::fs::write(p.join("cgroup"), cgroup).unwrap();
+        std::fs::write(p.join("environ"), environ).unwrap();
+    }
+    let a = Agent::start("podspoof", 19490, &["--match", "^sleep 6[01]$", "--proc-root", proc_dir.to_str().unwrap()]);
+    let (v, _) = a.wait_job(victim.id(), Duration::from_secs(10));
+    let (x, _) = a.wait_job(attacker.id(), Duration::from_secs(10));
+    assert_eq!(v["key"], format!("pod-{uid}"), "{v}");
+    assert_eq!((v["identity"]["namespace"].as_str(), v["identity"]["pod"].as_str()), (Some("ml"), Some("trainer-0")), "{v}");
+    assert_eq!(x["key"], format!("pid-{}", attacker.id()), "the attacker is not the pod: {x}");
+    assert_ne!(x["identity"]["kind"], "kubernetes", "{x}");
+    assert!(!x.to_string().contains("etcd-control-plane"), "{x}");
+    for c in [&mut victim, &mut attacker] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    a.stop();
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -293,15 +293,13 @@ fn an_xid_79_drains_the_node_in_slurm_with_a_reason_once_within_the_cap() {
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).unwrap();
     std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
-    // No NVIDIA GPU here: a device node in /dev/nvidia0's place, held open by the job.
-    let dev = base.join("nvidia0");
-    common::sh_ok(&format!("mknod {0} c 1 3 && chmod 0666 {0}", dev.display()));
+    let (devdir, dev) = common::agent::fake_gpu("drain");
     let cfg = base.join("agent.toml");
     std::fs::write(&cfg, "drain = \"slurm\"\ndrain_max_per_hour = 1\nslurm_jobs = \"all\"\n").unwrap();
     let slurm = Slurm::up(Path::new("/bin/true"), Path::new("/bin/true"));
     let host = String::from_utf8(Command::new("hostname").arg("-s").output().unwrap().stdout).unwrap().trim().to_string();
     let state = || slurm.scontrol(&["show", "node", &host, "-o"]).split_whitespace().find_map(|w| w.strip_prefix("State=")).unwrap_or("?").to_string();
-    let a = Agent::start_env("drain", 19487, &["--config", cfg.to_str().unwrap(), "--gpu-device", base.join("nvidia").to_str().unwrap()], &[("SLURM_CONF", &slurm.conf)]);
+    let a = Agent::start_env("drain", 19487, &["--config", cfg.to_str().unwrap(), "--gpu-device", devdir.join("nvidia").to_str().unwrap()], &[("SLURM_CONF", &slurm.conf)]);
     a.wait_line("drain on", Duration::from_secs(5), |l| l.contains("drain = \"slurm\"") && l.contains(&format!("Slurm node {host}")));
     let work = a.dir.join("work");
     std::fs::create_dir_all(&work).unwrap();
@@ -372,4 +370,5 @@ fn an_xid_79_drains_the_node_in_slurm_with_a_reason_once_within_the_cap() {
     drop(slurm);
     a.stop();
     let _ = std::fs::remove_dir_all(&base);
+    let _ = std::fs::remove_dir_all(&devdir);
 }

@@ -51,6 +51,13 @@ enum Cmd {
         #[arg(long)]
         render: bool,
     },
+    /// The job report at scale (64-1024 node bundles) and its precision and recall on
+    /// simulated multi-node jobs; writes bench/jobs-results.json (no root needed)
+    BenchJobs {
+        /// Tiny sizes, a few seconds: proves it still runs
+        #[arg(long)]
+        smoke: bool,
+    },
     /// The kernel matrix: boot each Debian kernel of xtask/src/vm.rs in QEMU and run doctor
     /// and the kernel integration tests inside it, on the BTF path and the tracefs fallback
     /// (root; docs/kernel-matrix.md)
@@ -136,6 +143,7 @@ fn main() -> Result<()> {
                 .args(["test", "--locked", "-p", "nantrace", "--test", "kernel_events", "--test", "kernel_membership", "--", "--test-threads=1"]))?;
             // The benchmark in smoke mode: proves it still runs (no timing assertions).
             bench::run(true, &root().join("target/debug/nantrace"))?;
+            bench::jobs::run(true, &root().join("target/debug/nantrace"), Path::new("/dev/null"))?;
             // The kernel matrix: the same kernel tests on every kernel of vm.rs, in VMs.
             if std::env::var("NANTRACE_VM_TEST").is_ok_and(|v| v == "0") {
                 eprintln!("xtask: WARNING: NANTRACE_VM_TEST=0: the kernel matrix and the VM cluster are SKIPPED (CI runs them)");
@@ -171,6 +179,12 @@ fn main() -> Result<()> {
             setup::build_ebpf(&route)?;
             let bin = build_cli(true)?;
             bench::run(smoke, &bin)
+        }
+        Cmd::BenchJobs { smoke } => {
+            let route = setup::setup()?;
+            setup::build_ebpf(&route)?;
+            let bin = build_cli(!smoke)?;
+            bench::jobs::run(smoke, &bin, &root().join("bench/jobs-results.json")).map(|_| ())
         }
         Cmd::Dist { check_old_glibc } => dist::dist(check_old_glibc),
         Cmd::VmTest { kernels, docs } => {

@@ -104,6 +104,27 @@ pub fn request(socket: &Path, req: &Value) -> anyhow::Result<Value> {
     Ok(v)
 }
 
+/// `nantrace ctl CMD`: send `req`, print the answer (JSON as it is with `json`).
+pub fn cli(cmd: &str, mut req: Value, socket: &Path, json: bool) -> anyhow::Result<()> {
+    if cmd == "slurm-prolog" || cmd == "slurm-epilog" {
+        // From Slurm's prolog/epilog environment. Never fail the job's allocation: an
+        // unreachable agent is a message, exit 0.
+        req["job_id"] = std::env::var("SLURM_JOB_ID").unwrap_or_default().into();
+        match request(socket, &req) {
+            Ok(v) => crate::say!("nantrace: {cmd}: {v}"),
+            Err(e) => crate::say!("nantrace: {cmd}: {e:#}"),
+        }
+        return Ok(());
+    }
+    let v = request(socket, &req)?;
+    if json {
+        crate::sayout!("{v}");
+    } else {
+        print(cmd, &v);
+    }
+    Ok(())
+}
+
 /// `nantrace ctl`: print an answer for a person (untrusted text made inert).
 pub fn print(cmd: &str, v: &Value) {
     let clean = |s: &str| crate::term::clean(s);
@@ -137,6 +158,27 @@ pub fn print(cmd: &str, v: &Value) {
             }
         }
         "report" => crate::sayout!("{}", crate::term::clean_lines(v["report"].as_str().unwrap_or(""))),
+        "history" => {
+            let inc = v["incidents"].as_array().cloned().unwrap_or_default();
+            if inc.is_empty() {
+                crate::sayout!("no incident in the last {:.0} days ({} in the index)", v["since_s"].as_f64().unwrap_or(0.0) / 86_400.0, v["index_entries"]);
+            }
+            for i in inc {
+                let gpus: Vec<String> = i["gpus"].as_array().into_iter().flatten().map(|g| clean(&format!("{}{}", g["pci"].as_str().unwrap_or("?"), g["uuid"].as_str().map_or(String::new(), |u| format!(" ({u})"))))).collect();
+                crate::sayout!(
+                    "{}  {:<22} {:<10} {:<48} {}  {}",
+                    crate::clock::rfc3339(i128::from(i["time_s"].as_i64().unwrap_or(0)) * 1_000_000_000),
+                    clean(i["job"].as_str().unwrap_or("")),
+                    clean(i["trigger"].as_str().unwrap_or("")),
+                    clean(i["verdict"].as_str().unwrap_or("")),
+                    if gpus.is_empty() { "-".to_string() } else { gpus.join(", ") },
+                    clean(i["bundle"].as_str().unwrap_or(""))
+                );
+            }
+            if v["bad_lines"].as_u64().is_some_and(|n| n > 0) {
+                crate::sayout!("({} damaged line(s) of the index skipped)", v["bad_lines"]);
+            }
+        }
         _ => crate::sayout!("{}", serde_json::to_string_pretty(v).unwrap_or_default()),
     }
 }
@@ -208,6 +250,19 @@ impl super::Agent {
                 json!({ "dumping": matching.iter().map(|m| m.0).collect::<Vec<_>>(), "post_s": self.cfg.post_s, "note": "the bundle is written after the post-window; `nantrace ctl incidents` lists it" })
             }
             "report" => last_report(&st.incidents.iter().cloned().collect::<Vec<_>>(), &self.cfg.spool_dir),
+            "history" => {
+                let since = match req["since"].as_str() {
+                    None => 30 * 86_400,
+                    Some(s) => match super::history::parse_since(s) {
+                        Some(v) => v,
+                        None => return json!({ "error": format!("since {s:?}: a number of days, hours, minutes or seconds (30d, 12h, 90m, 3600)") }),
+                    },
+                };
+                let now_s = (crate::clock::realtime_ns() / 1_000_000_000) as i64;
+                let mut v = super::lock(&self.history).answer(req["gpu"].as_str(), now_s - since);
+                v["since_s"] = since.into();
+                v
+            }
             "slurm-prolog" | "slurm-epilog" | "scan" => {
                 let id = req["job_id"].as_str().unwrap_or("");
                 if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit() || b == b'_') {
@@ -218,7 +273,7 @@ impl super::Agent {
                 crate::say!("nantrace: {cmd} for Slurm job {}", crate::term::clean(id));
                 json!({ "ok": true, "job": key, "watched": st.jobs.contains_key(&key), "incidents": st.incidents.iter().filter(|i| i["job"] == key).count() })
             }
-            _ => json!({ "error": format!("unknown command {cmd:?}: status, jobs, incidents, dump, report, slurm-prolog, slurm-epilog") }),
+            _ => json!({ "error": format!("unknown command {cmd:?}: status, jobs, incidents, history, dump, report, slurm-prolog, slurm-epilog") }),
         }
     }
 }

@@ -120,12 +120,28 @@ pub fn pod_logs(dir: &Path, pod_uid: &str) -> (Vec<PathBuf>, Option<(String, Str
 }
 
 /// stdout/stderr of a process when they are regular files (not a pipe, a terminal, a socket).
+/// The path is the job's own view: for a process in another mount namespace than the agent's
+/// (a rootless container, `unshare -m`, enroot or apptainer with private mounts), the same
+/// path on the host can be another file or none (D-5 of the third adversarial test), so it is
+/// read through the process's root, `/proc/PID/root/<path>`, which resolves in the job's
+/// namespace. The follower's checks (a regular file of the job's user, no link at the end)
+/// apply to that path as to any other.
 pub fn fd_logs(root: &Path, pid: u32) -> Vec<PathBuf> {
+    let proc = root.join(pid.to_string());
+    let own_ns = match (std::fs::read_link(proc.join("ns/mnt")), std::fs::read_link(root.join("self/ns/mnt"))) {
+        (Ok(job), Ok(me)) => job == me,
+        // Unknown (a test's /proc, a process gone): the host's view.
+        _ => true,
+    };
     let mut v: Vec<PathBuf> = Vec::new();
     for fd in [1, 2] {
-        let Ok(t) = std::fs::read_link(root.join(pid.to_string()).join("fd").join(fd.to_string())) else { continue };
-        if t.is_absolute() && !t.to_string_lossy().ends_with(" (deleted)") && std::fs::symlink_metadata(&t).is_ok_and(|m| m.is_file()) && !v.contains(&t) {
-            v.push(t);
+        let Ok(t) = std::fs::read_link(proc.join("fd").join(fd.to_string())) else { continue };
+        if !t.is_absolute() || t.to_string_lossy().ends_with(" (deleted)") {
+            continue;
+        }
+        let p = if own_ns { t } else { proc.join("root").join(t.strip_prefix("/").unwrap_or(&t)) };
+        if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_file()) && !v.contains(&p) {
+            v.push(p);
         }
     }
     v

@@ -8,6 +8,8 @@
 //! jobs on that GPU.
 pub mod config;
 pub mod drain;
+pub mod history;
+mod incident;
 pub mod ctl;
 pub mod discover;
 pub mod jobdir;
@@ -100,6 +102,8 @@ struct Agent {
     jobdir: Option<std::sync::mpsc::Sender<jobdir::Msg>>,
     /// Drains through the scheduler (`drain`), when not off.
     drainer: Option<Arc<drain::Drainer>>,
+    /// The durable index of this node's incidents (`<spool>/.history.jsonl`).
+    history: Arc<Mutex<history::History>>,
 }
 
 impl Agent {
@@ -235,76 +239,32 @@ impl Agent {
         opts.mem_cap_mb = 0; // set in bytes below
         let info = JobInfo { root_pid: Some(f.root), command: crate::collect::cmdline(f.root), exit_code: None, exit_signal: None, exit_core_dumped: false, identity: Some(json!({ "job": key, "found_by": f.reason, "scheduler": identity })) };
         let (tx, rx) = mpsc::channel::<Input>(4096);
-        let metrics = self.metrics.clone();
-        let state = self.state.clone();
-        let webhook = self.webhook.clone();
-        let host = self.host.clone();
-        let (key2, ident2, gpucheck) = (key.clone(), identity.clone(), self.cfg.gpucheck_after_nan);
         let m2 = self.metrics.clone();
-        let drainer = self.drainer.clone();
-        let job_uid = f.uid;
         // A job with a name in the job directory: its incidents are the job's on every node.
         let shared = self.jobdir.clone().zip(jobdir::job_key(&identity));
-        let (jd_open, jd_dump) = (shared.clone(), shared.clone());
+        let jd_open = shared.clone();
         if let Some((jd, job)) = &shared {
             let _ = jd.send(jobdir::Msg::Watch { job: job.clone(), key: key.clone(), tx: tx.clone() });
         }
-        let (key_open, key_dump) = (key.clone(), key.clone());
+        let key_open = key.clone();
+        let hook = incident::Hook {
+            key: key.clone(),
+            identity: identity.clone(),
+            host: self.host.clone(),
+            job_uid: f.uid,
+            gpucheck: self.cfg.gpucheck_after_nan,
+            metrics: self.metrics.clone(),
+            state: self.state.clone(),
+            webhook: self.webhook.clone(),
+            jobdir: shared.map(|(jd, _)| jd),
+            drainer: self.drainer.clone(),
+            history: self.history.clone(),
+        };
         let session = Session::new(opts, info, Mode::Follow).with_label(format!("job {key}: ")).on_fault(move |fam| m2.inc("nantrace_job_output_failures_total", &[("family", fam.as_str())])).on_open(move |trigger, reason| {
             if let Some((jd, _)) = &jd_open {
                 let _ = jd.send(jobdir::Msg::Opened { key: key_open.clone(), trigger: trigger.to_string(), reason: reason.to_string(), at: crate::clock::realtime_ns() });
             }
-        }).on_dump(move |d| {
-            if let Some((jd, _)) = &jd_dump {
-                let _ = jd.send(jobdir::Msg::Dumped { key: key_dump.clone(), bundle: d.dir.clone() });
-            }
-            let family = d.family.clone().unwrap_or_else(|| "none".into());
-            match &d.dir {
-                Some(_) => metrics.inc("nantrace_incidents_total", &[("trigger", &d.trigger), ("family", &family)]),
-                None => metrics.inc("nantrace_incident_failures_total", &[]),
-            }
-            let rec = json!({
-                "time": crate::clock::rfc3339(crate::clock::realtime_ns()),
-                "host": host,
-                "job": key2,
-                "scheduler": ident2,
-                "trigger": d.trigger,
-                "verdict": d.verdict,
-                "family": family,
-                "top_suspect": d.top_suspect,
-                "bundle": d.dir.as_ref().map(|p| p.display().to_string()),
-            });
-            let mut st = lock(&state);
-            st.spool_dirty = true;
-            if let Some(d) = &d.dir {
-                st.bundle_uid.insert(d.clone(), job_uid);
-            }
-            if let Some(j) = st.jobs.get_mut(&key2) {
-                j.incidents += 1;
-            }
-            if gpucheck && d.trigger == "nan" && family == "none" {
-                st.gpucheck_queue.extend(d.dir.clone());
-            }
-            drop(st);
-            let (state, webhook, m3) = (state.clone(), webhook.clone(), metrics.clone());
-            let publish = Box::new(move |rec: Value| {
-                let mut st = lock(&state);
-                st.incidents.push_back(rec.clone());
-                while st.incidents.len() > MAX_INCIDENTS_LISTED {
-                    st.incidents.pop_front();
-                }
-                drop(st);
-                if let Some(w) = &webhook {
-                    if w.try_send(rec).is_err() {
-                        m3.inc("nantrace_webhook_failures_total", &[]);
-                    }
-                }
-            });
-            match &drainer {
-                Some(dr) => drain::after_dump(dr, d, metrics.clone(), format!("job {key2}: "), rec, publish),
-                None => publish(rec),
-            }
-        });
+        }).on_dump(move |d| hook.dumped(d));
         let share = self.share(st.jobs.len() + 1);
         let _ = tx.try_send(Input::Budget(share));
         crate::session::spawn_context_refresh(f.root, session.job_ctx.clone(), tx.clone());
@@ -439,7 +399,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let host = crate::bundle::Host::read().hostname;
     let jobdir = jobdir::start(&cfg.job_dir, &host, &metrics);
     let drainer = drain::start(&cfg, &host, jobdir.is_some());
-    let mut agent = Agent { cfg, args, kernel, node, state, metrics, webhook, done_tx, host, started: monotonic_ns(), proc_root, jobdir, drainer };
+    let history = history::start(&cfg.spool_dir, &metrics);
+    let mut agent = Agent { cfg, args, kernel, node, state, metrics, webhook, done_tx, host, started: monotonic_ns(), proc_root, jobdir, drainer, history };
     crate::say!(
         "nantrace: agent {} on {}: {} probes attached, spool {}, socket {}, metrics {}",
         env!("CARGO_PKG_VERSION"),
@@ -489,6 +450,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 let dirty = std::mem::take(&mut lock(&agent.state).spool_dirty);
                 if dirty || ticks.is_multiple_of(30) {
                     agent.spool();
+                }
+                if ticks.is_multiple_of(60) {
+                    history::set_gauges(&lock(&agent.history), &agent.metrics);
                 }
                 // gpucheck after a NaN: once no watched job holds a GPU device.
                 if gpucheck_task.as_ref().is_none_or(tokio::task::JoinHandle::is_finished) {

@@ -8,7 +8,9 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde_json::{json, Value};
 
-static POD_UID: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})").unwrap());
+/// The pod's own cgroup directory: `pod<uid>` (cgroupfs driver) or
+/// `[kubelet-]kubepods[-<qos>]-pod<uid>.slice` (systemd driver), the whole path component.
+static POD_UID: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^(?:(?:kubelet-)?kubepods(?:-[a-z]+)?-)?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?$").unwrap());
 static CONTAINER: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?:cri-containerd-|docker-|crio-|containerd-)?([0-9a-f]{64})(?:\.scope)?$").unwrap());
 
 /// One line of /proc/PID/cgroup: (hierarchy id, controllers, path).
@@ -21,9 +23,22 @@ pub fn parse_cgroup_file(text: &str) -> Vec<(String, String, String)> {
         .collect()
 }
 
-/// Kubernetes identity from a cgroup path.
+/// Kubernetes identity from a cgroup path: only under the kubelet's own cgroup roots
+/// (`/kubepods...`, or `/kubelet.slice/kubelet-kubepods...` with a kubelet `--cgroup-root`),
+/// which only root can create. A `pod<uid>` anywhere else (a user's delegated
+/// `user@UID.service` subtree, where any user can `mkdir kubepods-pod<victim>.slice`: D-2 of
+/// the third adversarial test) is not a pod.
 pub fn kubernetes_from_cgroup(path: &str) -> Option<Value> {
-    let uid = POD_UID.captures(path)?[1].replace('_', "-");
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let start = match parts.first() {
+        Some(p) if p.starts_with("kubepods") => 0,
+        Some(&"kubelet.slice") if parts.get(1).is_some_and(|p| p.starts_with("kubelet-kubepods")) => 1,
+        _ => return None,
+    };
+    if parts.iter().any(|p| *p == "user.slice" || p.starts_with("user@") || p.starts_with("user-")) {
+        return None;
+    }
+    let uid = parts[start..].iter().find_map(|p| POD_UID.captures(p))?[1].replace('_', "-");
     let container = path.rsplit('/').find_map(|seg| CONTAINER.captures(seg).map(|c| c[1].to_string()));
     Some(json!({ "pod_uid": uid, "container_id": container }))
 }
@@ -168,6 +183,19 @@ mod tests {
         let v1 = "/kubepods/besteffort/pod8f3e1c2a-1b2c-4d5e-9f00-123456789abc/fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210";
         assert_eq!(kubernetes_from_cgroup(v1).unwrap()["pod_uid"], "8f3e1c2a-1b2c-4d5e-9f00-123456789abc");
         assert!(kubernetes_from_cgroup("/user.slice/user-0.slice/session-1.scope").is_none());
+        // D-2 of the third adversarial test: a user's delegated subtree, or any place but the
+        // kubelet's roots, is never a pod, however its directories are named.
+        for forged in [
+            "/user.slice/user-1001.slice/user@1001.service/kubepods-pod1a2b3c4d_5e6f_7a8b_9c0d_1e2f3a4b5c6d.slice/x.scope",
+            "/user.slice/user-1001.slice/user@1001.service/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b3c4d_5e6f_7a8b_9c0d_1e2f3a4b5c6d.slice",
+            "/system.slice/evil-pod1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d.scope",
+            "/kubepods.slice/user.slice/pod1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d",
+            "/kubepods/besteffort/xpod8f3e1c2a-1b2c-4d5e-9f00-123456789abc/c",
+        ] {
+            assert!(kubernetes_from_cgroup(forged).is_none(), "{forged}");
+        }
+        let rooted = "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod1a2b3c4d_5e6f_7a8b_9c0d_1e2f3a4b5c6d.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope";
+        assert_eq!(kubernetes_from_cgroup(rooted).unwrap()["pod_uid"], "1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d");
     }
 
     #[test]

@@ -218,6 +218,24 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     Analysis { verdict, family, machine: !machine.is_empty(), reference, suspects, checked: checked(timeline, snapshot), facts: facts(timeline, snapshot) }
 }
 
+/// The GPUs an analysis implicates on the kernel's or NVML's evidence (never the job's words):
+/// (PCI address, UUID from NVML when known), at most 16, for the agent's incident history.
+pub fn implicated_gpus(a: &Analysis, snapshot: &Value) -> Vec<(String, Option<String>)> {
+    static PCI: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| regex::Regex::new(r"(?i)\b([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])\b").unwrap());
+    let devs = snapshot["gpu"]["devices"].as_array().map_or(&[][..], Vec::as_slice);
+    let mut out: Vec<(String, Option<String>)> = Vec::new();
+    for f in a.suspects.iter().filter(|f| f.family == Family::Gpu && !rules::is_job_words(f.signal)) {
+        for c in PCI.captures_iter(&f.text) {
+            let pci = c[1].to_ascii_lowercase();
+            if out.len() < 16 && !out.iter().any(|(p, _)| *p == pci) {
+                let uuid = devs.iter().find(|d| d["pci"].as_str().is_some_and(|p| p.eq_ignore_ascii_case(&pci))).and_then(|d| d["uuid"].as_str()).map(String::from);
+                out.push((pci, uuid));
+            }
+        }
+    }
+    out
+}
+
 /// The verdict and the family it names. Any machine-family suspect (GPU, PCIe, host memory,
 /// host kernel/CPU, storage, network) makes it "PROBABLY" (a strong signal) or "POSSIBLY"
 /// THE MACHINE: nantrace never says "not the machine" while the machine spoke. Without one,

@@ -39,7 +39,7 @@ pub(super) struct DumpDone {
 
 impl DumpDone {
     pub(super) fn failed(line: String) -> Self {
-        Self { lines: vec![line], result: Dumped { dir: None, verdict: None, family: None, top_suspect: None, top_signal: None, top_action: None, trigger: String::new() }, lanes: None }
+        Self { lines: vec![line], result: Dumped { dir: None, verdict: None, family: None, top_suspect: None, top_signal: None, top_action: None, gpus: Vec::new(), trigger: String::new() }, lanes: None }
     }
 }
 
@@ -65,7 +65,7 @@ impl OwnedDump {
             post_s: self.post_s,
         };
         let mut lines = Vec::new();
-        let mut result = Dumped { dir: None, verdict: None, family: None, top_suspect: None, top_signal: None, top_action: None, trigger: self.triggers.first().map(|t| t.kind.name().to_string()).unwrap_or_default() };
+        let mut result = Dumped { dir: None, verdict: None, family: None, top_suspect: None, top_signal: None, top_action: None, gpus: Vec::new(), trigger: self.triggers.first().map(|t| t.kind.name().to_string()).unwrap_or_default() };
         match bundle::write(&self.out, &inc, &snapshot) {
             Ok(w) => {
                 for f in &w.failures {
@@ -80,6 +80,7 @@ impl OwnedDump {
                     result.top_suspect = w.analysis.suspects.first().map(|f| f.text.clone());
                     result.top_signal = w.analysis.suspects.first().map(|f| f.signal);
                     result.top_action = w.analysis.suspects.first().and_then(|f| f.action);
+                    result.gpus = crate::report::implicated_gpus(&w.analysis, &snapshot);
                     result.dir = Some(w.dir);
                 }
             }

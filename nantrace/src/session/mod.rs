@@ -112,6 +112,8 @@ pub struct Dumped {
     /// when it has one: what a drain decides on (`agent::drain`).
     pub top_signal: Option<&'static str>,
     pub top_action: Option<&'static str>,
+    /// The GPUs the verdict implicates on the kernel's or NVML's evidence: (PCI, UUID).
+    pub gpus: Vec<(String, Option<String>)>,
     pub trigger: String,
 }
 

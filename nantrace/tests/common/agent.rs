@@ -18,6 +18,9 @@ pub struct Agent {
     pub socket: PathBuf,
     pub metrics: String,
     pub lines: Arc<Mutex<Vec<String>>>,
+    /// What it was started with, for `restart`.
+    extra: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Agent {
@@ -35,12 +38,25 @@ impl Agent {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_string()).collect();
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect();
+        Self::spawn(dir, format!("127.0.0.1:{port}"), extra, env)
+    }
+
+    /// Stop it (SIGTERM, as systemd would) and start it again on the same spool and socket.
+    pub fn restart(mut self) -> Self {
+        self.terminate();
+        let (dir, metrics, extra, env) = (self.dir.clone(), self.metrics.clone(), std::mem::take(&mut self.extra), std::mem::take(&mut self.env));
+        drop(self);
+        Self::spawn(dir, metrics, extra, env)
+    }
+
+    fn spawn(dir: PathBuf, metrics: String, extra: Vec<String>, env: Vec<(String, String)>) -> Self {
         let (spool, socket) = (dir.join("spool"), dir.join("run/agent.sock"));
-        let metrics = format!("127.0.0.1:{port}");
         let mut child = Command::new(BIN)
             .args(["agent", "--spool", spool.to_str().unwrap(), "--socket", socket.to_str().unwrap(), "--metrics-addr", &metrics, "--post", "1.5"])
-            .args(extra)
-            .envs(env.iter().copied())
+            .args(&extra)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -54,7 +70,7 @@ impl Agent {
                 l2.lock().unwrap().push(line);
             }
         });
-        let a = Agent { child, dir, spool, socket, metrics, lines };
+        let a = Agent { child, dir, spool, socket, metrics, lines, extra, env };
         a.wait_line("agent started", Duration::from_secs(30), |l| l.contains("nantrace: agent ") && l.contains("probes attached"));
         a
     }
@@ -112,6 +128,11 @@ impl Agent {
 
     /// SIGTERM: the agent drains and exits 0, removing its socket.
     pub fn stop(mut self) {
+        self.terminate();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+
+    fn terminate(&mut self) {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let t0 = Instant::now();
@@ -124,7 +145,6 @@ impl Agent {
         };
         assert!(st.success(), "agent exit status {st:?}");
         assert!(!self.socket.exists(), "socket left behind");
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -157,4 +177,17 @@ pub fn kill_job(c: &mut Child) {
 /// A bundle's timeline.json.
 pub fn timeline(bundle: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(bundle.join("timeline.json")).unwrap()).unwrap()
+}
+
+/// No NVIDIA GPU here: a device node standing in for /dev/nvidia0 (same path shape, 0666), in
+/// a directory of its own; a job holds it open the way CUDA holds the real one, and the
+/// agent's `--gpu-device <dir>/nvidia` finds it through /proc/PID/fd as on a GPU node.
+/// Returns (the directory, the device).
+pub fn fake_gpu(tag: &str) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("nt-agent-{tag}-dev-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dev = dir.join("nvidia0");
+    let _ = std::fs::remove_file(&dev);
+    super::sh_ok(&format!("mknod {0} c 1 3 && chmod 0666 {0}", dev.display()));
+    (dir, dev)
 }

@@ -12,6 +12,7 @@ use crate::root;
 
 mod agent;
 mod blocks;
+pub mod jobs;
 mod render;
 
 pub use render::render;

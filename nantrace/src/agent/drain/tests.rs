@@ -3,7 +3,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use super::*;
 
 fn dumped(verdict: &str, family: &str, signal: &'static str, action: Option<&'static str>, top: &str) -> Dumped {
-    Dumped { dir: None, verdict: Some(verdict.into()), family: Some(family.into()), top_suspect: Some(top.into()), top_signal: Some(signal), top_action: action, trigger: "xid".into() }
+    Dumped { dir: None, verdict: Some(verdict.into()), family: Some(family.into()), top_suspect: Some(top.into()), top_signal: Some(signal), top_action: action, gpus: Vec::new(), trigger: "xid".into() }
 }
 
 const XID79: &str = "Xid 79 (GPU has fallen off the bus) on 0000:3b:00.0, a GPU of this job, 4.1 s before the first NaN";
