@@ -204,8 +204,7 @@ pub fn cli(dir: &Path, json: bool, write: bool) -> anyhow::Result<()> {
 
 /// The view of one node on the job's clock: its events, its own accounting, the job's
 /// reference (first NaN of any node).
-fn node_view(merged: &Value, n: &Node) -> Value {
-    let events: Vec<Value> = merged["events"].as_array().into_iter().flatten().filter(|e| e["node"] == n.name.as_str()).cloned().collect();
+fn node_view(merged: &Value, n: &Node, events: Vec<Value>) -> Value {
     json!({
         "schema": crate::merge::SCHEMA,
         "host": n.timeline["host"],
@@ -235,9 +234,9 @@ fn job_identity(n: &Node) -> Value {
 }
 
 /// The GPU named in a finding's text, with its UUID from the node's snapshot when known.
-fn gpu_of(f: &Finding, view: &Value, snapshot: &Value) -> Option<String> {
+fn gpu_of(f: &Finding, event_pcis: &[String], snapshot: &Value) -> Option<String> {
     let text = f.text.to_ascii_lowercase();
-    let from_events = view["events"].as_array().into_iter().flatten().filter_map(|e| e["pci"].as_str()).find(|p| text.contains(&p.to_ascii_lowercase()));
+    let from_events = event_pcis.iter().map(String::as_str).find(|p| text.contains(&p.to_ascii_lowercase()));
     let devs = snapshot["gpu"]["devices"].as_array().map_or(&[][..], Vec::as_slice);
     let from_snapshot = devs.iter().filter_map(|d| d["pci"].as_str()).find(|p| text.contains(&p.to_ascii_lowercase()) || text.contains(&p.to_ascii_lowercase().trim_start_matches("0000:").to_string()));
     let pci = from_events.or(from_snapshot)?.to_string();
@@ -251,9 +250,19 @@ fn gpu_of(f: &Finding, view: &Value, snapshot: &Value) -> Option<String> {
 /// The job's answer from its merged timeline and its nodes.
 pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
     let mut summaries = Vec::new();
+    // Each node's events, in one pass over the merged timeline (a pass per node was the
+    // job report's N² at 1024 nodes); each node's view lives only while it is analysed, and
+    // only the PCI addresses its events name are kept (to name the culprit's GPU).
+    let mut by_node: std::collections::HashMap<&str, Vec<&Value>> = std::collections::HashMap::new();
+    for e in merged["events"].as_array().into_iter().flatten() {
+        if let Some(n) = e["node"].as_str() {
+            by_node.entry(n).or_default().push(e);
+        }
+    }
     let mut views = Vec::new();
     for n in nodes {
-        let view = node_view(merged, n);
+        let events: Vec<Value> = by_node.remove(n.name.as_str()).unwrap_or_default().into_iter().cloned().collect();
+        let view = node_view(merged, n, events);
         let a: Analysis = crate::report::analyze(&view, &n.snapshot);
         let machine: Vec<&Finding> = a.suspects.iter().filter(|s| s.family.is_machine()).collect();
         let first_machine = machine.iter().find(|s| !job_words(s)).or(machine.first()).map(|f| (*f).clone());
@@ -269,7 +278,10 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
             machine_from_job_words_only: words_only,
             measures: measures(&view),
         });
-        views.push(view);
+        let mut pcis: Vec<String> = view["events"].as_array().into_iter().flatten().filter_map(|e| e["pci"].as_str().map(String::from)).collect();
+        pcis.sort();
+        pcis.dedup();
+        views.push(pcis);
     }
     // The nodes the job ran on, from what the bundles say; their host names as the bundles do.
     let expected: BTreeSet<String> = summaries.iter().filter_map(|s| s.job["node_list"].as_str()).flat_map(expand_hostlist).collect();
@@ -295,7 +307,7 @@ fn consequence_family(f: &Finding) -> bool {
     matches!(f.family, crate::report::rules::Family::Network | crate::report::rules::Family::Hang)
 }
 
-fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw: &[Node], views: &[Value], has_nan: bool) -> Verdict {
+fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw: &[Node], views: &[Vec<String>], has_nan: bool) -> Verdict {
     let incomplete = if missing.is_empty() { String::new() } else { format!(" INCOMPLETE: no bundle from {} ({} of the job's nodes).", missing.join(", "), missing.len()) };
     // The culprit: the node with the strongest machine finding from the kernel or NVML; the
     // job's own words only where no node has more (and then at most POSSIBLY).
