@@ -417,3 +417,5 @@ fn facts(timeline: &Value, snapshot: &Value) -> Value {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod trust_tests;

@@ -1,0 +1,47 @@
+//! The report against untrusted input (the third adversarial test): what the job prints and
+//! what other users' sockets do is never machine evidence by itself.
+use serde_json::json;
+
+use super::tests::{job_line, kmsg, Scenario, ROOT};
+
+/// D-3 of the third adversarial test (`jobs/synstorm.py`): another user's listener that never
+/// accepts, 300 connects to it: thousands of retransmits on loopback. Loopback is never the
+/// fabric, whoever's sockets they are; the same storm to a real peer still is.
+#[test]
+fn loopback_retransmits_are_never_network_evidence() {
+    for (daddr, saddr) in [("127.0.0.1", "127.0.0.1"), ("::1", "::1"), ("::ffff:127.0.0.1", "::ffff:127.0.0.1"), ("10.0.0.7", "127.0.0.1")] {
+        let mut s = Scenario::healthy();
+        for i in 0..300 {
+            s = s.with(json!({ "offset_s": -59.0 + f64::from(i) / 10.0, "source": "tcp_retransmit", "daddr": daddr, "dport": 39571, "saddr": saddr, "sport": 40000 + i, "job": i % 2 == 0 }));
+        }
+        let a = s.analyze();
+        assert!(a.suspects.iter().all(|f| f.signal != "retransmit_storm"), "{daddr}: {}", a.verdict);
+        assert!(a.verdict.starts_with("NOT THE MACHINE"), "{daddr}: {}", a.verdict);
+    }
+    assert!(!crate::report::detect::loopback(Some("10.0.0.7")) && !crate::report::detect::loopback(Some("fe80::1")) && !crate::report::detect::loopback(None));
+}
+
+/// D-4 of the third adversarial test: a job that prints the kernel's own Xid line (any user
+/// can) is not the kernel saying it. Its words alone are at most POSSIBLY, with a family that
+/// says so; the kernel's Xid beside the same words is PROBABLY, with the plain family.
+#[test]
+fn the_jobs_words_alone_are_at_most_possibly_and_say_so() {
+    let fake = "[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.";
+    let ecc = "RuntimeError: CUDA error: uncorrectable ECC error encountered";
+    let words = Scenario::healthy().with(job_line(-3.0, fake)).with(job_line(-2.0, ecc)).analyze();
+    assert!(words.machine, "{}", words.verdict);
+    assert_eq!(words.family, "GPU (job's words only)", "{}", words.verdict);
+    assert!(words.verdict.starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: "), "{}", words.verdict);
+    assert!(words.verdict.contains("the kernel log, watched, and NVML show no such fault"), "{}", words.verdict);
+    assert!(words.suspects.iter().all(|s| s.signal != "gpu_fallen_off_bus" && s.signal != "xid_critical"), "the job's imitation became kernel evidence: {:?}", words.suspects.iter().map(|s| s.signal).collect::<Vec<_>>());
+    // Nothing watched the kernel: the verdict says that nothing could confirm them.
+    let mut blind = Scenario::healthy().with(job_line(-2.0, ecc));
+    blind.probes = json!([]);
+    blind.snapshot["gpu"] = json!({ "available": false, "reason": "no NVML" });
+    let blind = blind.analyze();
+    assert!(blind.verdict.starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: ") && blind.verdict.contains("neither the kernel log nor NVML was watched"), "{}", blind.verdict);
+    // The kernel's own Xid on the job's GPU beside the same words: the machine, probably.
+    let kernel = Scenario::healthy().with(job_line(-2.0, ecc)).with(kmsg(-2.5, &format!("NVRM: Xid (PCI:0000:3b:00): 79, pid={ROOT}, name=python3, GPU has fallen off the bus."))).analyze();
+    assert_eq!(kernel.family, "GPU", "{}", kernel.verdict);
+    assert!(kernel.verdict.starts_with("PROBABLY THE MACHINE (GPU): "), "{}", kernel.verdict);
+}
