@@ -58,7 +58,7 @@ fn two_jobs_found_by_themselves_nan_in_one_bundle_for_that_job_only() {
     assert!(a.ctl(&["jobs"])["jobs"].as_array().unwrap().iter().any(|j| j["root"] == b.id()));
     let inc = a.ctl(&["incidents"]);
     assert!(inc["incidents"].as_array().unwrap().iter().all(|i| i["job"] == key_a.as_str()), "{inc}");
-    let m = a.metrics_text();
+    let m = a.wait_metrics(Duration::from_secs(10), |m| m.contains("nantrace_incidents_total{"));
     assert!(m.contains("nantrace_incidents_total{trigger=\"nan\",family=\"none\"} 1"), "{m}");
     assert!(m.contains("nantrace_jobs_seen_total{kind=\"process\"} 2"), "{m}");
     kill(&mut b);
@@ -147,7 +147,7 @@ fn fatal_xid_dumps_the_gpu_job_only_and_is_counted_in_metrics() {
     assert!(t["events"].as_array().unwrap().iter().any(|e| e["source"] == "xid" && e["xid"] == 79), "the Xid is not in the bundle");
     let md = std::fs::read_to_string(b2[0].join("report.md")).unwrap();
     assert!(md.contains("PROBABLY THE MACHINE (GPU)"), "{md}");
-    let m = a.metrics_text();
+    let m = a.wait_metrics(Duration::from_secs(10), |m| m.contains("nantrace_incidents_total{"));
     assert!(m.contains("nantrace_xid_total{xid=\"79\",gpu=\"0000:3b:00.0\"} 1"), "{m}");
     assert!(m.contains("nantrace_incidents_total{trigger=\"xid\",family=\"GPU\"} 1"), "{m}");
     kill(&mut gpu);
@@ -292,12 +292,12 @@ fn a_gpu_implicated_again_after_a_restart_is_a_repeat_offender() {
     assert!(md.contains("## History of this node's GPUs"), "{md}");
     assert!(md.contains("GPU 0000:3b:00.0 was implicated in 2 earlier incidents on this node in 30 days"), "{md}");
     assert!(md.contains("Repeat offender: implicated 3 times in 7 days: drain the node and send GPU 0000:3b:00.0 for service"), "{md}");
+    let m = a.wait_metrics(Duration::from_secs(10), |m| m.contains("nantrace_gpu_implicated_total{gpu=\"0000:3b:00.0\"} 3"));
     let h = a.ctl(&["history", "--gpu", "0000:3b:00.0", "--since", "1d"]);
     let inc = h["incidents"].as_array().unwrap();
     assert_eq!(inc.len(), 3, "{h}");
     assert!(inc.iter().all(|i| i["verdict"] == "PROBABLY THE MACHINE (GPU)" && i["trigger"] == "xid"), "{h}");
     assert_eq!(a.ctl(&["history", "--gpu", "0000:5e:00.0"])["incidents"].as_array().unwrap().len(), 0);
-    let m = a.metrics_text();
     assert!(m.contains("nantrace_gpu_implicated_total{gpu=\"0000:3b:00.0\"} 3"), "{m}");
     assert!(m.contains("nantrace_gpu_incidents_7d{gpu=\"0000:3b:00.0\"} 3"), "{m}");
     assert!(!m.lines().any(|l| l.starts_with("nantrace_gpu_implicated_total") && l.contains("job")), "the job is never a label: {m}");

@@ -170,7 +170,7 @@ sleep 20"#;
     let t = common::agent::timeline(&b[0]);
     let kernel: Vec<_> = t["events"].as_array().unwrap().iter().filter(|e| matches!(e["source"].as_str(), Some("xid" | "aer" | "kmsg")) && e["text"].as_str().is_some_and(|x| x.contains("NVRM") || x.contains("mce:"))).collect();
     assert!(kernel.is_empty(), "the job's words became kernel events: {kernel:?}");
-    let m = a.metrics_text();
+    let m = a.wait_metrics(Duration::from_secs(10), |m| m.contains("nantrace_incidents_total{"));
     assert!(!m.contains("nantrace_xid_total{"), "a kernel Xid was counted from the job's words: {m}");
     assert!(m.lines().any(|l| l.starts_with("nantrace_incidents_total{") && l.contains("family=\"GPU (job's words only)\"")), "{m}");
     assert!(!m.lines().any(|l| l.starts_with("nantrace_incidents_total{") && l.contains("family=\"GPU\"")), "{m}");

@@ -362,7 +362,7 @@ fn an_xid_79_drains_the_node_in_slurm_with_a_reason_once_within_the_cap() {
     let md = newest_report(3);
     assert!(md.contains("held_by_cap: drain held back: 1 drain(s) this hour already on this node") && md.contains("scontrol update NodeName="), "{md}");
     assert!(!state().contains("DRAIN"), "drained past the cap: {}", state());
-    let m = a.metrics_text();
+    let m = a.wait_metrics(Duration::from_secs(10), |m| m.contains("nantrace_drains_total{result=\"held_by_cap\"} 1"));
     for r in ["drained", "held_by_cap", "not_needed"] {
         assert!(m.contains(&format!("nantrace_drains_total{{result=\"{r}\"}} 1")), "{r}: {m}");
     }

@@ -126,6 +126,19 @@ impl Agent {
         s
     }
 
+    /// The metrics once `pred` holds on them (or, past `timeout`, as they are): a bundle is
+    /// visible in the spool a moment before its incident is counted.
+    pub fn wait_metrics(&self, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let t0 = Instant::now();
+        loop {
+            let m = self.metrics_text();
+            if pred(&m) || t0.elapsed() > timeout {
+                return m;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// SIGTERM: the agent drains and exits 0, removing its socket.
     pub fn stop(mut self) {
         self.terminate();
