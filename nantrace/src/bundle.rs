@@ -340,20 +340,24 @@ pub fn write(out: &Path, inc: &Incident, snapshot: &Value) -> std::io::Result<Wr
         Err(_) => failures.push("timeline.json: the writer thread panicked".into()),
     }
     drop(d);
-    let mut name = base.clone();
-    let mut n = 2;
-    loop {
-        match outd.rename_noreplace(&tmp_name, &name) {
-            Ok(()) => break,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 10_000 => {
-                name = format!("{base}-{n}");
-                n += 1;
-            }
-            Err(e) => return Err(std::io::Error::new(e.kind(), format!("{e}; the files are in {}", out.join(&tmp_name).display()))),
-        }
+    if written == 0 {
+        // Nothing of it could be written (a full disk): no empty directory is left to pass
+        // for a bundle (redteam3 D-12); the caller says so and counts the failure.
+        let _ = std::fs::remove_dir_all(out.join(&tmp_name));
+        let kind = if failures.iter().any(|f| f.contains("No space left")) { std::io::ErrorKind::StorageFull } else { std::io::ErrorKind::Other };
+        return Err(std::io::Error::new(kind, format!("no file of the bundle could be written: {}", failures.join("; "))));
     }
+    let base = if failures.is_empty() {
+        base
+    } else {
+        // Some files missing: kept, under a name and with a note that say so.
+        let _ = tmp.write_new(recover::NOTE, format!("This bundle is incomplete: these files could not be written:\n{}\n", failures.iter().map(|f| format!("- {f}")).collect::<Vec<_>>().join("\n")).as_bytes());
+        format!("{base}{}", recover::SUFFIX)
+    };
+    let name = recover::claim(&outd, &tmp_name, &base).map_err(|e| std::io::Error::new(e.kind(), format!("{e}; the files are in {}", out.join(&tmp_name).display())))?;
     Ok(Written { dir: out.join(&name), written, failures, analysis })
 }
 
 mod load;
+pub mod recover;
 pub use load::{load, open_plain, WHOLE_TIMELINE_MAX};

@@ -115,14 +115,32 @@ impl Config {
     }
 
     pub fn check(&self) -> anyhow::Result<()> {
-        for p in &self.match_commands {
-            regex::Regex::new(p).with_context(|| format!("match_commands: {p:?}"))?;
+        // A pattern that matches an empty string matches every process or every line: pid 1
+        // a job, every line a NaN (redteam3 D-9). `run --nan-pattern` refuses it too.
+        for (key, list) in [("match_commands", &self.match_commands), ("nan_patterns", &self.nan_patterns)] {
+            for p in list {
+                let re = regex::Regex::new(p).with_context(|| format!("{key}: {p:?}"))?;
+                anyhow::ensure!(!re.is_match(""), "{key}: {p:?} matches an empty string, so it matches everything: give a pattern that names something");
+            }
         }
+        for d in &self.gpu_devices {
+            let name = Path::new(d).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            anyhow::ensure!(d.starts_with('/') && !d.ends_with('/') && !name.is_empty() && !d.contains("/../"), "gpu_devices: {d:?} must be an absolute device path prefix that names devices (as /dev/nvidia), not a directory: every process holds something under /dev");
+        }
+        check_dir("spool_dir", &self.spool_dir, true)?;
+        check_dir("socket", &self.socket, true)?;
+        check_dir("job_dir", &self.job_dir, false)?;
+        check_dir("pod_log_dir", &self.pod_log_dir, false)?;
+        anyhow::ensure!(!SYSTEM_DIRS.contains(&self.socket.parent().and_then(Path::to_str).unwrap_or("/")) || self.socket.parent() == Some(Path::new("/run")), "socket {}: put it in a directory of its own (as /run/nantrace/)", self.socket.display());
         for t in &self.no_trigger {
             anyhow::ensure!(crate::trigger::TriggerKind::parse(t).is_some(), "no_trigger: unknown trigger {t:?}");
         }
         anyhow::ensure!(matches!(self.slurm_jobs.as_str(), "gpu" | "all"), "slurm_jobs must be \"gpu\" or \"all\", not {:?}", self.slurm_jobs);
         anyhow::ensure!(self.webhook_url.is_empty() || self.webhook_url.starts_with("http://"), "webhook_url: only http:// is supported (put a local relay in front of an https endpoint)");
+        // The URL goes into a request line: no space, CR, LF or other control character can
+        // add a header or a second request (redteam3 D-9).
+        anyhow::ensure!(!self.webhook_url.chars().any(|c| c.is_whitespace() || c.is_control()), "webhook_url {:?}: spaces and control characters (CR, LF) are not allowed in a URL; percent-encode them", self.webhook_url);
+        anyhow::ensure!(self.webhook_url.is_empty() || self.webhook_url["http://".len()..].split(['/', '?', '#']).next().is_some_and(|h| !h.is_empty() && !h.contains('@')), "webhook_url {:?}: http://host[:port]/path expected (no user:password@)", self.webhook_url);
         if !self.metrics_addr.is_empty() {
             self.metrics_addr.parse::<std::net::SocketAddr>().with_context(|| format!("metrics_addr {:?}", self.metrics_addr))?;
         }
@@ -169,6 +187,27 @@ impl Config {
 }
 
 pub const DEFAULT_PATH: &str = "/etc/nantrace/agent.toml";
+
+/// Directories of the system that the spool (whose old bundles the agent removes) or the
+/// socket's directory must never be.
+const SYSTEM_DIRS: &[&str] = &["/", "/etc", "/usr", "/usr/local", "/usr/lib", "/bin", "/sbin", "/lib", "/lib64", "/boot", "/dev", "/proc", "/sys", "/run", "/var", "/var/lib", "/var/log", "/var/tmp", "/var/spool", "/home", "/root", "/tmp", "/opt", "/srv", "/mnt", "/media"];
+
+/// A directory setting: absolute, no `.` or `..` on the way, never a system directory itself
+/// nor under /proc, /sys or /dev (redteam3 D-9: `spool_dir = "/"` was only a warning).
+fn check_dir(key: &str, p: &Path, required: bool) -> anyhow::Result<()> {
+    use std::path::Component;
+    if p.as_os_str().is_empty() {
+        anyhow::ensure!(!required, "{key} must be set");
+        return Ok(());
+    }
+    anyhow::ensure!(p.is_absolute(), "{key} {}: give an absolute path (the agent's working directory is not a place for it)", p.display());
+    anyhow::ensure!(p.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_))), "{key} {}: no '.' or '..' in the path", p.display());
+    let s = p.to_str().unwrap_or("").trim_end_matches('/');
+    let s = if s.is_empty() { "/" } else { s };
+    anyhow::ensure!(key == "socket" || key == "pod_log_dir" || !SYSTEM_DIRS.contains(&s), "{key} {}: a system directory; give one of nantrace's own (as /var/lib/nantrace/incidents)", p.display());
+    anyhow::ensure!(!["/proc", "/sys", "/dev"].iter().any(|d| p.starts_with(d)), "{key} {}: not under /proc, /sys or /dev", p.display());
+    Ok(())
+}
 
 /// Command-line settings over the config file.
 #[derive(Clone, Debug, Default)]
@@ -235,6 +274,16 @@ mod tests {
         let bad: Config = toml::from_str("no_trigger = ['nam']").unwrap();
         assert!(bad.check().is_err());
         // Numbers in range and finite (review 14).
+        // Redteam3 D-9: what matches everything, system directories, relative paths, URLs
+        // that would add a header.
+        for bad in ["match_commands = ['']", "match_commands = ['.*']", "nan_patterns = ['']", "nan_patterns = ['x?']", "gpu_devices = ['']", "gpu_devices = ['/dev/']", "gpu_devices = ['nvidia']", "spool_dir = '/'", "spool_dir = '/etc'", "spool_dir = '/var/lib/'", "spool_dir = 'spool'", "spool_dir = '/var/lib/nantrace/../../..'", "spool_dir = '/proc/self'", "socket = 'agent.sock'", "socket = '/tmp/agent.sock'", "job_dir = 'shared'", "webhook_url = \"http://h/x\\r\\nX-Evil: 1\"", "webhook_url = 'http://h/a b'", "webhook_url = 'http:///x'", "webhook_url = 'http://u:p@h/x'"] {
+            let c: Config = toml::from_str(bad).unwrap();
+            assert!(c.check().is_err(), "{bad} accepted");
+        }
+        for good in ["spool_dir = '/var/lib/nantrace/incidents'", "gpu_devices = ['/dev/nvidia', '/tmp/x/nvidia']", "webhook_url = 'http://127.0.0.1:9000/hook?a=1'", "socket = '/run/agent.sock'", "nan_patterns = ['loss=nan']"] {
+            let c: Config = toml::from_str(good).unwrap();
+            c.check().unwrap_or_else(|e| panic!("{good}: {e:#}"));
+        }
         for bad in ["webhook_timeout_s = -1.0", "sample_s = nan", "window_s = nan", "post_s = -5.0", "spool_max_age_days = nan", "mem_cap_mb = 17592186044416", "max_jobs = 0"] {
             let c: Config = toml::from_str(bad).unwrap();
             assert!(c.check().is_err(), "{bad} accepted");

@@ -22,14 +22,22 @@ pub type Request = (Value, oneshot::Sender<Value>);
 /// followed, never removed).
 pub fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
     use std::os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _};
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    if !dir.exists() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let dm = std::fs::symlink_metadata(dir).with_context(|| format!("{}", dir.display()))?;
-    anyhow::ensure!(dm.is_dir(), "socket directory {} is not a directory (a link?)", dir.display());
+    anyhow::ensure!(path.is_absolute(), "socket {}: give an absolute path", path.display());
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("/"));
     // SAFETY: geteuid has no failure mode.
     let me = unsafe { libc::geteuid() };
+    if !dir.exists() {
+        // Only what exists is trusted, then each missing level is made by us (as the spool).
+        let existing = dir.ancestors().find(|a| std::fs::symlink_metadata(a).is_ok()).unwrap_or(Path::new("/"));
+        super::spool::check_ancestors(existing, me, "socket")?;
+        let em = std::fs::symlink_metadata(existing)?;
+        anyhow::ensure!(em.is_dir() && (em.uid() == 0 || em.uid() == me) && (em.mode() & 0o022 == 0 || em.mode() & 0o1000 != 0), "socket {}: {} belongs to uid {} (mode {:o}): its directory would be made where another user could swap it for a link", path.display(), existing.display(), em.uid(), em.mode() & 0o7777);
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    // No one but root can swap a directory on the way for a link (redteam3 D-11).
+    super::spool::check_ancestors(dir, me, "socket")?;
+    let dm = std::fs::symlink_metadata(dir).with_context(|| format!("{}", dir.display()))?;
+    anyhow::ensure!(dm.is_dir(), "socket directory {} is not a directory (a link?)", dir.display());
     anyhow::ensure!(dm.uid() == me && dm.mode() & 0o022 == 0, "socket directory {} must belong to uid {me} and not be writable by others", dir.display());
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
@@ -93,6 +101,12 @@ pub fn serve(listener: tokio::net::UnixListener, tx: mpsc::Sender<Request>) {
 pub fn request(socket: &Path, req: &Value) -> anyhow::Result<Value> {
     use std::io::{BufRead as _, Write as _};
     let mut s = std::os::unix::net::UnixStream::connect(socket).with_context(|| format!("connecting to the agent at {} (is `nantrace agent` running? root needed)", socket.display()))?;
+    // The server must be the agent (root, or ourselves): a user's socket at that path gets
+    // no request and its answer is never printed (redteam3 D-11).
+    let uid = peer_uid(&s).with_context(|| format!("{}: who is answering", socket.display()))?;
+    // SAFETY: geteuid has no failure mode.
+    let me = unsafe { libc::geteuid() };
+    anyhow::ensure!(uid == 0 || uid == me, "{} is served by uid {uid}, not by root: not the agent, nothing sent", socket.display());
     s.set_read_timeout(Some(Duration::from_secs(60)))?;
     s.write_all(format!("{req}\n").as_bytes())?;
     let mut line = String::new();
@@ -102,6 +116,20 @@ pub fn request(socket: &Path, req: &Value) -> anyhow::Result<Value> {
         anyhow::bail!("agent: {e}");
     }
     Ok(v)
+}
+
+/// The uid of the process at the other end of a Unix socket (SO_PEERCRED).
+fn peer_uid(s: &std::os::unix::net::UnixStream) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: a zeroed ucred is a valid out-parameter.
+    let mut c: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a valid socket, a buffer of `len` bytes.
+    let r = unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut c).cast(), &mut len) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(c.uid)
 }
 
 /// `nantrace ctl CMD`: send `req`, print the answer (JSON as it is with `json`).
@@ -240,6 +268,11 @@ impl super::Agent {
                     return json!({ "error": "job must be a string (a job key, a Slurm job id or a root pid)" });
                 }
                 let want = req["job"].as_str().unwrap_or("");
+                // An epilog's unset variable (`--job "$SLURM_JOB_ID"`) must not dump the whole
+                // node (redteam3 D-10): every job is asked for by leaving `job` out.
+                if req["job"].is_string() && want.trim().is_empty() {
+                    return json!({ "error": "job is empty (an unset variable?): give a job key, a Slurm job id or a root pid, or leave --job out to dump every watched job" });
+                }
                 let matching: Vec<(&String, &Job)> = st.jobs.iter().filter(|(k, j)| want.is_empty() || *k == want || j.found.slurm.as_ref().is_some_and(|s| s.job_id == want) || j.found.root.to_string() == want).collect();
                 if matching.is_empty() {
                     return json!({ "error": format!("no watched job {want:?} (see `nantrace ctl jobs`)") });

@@ -118,9 +118,23 @@ fn stat_comm(stat: &str) -> &str {
 }
 
 /// One process from a `/proc`-shaped directory (None: gone, or a kernel thread).
-pub fn read_proc(root: &Path, pid: u32) -> Option<Proc> {
+/// Where a process's command line, environment and descriptors are read: `/proc/PID`, or,
+/// when its main thread has exited and the process lives on in other threads (a zombie
+/// leader: `/proc/PID/cmdline` reads empty), one of those threads' `/proc/PID/task/TID`
+/// (redteam3 D-13: such a job was invisible).
+pub fn proc_dir(root: &Path, pid: u32) -> PathBuf {
     let d = root.join(pid.to_string());
-    let stat = std::fs::read_to_string(d.join("stat")).ok()?;
+    let nonempty = |p: &Path| std::fs::File::open(p.join("cmdline")).is_ok_and(|mut f| std::io::Read::read(&mut f, &mut [0u8; 1]).is_ok_and(|n| n > 0));
+    if nonempty(&d) {
+        return d;
+    }
+    let Ok(tasks) = std::fs::read_dir(d.join("task")) else { return d };
+    tasks.flatten().take(64).map(|t| t.path()).find(|t| t.file_name().is_some_and(|n| n != pid.to_string().as_str()) && nonempty(t)).unwrap_or(d)
+}
+
+pub fn read_proc(root: &Path, pid: u32) -> Option<Proc> {
+    let stat = std::fs::read_to_string(root.join(pid.to_string()).join("stat")).ok()?;
+    let d = proc_dir(root, pid);
     let (ppid, pgid, starttime) = stat_fields(&stat)?;
     let comm = stat_comm(&stat).to_string();
     // Bounded reads: a process may carry megabytes of arguments or environment (review 5).
@@ -154,7 +168,7 @@ pub fn read_proc(root: &Path, pid: u32) -> Option<Proc> {
 /// The device paths among a process's open descriptors that start with one of `prefixes`
 /// (at most 4096 descriptors are looked at).
 pub fn devices_held(root: &Path, pid: u32, prefixes: &[String]) -> Vec<String> {
-    let Ok(rd) = std::fs::read_dir(root.join(pid.to_string()).join("fd")) else { return Vec::new() };
+    let Ok(rd) = std::fs::read_dir(proc_dir(root, pid).join("fd")) else { return Vec::new() };
     let mut out = BTreeSet::new();
     for e in rd.flatten().take(4096) {
         if let Ok(t) = std::fs::read_link(e.path()) {

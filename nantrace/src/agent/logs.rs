@@ -127,7 +127,7 @@ pub fn pod_logs(dir: &Path, pod_uid: &str) -> (Vec<PathBuf>, Option<(String, Str
 /// namespace. The follower's checks (a regular file of the job's user, no link at the end)
 /// apply to that path as to any other.
 pub fn fd_logs(root: &Path, pid: u32) -> Vec<PathBuf> {
-    let proc = root.join(pid.to_string());
+    let proc = super::discover::proc_dir(root, pid);
     let own_ns = match (std::fs::read_link(proc.join("ns/mnt")), std::fs::read_link(root.join("self/ns/mnt"))) {
         (Ok(job), Ok(me)) => job == me,
         // Unknown (a test's /proc, a process gone): the host's view.

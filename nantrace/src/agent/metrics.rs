@@ -29,6 +29,7 @@ const FAMILIES: &[(&str, &str, &str)] = &[
     ("nantrace_probes_failed", "gauge", "Kernel probes that could not be attached."),
     ("nantrace_spool_bytes", "gauge", "Bytes of bundles in the spool directory."),
     ("nantrace_spool_bundles", "gauge", "Bundles in the spool directory."),
+    ("nantrace_spool_incomplete_bundles", "gauge", "Bundles in the spool kept incomplete: their writer died (kept at the agent's start) or the disk refused some of their files."),
     ("nantrace_spool_limit_bytes", "gauge", "The spool's size limit (spool_max_mb), in bytes."),
     ("nantrace_spool_removed_total", "counter", "Bundles removed by the spool's size or age limit."),
     ("nantrace_recorder_bytes", "gauge", "Bytes held by the flight recorders (node-wide and per job)."),

@@ -264,7 +264,7 @@ impl Agent {
             if let Some((jd, _)) = &jd_open {
                 let _ = jd.send(jobdir::Msg::Opened { key: key_open.clone(), trigger: trigger.to_string(), reason: reason.to_string(), at: crate::clock::realtime_ns() });
             }
-        }).on_dump(move |d| hook.dumped(d));
+        }).on_dump(move |d| hook.dumped(d)).on_full(self.make_room());
         let share = self.share(st.jobs.len() + 1);
         let _ = tx.try_send(Input::Budget(share));
         crate::session::spawn_context_refresh(f.root, session.job_ctx.clone(), tx.clone());
@@ -348,6 +348,19 @@ impl Agent {
         m.set("nantrace_recorder_bytes", &[("recorder", "node")], lock(&self.node).bytes() as f64);
     }
 
+    /// The sessions' hook for a full disk: older bundles go, counted and said.
+    fn make_room(&self) -> crate::session::RoomHook {
+        let (dir, metrics) = (self.cfg.spool_dir.clone(), self.metrics.clone());
+        Arc::new(move || {
+            let removed = spool::make_room(&dir, &spool::bundle_uid);
+            for r in &removed {
+                crate::say!("nantrace: spool: removed {} (the disk is full)", r.display());
+            }
+            metrics.add("nantrace_spool_removed_total", &[], removed.len() as f64);
+            removed
+        })
+    }
+
     fn spool(&self) {
         let known = lock(&self.state).bundle_uid.clone();
         let removed = spool::enforce(&self.cfg.spool_dir, self.cfg.spool_max_mb << 20, self.cfg.spool_max_age_days * 86_400.0, &|p| known.get(p).copied().or_else(|| spool::bundle_uid(p)));
@@ -361,6 +374,7 @@ impl Agent {
         let u = spool::usage(&self.cfg.spool_dir);
         self.metrics.set("nantrace_spool_bytes", &[], u.bytes as f64);
         self.metrics.set("nantrace_spool_bundles", &[], u.bundles as f64);
+        self.metrics.set("nantrace_spool_incomplete_bundles", &[], u.incomplete as f64);
         self.metrics.set("nantrace_spool_limit_bytes", &[], (self.cfg.spool_max_mb << 20) as f64);
     }
 }
@@ -369,6 +383,9 @@ impl Agent {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let cfg = args.config()?;
     spool::open_spool(&cfg.spool_dir)?;
+    // Dumps a crash cut short (D-8): kept as incomplete bundles, said, and counted below.
+    let (kept, problems) = crate::bundle::recover::recover(&cfg.spool_dir);
+    crate::bundle::recover::say(&kept, &problems);
     let proc_root = args.proc_root.clone().unwrap_or_else(|| PathBuf::from("/proc"));
     let metrics = Arc::new(Metrics::default());
     metrics.set("nantrace_build_info", &[("version", env!("CARGO_PKG_VERSION"))], 1.0);

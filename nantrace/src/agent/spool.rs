@@ -20,6 +20,9 @@ pub struct Usage {
     pub bundles: usize,
     pub bytes: u64,
     pub in_progress: usize,
+    /// Bundles kept incomplete: a dead writer's, or one whose files a full disk refused
+    /// (`bundle::recover`). Counted in `bundles` and `bytes` too, and evicted like the others.
+    pub incomplete: usize,
 }
 
 /// The bundles in the spool, oldest first: (path, bytes, modified).
@@ -42,7 +45,16 @@ pub fn bundles(dir: &Path) -> Vec<(PathBuf, u64, SystemTime)> {
 pub fn usage(dir: &Path) -> Usage {
     let b = bundles(dir);
     let in_progress = std::fs::read_dir(dir).into_iter().flatten().flatten().filter(|e| e.file_name().to_string_lossy().starts_with(".nantrace-")).count();
-    Usage { bundles: b.len(), bytes: b.iter().map(|x| x.1).sum(), in_progress }
+    let incomplete = b.iter().filter(|x| x.0.file_name().is_some_and(|n| crate::bundle::recover::is_incomplete(&n.to_string_lossy()))).count();
+    Usage { bundles: b.len(), bytes: b.iter().map(|x| x.1).sum(), in_progress, incomplete }
+}
+
+/// Room for a bundle that a full disk refused (redteam3 D-12): a quarter of the spool's
+/// bytes, at least one bundle, taken as [`enforce`] takes them (the biggest user's oldest
+/// first, never the newest).
+pub fn make_room(dir: &Path, uid_of: &dyn Fn(&Path) -> Option<u32>) -> Vec<PathBuf> {
+    let total: u64 = bundles(dir).iter().map(|b| b.1).sum();
+    enforce(dir, total.saturating_sub((total / 4).max(1)), 0.0, uid_of)
 }
 
 /// The job user's uid a bundle records (`"uid": N` in the head of its timeline.json).
@@ -105,7 +117,7 @@ pub(super) fn open_spool(dir: &Path) -> anyhow::Result<()> {
         // link as root).
         let abs = if dir.is_absolute() { dir.to_path_buf() } else { std::env::current_dir()?.join(dir) };
         let existing = abs.ancestors().find(|a| std::fs::symlink_metadata(a).is_ok()).unwrap_or(Path::new("/")).to_path_buf();
-        check_ancestors(&existing, me)?;
+        check_ancestors(&existing, me, "spool")?;
         let em = std::fs::symlink_metadata(&existing)?;
         anyhow::ensure!(em.is_dir() && (em.uid() == 0 || em.uid() == me) && (em.mode() & 0o022 == 0 || em.mode() & 0o1000 != 0), "spool {}: {} is not a directory of root's that only root can write", dir.display(), existing.display());
         let rest = abs.strip_prefix(&existing).unwrap_or(Path::new(""));
@@ -128,7 +140,7 @@ pub(super) fn open_spool(dir: &Path) -> anyhow::Result<()> {
     if m.mode() & 0o077 != 0 {
         crate::say!("nantrace: WARNING: spool {} is readable by others (mode {:o}): bundles hold job logs and environments", dir.display(), m.mode() & 0o777);
     }
-    check_ancestors(dir, me)?;
+    check_ancestors(dir, me, "spool")?;
     crate::safefs::check_out_dir(dir)?;
     Ok(())
 }
@@ -137,10 +149,10 @@ pub(super) fn open_spool(dir: &Path) -> anyhow::Result<()> {
 /// spool: every ancestor, as given and as resolved, belongs to root or `me` and is not
 /// writable by others, unless it is sticky (`/tmp`) and the next step belongs to root or
 /// `me` (review 9: a user-owned parent let the spool be swapped for a link).
-fn check_ancestors(dir: &Path, me: u32) -> anyhow::Result<()> {
+pub(super) fn check_ancestors(dir: &Path, me: u32, what: &str) -> anyhow::Result<()> {
     use std::os::unix::fs::MetadataExt as _;
     let abs = if dir.is_absolute() { dir.to_path_buf() } else { std::env::current_dir()?.join(dir) };
-    let real = std::fs::canonicalize(&abs).with_context(|| format!("spool {}", abs.display()))?;
+    let real = std::fs::canonicalize(&abs).with_context(|| format!("{what} {}", abs.display()))?;
     for path in [abs, real] {
         let comps: Vec<PathBuf> = path.ancestors().map(Path::to_path_buf).collect();
         // From the spool's parent up to /; `child` is the step below each one.
@@ -149,10 +161,10 @@ fn check_ancestors(dir: &Path, me: u32) -> anyhow::Result<()> {
             let pm = std::fs::symlink_metadata(parent).with_context(|| format!("{}", parent.display()))?;
             let cm = std::fs::symlink_metadata(child).with_context(|| format!("{}", child.display()))?;
             let ours = |uid: u32| uid == 0 || uid == me;
-            anyhow::ensure!(ours(pm.uid()), "spool {}: {} belongs to uid {}: a user who owns a directory on the way could swap the spool for a link", dir.display(), parent.display(), pm.uid());
+            anyhow::ensure!(ours(pm.uid()), "{what} {}: {} belongs to uid {}: a user who owns a directory on the way could swap the {what} for a link", dir.display(), parent.display(), pm.uid());
             if pm.mode() & 0o022 != 0 {
                 let sticky = pm.mode() & 0o1000 != 0;
-                anyhow::ensure!(sticky && ours(cm.uid()), "spool {}: {} is writable by others: a user could swap {} for a link", dir.display(), parent.display(), child.display());
+                anyhow::ensure!(sticky && ours(cm.uid()), "{what} {}: {} is writable by others: a user could swap {} for a link", dir.display(), parent.display(), child.display());
             }
         }
     }
@@ -176,13 +188,19 @@ mod tests {
         std::fs::create_dir(d.join(".nantrace-h-4.tmp-1-x")).unwrap();
         std::fs::write(d.join(".nantrace-h-4.tmp-1-x/app.log"), vec![b'x'; 50_000]).unwrap();
         let u = super::usage(&d);
-        assert_eq!((u.bundles, u.in_progress), (3, 1));
+        assert_eq!((u.bundles, u.in_progress, u.incomplete), (3, 1, 0));
         // 25 kB allowed: the oldest two go (the newest stays even when alone over the limit).
         let removed = super::enforce(&d, 15_000, 0.0, &|_| None);
         assert_eq!(removed.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect::<Vec<_>>(), ["nantrace-h-1", "nantrace-h-2"]);
         assert!(d.join("nantrace-h-3").exists() && d.join(".nantrace-h-4.tmp-1-x").exists());
         // Age: everything older than 5 s but the newest.
         assert!(super::enforce(&d, u64::MAX, 5.0, &|_| None).is_empty());
+        // A full disk: room is made from the older bundles, never the newest.
+        std::fs::create_dir(d.join("nantrace-h-0-incomplete")).unwrap();
+        std::fs::File::open(d.join("nantrace-h-0-incomplete")).unwrap().set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(500)).unwrap();
+        assert_eq!(super::usage(&d).incomplete, 1);
+        assert_eq!(super::make_room(&d, &|_| None), [d.join("nantrace-h-0-incomplete")]);
+        assert!(super::make_room(&d, &|_| None).is_empty(), "the newest bundle is never removed");
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -28,6 +28,9 @@ fn json_rank(e: &Value) -> u8 {
 pub fn load(dir: &Path) -> anyhow::Result<(Value, Value)> {
     use anyhow::Context as _;
     let path = dir.join("timeline.json");
+    if let (Err(e), Some(note)) = (open_plain(&path), incomplete_note(dir)) {
+        anyhow::bail!("{}: this bundle is incomplete and has no timeline to read ({e:#}). {note} Its app.log and kernel.log, where present, are as far as it went.", dir.display());
+    }
     let t = match load_streamed(&path)? {
         Some(t) => t,
         None => {
@@ -42,13 +45,31 @@ pub fn load(dir: &Path) -> anyhow::Result<(Value, Value)> {
                 10,
                 WHOLE_TIMELINE_MAX >> 20
             );
-            let mut t: Value = serde_json::from_reader(std::io::BufReader::new(f)).with_context(|| format!("{}: not valid JSON", path.display()))?;
+            let mut t: Value = serde_json::from_reader(std::io::BufReader::new(f)).with_context(|| match incomplete_note(dir) {
+                Some(note) => format!("{}: not valid JSON: this bundle is incomplete, its writer stopped before the timeline's first event. {note}", path.display()),
+                None => format!("{}: not valid JSON", path.display()),
+            })?;
             digest_whole(&mut t);
             t
         }
     };
+    let mut t = t;
+    if let Some(note) = incomplete_note(dir) {
+        if t.is_object() {
+            t["accounting"]["incomplete"] = json!(note);
+        }
+    }
     let snapshot = open_plain(&dir.join("snapshot.json")).ok().filter(|f| f.metadata().is_ok_and(|m| m.len() <= WHOLE_TIMELINE_MAX)).and_then(|f| serde_json::from_reader(std::io::BufReader::new(f)).ok()).unwrap_or(Value::Null);
     Ok((t, snapshot))
+}
+
+/// An incomplete bundle's own note (`INCOMPLETE.txt`, at most 4 KiB, on one line).
+fn incomplete_note(dir: &Path) -> Option<String> {
+    use std::io::Read as _;
+    let f = open_plain(&dir.join(super::recover::NOTE)).ok()?;
+    let mut s = String::new();
+    f.take(4096).read_to_string(&mut s).ok()?;
+    Some(s.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
 /// The largest timeline.json read whole (a layout other than nantrace's own).
@@ -126,7 +147,7 @@ fn load_streamed(path: &Path) -> anyhow::Result<Option<Value>> {
     let f = open_plain(path)?;
     let mut head = String::new();
     let mut digest = Digest::default();
-    let (mut in_events, mut streamed) = (false, false);
+    let (mut in_events, mut streamed, mut closed, mut cut) = (false, false, false, false);
     // Lines are read with a bound: an event line is at most a few KiB as nantrace writes it.
     let mut r = std::io::BufReader::new(f);
     let mut buf = Vec::new();
@@ -158,16 +179,28 @@ fn load_streamed(path: &Path) -> anyhow::Result<Option<Value>> {
         }
         let l = line.trim().trim_end_matches(',');
         if l == "]" || l.is_empty() {
+            closed = true;
             break;
         }
-        let Ok(e) = serde_json::from_str::<Value>(l) else { return Ok(None) };
-        digest.push(e);
+        match serde_json::from_str::<Value>(l) {
+            Ok(e) => digest.push(e),
+            // The last line cut in the middle: a writer that died (an incomplete bundle).
+            Err(_) if !buf.ends_with(b"\n") => {
+                cut = true;
+                break;
+            }
+            Err(_) => return Ok(None),
+        }
     }
     if !streamed {
         return Ok(None);
     }
     let Ok(mut t) = serde_json::from_str::<Value>(&head) else { return Ok(None) };
+    let events = digest.total;
     digest.finish(&mut t);
+    if !closed && t.is_object() {
+        t["accounting"]["truncated"] = json!(format!("timeline.json ends {} after {events} event(s): its writer stopped before it finished; what follows is read from what there is", if cut { "in the middle of an event" } else { "without its end" }));
+    }
     Ok(Some(t))
 }
 

@@ -208,7 +208,9 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     }
     suspects.sort_by(|a, b| b.score.total_cmp(&a.score));
 
-    let window_min = timeline["window"]["pre_s"].as_f64().unwrap_or(600.0) / 60.0;
+    // A bundle's window as it says, within what nantrace records (a day); anything else
+    // (a user's bundle with 1e300, redteam3 D-14) is not printed as a number of minutes.
+    let window_min = timeline["window"]["pre_s"].as_f64().filter(|v| v.is_finite() && *v > 0.0 && *v <= 86_400.0).map_or(f64::NAN, |v| v / 60.0);
     let (verdict, family) = verdict(&suspects, timeline, snapshot, window_min, ref_name);
     let machine: Vec<&Finding> = suspects.iter().filter(|s| s.family.is_machine()).collect();
     let reference = match nan_off {
@@ -304,7 +306,11 @@ fn verdict(suspects: &[Finding], timeline: &Value, snapshot: &Value, window_min:
     }
     let incomplete = incomplete_classes(acc);
     let window = if incomplete.is_empty() {
-        format!("in the {window_min:.0} minutes before {ref_name}")
+        if window_min.is_finite() {
+            format!("in the {window_min:.0} minutes before {ref_name}")
+        } else {
+            format!("in the window before {ref_name} (its length in the bundle is not a valid one)")
+        }
     } else {
         format!("in what the window kept before {ref_name} (INCOMPLETE: {} evicted for memory)", incomplete.join(", "))
     };
@@ -353,6 +359,12 @@ fn local_time(utc: Option<&str>) -> String {
 fn checked(timeline: &Value, snapshot: &Value) -> Vec<String> {
     let acc = &timeline["accounting"];
     let mut out = Vec::new();
+    // A bundle whose writer died or whose disk was full (bundle::recover): said first.
+    for k in ["incomplete", "truncated"] {
+        if let Some(t) = acc[k].as_str() {
+            out.push(format!("INCOMPLETE BUNDLE: {t}"));
+        }
+    }
     let probes: Vec<String> = acc["probes_attached"].as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect()).unwrap_or_default();
     if probes.is_empty() {
         out.push(format!("kernel probes: NOT loaded ({})", acc["probes_error"].as_str().unwrap_or("unknown reason")));

@@ -27,6 +27,7 @@ pub(super) struct OwnedDump {
     pub(super) post_s: f64,
     /// The snapshot taken at the first trigger (awaited on the dump's thread, not the loop's).
     pub(super) snapshot: Option<tokio::task::JoinHandle<serde_json::Value>>,
+    pub(super) make_room: Option<super::RoomHook>,
 }
 
 /// What a dump says when it is done, and the bundle it wrote.
@@ -44,8 +45,8 @@ impl DumpDone {
 }
 
 impl OwnedDump {
-    pub(super) fn write(self) -> DumpDone {
-        let snapshot = match self.snapshot {
+    pub(super) fn write(mut self) -> DumpDone {
+        let snapshot = match self.snapshot.take() {
             Some(t) => tokio::runtime::Handle::current().block_on(t).unwrap_or_else(|e| json!({ "error": format!("snapshot collector failed: {e}") })),
             None => json!({ "error": "no snapshot taken" }),
         };
@@ -66,29 +67,57 @@ impl OwnedDump {
         };
         let mut lines = Vec::new();
         let mut result = Dumped { dir: None, verdict: None, family: None, top_suspect: None, top_signal: None, top_action: None, gpus: Vec::new(), trigger: self.triggers.first().map(|t| t.kind.name().to_string()).unwrap_or_default() };
-        match bundle::write(&self.out, &inc, &snapshot) {
+        match self.write_making_room(&inc, &snapshot, &mut lines) {
             Ok(w) => {
                 for f in &w.failures {
                     lines.push(format!("nantrace: WARNING: bundle file not written: {f}"));
                 }
-                if w.written == 0 {
-                    lines.push(format!("nantrace: ERROR: no file of the bundle could be written (see above); {} is empty", w.dir.display()));
-                } else {
-                    lines.push(crate::export::summary(&w.dir, &inc, Some(&w.analysis.verdict)));
-                    result.verdict = Some(w.analysis.verdict.clone());
-                    result.family = Some(w.analysis.family.clone());
-                    result.top_suspect = w.analysis.suspects.first().map(|f| f.text.clone());
-                    result.top_signal = w.analysis.suspects.first().map(|f| f.signal);
-                    result.top_action = w.analysis.suspects.first().and_then(|f| f.action);
-                    result.gpus = crate::report::implicated_gpus(&w.analysis, &snapshot);
-                    result.dir = Some(w.dir);
+                if !w.failures.is_empty() {
+                    lines.push(format!("nantrace: WARNING: {} is incomplete ({} file(s) missing; its INCOMPLETE.txt lists them)", w.dir.display(), w.failures.len()));
                 }
+                lines.push(crate::export::summary(&w.dir, &inc, Some(&w.analysis.verdict)));
+                result.verdict = Some(w.analysis.verdict.clone());
+                result.family = Some(w.analysis.family.clone());
+                result.top_suspect = w.analysis.suspects.first().map(|f| f.text.clone());
+                result.top_signal = w.analysis.suspects.first().map(|f| f.signal);
+                result.top_action = w.analysis.suspects.first().and_then(|f| f.action);
+                result.gpus = crate::report::implicated_gpus(&w.analysis, &snapshot);
+                result.dir = Some(w.dir);
             }
             Err(e) => lines.push(format!("nantrace: ERROR: could not write the bundle under {}: {e}", self.out.display())),
         }
         drop(inc);
         drop(order);
         DumpDone { lines, result, lanes: Some(self.lanes) }
+    }
+
+    /// `bundle::write`; when the disk was full and the hook freed room (older bundles
+    /// evicted, redteam3 D-12), once more, keeping whichever attempt wrote more.
+    fn write_making_room(&self, inc: &Incident, snapshot: &serde_json::Value, lines: &mut Vec<String>) -> std::io::Result<bundle::Written> {
+        let first = bundle::write(&self.out, inc, snapshot);
+        let full = match &first {
+            Err(e) => e.kind() == std::io::ErrorKind::StorageFull,
+            Ok(w) => w.failures.iter().any(|f| f.contains("No space left")),
+        };
+        let Some(make_room) = self.make_room.as_ref().filter(|_| full) else { return first };
+        let freed = make_room();
+        if freed.is_empty() {
+            lines.push("nantrace: WARNING: the disk is full and no older bundle could be removed to make room".into());
+            return first;
+        }
+        lines.push(format!("nantrace: the disk was full: removed {} older bundle(s) to make room, and wrote the bundle again", freed.len()));
+        match (first, bundle::write(&self.out, inc, snapshot)) {
+            (Ok(a), Ok(b)) if b.written >= a.written => {
+                let _ = std::fs::remove_dir_all(&a.dir);
+                Ok(b)
+            }
+            (Ok(a), Ok(b)) => {
+                let _ = std::fs::remove_dir_all(&b.dir);
+                Ok(a)
+            }
+            (Ok(a), Err(_)) => Ok(a),
+            (Err(_), second) => second,
+        }
     }
 }
 

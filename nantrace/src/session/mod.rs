@@ -120,6 +120,8 @@ pub struct Dumped {
 type DumpHook = Box<dyn Fn(&Dumped) + Send>;
 type FaultHook = Box<dyn Fn(crate::joblog::JobFamily) + Send>;
 type OpenHook = Box<dyn Fn(&str, &str) + Send>;
+/// See [`Session::on_full`].
+pub type RoomHook = Arc<dyn Fn() -> Vec<PathBuf> + Send + Sync>;
 
 /// How the job is tied to the session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,6 +179,9 @@ pub struct Session {
     /// Called when an incident opens, with its first trigger's kind and reason (the agent's
     /// job directory: the other nodes of the job dump too).
     on_open: Option<OpenHook>,
+    /// Called when a bundle could not be written for a full disk: frees room (the agent's
+    /// spool evicts older bundles) and returns what it removed; the dump is then tried again.
+    make_room: Option<RoomHook>,
 }
 
 impl Session {
@@ -212,6 +217,7 @@ impl Session {
             on_dump: None,
             on_fault: None,
             on_open: None,
+            make_room: None,
             opts,
         }
     }
@@ -234,6 +240,11 @@ impl Session {
 
     pub fn on_open(mut self, f: impl Fn(&str, &str) + Send + 'static) -> Self {
         self.on_open = Some(Box::new(f));
+        self
+    }
+
+    pub fn on_full(mut self, f: RoomHook) -> Self {
+        self.make_room = Some(f);
         self
     }
 
@@ -440,6 +451,7 @@ impl Session {
             window_pre_s: self.opts.window_s,
             post_s: self.opts.post_s,
             snapshot: self.snapshot_task.take(),
+            make_room: self.make_room.clone(),
         };
         self.dump_task = Some(tokio::task::spawn_blocking(move || d.write()));
         self.deadline = None;

@@ -59,6 +59,9 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
     scanner.grad_rule = opts.grad_rule;
     // A bundle that cannot be written must be said before hours of training, not after.
     crate::safefs::check_out_dir(&opts.out)?;
+    // An earlier run's dump cut short (killed, out of memory) is kept, said, never hidden (D-8).
+    let (kept, problems) = crate::bundle::recover::recover(&opts.out);
+    crate::bundle::recover::say(&kept, &problems);
     let (tx, rx) = mpsc::channel::<Input>(4096);
 
     // Kernel probes: degrade to log-only evidence when they cannot load, and say so.

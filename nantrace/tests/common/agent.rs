@@ -34,10 +34,16 @@ impl Agent {
     }
 
     pub fn start_env(tag: &str, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_prepared(tag, port, extra, env, |_| {})
+    }
+
+    /// As `start_env`, with `prepare(dir)` run before the agent starts (a spool made ahead).
+    pub fn start_prepared(tag: &str, port: u16, extra: &[&str], env: &[(&str, &str)], prepare: impl FnOnce(&Path)) -> Self {
         let dir = Self::dir_for(tag);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        prepare(&dir);
         let extra: Vec<String> = extra.iter().map(|s| (*s).to_string()).collect();
         let env: Vec<(String, String)> = env.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect();
         Self::spawn(dir, format!("127.0.0.1:{port}"), extra, env)
@@ -46,6 +52,16 @@ impl Agent {
     /// Stop it (SIGTERM, as systemd would) and start it again on the same spool and socket.
     pub fn restart(mut self) -> Self {
         self.terminate();
+        let (dir, metrics, extra, env) = (self.dir.clone(), self.metrics.clone(), std::mem::take(&mut self.extra), std::mem::take(&mut self.env));
+        drop(self);
+        Self::spawn(dir, metrics, extra, env)
+    }
+
+    /// Kill it with SIGKILL (as the OOM killer would) and start it again on the same spool.
+    /// The socket it leaves is stale; the new agent replaces it.
+    pub fn crash_and_restart(mut self) -> Self {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
         let (dir, metrics, extra, env) = (self.dir.clone(), self.metrics.clone(), std::mem::take(&mut self.extra), std::mem::take(&mut self.env));
         drop(self);
         Self::spawn(dir, metrics, extra, env)

@@ -1,0 +1,168 @@
+//! Bundles whose writer died (redteam3 D-8): a dump killed halfway (`kill -9`, the unit's
+//! `MemoryMax` OOM-killing the agent during a large dump) leaves its temporary directory,
+//! `.nantrace-<host>-<stamp>.tmp-<pid>-<random>`, hidden from the spool's accounting and its
+//! eviction. At start the agent (in its spool) and `run` (in its `--out`) find those whose
+//! writer is gone and keep them as `nantrace-<host>-<stamp>-incomplete` bundles, with an
+//! `INCOMPLETE.txt` that says so; `report` reads them as far as they go. A bundle whose files
+//! could not all be written (a full disk, D-12) is kept under the same kind of name.
+use std::path::{Path, PathBuf};
+
+use crate::safefs;
+
+/// The note inside an incomplete bundle.
+pub const NOTE: &str = "INCOMPLETE.txt";
+/// The suffix of an incomplete bundle's name.
+pub const SUFFIX: &str = "-incomplete";
+
+/// One temporary directory kept as an incomplete bundle.
+#[derive(Debug, Clone)]
+pub struct Recovered {
+    pub dir: PathBuf,
+    pub writer_pid: u32,
+    pub bytes: u64,
+}
+
+/// True when a bundle's directory name says it is incomplete.
+pub fn is_incomplete(name: &str) -> bool {
+    name.starts_with("nantrace-") && (name.ends_with(SUFFIX) || name.rsplit_once(SUFFIX).is_some_and(|(_, n)| n.starts_with('-') && n[1..].bytes().all(|b| b.is_ascii_digit())))
+}
+
+/// `.nantrace-<base>.tmp-<pid>-<random>` -> (`nantrace-<base>`, pid).
+fn parse_tmp(name: &str) -> Option<(String, u32)> {
+    let rest = name.strip_prefix('.')?;
+    let (base, tail) = rest.rsplit_once(".tmp-")?;
+    if !base.starts_with("nantrace-") {
+        return None;
+    }
+    let (pid, random) = tail.split_once('-')?;
+    if random.is_empty() || !random.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    Some((base.to_string(), pid.parse().ok()?))
+}
+
+/// Whether the process that wrote a temporary directory is gone: no such pid, the pid now
+/// belongs to a process that is not nantrace (reused), or it is this process, which has just
+/// started and writes nothing yet (an agent that is pid 1 of its container comes back with
+/// its old pid).
+fn writer_gone(proc_root: &Path, pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    match std::fs::read_to_string(proc_root.join(pid.to_string()).join("comm")) {
+        Ok(comm) => !comm.trim_end().starts_with("nantrace"),
+        Err(_) => true,
+    }
+}
+
+fn du(p: &Path) -> u64 {
+    let Ok(m) = std::fs::symlink_metadata(p) else { return 0 };
+    if !m.is_dir() {
+        return m.len();
+    }
+    std::fs::read_dir(p).into_iter().flatten().flatten().take(10_000).map(|e| du(&e.path())).sum::<u64>() + m.len()
+}
+
+/// Keep the temporary directories of dead writers in `out` as incomplete bundles. Only real
+/// directories that belong to us are touched (never a link, never another user's). What could
+/// not be renamed is said in the second list, with the reason.
+pub fn recover(out: &Path) -> (Vec<Recovered>, Vec<String>) {
+    use std::os::unix::fs::MetadataExt as _;
+    let (mut kept, mut problems) = (Vec::new(), Vec::new());
+    let Ok(rd) = std::fs::read_dir(out) else { return (kept, problems) };
+    let Ok(d) = safefs::Dir::open(out) else { return (kept, problems) };
+    // SAFETY: geteuid has no failure mode.
+    let me = unsafe { libc::geteuid() };
+    for e in rd.flatten().take(100_000) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some((base, pid)) = parse_tmp(&name) else { continue };
+        let Ok(m) = std::fs::symlink_metadata(e.path()) else { continue };
+        if !m.is_dir() || m.uid() != me || !writer_gone(Path::new("/proc"), pid) {
+            continue;
+        }
+        let bytes = du(&e.path());
+        let note = format!(
+            "This bundle is incomplete: its writer (nantrace, pid {pid}) stopped before it finished (killed, or out of memory), and it was found in {} at {} by pid {}.\nThe files here are as far as it went; `nantrace report` reads what there is and says what is missing.\n",
+            out.display(),
+            crate::clock::rfc3339(crate::clock::realtime_ns()),
+            std::process::id()
+        );
+        if let Ok(sub) = safefs::Dir::open(&e.path()) {
+            let _ = sub.write_new(NOTE, note.as_bytes());
+        }
+        match claim(&d, &name, &format!("{base}{SUFFIX}")) {
+            Ok(final_name) => kept.push(Recovered { dir: out.join(final_name), writer_pid: pid, bytes }),
+            Err(err) => problems.push(format!("{}: {err}", out.join(&name).display())),
+        }
+    }
+    (kept, problems)
+}
+
+/// Rename `from` to `name` (or `name-2`, `name-3`, ...: never over anything).
+pub fn claim(d: &safefs::Dir, from: &str, name: &str) -> std::io::Result<String> {
+    let mut candidate = name.to_string();
+    for n in 2..10_000 {
+        match d.rename_noreplace(from, &candidate) {
+            Ok(()) => return Ok(candidate),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => candidate = format!("{name}-{n}"),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other("no free name"))
+}
+
+/// What `recover` did, for stderr: one line per bundle kept and per problem.
+pub fn say(kept: &[Recovered], problems: &[String]) {
+    for r in kept {
+        crate::say!("nantrace: kept {} ({} KiB) as an incomplete bundle: its writer, pid {}, died before it finished", r.dir.display(), r.bytes >> 10, r.writer_pid);
+    }
+    for p in problems {
+        crate::say!("nantrace: WARNING: a dead writer's temporary bundle could not be kept: {p}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(parse_tmp(".nantrace-h-20261201T200549Z.tmp-4242-a1b2c3"), Some(("nantrace-h-20261201T200549Z".into(), 4242)));
+        assert_eq!(parse_tmp(".nantrace-writable-abc"), None);
+        assert_eq!(parse_tmp(".n1.tmp-abc"), None, "the job directory's temporary names are not bundles");
+        assert!(is_incomplete("nantrace-h-20261201T200549Z-incomplete") && is_incomplete("nantrace-h-x-incomplete-3"));
+        assert!(!is_incomplete("nantrace-h-20261201T200549Z-2") && !is_incomplete("nantrace-incomplete-x"));
+    }
+
+    /// A dead writer's directory becomes an incomplete bundle with its note; a live writer's
+    /// (a running process named nantrace) and a link are left alone.
+    #[test]
+    fn a_dead_writers_directory_is_kept_as_an_incomplete_bundle() {
+        let d = std::env::temp_dir().join(format!("nantrace-recover-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        // A pid that does not exist (above pid_max's largest value).
+        let dead = d.join(".nantrace-h-20261201T000000Z.tmp-4194305-abcdef");
+        std::fs::create_dir(&dead).unwrap();
+        std::fs::write(dead.join("app.log"), "step 1 loss nan\n").unwrap();
+        std::fs::create_dir(d.join("nantrace-h-20261201T000000Z-incomplete")).unwrap();
+        std::os::unix::fs::symlink("/etc", d.join(".nantrace-h-x.tmp-4194306-abcdef")).unwrap();
+        std::fs::copy("/bin/sleep", d.join("nantrace")).unwrap();
+        let mut live = std::process::Command::new(d.join("nantrace")).arg("30").spawn().unwrap();
+        let busy = d.join(format!(".nantrace-h-y.tmp-{}-abcdef", live.id()));
+        std::fs::create_dir(&busy).unwrap();
+        let (kept, problems) = recover(&d);
+        let _ = live.kill();
+        let _ = live.wait();
+        assert!(busy.is_dir(), "a live writer's directory was taken");
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(kept[0].dir, d.join("nantrace-h-20261201T000000Z-incomplete-2"), "never over an existing name");
+        assert_eq!(kept[0].writer_pid, 4194305);
+        let note = std::fs::read_to_string(kept[0].dir.join(NOTE)).unwrap();
+        assert!(note.contains("pid 4194305") && note.contains("incomplete"), "{note}");
+        assert_eq!(std::fs::read_to_string(kept[0].dir.join("app.log")).unwrap(), "step 1 loss nan\n");
+        assert!(std::fs::symlink_metadata(d.join(".nantrace-h-x.tmp-4194306-abcdef")).unwrap().file_type().is_symlink(), "a link is never renamed");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
