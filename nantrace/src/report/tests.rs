@@ -37,6 +37,11 @@ impl Scenario {
     }
 
     pub(super) fn analyze(&self) -> Analysis {
+        self.analyze_window(json!(600.0))
+    }
+
+    /// As `analyze`, with the bundle's `window.pre_s` as given (a user's bundle may say anything).
+    pub(super) fn analyze_window(&self, pre_s: Value) -> Analysis {
         let mut evs = self.events.clone();
         evs.sort_by(|a, b| a["offset_s"].as_f64().unwrap().total_cmp(&b["offset_s"].as_f64().unwrap()));
         let t = json!({
@@ -44,7 +49,7 @@ impl Scenario {
             "first_nan": { "offset_s": 0.0, "time": "2026-11-30T10:00:00Z", "line": "step 600 | loss nan", "step": 600 },
             "trigger": { "kind": "nan", "time": "2026-11-30T10:00:00Z" },
             "job": { "root_pid": ROOT },
-            "window": { "pre_s": 600.0 },
+            "window": { "pre_s": pre_s },
             "accounting": { "probes_attached": self.probes, "events": {} },
             "events": evs,
         });
