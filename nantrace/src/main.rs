@@ -250,6 +250,9 @@ enum Cmd {
         /// TESTS ONLY: discover jobs in this /proc-shaped directory
         #[arg(long, hide = true)]
         proc_root: Option<PathBuf>,
+        /// TESTS ONLY: the node's PCI devices (metric labels) from this directory, not /sys/bus/pci/devices
+        #[arg(long, hide = true)]
+        pci_devices: Option<PathBuf>,
     },
     /// Talk to a running agent: status, jobs, incidents, history [--gpu ID] [--since 30d],
     /// dump [--job ID], report --last, slurm-prolog, slurm-epilog
@@ -372,8 +375,8 @@ fn main() -> anyhow::Result<()> {
             }
             out.exit_code
         }
-        Cmd::Agent { config, spool, socket, metrics_addr, match_commands, gpu_devices, slurm_jobs, post, no_probes, proc_root } => {
-            let args = nantrace::agent::Args { config, spool_dir: spool, socket, metrics_addr, match_commands, gpu_devices, slurm_jobs, post_s: post, no_probes, proc_root };
+        Cmd::Agent { config, spool, socket, metrics_addr, match_commands, gpu_devices, slurm_jobs, post, no_probes, proc_root, pci_devices } => {
+            let args = nantrace::agent::Args { config, spool_dir: spool, socket, metrics_addr, match_commands, gpu_devices, slurm_jobs, post_s: post, no_probes, proc_root, pci_devices };
             runtime()?.block_on(nantrace::agent::run(args))?;
             0
         }

@@ -150,6 +150,12 @@ fn fatal_xid_dumps_the_gpu_job_only_and_is_counted_in_metrics() {
     let m = a.wait_metrics(Duration::from_secs(10), |m| m.contains("nantrace_incidents_total{"));
     assert!(m.contains("nantrace_xid_total{xid=\"79\",gpu=\"0000:3b:00.0\"} 1"), "{m}");
     assert!(m.contains("nantrace_incidents_total{trigger=\"xid\",family=\"GPU\"} 1"), "{m}");
+    // An address that is not one of the node's devices is no series of its own (redteam3
+    // D-1: label values from kernel text come from a bounded set); the event keeps it.
+    kmsg("NVRM: Xid (PCI:0000:99:00): 13, pid=1234, name=python, Graphics Exception: ESR 0x404490=0x80000001");
+    let m = a.wait_metrics(Duration::from_secs(10), |m| m.contains("nantrace_xid_total{xid=\"13\""));
+    assert!(m.contains("nantrace_xid_total{xid=\"13\",gpu=\"not_on_node\"} 1"), "{m}");
+    assert!(!m.contains("0000:99:00.0"), "{m}");
     kill(&mut gpu);
     kill(&mut cpu);
     let _ = std::fs::remove_dir_all(&devdir);

@@ -223,6 +223,8 @@ pub struct Args {
     pub no_probes: bool,
     /// A `/proc`-shaped directory to discover jobs in (tests).
     pub proc_root: Option<PathBuf>,
+    /// A `/sys/bus/pci/devices`-shaped directory: the node's PCI devices (tests).
+    pub pci_devices: Option<PathBuf>,
 }
 
 impl Args {

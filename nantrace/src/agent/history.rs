@@ -224,8 +224,13 @@ mod tests;
 /// across restarts.
 pub fn set_gauges(h: &History, metrics: &super::Metrics) {
     let since = (crate::clock::realtime_ns() / 1_000_000_000) as i64 - REPEAT_DAYS * 86_400;
+    // Labelled by the node's own devices (an address not on it: `not_on_node`, summed).
+    let mut per: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
     for gpu in h.per_gpu().keys() {
-        metrics.set("nantrace_gpu_incidents_7d", &[("gpu", gpu)], h.query(Some(gpu), since).len() as f64);
+        *per.entry(super::metrics::gpu_label(gpu)).or_default() += h.query(Some(gpu), since).len();
+    }
+    for (label, n) in per {
+        metrics.set("nantrace_gpu_incidents_7d", &[("gpu", &label)], n as f64);
     }
 }
 
@@ -240,8 +245,12 @@ pub fn start(spool: &Path, metrics: &std::sync::Arc<super::Metrics>) -> std::syn
         if h.rebuilt { " (rebuilt from the spool's bundles)" } else { "" },
         if h.bad_lines > 0 { format!("; {} damaged line(s) skipped", h.bad_lines) } else { String::new() }
     );
+    let mut per: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
     for (gpu, n) in h.per_gpu() {
-        metrics.set("nantrace_gpu_implicated_total", &[("gpu", &gpu)], n as f64);
+        *per.entry(super::metrics::gpu_label(&gpu)).or_default() += n;
+    }
+    for (label, n) in per {
+        metrics.set("nantrace_gpu_implicated_total", &[("gpu", &label)], n as f64);
     }
     if let Some(last) = h.entries.last() {
         metrics.set("nantrace_last_incident_timestamp_seconds", &[], last.time_s as f64);
@@ -271,7 +280,7 @@ pub fn record(h: &std::sync::Mutex<History>, metrics: &super::Metrics, d: &crate
     set_gauges(&h, metrics);
     drop(h);
     for g in &e.gpus {
-        metrics.inc("nantrace_gpu_implicated_total", &[("gpu", &g.pci)]);
+        metrics.inc("nantrace_gpu_implicated_total", &[("gpu", &super::metrics::gpu_label(&g.pci))]);
     }
     metrics.set("nantrace_last_incident_timestamp_seconds", &[], now_s as f64);
     let Some(section) = section else { return Value::Null };

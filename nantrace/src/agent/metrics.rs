@@ -194,21 +194,95 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: std::sync::Arc<Metrics>)
     Ok(())
 }
 
+/// The node's PCI devices: the only values a device label (`gpu`, `switch`, `device`) takes
+/// from kernel text, so no text makes a series of its own (redteam3 D-1: 30 forged addresses
+/// were 30 series). Read from sysfs at the agent's start and again, at most once a minute,
+/// when an address is not among them (a device hot-added); a GPU that has fallen off the bus
+/// was there at the start, so its Xid keeps its address.
+pub struct PciDevices {
+    dir: std::path::PathBuf,
+    known: Mutex<(std::collections::BTreeSet<String>, Option<std::time::Instant>)>,
+}
+
+/// The label of an address that is not one of the node's devices, and of a text that is not
+/// a PCI address at all.
+pub const NOT_ON_NODE: &str = "not_on_node";
+
+impl PciDevices {
+    pub fn new(dir: &std::path::Path) -> Self {
+        let d = PciDevices { dir: dir.to_path_buf(), known: Mutex::new((Default::default(), None)) };
+        d.refresh(&mut d.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        d
+    }
+
+    fn refresh(&self, k: &mut (std::collections::BTreeSet<String>, Option<std::time::Instant>)) {
+        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten().take(4096) {
+            let n = e.file_name().to_string_lossy().to_ascii_lowercase();
+            if is_pci(&n) && k.0.len() < 4096 {
+                k.0.insert(n);
+            }
+        }
+        k.1 = Some(std::time::Instant::now());
+    }
+
+    /// `addr` as a label value: itself when it is one of the node's devices, else
+    /// [`NOT_ON_NODE`].
+    pub fn label(&self, addr: &str) -> String {
+        let a = addr.to_ascii_lowercase();
+        if !is_pci(&a) {
+            return NOT_ON_NODE.into();
+        }
+        let mut k = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !k.0.contains(&a) && k.1.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+            self.refresh(&mut k);
+        }
+        if k.0.contains(&a) {
+            a
+        } else {
+            NOT_ON_NODE.into()
+        }
+    }
+}
+
+/// `dddd:bb:dd.f`, hexadecimal, as sysfs names devices.
+fn is_pci(s: &str) -> bool {
+    let b = s.as_bytes();
+    let hex = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_hexdigit);
+    b.len() == 12 && b[4] == b':' && b[7] == b':' && b[10] == b'.' && hex(0..4) && hex(5..7) && hex(8..10) && (b'0'..=b'7').contains(&b[11])
+}
+
+/// The node's devices for the labels (`/sys/bus/pci/devices`, or the agent's `--pci-devices`).
+pub static PCI: std::sync::OnceLock<PciDevices> = std::sync::OnceLock::new();
+
+fn pci_label(addr: &str) -> String {
+    PCI.get_or_init(|| PciDevices::new(std::path::Path::new("/sys/bus/pci/devices"))).label(addr)
+}
+
+/// The AER severities the kernel prints; any other text is `unknown`.
+fn aer_label(severity: &str) -> &'static str {
+    ["corrected", "uncorrected_nonfatal", "uncorrected_fatal", "detail"].into_iter().find(|k| *k == severity).unwrap_or("unknown")
+}
+
+/// A GPU's label from the incident history (its address, validated as the Xid's).
+pub(super) fn gpu_label(addr: &str) -> String {
+    pci_label(addr)
+}
+
 /// Count what the metrics export from one kernel event.
 pub(super) fn observe(m: &Metrics, e: &crate::event::Event) {
     m.inc("nantrace_events_total", &[("source", e.source())]);
     match &e.detail {
         crate::event::Detail::Kmsg(k) => match k.class.as_deref() {
-            Some(crate::classify::KmsgClass::Xid { xid, pci, .. }) => m.inc("nantrace_xid_total", &[("xid", &xid.to_string()), ("gpu", pci)]),
-            Some(crate::classify::KmsgClass::Sxid { sxid, pci, .. }) => m.inc("nantrace_sxid_total", &[("sxid", &sxid.to_string()), ("switch", pci)]),
-            Some(crate::classify::KmsgClass::Aer { severity, device, .. }) => m.inc("nantrace_aer_total", &[("severity", severity), ("device", device)]),
+            Some(crate::classify::KmsgClass::Xid { xid, pci, .. }) => m.inc("nantrace_xid_total", &[("xid", &xid.to_string()), ("gpu", &pci_label(pci))]),
+            Some(crate::classify::KmsgClass::Sxid { sxid, pci, .. }) => m.inc("nantrace_sxid_total", &[("sxid", &sxid.to_string()), ("switch", &pci_label(pci))]),
+            Some(crate::classify::KmsgClass::Aer { severity, device, .. }) => m.inc("nantrace_aer_total", &[("severity", aer_label(severity)), ("device", &pci_label(device))]),
             Some(c) => {
                 let class = serde_json::to_value(c).ok().and_then(|v| v["class"].as_str().map(str::to_string)).unwrap_or_default();
                 m.inc("nantrace_kernel_errors_total", &[("class", &class)]);
             }
             None => {}
         },
-        crate::event::Detail::Aer(a) => m.inc("nantrace_aer_total", &[("severity", crate::event::aer_severity_name(a.severity)), ("device", &a.device)]),
+        crate::event::Detail::Aer(a) => m.inc("nantrace_aer_total", &[("severity", crate::event::aer_severity_name(a.severity)), ("device", &pci_label(&a.device))]),
         crate::event::Detail::Oom(o) => m.inc("nantrace_oom_kills_total", &[("job", if o.victim_job { "true" } else { "false" })]),
         _ => {}
     }
@@ -217,6 +291,27 @@ pub(super) fn observe(m: &Metrics, e: &crate::event::Event) {
 #[cfg(test)]
 mod tests {
     use super::Metrics;
+
+    /// Device labels take only the node's own PCI devices; AER severities only the kernel's words.
+    #[test]
+    fn labels_from_kernel_text_come_from_a_bounded_set() {
+        let d = std::env::temp_dir().join(format!("nantrace-pci-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("0000:3b:00.0")).unwrap();
+        let p = super::PciDevices::new(&d);
+        assert_eq!(p.label("0000:3b:00.0"), "0000:3b:00.0");
+        assert_eq!(p.label("0000:3B:00.0"), "0000:3b:00.0");
+        for bad in ["0000:5e:00.0", "0000:3b:00.9", "x\"} 1\nnantrace_evil 1", "", "0000:3b:00.0 ", "0000:3b:00"] {
+            assert_eq!(p.label(bad), super::NOT_ON_NODE, "{bad:?}");
+        }
+        // A device that appears later is found at the next refresh (at most once a minute).
+        std::fs::create_dir_all(d.join("0000:5e:00.0")).unwrap();
+        p.known.lock().unwrap().1 = None;
+        assert_eq!(p.label("0000:5e:00.0"), "0000:5e:00.0");
+        assert_eq!(super::aer_label("uncorrected_fatal"), "uncorrected_fatal");
+        assert_eq!(super::aer_label("a user's words"), "unknown");
+        let _ = std::fs::remove_dir_all(&d);
+    }
 
     /// dist/prometheus/nantrace-rules.yml names only metrics the agent exports (a renamed
     /// metric would silence an alert without a word), and its fatal-Xid list is NVIDIA's

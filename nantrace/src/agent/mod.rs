@@ -387,6 +387,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let (kept, problems) = crate::bundle::recover::recover(&cfg.spool_dir);
     crate::bundle::recover::say(&kept, &problems);
     let proc_root = args.proc_root.clone().unwrap_or_else(|| PathBuf::from("/proc"));
+    let pci = metrics::PciDevices::new(args.pci_devices.as_deref().unwrap_or(Path::new("/sys/bus/pci/devices")));
+    let _ = metrics::PCI.set(pci);
     let metrics = Arc::new(Metrics::default());
     metrics.set("nantrace_build_info", &[("version", env!("CARGO_PKG_VERSION"))], 1.0);
     let kernel = Arc::new(if args.no_probes { Kernel::none("disabled with --no-probes") } else { Kernel::load(&[], cfg.slow_io_ms, false) });

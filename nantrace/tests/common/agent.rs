@@ -10,6 +10,9 @@ use serde_json::Value;
 
 use super::{bundles, BIN};
 
+/// The PCI devices of the tests' node (see `Agent::spawn`).
+pub const PCI_DEVICES: &[&str] = &["0000:3b:00.0", "0000:5e:00.0", "0000:b1:00.0", "0000:00:1c.5", "0000:81:00.0"];
+
 /// A running agent with its own spool, socket and metrics port; its stderr collected.
 pub struct Agent {
     pub child: Child,
@@ -69,8 +72,14 @@ impl Agent {
 
     fn spawn(dir: PathBuf, metrics: String, extra: Vec<String>, env: Vec<(String, String)>) -> Self {
         let (spool, socket) = (dir.join("spool"), dir.join("run/agent.sock"));
+        // No GPU here: the PCI devices the tests' Xid and AER lines name stand in a
+        // /sys/bus/pci/devices of their own (metric labels take only the node's devices).
+        let pci = dir.join("pci-devices");
+        for d in PCI_DEVICES {
+            std::fs::create_dir_all(pci.join(d)).unwrap();
+        }
         let mut child = Command::new(BIN)
-            .args(["agent", "--spool", spool.to_str().unwrap(), "--socket", socket.to_str().unwrap(), "--metrics-addr", &metrics, "--post", "1.5"])
+            .args(["agent", "--spool", spool.to_str().unwrap(), "--socket", socket.to_str().unwrap(), "--metrics-addr", &metrics, "--post", "1.5", "--pci-devices", pci.to_str().unwrap()])
             .args(&extra)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
