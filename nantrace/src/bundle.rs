@@ -97,7 +97,8 @@ pub fn timeline_head(inc: &Incident) -> Value {
     let off = |m: u64| (m as f64 - t0 as f64) / 1e9;
     let nan = first_nan(inc.events).map(|e| {
         let Detail::Log(l) = &e.detail else { unreachable!() };
-        json!({ "time": rfc3339(inc.clock.to_wall(e.mono_ns)), "offset_s": off(e.mono_ns), "line": l.text.as_ref(), "step": l.step })
+        let what = crate::nanscan::describe(&l.text);
+        json!({ "time": rfc3339(inc.clock.to_wall(e.mono_ns)), "offset_s": off(e.mono_ns), "line": l.text.as_ref(), "step": l.step, "what": what.as_ref().map(|w| w.0.as_str()), "is_nan": what.as_ref().map(|w| w.1) })
     });
     let ntp = ntp_state();
     let start = inc.events.first().map_or(t0, |e| e.mono_ns.min(t0));

@@ -11,6 +11,8 @@ use regex::Regex;
 pub struct LineScan {
     /// The metric that is NaN/Inf (`loss`, `grad_norm`...), or the pattern that matched.
     pub nonfinite: Option<String>,
+    /// The non-finite value as the line writes it (`nan`, `inf`, `-inf`), when a metric named it.
+    pub value: Option<String>,
     pub step: Option<u64>,
     pub loss: Option<f64>,
     pub loss_scale: Option<f64>,
@@ -117,6 +119,7 @@ impl Scanner {
                 continue;
             }
             out.nonfinite = Some(key.to_string());
+            out.value = Some(value);
             break;
         }
         if out.nonfinite.is_none() && hint && !source {
@@ -148,9 +151,36 @@ impl Scanner {
     }
 }
 
+/// What is non-finite in a line the scanner flagged, for a person: `grad_norm = inf`,
+/// `loss = nan`, or the framework's own words; and whether it is a NaN (not an Inf). A line
+/// whose loss is finite but whose gradient norm is inf is not "the first NaN" (the demo's
+/// `step 74 | loss 4.98e36 | grad_norm inf`).
+pub fn describe(line: &str) -> Option<(String, bool)> {
+    let s = Scanner { extra: Vec::new(), grad_rule: GradRule::Auto }.scan(line);
+    let what = s.nonfinite?;
+    Some(match s.value {
+        Some(v) => {
+            let nan = v.trim_start_matches(['+', '-']).starts_with("nan");
+            (format!("{what} = {v}"), nan)
+        }
+        None => {
+            let nan = what.to_ascii_lowercase().contains("nan");
+            (what.chars().take(80).collect(), nan)
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_is_non_finite_is_named() {
+        assert_eq!(describe("step 74 | loss 4.98e36 | grad_norm inf"), Some(("grad_norm = inf".into(), false)));
+        assert_eq!(describe("step 1200 | loss nan | lr 3.0e-04"), Some(("loss = nan".into(), true)));
+        assert_eq!(describe("{'loss': NaN, 'grad_norm': 1.2}"), Some(("loss = nan".into(), true)));
+        assert_eq!(describe("step 3 | loss 2.1"), None);
+    }
 
     /// (line, expected non-finite trigger?) — real shapes from PyTorch, HF Trainer, Lightning,
     /// Keras, Megatron-LM, DeepSpeed, fairseq, nanoGPT, JAX/Flax loops, and traps.

@@ -51,7 +51,8 @@ fn writer_gone(proc_root: &Path, pid: u32) -> bool {
     }
     match std::fs::read_to_string(proc_root.join(pid.to_string()).join("comm")) {
         Ok(comm) => !comm.trim_end().starts_with("nantrace"),
-        Err(_) => true,
+        // Only "no such process" is proof; any other error (EMFILE, EACCES) is not.
+        Err(e) => matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)),
     }
 }
 
@@ -67,6 +68,10 @@ fn du(p: &Path) -> u64 {
 /// directories that belong to us are touched (never a link, never another user's). What could
 /// not be renamed is said in the second list, with the reason.
 pub fn recover(out: &Path) -> (Vec<Recovered>, Vec<String>) {
+    recover_in(out, Path::new("/proc"))
+}
+
+fn recover_in(out: &Path, proc_root: &Path) -> (Vec<Recovered>, Vec<String>) {
     use std::os::unix::fs::MetadataExt as _;
     let (mut kept, mut problems) = (Vec::new(), Vec::new());
     let Ok(rd) = std::fs::read_dir(out) else { return (kept, problems) };
@@ -77,7 +82,7 @@ pub fn recover(out: &Path) -> (Vec<Recovered>, Vec<String>) {
         let name = e.file_name().to_string_lossy().into_owned();
         let Some((base, pid)) = parse_tmp(&name) else { continue };
         let Ok(m) = std::fs::symlink_metadata(e.path()) else { continue };
-        if !m.is_dir() || m.uid() != me || !writer_gone(Path::new("/proc"), pid) {
+        if !m.is_dir() || m.uid() != me || !writer_gone(proc_root, pid) {
             continue;
         }
         let bytes = du(&e.path());
@@ -147,14 +152,21 @@ mod tests {
         std::fs::write(dead.join("app.log"), "step 1 loss nan\n").unwrap();
         std::fs::create_dir(d.join("nantrace-h-20261201T000000Z-incomplete")).unwrap();
         std::os::unix::fs::symlink("/etc", d.join(".nantrace-h-x.tmp-4194306-abcdef")).unwrap();
-        std::fs::copy("/bin/sleep", d.join("nantrace")).unwrap();
-        let mut live = std::process::Command::new(d.join("nantrace")).arg("30").spawn().unwrap();
-        let busy = d.join(format!(".nantrace-h-y.tmp-{}-abcdef", live.id()));
+        // A /proc where pid 4194300 is a running nantrace and 4194301 another program.
+        let proc = std::env::temp_dir().join(format!("nantrace-recover-proc-{}", std::process::id()));
+        for (pid, comm) in [(4194300, "nantrace\n"), (4194301, "python3\n")] {
+            std::fs::create_dir_all(proc.join(pid.to_string())).unwrap();
+            std::fs::write(proc.join(pid.to_string()).join("comm"), comm).unwrap();
+        }
+        let busy = d.join(".nantrace-h-y.tmp-4194300-abcdef");
         std::fs::create_dir(&busy).unwrap();
-        let (kept, problems) = recover(&d);
-        let _ = live.kill();
-        let _ = live.wait();
+        let reused = d.join(".nantrace-h-z.tmp-4194301-abcdef");
+        std::fs::create_dir(&reused).unwrap();
+        let (mut kept, problems) = recover_in(&d, &proc);
+        let _ = std::fs::remove_dir_all(&proc);
         assert!(busy.is_dir(), "a live writer's directory was taken");
+        assert!(!reused.exists() && d.join("nantrace-h-z-incomplete").is_dir(), "a pid reused by another program is a dead writer");
+        kept.retain(|k| k.writer_pid != 4194301);
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(kept.len(), 1, "{kept:?}");
         assert_eq!(kept[0].dir, d.join("nantrace-h-20261201T000000Z-incomplete-2"), "never over an existing name");

@@ -88,6 +88,16 @@ fn band(points: &[(f64, f64)], ax: &Axis, y0: f64, h: f64, color: &str, name: &s
     )
 }
 
+/// What time zero is: the first NaN, the first non-finite value (an Inf before any NaN), or
+/// the trigger when the log holds neither.
+fn zero(timeline: &Value) -> &'static str {
+    match &timeline["first_nan"] {
+        Value::Null => "trigger",
+        f if f["is_nan"] == false => "first non-finite value",
+        _ => "first NaN",
+    }
+}
+
 pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
     let empty = Vec::new();
     let evs = timeline["events"].as_array().unwrap_or(&empty);
@@ -149,9 +159,9 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
         svg.push_str(&format!(r#"<circle class="ev" cx="{x:.1}" cy="{y:.1}" r="4" fill="{col}"><title>{} {:+.3}s {}</title></circle>"#, esc(src), r, esc(&label.chars().take(200).collect::<String>())));
         }
     }
-    // First NaN and suspects.
+    // Time zero (the first NaN, the first non-finite value or the trigger) and suspects.
     let x0 = ax.x(0.0);
-    svg.push_str(&format!(r##"<line x1="{x0:.1}" y1="{}" x2="{x0:.1}" y2="{}" stroke="#c0392b" stroke-width="2"/><text x="{x0:.1}" y="18" class="nan">first NaN</text>"##, top - 6.0, height - 22.0));
+    svg.push_str(&format!(r##"<line x1="{x0:.1}" y1="{}" x2="{x0:.1}" y2="{}" stroke="#c0392b" stroke-width="2"/><text x="{x0:.1}" y="18" class="nan">{}</text>"##, top - 6.0, height - 22.0, zero(timeline)));
     for (i, s) in a.suspects.iter().enumerate().take(9) {
         let x = ax.x(s.rel_s.clamp(lo, hi));
         svg.push_str(&format!(r##"<g class="suspect-mark"><line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{}" stroke="#8e44ad" stroke-dasharray="4 3"/><text x="{:.1}" y="{}" class="sus">#{}</text><title>{}</title></g>"##, height - 22.0, x + 2.0, top + 10.0 + 11.0 * (i % 3) as f64, i + 1, esc(&s.text)));
@@ -195,7 +205,19 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
         sus.push_str(&format!(r#"<li class="suspect {}"><b>#{}</b> <span class="fam">{}</span> sev {} {}</li>"#, if s.family.is_machine() { "machine" } else { "numerics" }, i + 1, esc(s.family.label()), s.severity, esc(&s.text)));
     }
     let checked: String = a.checked.iter().map(|c| format!("<li>{}</li>", esc(c))).collect();
-    let facts = esc(&serde_json::to_string_pretty(&a.facts).unwrap_or_default());
+    // The facts as the ML team reads them (versions, precision, scheduler, limits, the last
+    // losses), the JSON one click away.
+    let (fact_lines, losses) = crate::report::facts_lines(&a.facts);
+    let mut facts: String = fact_lines.iter().map(|l| format!("<li>{}</li>", esc(l))).collect();
+    facts = format!("<ul id=\"facts\">{facts}</ul>");
+    if !losses.is_empty() {
+        facts.push_str("<table id=\"losses\"><tr><th>step</th><th>loss</th><th>t (s, vs trigger)</th></tr>");
+        for (step, loss, t) in &losses {
+            facts.push_str(&format!("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", esc(step), esc(loss), esc(t)));
+        }
+        facts.push_str("</table>");
+    }
+    facts.push_str(&format!("<details><summary>all facts as JSON</summary><pre id=\"facts-json\">{}</pre></details>", esc(&serde_json::to_string_pretty(&a.facts).unwrap_or_default())));
     format!(
         r#"<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -209,21 +231,23 @@ h1{{font-size:20px;margin:0 0 8px}} h2{{font-size:16px;margin:18px 0 6px}} h3{{f
 .lane,.tick,.ylab{{font-size:11px;fill:#566573}} .legend{{font-size:11px;font-weight:600}} .nan{{font-size:11px;fill:#c0392b}} .sus{{font-size:10px;fill:#8e44ad}}
 li.suspect.machine{{color:#922b21}} .fam{{font-size:11px;color:#566573}}
 pre{{background:#f4f6f7;padding:8px;overflow:auto;max-height:360px;font-size:12px}}
+#losses{{border-collapse:collapse;font-size:12px}} #losses td,#losses th{{border:1px solid #d5d8dc;padding:2px 8px;text-align:right}}
 </style></head><body>
 <h1>nantrace incident report</h1>
 <div id="verdict">{verdict}</div>
 <p>{reference}<br>trigger: {tkind} at {ttime}</p>
 <h2>Ranked suspects</h2><ol id="suspects">{sus}</ol>
-<h2>Timeline (seconds relative to the first NaN)</h2>
+<h2>Timeline (seconds relative to the {zero})</h2>
 {svg}
 {loss_chart}
 {gpu_chart}
 {sys_chart}
 <h2>What was checked</h2><ul id="checked">{checked}</ul>
-<h2>Facts for the ML team</h2><pre id="facts">{facts}</pre>
+<h2>Facts for the ML team</h2>{facts}
 </body></html>
 "#,
         host = esc(timeline["host"]["hostname"].as_str().unwrap_or("?")),
+        zero = zero(timeline),
         vcol = if a.machine { "#c0392b" } else { "#27ae60" },
         verdict = esc(&a.verdict),
         reference = esc(&a.reference),
@@ -255,5 +279,22 @@ mod tests {
         assert!(html.contains(">20.500 %</text>") && html.contains(">1.500 %</text>"), "iowait axis");
         assert!(html.contains(">65536</text>"), "loss scale axis");
         assert_eq!(html.matches("class=\"series\"").count(), 5, "one band per series with data (no GPU here)");
+    }
+
+    /// The facts for the ML team are readable facts (versions, precision, scheduler, limits,
+    /// the last losses), the JSON behind a click; time zero is named for what it is.
+    #[test]
+    fn the_facts_are_readable_and_the_json_one_click_away() {
+        let evs: Vec<_> = (0..5).map(|i| json!({ "offset_s": -5.0 + f64::from(i), "source": "log", "step": i, "loss": 1.5, "line": format!("step {i} loss 1.5") })).collect();
+        let t = json!({ "first_nan": { "offset_s": 0.0, "line": "step 5 | loss 4.9e36 | grad_norm inf", "what": "grad_norm = inf", "is_nan": false }, "job": { "root_pid": 7, "command": ["python", "train.py"], "exit_code": 1 }, "events": evs, "accounting": {} });
+        let snap = json!({ "software": { "nvidia_driver": "550.54.15", "env": { "NVIDIA_TF32_OVERRIDE": "0" } }, "scheduler": { "slurm": { "job_id": "42" } } });
+        let a = crate::report::analyze(&t, &snap);
+        let html = super::render(&a, &t, &snap);
+        let facts = &html[html.find("<ul id=\"facts\">").expect("facts as a list")..];
+        for want in ["<li>command: python train.py (pid 7), exit: code 1</li>", "<li>NVIDIA driver: 550.54.15</li>", "NVIDIA_TF32_OVERRIDE", "<li>scheduler: slurm=42 kubernetes=none cgroup memory limit=unlimited</li>", "<table id=\"losses\">", "<td>1.5</td>", "<details><summary>all facts as JSON</summary><pre id=\"facts-json\">"] {
+            assert!(facts.contains(want), "{want}: {facts}");
+        }
+        assert!(facts.find("<details>").unwrap() > facts.find("<table").unwrap(), "the JSON comes after the readable facts");
+        assert!(html.contains("Timeline (seconds relative to the first non-finite value)") && a.reference.starts_with("first non-finite value (grad_norm = inf; no NaN yet)"), "{}", a.reference);
     }
 }

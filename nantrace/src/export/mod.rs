@@ -52,7 +52,12 @@ pub fn summary(dir: &Path, inc: &Incident, verdict: Option<&str>) -> String {
     let ev = inc.events;
     let nan = first_nan(ev).map_or("no non-finite value in the log".to_string(), |e| {
         let Detail::Log(l) = &e.detail else { unreachable!() };
-        format!("first NaN at {:+.1} s{}: {}", rel(e.mono_ns), l.step.map_or(String::new(), |s| format!(" (step {s})")), crate::term::clean(&l.text.chars().take(80).collect::<String>()))
+        let what = match crate::nanscan::describe(&l.text) {
+            Some((w, true)) => format!("first NaN ({})", crate::term::clean(&w)),
+            Some((w, false)) => format!("first non-finite value ({}; no NaN yet)", crate::term::clean(&w)),
+            None => "first NaN".into(),
+        };
+        format!("{what} at {:+.1} s{}: {}", rel(e.mono_ns), l.step.map_or(String::new(), |s| format!(" (step {s})")), crate::term::clean(&l.text.chars().take(80).collect::<String>()))
     });
     let xids: Vec<&Event> = ev.iter().copied().filter(|e| matches!(&e.detail, Detail::Kmsg(k) if matches!(k.class.as_deref(), Some(KmsgClass::Xid { .. }) | Some(KmsgClass::GpuFallenOffBus { .. })))).collect();
     let worst = xids.iter().max_by_key(|e| match &e.detail { Detail::Kmsg(k) => k.class.as_deref().map(KmsgClass::severity), _ => None }).map(|e| match &e.detail {

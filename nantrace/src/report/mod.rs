@@ -5,7 +5,7 @@ pub(crate) mod detect;
 pub mod rules;
 mod render;
 
-pub use render::{for_bundle, markdown, md};
+pub use render::{facts_lines, for_bundle, markdown, md};
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -186,7 +186,15 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         }
     }
 
-    let ref_name = if nan_off.is_some() { "the first NaN" } else { "the trigger" };
+    // What the first non-finite line holds: a NaN, or an Inf with a finite loss (the demo's
+    // `loss 4.98e36 | grad_norm inf` is not a NaN); from the bundle, else read again.
+    let first = &timeline["first_nan"];
+    let what = first["what"].as_str().map(|w| (w.to_string(), first["is_nan"] != false)).or_else(|| first["line"].as_str().and_then(crate::nanscan::describe));
+    let ref_name = match (nan_off, &what) {
+        (None, _) => "the trigger",
+        (Some(_), Some((_, false))) => "the first non-finite value",
+        _ => "the first NaN",
+    };
     let mut suspects: Vec<Finding> = acc.out.into_values().collect();
     for s in &mut suspects {
         let closeness = 1.0 / (1.0 + s.rel_s.abs() / 60.0);
@@ -214,7 +222,17 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     let (verdict, family) = verdict(&suspects, timeline, snapshot, window_min, ref_name);
     let machine: Vec<&Finding> = suspects.iter().filter(|s| s.family.is_machine()).collect();
     let reference = match nan_off {
-        Some(_) => format!("first NaN at {} ({}): {}", timeline["first_nan"]["time"].as_str().unwrap_or("?"), local_time(timeline["first_nan"]["time"].as_str()), timeline["first_nan"]["line"].as_str().unwrap_or("")),
+        Some(_) => format!(
+            "{} at {} ({}): {}",
+            match &what {
+                Some((w, true)) => format!("first NaN ({w})"),
+                Some((w, false)) => format!("first non-finite value ({w}; no NaN yet)"),
+                None => "first NaN".into(),
+            },
+            first["time"].as_str().unwrap_or("?"),
+            local_time(first["time"].as_str()),
+            first["line"].as_str().unwrap_or("")
+        ),
         None => format!("no NaN in the log; times are relative to the trigger ({} at {})", timeline["trigger"]["kind"].as_str().unwrap_or("?"), timeline["trigger"]["time"].as_str().unwrap_or("?")),
     };
     Analysis { verdict, family, machine: !machine.is_empty(), reference, suspects, checked: checked(timeline, snapshot), facts: facts(timeline, snapshot) }

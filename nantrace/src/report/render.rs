@@ -72,32 +72,47 @@ pub fn markdown(a: &Analysis, timeline: &Value) -> String {
         s.push_str(&format!("- {}\n", md(c)));
     }
     s.push_str("\n## Facts for the ML team\n\n");
-    let fa = &a.facts;
-    s.push_str(&format!("- command: {} (pid {}), exit: {}\n", md(&fa["job"]["command"].as_array().map(|c| c.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" ")).unwrap_or_default()), fa["job"]["root_pid"], match (fa["job"]["exit_code"].as_i64(), fa["job"]["exit_signal"].as_i64()) { (_, Some(sg)) if fa["job"]["exit_core_dumped"] == true => format!("signal {sg} (core dumped)"), (_, Some(sg)) => format!("signal {sg}"), (Some(c), _) => format!("code {c}"), _ => "still running".into() }));
-    s.push_str(&format!("- NVIDIA driver: {}\n- CUDA driver: {}\n- nvcc: {}\n", fa["nvidia_driver"].as_str().unwrap_or("none").lines().next().unwrap_or(""), or_none(&fa["cuda_driver"]), fa["nvcc"].as_str().unwrap_or("none")));
+    let (lines, losses) = facts_lines(&a.facts);
+    for l in lines {
+        s.push_str(&format!("- {}\n", md(&l)));
+    }
+    s.push_str("\nLast loss values before the end:\n\n| step | loss | t (s, vs trigger) |\n|---|---|---|\n");
+    for (step, loss, t) in losses {
+        s.push_str(&format!("| {} | {} | {t} |\n", md(&step), md(&loss)));
+    }
+    s
+}
+
+/// The facts for the ML team as readable lines (plain text: the caller escapes them for its
+/// format) and the last loss values as (step, loss, seconds vs the trigger): report.md and
+/// report.html say the same.
+pub fn facts_lines(fa: &Value) -> (Vec<String>, Vec<(String, String, String)>) {
+    let mut out = Vec::new();
+    let exit = match (fa["job"]["exit_code"].as_i64(), fa["job"]["exit_signal"].as_i64()) {
+        (_, Some(sg)) if fa["job"]["exit_core_dumped"] == true => format!("signal {sg} (core dumped)"),
+        (_, Some(sg)) => format!("signal {sg}"),
+        (Some(c), _) => format!("code {c}"),
+        _ => "still running".into(),
+    };
+    out.push(format!("command: {} (pid {}), exit: {exit}", fa["job"]["command"].as_array().map(|c| c.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" ")).unwrap_or_default(), fa["job"]["root_pid"]));
+    out.push(format!("NVIDIA driver: {}", fa["nvidia_driver"].as_str().unwrap_or("none").lines().next().unwrap_or("")));
+    out.push(format!("CUDA driver: {}", or_none(&fa["cuda_driver"])));
+    out.push(format!("nvcc: {}", fa["nvcc"].as_str().unwrap_or("none")));
     if let Some(l) = fa["libraries"].as_object() {
         for (k, v) in l {
             let pkg = v["package"].as_str().map_or(String::new(), |p| format!(" ({p})"));
-            s.push_str(&format!("- {k}: {}{pkg}\n", v["versions"]));
+            out.push(format!("{k}: {}{pkg}", v["versions"]));
         }
     }
     if let Some(fw) = fa["frameworks"].as_object() {
         for (k, v) in fw {
-            s.push_str(&format!("- {k} {v}\n"));
+            out.push(format!("{k} {v}"));
         }
     }
-    s.push_str(&format!("- precision-related environment: {}\n", if fa["precision_env"].as_object().is_some_and(|m| !m.is_empty()) { fa["precision_env"].to_string() } else { "none set".into() }));
-    s.push_str(&format!(
-        "- scheduler: slurm={} kubernetes={} cgroup memory limit={}\n",
-        or_none(&fa["scheduler"]["slurm"]["job_id"]),
-        or_none(&fa["scheduler"]["kubernetes"]["pod_uid"]),
-        memory_limit(&fa["scheduler"]["cgroup"]["memory"]["limit_bytes"])
-    ));
-    s.push_str("\nLast loss values before the end:\n\n| step | loss | t (s, vs trigger) |\n|---|---|---|\n");
-    for l in fa["last_losses"].as_array().unwrap_or(&Vec::new()) {
-        s.push_str(&format!("| {} | {} | {:.2} |\n", l["step"], l["loss"], l["offset_s"].as_f64().unwrap_or(0.0)));
-    }
-    s
+    out.push(format!("precision-related environment: {}", if fa["precision_env"].as_object().is_some_and(|m| !m.is_empty()) { fa["precision_env"].to_string() } else { "none set".into() }));
+    out.push(format!("scheduler: slurm={} kubernetes={} cgroup memory limit={}", or_none(&fa["scheduler"]["slurm"]["job_id"]), or_none(&fa["scheduler"]["kubernetes"]["pod_uid"]), memory_limit(&fa["scheduler"]["cgroup"]["memory"]["limit_bytes"])));
+    let losses = fa["last_losses"].as_array().map_or(&[][..], Vec::as_slice).iter().map(|l| (l["step"].to_string(), l["loss"].to_string(), format!("{:.2}", l["offset_s"].as_f64().unwrap_or(0.0)))).collect();
+    (out, losses)
 }
 
 /// A JSON value as report text: `none` for null/absent, strings without quotes.
