@@ -260,6 +260,7 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
         }
     }
     let mut views = Vec::new();
+    let mut link_views = Vec::new();
     for n in nodes {
         let events: Vec<Value> = by_node.remove(n.name.as_str()).unwrap_or_default().into_iter().cloned().collect();
         let view = node_view(merged, n, events);
@@ -278,6 +279,7 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
             machine_from_job_words_only: words_only,
             measures: measures(&view),
         });
+        link_views.push((n.name.clone(), peers::links(&view, &n.snapshot)));
         let mut pcis: Vec<String> = view["events"].as_array().into_iter().flatten().filter_map(|e| e["pci"].as_str().map(String::from)).collect();
         pcis.sort();
         pcis.dedup();
@@ -288,7 +290,13 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
     let present: BTreeSet<String> = nodes.iter().map(|n| n.timeline["host"]["hostname"].as_str().unwrap_or("").split('.').next().unwrap_or("").to_string()).collect();
     let missing: Vec<String> = expected.iter().filter(|e| !present.contains(e.split('.').next().unwrap_or(""))).cloned().collect();
     let jobs: Vec<String> = summaries.iter().filter_map(|s| s.job["slurm_job_id"].as_str().map(String::from)).collect::<BTreeSet<_>>().into_iter().collect();
-    let outl = outliers(&summaries.iter().map(|s| (s.name.clone(), s.measures.clone())).collect::<Vec<_>>());
+    let mut outl = outliers(&summaries.iter().map(|s| (s.name.clone(), s.measures.clone())).collect::<Vec<_>>());
+    // Lossy links: their bad end, from the job's own sockets, over the busier end's count.
+    if let Some(l) = peers::bad_end(&link_views) {
+        outl.retain(|o| o.measure != "tcp_retransmits");
+        outl.insert(0, l);
+    }
+    drop(link_views);
 
     let reference = match merged["first_nan"]["node"].as_str() {
         Some(node) => format!("the job's first NaN, on {node} at {}: {}", merged["first_nan"]["time"].as_str().unwrap_or("?"), merged["first_nan"]["line"].as_str().unwrap_or("")),
@@ -313,12 +321,17 @@ fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw:
     // job's own words only where no node has more (and then at most POSSIBLY).
     // The job's words after the job's reference (its first NaN) are its consequences (the
     // other ranks' broken connections once rank 0 stopped), never the cause.
+    // A lossy link's other end retransmits too: its retransmits are the culprit's link, not
+    // a fault of its own (peers::bad_end).
+    let link_culprit = outliers.iter().find(|o| o.measure == "tcp_lossy_links").map(|o| o.node.as_str());
+    let other_end = |i: usize, f: &Finding| f.signal == "retransmit_storm" && link_culprit.is_some_and(|c| c != nodes[i].name);
     let ranked = |words: bool| {
         nodes
             .iter()
             .enumerate()
             .filter(|(_, s)| s.machine && s.machine_from_job_words_only == words)
             .filter_map(|(i, s)| s.first_machine.as_ref().map(|f| (i, f)))
+            .filter(|(i, f)| !other_end(*i, f))
             .filter(|(_, f)| !words || !has_nan || f.rel_s <= 0.2 || !consequence_family(f))
             // A node whose own report explains its GPU fault by the job's own bug is not a culprit.
             .filter(|(i, _)| !nodes[*i].verdict.starts_with("NOT THE MACHINE"))
@@ -327,7 +340,15 @@ fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw:
     let consequence = |s: &NodeSummary| has_nan && s.machine_from_job_words_only && s.first_machine.as_ref().is_some_and(|f| f.rel_s > 0.2 && consequence_family(f));
     let others = |i: usize| {
         let clean: Vec<&str> = nodes.iter().enumerate().filter(|(j, s)| *j != i && (!s.machine || consequence(s))).map(|(_, s)| s.name.as_str()).collect();
-        let machine: Vec<String> = nodes.iter().enumerate().filter(|(j, s)| *j != i && s.machine && !consequence(s)).map(|(_, s)| format!("{} ({})", s.name, s.first_machine.as_ref().map_or("", |f| f.text.as_str()))).collect();
+        let machine: Vec<String> = nodes
+            .iter()
+            .enumerate()
+            .filter(|(j, s)| *j != i && s.machine && !consequence(s))
+            .map(|(j, s)| match s.first_machine.as_ref() {
+                Some(f) if other_end(j, f) => format!("{} (the other end of the lossy link: {})", s.name, f.text),
+                f => format!("{} ({})", s.name, f.map_or("", |f| f.text.as_str())),
+            })
+            .collect();
         let mut t = String::new();
         if !clean.is_empty() {
             t.push_str(&format!("; {} other node{} clean ({})", clean.len(), if clean.len() == 1 { "" } else { "s" }, clean.join(", ")));
@@ -354,7 +375,7 @@ fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw:
             Some(action),
         );
     }
-    if let Some(o) = outliers.iter().max_by(|a, b| (a.value / a.peers_median.max(1.0)).total_cmp(&(b.value / b.peers_median.max(1.0)))) {
+    if let Some(o) = outliers.iter().find(|o| o.measure == "tcp_lossy_links").or_else(|| outliers.iter().max_by(|a, b| (a.value / a.peers_median.max(1.0)).total_cmp(&(b.value / b.peers_median.max(1.0))))) {
         return (
             format!("POSSIBLY THE MACHINE ({}): {} stands out from its peers: {}. No fault on it by itself; check its {} before the next run.{incomplete}", o.family, o.node, o.text, o.family),
             o.family.to_string(),

@@ -1,6 +1,6 @@
 //! The job report's peer comparison: in a data-parallel job the nodes do the same work, so a
 //! node whose counts or GPU samples stand out from the median of the others is named.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
@@ -105,3 +105,112 @@ pub fn outliers(nodes: &[(String, BTreeMap<&'static str, f64>)]) -> Vec<Outlier>
     out
 }
 
+
+/// A node's TCP links in the window: its own addresses on the job's network (the local ends of
+/// the job's connections), the peers the job talks to, and the retransmits to each peer.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Links {
+    own: BTreeSet<String>,
+    peers: BTreeSet<String>,
+    retransmits: BTreeMap<String, usize>,
+}
+
+/// The address of an `ip:port` or `[ip]:port` endpoint.
+fn ip(endpoint: &str) -> String {
+    let e = endpoint.trim();
+    match e.strip_prefix('[') {
+        Some(r) => r.split(']').next().unwrap_or("").to_string(),
+        None => e.rsplit_once(':').map_or(e, |(h, _)| h).to_string(),
+    }
+}
+
+pub(super) fn links(view: &Value, snapshot: &Value) -> Links {
+    let lo = |s: &str| crate::report::detect::loopback(Some(s));
+    let mut l = Links::default();
+    for s in snapshot["network"]["job_sockets"].as_array().map_or(&[][..], Vec::as_slice).iter().take(4096) {
+        let (local, remote) = (ip(s["local"].as_str().unwrap_or("")), ip(s["remote"].as_str().unwrap_or("")));
+        if local.is_empty() || remote.is_empty() || lo(&local) || lo(&remote) || remote == "0.0.0.0" || remote == "::" {
+            continue;
+        }
+        l.own.insert(local);
+        l.peers.insert(remote);
+    }
+    let reference = view["first_nan"]["offset_s"].as_f64().unwrap_or(0.0);
+    for e in view["events"].as_array().map_or(&[][..], Vec::as_slice) {
+        if e["source"] != "tcp_retransmit" || !e["offset_s"].as_f64().is_none_or(|o| (-PEER_BEFORE_S..=PEER_AFTER_S).contains(&(o - reference))) {
+            continue;
+        }
+        let (Some(d), Some(sa)) = (e["daddr"].as_str(), e["saddr"].as_str()) else { continue };
+        if lo(d) || lo(sa) {
+            continue;
+        }
+        *l.retransmits.entry(d.to_string()).or_default() += 1;
+    }
+    l
+}
+
+/// Retransmits on a link (either end) from which it counts as lossy.
+const LINK_LOSSY: usize = 5;
+
+/// The bad end of the job's lossy links (the VM cluster's packet-loss case: both
+/// ends of a lossy link retransmit, and counting per node named the busier end, rank 0).
+/// A link is a pair of the job's nodes, known from each node's own addresses; the culprit is
+/// the node at the end of every lossy link, and where one lossy link leaves two such nodes,
+/// the one with no clean link while the other end has one (a NIC or cable fault shows on all
+/// of its node's links; rank 0's link to a third node stayed clean). None when it cannot tell.
+pub(super) fn bad_end(nodes: &[(String, Links)]) -> Option<Outlier> {
+    let owner: BTreeMap<&str, &str> = nodes.iter().flat_map(|(n, l)| l.own.iter().map(move |a| (a.as_str(), n.as_str()))).collect();
+    // Per unordered pair of nodes: retransmits from each end, and whether the job uses it.
+    let mut pairs: BTreeMap<(&str, &str), (usize, usize)> = BTreeMap::new();
+    let key = |a: &'_ str, b: &'_ str| -> (String, String) { if a < b { (a.into(), b.into()) } else { (b.into(), a.into()) } };
+    let mut used: BTreeSet<(String, String)> = BTreeSet::new();
+    for (n, l) in nodes {
+        for p in &l.peers {
+            if let Some(&m) = owner.get(p.as_str()).filter(|m| **m != n.as_str()) {
+                used.insert(key(n, m));
+            }
+        }
+        for (d, c) in &l.retransmits {
+            if let Some(&m) = owner.get(d.as_str()).filter(|m| **m != n.as_str()) {
+                let k = if n.as_str() < m { (n.as_str(), m) } else { (m, n.as_str()) };
+                let e = pairs.entry(k).or_default();
+                if n.as_str() == k.0 {
+                    e.0 += c;
+                } else {
+                    e.1 += c;
+                }
+            }
+        }
+    }
+    let lossy: Vec<((&str, &str), (usize, usize))> = pairs.into_iter().filter(|(_, (a, b))| a + b >= LINK_LOSSY).collect();
+    if lossy.is_empty() {
+        return None;
+    }
+    let mut candidates: BTreeSet<&str> = [lossy[0].0 .0, lossy[0].0 .1].into_iter().collect();
+    for ((a, b), _) in &lossy[1..] {
+        candidates.retain(|c| c == a || c == b);
+    }
+    let lossy_keys: BTreeSet<(String, String)> = lossy.iter().map(|((a, b), _)| key(a, b)).collect();
+    let clean = |n: &str| used.iter().filter(|(a, b)| (a == n || b == n) && !lossy_keys.contains(&(a.clone(), b.clone()))).count();
+    let culprit = match candidates.len() {
+        1 => *candidates.iter().next()?,
+        2 => {
+            let v: Vec<&str> = candidates.iter().copied().collect();
+            match (clean(v[0]), clean(v[1])) {
+                (0, c) if c > 0 => v[0],
+                (c, 0) if c > 0 => v[1],
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    let total: usize = lossy.iter().map(|(_, (a, b))| a + b).sum();
+    let desc: Vec<String> = lossy.iter().map(|((a, b), (x, y))| format!("{a}–{b}: {a} {x}, {b} {y} retransmits")).collect();
+    let clean_others: Vec<String> = used.iter().filter(|k| !lossy_keys.contains(k) && k.0 != culprit && k.1 != culprit).map(|(a, b)| format!("{a}–{b}")).collect();
+    let text = format!(
+        "{culprit}: every lossy link of the job ends at {culprit} ({}){}",
+        desc.join("; "),
+        if clean_others.is_empty() { String::new() } else { format!(", while the other nodes' links stayed clean ({})", clean_others.join(", ")) }
+    );
+    Some(Outlier { node: culprit.to_string(), measure: "tcp_lossy_links", family: "network", value: total as f64, peers_median: 0.0, peers: nodes.len() - 1, text })
+}

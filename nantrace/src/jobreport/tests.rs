@@ -233,3 +233,57 @@ fn a_gpu_fault_in_the_jobs_words_after_the_nan_is_still_machine_evidence() {
     let r = report(vec![n1, node("n2", e2, 0.5, false, "n[1-3]"), node("n3", healthy("n3", false), 0.6, false, "n[1-3]")]);
     assert!(r.verdict.starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: n2: "), "{}", r.verdict);
 }
+
+/// A retransmit from `from` to `to` (addresses 10.77.0.1N), at `t`.
+fn retx(t: f64, from: u8, to: u8) -> Value {
+    json!({ "time": at(t), "source": "tcp_retransmit", "saddr": format!("10.77.0.1{from}"), "sport": 40000 + u16::from(from), "daddr": format!("10.77.0.1{to}"), "dport": 29500, "state": "ESTABLISHED", "job": true, "pid": 0 })
+}
+
+/// The job's sockets on node `me`: to each of `peers` (rank 0 listens on 29500).
+fn sockets(n: &mut Node, me: u8, peers: &[u8]) {
+    n.snapshot["network"]["job_sockets"] = Value::Array(peers.iter().map(|p| json!({ "pid": 100, "local": format!("10.77.0.1{me}:{}", if me == 1 { 29500 } else { 40000 + u16::from(me) }), "remote": format!("10.77.0.1{p}:{}", if *p == 1 { 29500 } else { 40000 + u16::from(*p) }), "state": "Established" })).collect());
+}
+
+/// Packet loss on n2's link (the VM cluster's packet-loss case): both ends retransmit, rank
+/// 0 (n1) more than n2, since its replies go unacknowledged. Counting per node named n1; the
+/// links name n2: the lossy link n1–n2 ends at both, but n1's link to n3 stayed clean.
+#[test]
+fn packet_loss_on_one_nodes_link_names_that_node_not_the_busier_end() {
+    let mut e1 = [healthy("n1", true), vec![nan_line()]].concat();
+    let mut e2 = healthy("n2", false);
+    for i in 0..60 {
+        e1.push(retx(-50.0 + f64::from(i) * 0.5, 1, 2));
+        if i % 2 == 0 {
+            e2.push(retx(-50.0 + f64::from(i) * 0.5, 2, 1));
+        }
+    }
+    let mut n1 = node("n1", e1, 0.0, true, "n[1-3]");
+    let mut n2 = node("n2", e2, 0.4, false, "n[1-3]");
+    let mut n3 = node("n3", healthy("n3", false), 0.4, false, "n[1-3]");
+    sockets(&mut n1, 1, &[2, 3]);
+    sockets(&mut n2, 2, &[1]);
+    sockets(&mut n3, 3, &[1]);
+    let r = report(vec![n1, n2, n3]);
+    eprintln!("{}", r.verdict);
+    assert_eq!(r.node.as_deref(), Some("n2"), "{}", r.verdict);
+    assert_eq!(r.family, "network", "{}", r.verdict);
+    assert!(r.verdict.contains("every lossy link of the job ends at n2 (n1–n2: n1 60, n2 30 retransmits), while the other nodes' links stayed clean (n1–n3)"), "{}", r.verdict);
+    // Without the job's sockets there is no telling the ends apart: the count decides, as before.
+    let mut e1 = [healthy("n1", true), vec![nan_line()]].concat();
+    e1.extend((0..60).map(|i| retx(-50.0 + f64::from(i) * 0.5, 1, 2)));
+    let r = report(vec![node("n1", e1, 0.0, true, "n[1-3]"), node("n2", healthy("n2", false), 0.4, false, "n[1-3]"), node("n3", healthy("n3", false), 0.4, false, "n[1-3]")]);
+    assert!(!r.verdict.contains("lossy link"), "{}", r.verdict);
+    // A ring: n2's two links lossy, n1–n3 clean: n2 is at the end of every lossy link.
+    let mut e1 = [healthy("n1", true), vec![nan_line()]].concat();
+    let mut e3 = healthy("n3", false);
+    for i in 0..20 {
+        e1.push(retx(-50.0 + f64::from(i), 1, 2));
+        e3.push(retx(-50.0 + f64::from(i), 3, 2));
+    }
+    let (mut n1, mut n2, mut n3) = (node("n1", e1, 0.0, true, "n[1-3]"), node("n2", healthy("n2", false), 0.4, false, "n[1-3]"), node("n3", e3, 0.4, false, "n[1-3]"));
+    sockets(&mut n1, 1, &[2, 3]);
+    sockets(&mut n2, 2, &[1, 3]);
+    sockets(&mut n3, 3, &[1, 2]);
+    let r = report(vec![n1, n2, n3]);
+    assert_eq!(r.node.as_deref(), Some("n2"), "{}", r.verdict);
+}
