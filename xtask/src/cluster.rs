@@ -74,7 +74,6 @@ struct Scenario {
 
 const XID: &str = "echo '<3>NVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python3, GPU has fallen off the bus.' > /dev/kmsg";
 /// Half of what n2 sends to rank 0 is lost: its kernel retransmits, the job goes on slowly.
-#[allow(dead_code, reason = "the packet-loss scenario, not run yet (see SCENARIOS)")]
 const DROP: &str = "nft add table inet ntc && nft add chain inet ntc out '{ type filter hook output priority 0; }' && nft add rule inet ntc out tcp dport 29500 numgen random mod 2 0 drop";
 
 /// In this order: a node's window keeps what happened on it (the Xid of the last scenario
@@ -83,11 +82,10 @@ const DROP: &str = "nft add table inet ntc && nft add chain inet ntc out '{ type
 const SCENARIOS: &[Scenario] = &[
     Scenario { name: "numeric", nan_at: 15, steps: 60, fault: None, clear: None, stop_agent: None, verdict: "NOT THE MACHINE", node: None, missing: &[], contains: "3 nodes" },
     Scenario { name: "agent-down-on-n3", nan_at: 12, steps: 60, fault: None, clear: None, stop_agent: Some(2), verdict: "", node: None, missing: &["n3"], contains: "INCOMPLETE: no bundle from n3" },
-    // Not yet: packet loss on n2 (DROP) makes both ends of the link retransmit (n1 more
-    // than n2: its replies go unacknowledged), and the peer comparison, counting per node,
-    // named n1 on 2026-12-01. Telling the bad end of a link needs the job's own sockets
-    // (which links exist and stay healthy): not done yet.
-    // Scenario { name: "packet-loss-on-n2", nan_at: 45, steps: 60, fault: Some((1, 8, DROP)), clear: Some((1, "nft delete table inet ntc")), stop_agent: None, verdict: "", node: Some("n2"), missing: &[], contains: "network" },
+    // Packet loss on n2: both ends of the link retransmit (n1 more than n2: its replies go
+    // unacknowledged); the job report names n2 from the job's own sockets (n1's link to n3
+    // stays clean), not the busier end.
+    Scenario { name: "packet-loss-on-n2", nan_at: 45, steps: 60, fault: Some((1, 8, DROP)), clear: Some((1, "nft delete table inet ntc")), stop_agent: None, verdict: "", node: Some("n2"), missing: &[], contains: "network" },
     Scenario { name: "xid-on-n2", nan_at: 25, steps: 60, fault: Some((1, 12, XID)), clear: None, stop_agent: None, verdict: "PROBABLY THE MACHINE (GPU): n2, GPU 0000:3b:00.0", node: Some("n2"), missing: &[], contains: "Xid 79" },
 ];
 

@@ -112,7 +112,10 @@ pub fn outliers(nodes: &[(String, BTreeMap<&'static str, f64>)]) -> Vec<Outlier>
 pub(super) struct Links {
     own: BTreeSet<String>,
     peers: BTreeSet<String>,
-    retransmits: BTreeMap<String, usize>,
+    /// The job's connections as (local, remote) `ip:port`: a retransmit counts only on them.
+    sockets: BTreeSet<(String, String)>,
+    /// Retransmits per (source, destination) `ip:port`, non-loopback.
+    retransmits: BTreeMap<(String, String), usize>,
 }
 
 /// The address of an `ip:port` or `[ip]:port` endpoint.
@@ -134,6 +137,7 @@ pub(super) fn links(view: &Value, snapshot: &Value) -> Links {
         }
         l.own.insert(local);
         l.peers.insert(remote);
+        l.sockets.insert((s["local"].as_str().unwrap_or("").to_string(), s["remote"].as_str().unwrap_or("").to_string()));
     }
     let reference = view["first_nan"]["offset_s"].as_f64().unwrap_or(0.0);
     for e in view["events"].as_array().map_or(&[][..], Vec::as_slice) {
@@ -141,10 +145,11 @@ pub(super) fn links(view: &Value, snapshot: &Value) -> Links {
             continue;
         }
         let (Some(d), Some(sa)) = (e["daddr"].as_str(), e["saddr"].as_str()) else { continue };
-        if lo(d) || lo(sa) {
+        if lo(d) || lo(sa) || l.retransmits.len() >= 4096 {
             continue;
         }
-        *l.retransmits.entry(d.to_string()).or_default() += 1;
+        let endpoint = |a: &str, p: &Value| if a.contains(':') { format!("[{a}]:{p}") } else { format!("{a}:{p}") };
+        *l.retransmits.entry((endpoint(sa, &e["sport"]), endpoint(d, &e["dport"]))).or_default() += 1;
     }
     l
 }
@@ -164,14 +169,22 @@ pub(super) fn bad_end(nodes: &[(String, Links)]) -> Option<Outlier> {
     let mut pairs: BTreeMap<(&str, &str), (usize, usize)> = BTreeMap::new();
     let key = |a: &'_ str, b: &'_ str| -> (String, String) { if a < b { (a.into(), b.into()) } else { (b.into(), a.into()) } };
     let mut used: BTreeSet<(String, String)> = BTreeSet::new();
+    // The job's connections as either end listed them at its dump: a retransmit counts only
+    // on one of them (not another program's between the same nodes, as slurmd's, nor an
+    // earlier job's), and a rank that had already exited (rank 0 after its NaN) still has
+    // its connections in its peers' lists.
+    let conns: BTreeSet<(&str, &str)> = nodes.iter().flat_map(|(_, l)| l.sockets.iter().flat_map(|(a, b)| [(a.as_str(), b.as_str()), (b.as_str(), a.as_str())])).collect();
     for (n, l) in nodes {
         for p in &l.peers {
             if let Some(&m) = owner.get(p.as_str()).filter(|m| **m != n.as_str()) {
                 used.insert(key(n, m));
             }
         }
-        for (d, c) in &l.retransmits {
-            if let Some(&m) = owner.get(d.as_str()).filter(|m| **m != n.as_str()) {
+        for ((src, dst), c) in &l.retransmits {
+            if !conns.contains(&(src.as_str(), dst.as_str())) {
+                continue;
+            }
+            if let Some(&m) = owner.get(ip(dst).as_str()).filter(|m| **m != n.as_str()) {
                 let k = if n.as_str() < m { (n.as_str(), m) } else { (m, n.as_str()) };
                 let e = pairs.entry(k).or_default();
                 if n.as_str() == k.0 {

@@ -234,14 +234,23 @@ fn a_gpu_fault_in_the_jobs_words_after_the_nan_is_still_machine_evidence() {
     assert!(r.verdict.starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: n2: "), "{}", r.verdict);
 }
 
-/// A retransmit from `from` to `to` (addresses 10.77.0.1N), at `t`.
-fn retx(t: f64, from: u8, to: u8) -> Value {
-    json!({ "time": at(t), "source": "tcp_retransmit", "saddr": format!("10.77.0.1{from}"), "sport": 40000 + u16::from(from), "daddr": format!("10.77.0.1{to}"), "dport": 29500, "state": "ESTABLISHED", "job": true, "pid": 0 })
+/// Node N's port on the job's connections (rank 0, n1, listens on 29500).
+fn port(n: u8) -> u16 {
+    if n == 1 {
+        29500
+    } else {
+        40000 + u16::from(n)
+    }
 }
 
-/// The job's sockets on node `me`: to each of `peers` (rank 0 listens on 29500).
+/// A retransmit from `from` to `to` on the job's connection (addresses 10.77.0.1N), at `t`.
+fn retx(t: f64, from: u8, to: u8) -> Value {
+    json!({ "time": at(t), "source": "tcp_retransmit", "saddr": format!("10.77.0.1{from}"), "sport": port(from), "daddr": format!("10.77.0.1{to}"), "dport": port(to), "state": "ESTABLISHED", "job": false, "pid": 0 })
+}
+
+/// The job's sockets on node `me`: to each of `peers`.
 fn sockets(n: &mut Node, me: u8, peers: &[u8]) {
-    n.snapshot["network"]["job_sockets"] = Value::Array(peers.iter().map(|p| json!({ "pid": 100, "local": format!("10.77.0.1{me}:{}", if me == 1 { 29500 } else { 40000 + u16::from(me) }), "remote": format!("10.77.0.1{p}:{}", if *p == 1 { 29500 } else { 40000 + u16::from(*p) }), "state": "Established" })).collect());
+    n.snapshot["network"]["job_sockets"] = Value::Array(peers.iter().map(|p| json!({ "pid": 100, "local": format!("10.77.0.1{me}:{}", port(me)), "remote": format!("10.77.0.1{p}:{}", port(*p)), "state": "Established" })).collect());
 }
 
 /// Packet loss on n2's link (the VM cluster's packet-loss case): both ends retransmit, rank
@@ -260,11 +269,17 @@ fn packet_loss_on_one_nodes_link_names_that_node_not_the_busier_end() {
     let mut n1 = node("n1", e1, 0.0, true, "n[1-3]");
     let mut n2 = node("n2", e2, 0.4, false, "n[1-3]");
     let mut n3 = node("n3", healthy("n3", false), 0.4, false, "n[1-3]");
-    sockets(&mut n1, 1, &[2, 3]);
+    // Rank 0 stopped at its NaN before its dump listed its connections: its peers list them.
+    sockets(&mut n1, 1, &[]);
+    n1.snapshot["network"]["job_sockets"] = json!([{ "pid": 538, "local": "10.77.0.11:42579", "remote": "10.77.0.13:34924", "state": "Established" }]);
     sockets(&mut n2, 2, &[1]);
     sockets(&mut n3, 3, &[1]);
+    // Another program's connection between n3 and n1 (slurmd's 6818) retransmitting: not
+    // the job's, not a link of it.
+    for i in 0..10 {
+        n3.timeline["events"].as_array_mut().unwrap().push(json!({ "time": at(-20.0 + f64::from(i)), "source": "tcp_retransmit", "saddr": "10.77.0.13", "sport": 6818, "daddr": "10.77.0.11", "dport": 44342, "job": false, "pid": 0 }));
+    }
     let r = report(vec![n1, n2, n3]);
-    eprintln!("{}", r.verdict);
     assert_eq!(r.node.as_deref(), Some("n2"), "{}", r.verdict);
     assert_eq!(r.family, "network", "{}", r.verdict);
     assert!(r.verdict.contains("every lossy link of the job ends at n2 (n1–n2: n1 60, n2 30 retransmits), while the other nodes' links stayed clean (n1–n3)"), "{}", r.verdict);
