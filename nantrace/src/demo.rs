@@ -8,6 +8,8 @@
 use std::io::Write as _;
 use std::time::Duration;
 
+pub mod multinode;
+
 /// Scenarios: what fault (if any) is injected through real kernel mechanisms before the NaN.
 pub const SCENARIOS: &[&str] = &["numeric", "xid", "oom", "net", "io", "ecc"];
 

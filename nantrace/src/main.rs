@@ -141,7 +141,8 @@ enum Cmd {
     Demo {
         /// numeric (default); xid (an NVRM Xid line written to /dev/kmsg), oom (a worker
         /// OOM-killed in a 64 MiB cgroup), net (packets dropped in a netns), io (writes through a
-        /// loop device throttled at its backing disk): injected, labelled
+        /// loop device throttled at its backing disk), ecc: injected, labelled; multinode: the
+        /// job report of a recorded 3-node incident (no cluster needed)
         #[arg(long, default_value = "numeric")]
         scenario: String,
         #[command(flatten)]
@@ -391,6 +392,14 @@ fn main() -> anyhow::Result<()> {
             0
         }
         Cmd::Attach { pid, logs, rec } => session(Job::Attach { pid, logs }, rec.opts())?,
+        Cmd::Demo { scenario, rec } if scenario == "multinode" => {
+            let inc = nantrace::demo::multinode::write(&rec.opts().out)?;
+            say!("nantrace demo: no cluster here: these node bundles are a recording, written where a job directory would hold them: {}", inc.display());
+            say!("nantrace demo: recorded on nantrace's 3-VM Slurm cluster (cargo xtask vm-cluster, scenario xid-on-n2, 2026-12-01 19:39 UTC): an Xid 79 written to n2's /dev/kmsg, then rank 0's NaN on n1; each node's agent dumped the incident");
+            nantrace::jobreport::cli(&inc, false, true)?;
+            say!("nantrace demo: job-report.md, job-report.json and trace.json (a lane per node, for ui.perfetto.dev) written into {}", inc.display());
+            0
+        }
         Cmd::Demo { scenario, rec } => {
             anyhow::ensure!(nantrace::demo::SCENARIOS.contains(&scenario.as_str()), "unknown scenario {scenario:?}; known: {:?}", nantrace::demo::SCENARIOS);
             let me = std::env::current_exe().context("locating the nantrace binary")?;

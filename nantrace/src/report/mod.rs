@@ -204,6 +204,12 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         }
         let sep = if s.text.ends_with(" since") { " " } else { ", " };
         s.text = format!("{}{sep}{}", s.text, when(s.rel_s, ref_name));
+        // The job's broken connections and hangs after its NaN are what the NaN did (a rank
+        // stopped, its peers lost it), not its cause: they never outrank what came before.
+        if nan_off.is_some() && s.rel_s > 0.2 && matches!(s.signal, "joblog_network" | "joblog_network_generic" | "joblog_hang") {
+            s.score *= 0.2;
+            s.text.push_str(" (after it: a consequence, not its cause)");
+        }
     }
     // A silent-data-corruption check run after the incident (gpucheck.json in the bundle): a
     // GPU that disagrees with itself or its peers is the strongest GPU evidence there is.

@@ -58,3 +58,22 @@ fn an_absurd_window_is_not_printed_as_a_number() {
     }
     assert!(Scenario::healthy().analyze_window(json!(1800.0)).verdict.contains("in the 30 minutes before"));
 }
+
+/// The VM cluster's xid-on-n2 case, on n2's own report: the Xid 79 5.5 s before the NaN, then
+/// (1.1 s after it) the rank's `connection to rank 0 lost` once rank 0 stopped. The broken
+/// connection is what the NaN did; it never outranks the Xid (it did, and n2's report said
+/// PROBABLY THE MACHINE (network)), and it says it is a consequence.
+#[test]
+fn a_broken_connection_after_the_nan_never_outranks_what_came_before() {
+    let a = Scenario::healthy()
+        .with(kmsg(-5.5, "NVRM: Xid (PCI:0000:5e:00): 79, pid=2214, name=python3, GPU has fallen off the bus."))
+        .with(job_line(1.1, "rank 1 step 26 | connection to rank 0 lost: ConnectionResetError(104, 'Connection reset by peer')"))
+        .analyze();
+    assert_eq!(a.family, "GPU", "{}", a.verdict);
+    assert!(a.verdict.starts_with("PROBABLY THE MACHINE (GPU)"), "{}", a.verdict);
+    let net = a.suspects.iter().find(|s| s.signal.starts_with("joblog_network")).expect("the broken connection is listed");
+    assert!(net.text.ends_with("(after it: a consequence, not its cause)"), "{}", net.text);
+    // Before the NaN, the same line is a cause like any other.
+    let before = Scenario::healthy().with(job_line(-1.1, "rank 1 step 26 | connection to rank 0 lost: ConnectionResetError(104, 'Connection reset by peer')")).analyze();
+    assert!(before.suspects.iter().any(|s| s.signal.starts_with("joblog_network") && !s.text.contains("consequence")), "{:?}", before.suspects);
+}
