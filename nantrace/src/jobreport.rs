@@ -202,6 +202,18 @@ pub fn cli(dir: &Path, json: bool, write: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A node's ranks as its bundle says (`agent::ranks`): `ranks 8-15 of 16 (torch, node rank 1)`.
+fn ranks_text(d: &Value) -> Option<String> {
+    let mut r: Vec<u64> = d["ranks"].as_array()?.iter().filter_map(|x| x["rank"].as_u64()).collect();
+    r.sort_unstable();
+    r.dedup();
+    let (first, last) = (*r.first()?, *r.last()?);
+    let span = if r.len() == 1 { format!("rank {first}") } else if last - first + 1 == r.len() as u64 { format!("ranks {first}-{last}") } else { format!("ranks {}", r.iter().map(u64::to_string).collect::<Vec<_>>().join(",")) };
+    let of = d["world_size"].as_u64().map_or(String::new(), |w| format!(" of {w}"));
+    let node = d["node_rank"].as_u64().map_or(String::new(), |n| format!(", node rank {n}"));
+    Some(format!("{span}{of} ({}{node})", d["launcher"].as_str().unwrap_or("?")))
+}
+
 /// The view of one node on the job's clock: its events, its own accounting, the job's
 /// reference (first NaN of any node).
 fn node_view(merged: &Value, n: &Node, events: Vec<Value>) -> Value {
@@ -429,7 +441,7 @@ pub fn markdown(r: &JobReport) -> String {
     let _ = writeln!(s, "## Nodes ({} with a bundle{})\n", r.nodes.len(), if r.missing.is_empty() { String::new() } else { format!(", {} missing: {}", r.missing.len(), esc(&r.missing.join(", "))) });
     let _ = writeln!(s, "| node | job (as the bundle says) | verdict | first machine evidence |\n|---|---|---|---|");
     for n in &r.nodes {
-        let job = [n.job["slurm_job_id"].as_str().map(|j| format!("job {j}")), n.job["slurm_procid"].as_str().map(|p| format!("procid {p}"))].into_iter().flatten().collect::<Vec<_>>().join(", ");
+        let job = [n.job["slurm_job_id"].as_str().map(|j| format!("job {j}")), n.job["slurm_procid"].as_str().map(|p| format!("procid {p}")), ranks_text(&n.job["identity"]["distributed"])].into_iter().flatten().collect::<Vec<_>>().join(", ");
         let first = n.first_machine.as_ref().map_or("none".to_string(), |f| format!("{}{}", f.text, if n.machine_from_job_words_only { " (the job's own words)" } else { "" }));
         let _ = writeln!(s, "| {} | {} | {} | {} |", esc(&n.name), esc(&job), esc(&n.verdict), esc(&first));
     }

@@ -393,11 +393,7 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Attach { pid, logs, rec } => session(Job::Attach { pid, logs }, rec.opts())?,
         Cmd::Demo { scenario, rec } if scenario == "multinode" => {
-            let inc = nantrace::demo::multinode::write(&rec.opts().out)?;
-            say!("nantrace demo: no cluster here: these node bundles are a recording, written where a job directory would hold them: {}", inc.display());
-            say!("nantrace demo: recorded on nantrace's 3-VM Slurm cluster (cargo xtask vm-cluster, scenario xid-on-n2, 2026-12-01 19:39 UTC): an Xid 79 written to n2's /dev/kmsg, then rank 0's NaN on n1; each node's agent dumped the incident");
-            nantrace::jobreport::cli(&inc, false, true)?;
-            say!("nantrace demo: job-report.md, job-report.json and trace.json (a lane per node, for ui.perfetto.dev) written into {}", inc.display());
+            nantrace::demo::multinode::cli(&rec.opts().out)?;
             0
         }
         Cmd::Demo { scenario, rec } => {

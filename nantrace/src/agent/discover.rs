@@ -24,6 +24,8 @@ pub struct Proc {
     pub comm: String,
     pub slurm: Option<SlurmRef>,
     pub pod: Option<PodRef>,
+    /// The rank its launcher's variables give it (`agent::ranks`).
+    pub rank: Option<super::ranks::RankRef>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -162,7 +164,7 @@ pub fn read_proc(root: &Path, pid: u32) -> Option<Proc> {
             s.step_id = Some("batch".into());
         }
     }
-    Some(Proc { pid, ppid, pgid, uid, starttime, cmdline, comm, slurm, pod: pod_from(&environ, &cgroup) })
+    Some(Proc { pid, ppid, pgid, uid, starttime, cmdline, comm, slurm, pod: pod_from(&environ, &cgroup), rank: super::ranks::from_environ(&environ) })
 }
 
 /// The device paths among a process's open descriptors that start with one of `prefixes`
@@ -201,18 +203,25 @@ pub struct Found {
     pub command: String,
     /// Why it is a job: "gpu", "command", "slurm".
     pub reason: &'static str,
+    /// Its ranks on this node, by process (at most `ranks::MAX_RANKS`).
+    pub ranks: BTreeMap<u32, super::ranks::RankRef>,
 }
 
 impl Found {
     /// What every bundle of this job records about it.
     pub fn identity(&self) -> Value {
         let user = user_name(self.uid);
-        match (&self.slurm, &self.pod) {
+        let mut id = match (&self.slurm, &self.pod) {
             // The user from the job's uid, not from SLURM_JOB_USER (the process's own word).
             (Some(s), _) => json!({ "kind": "slurm", "job_id": s.job_id, "step_id": s.step_id, "user": user.or_else(|| s.user.clone()), "uid": self.uid }),
             (None, Some(p)) => json!({ "kind": "kubernetes", "pod_uid": p.uid, "namespace": p.namespace, "pod": p.name, "container_id": p.container_id, "uid": self.uid }),
             _ => json!({ "kind": "process", "root_pid": self.root, "user": user, "uid": self.uid }),
+        };
+        // Which ranks of a distributed job run here (the launcher's words, as the job set them).
+        if let Some(d) = super::ranks::identity(&self.ranks) {
+            id["distributed"] = d;
         }
+        id
     }
 }
 
@@ -394,7 +403,13 @@ impl Discovery {
                 pod: p.pod.clone(),
                 command: String::new(),
                 reason,
+                ranks: BTreeMap::new(),
             });
+            if let Some(r) = p.rank.as_ref().filter(|_| j.ranks.len() < super::ranks::MAX_RANKS) {
+                let mut r = r.clone();
+                r.gpus = gpu_minors(&s.devices).into_iter().collect();
+                j.ranks.insert(p.pid, r);
+            }
             j.pids.insert(root);
             j.pids.insert(p.pid);
             j.gpus.extend(gpu_minors(&s.devices));

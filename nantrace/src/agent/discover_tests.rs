@@ -81,7 +81,7 @@ mod slurm_trust {
 
     fn proc(pid: u32, ppid: u32, uid: u32, cmd: &str, job: Option<&str>) -> (u32, Seen) {
         let slurm = job.map(|j| SlurmRef { job_id: j.into(), ..SlurmRef::default() });
-        let proc = Proc { pid, ppid, pgid: pid, uid, starttime: u64::from(pid), cmdline: cmd.into(), comm: String::new(), slurm, pod: None };
+        let proc = Proc { pid, ppid, pgid: pid, uid, starttime: u64::from(pid), cmdline: cmd.into(), comm: String::new(), slurm, pod: None, rank: None };
         (pid, Seen { proc, devices: Vec::new(), next_fd_check: u64::MAX, backoff_ns: 0 })
     }
 
@@ -139,4 +139,37 @@ fn a_process_seen_before_its_exec_is_read_again_after_it() {
     let found = d.scan(2);
     assert_eq!(found.iter().map(|f| f.key.as_str()).collect::<Vec<_>>(), ["slurm-5"], "{found:?}");
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// torchrun's workers on one node: one job, each worker's rank (from its environment, the
+/// launcher's keys only) in the job's identity; the same for Slurm's own ranks.
+#[test]
+fn a_jobs_ranks_on_this_node_are_in_its_identity() {
+    let root = std::env::temp_dir().join(format!("nantrace-proc-ranks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let put = |pid: u32, ppid: u32, cmdline: &str, environ: &str| {
+        let d = root.join(pid.to_string());
+        std::fs::create_dir_all(&d).unwrap();
+        let zeros = vec!["0"; 16].join(" ");
+        std::fs::write(d.join("stat"), format!("{pid} (python3) S {ppid} {pid} {zeros} {pid} 0 0\n")).unwrap();
+        std::fs::write(d.join("cmdline"), cmdline.replace(' ', "\0")).unwrap();
+        std::fs::write(d.join("environ"), environ.replace(' ', "\0")).unwrap();
+        std::fs::write(d.join("status"), "Uid:\t1000\t1000\t1000\t1000\n").unwrap();
+        std::fs::write(d.join("cgroup"), "0::/\n").unwrap();
+    };
+    put(20, 1, "/usr/bin/python3 /usr/local/bin/torchrun --nproc-per-node=2 train.py", "PATH=/usr/bin");
+    for (pid, rank, local) in [(21, 8, 0), (22, 9, 1)] {
+        put(pid, 20, "/usr/bin/python3 -u train.py", &format!("RANK={rank} LOCAL_RANK={local} WORLD_SIZE=16 GROUP_RANK=4 MASTER_ADDR=n1 MASTER_PORT=29500 TORCHELASTIC_RUN_ID=run-7 WANDB_API_KEY=secret"));
+    }
+    let cfg = crate::agent::config::Config { match_commands: vec!["train\\.py".into()], gpu_devices: Vec::new(), ..Default::default() };
+    let mut d = Discovery::new(root.clone(), &cfg);
+    let found = d.scan(0);
+    let _ = std::fs::remove_dir_all(&root);
+    assert_eq!(found.len(), 1, "{found:?}");
+    let id = found[0].identity();
+    let dist = &id["distributed"];
+    assert_eq!((dist["launcher"].as_str(), dist["world_size"].as_u64(), dist["node_rank"].as_u64(), dist["master"].as_str(), dist["run_id"].as_str()), (Some("torch"), Some(16), Some(4), Some("n1:29500"), Some("run-7")), "{id}");
+    let ranks: Vec<u64> = dist["ranks"].as_array().unwrap().iter().map(|r| r["rank"].as_u64().unwrap()).collect();
+    assert_eq!(ranks, [8, 9], "{id}");
+    assert!(!id.to_string().contains("secret") && !id.to_string().contains("WANDB"), "only the launcher's keys: {id}");
 }

@@ -16,6 +16,7 @@ pub mod jobdir;
 mod logs;
 mod scanner;
 pub mod metrics;
+pub mod ranks;
 pub mod spool;
 pub mod webhook;
 

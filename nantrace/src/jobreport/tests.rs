@@ -302,3 +302,11 @@ fn packet_loss_on_one_nodes_link_names_that_node_not_the_busier_end() {
     let r = report(vec![n1, n2, n3]);
     assert_eq!(r.node.as_deref(), Some("n2"), "{}", r.verdict);
 }
+
+#[test]
+fn a_nodes_ranks_are_said_as_its_bundle_says() {
+    let d = json!({ "launcher": "torch", "world_size": 16, "node_rank": 1, "ranks": [{ "pid": 9, "rank": 9 }, { "pid": 8, "rank": 8 }, { "pid": 10, "rank": 10 }] });
+    assert_eq!(super::ranks_text(&d).as_deref(), Some("ranks 8-10 of 16 (torch, node rank 1)"));
+    assert_eq!(super::ranks_text(&json!({ "launcher": "mpi", "ranks": [{ "rank": 0 }, { "rank": 4 }] })).as_deref(), Some("ranks 0,4 (mpi)"));
+    assert_eq!(super::ranks_text(&Value::Null), None);
+}
