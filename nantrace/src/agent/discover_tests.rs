@@ -110,6 +110,19 @@ mod slurm_trust {
     }
 }
 
+/// A process in a /proc-shaped directory: (pid, ppid, uid, start time), its name, command
+/// line and environment (spaces stand for NULs).
+fn fake_proc(root: &std::path::Path, (pid, ppid, uid, start): (u32, u32, u32, u64), comm: &str, cmdline: &str, environ: &str) {
+    let d = root.join(pid.to_string());
+    std::fs::create_dir_all(&d).unwrap();
+    let zeros = vec!["0"; 16].join(" ");
+    std::fs::write(d.join("stat"), format!("{pid} ({comm}) S {ppid} {pid} {zeros} {start} 0 0\n")).unwrap();
+    std::fs::write(d.join("cmdline"), cmdline.replace(' ', "\0")).unwrap();
+    std::fs::write(d.join("environ"), environ.replace(' ', "\0")).unwrap();
+    std::fs::write(d.join("status"), format!("Uid:\t{uid}\t{uid}\t{uid}\t{uid}\n")).unwrap();
+    std::fs::write(d.join("cgroup"), "0::/\n").unwrap();
+}
+
 /// A process first seen between its fork and its exec (slurmd's child before it becomes
 /// `slurmstepd: [5.0]`, seen so on a slow machine): its new name at a later scan makes it read
 /// again, so the job under it is found. The start time alone does not change at an exec.
@@ -117,16 +130,7 @@ mod slurm_trust {
 fn a_process_seen_before_its_exec_is_read_again_after_it() {
     let root = std::env::temp_dir().join(format!("nantrace-proc-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let put = |pid: u32, ppid: u32, comm: &str, cmdline: &str, environ: &str| {
-        let d = root.join(pid.to_string());
-        std::fs::create_dir_all(&d).unwrap();
-        let zeros = vec!["0"; 16].join(" ");
-        std::fs::write(d.join("stat"), format!("{pid} ({comm}) S {ppid} {pid} {zeros} 4242 0 0\n")).unwrap();
-        std::fs::write(d.join("cmdline"), cmdline.replace(' ', "\0")).unwrap();
-        std::fs::write(d.join("environ"), environ.replace(' ', "\0")).unwrap();
-        std::fs::write(d.join("status"), "Uid:\t0\t0\t0\t0\n").unwrap();
-        std::fs::write(d.join("cgroup"), "0::/\n").unwrap();
-    };
+    let put = |pid: u32, ppid: u32, comm: &str, cmdline: &str, environ: &str| fake_proc(&root, (pid, ppid, 0, 4242), comm, cmdline, environ);
     put(100, 1, "slurmd", "slurmd -f /etc/slurm/slurm.conf", "PATH=/usr/bin");
     put(101, 100, "python3", "python3 train.py", "SLURM_JOB_ID=5 SLURM_STEP_ID=0");
     let cfg = crate::agent::config::Config { slurm_jobs: "all".into(), gpu_devices: Vec::new(), ..Default::default() };
@@ -147,16 +151,7 @@ fn a_process_seen_before_its_exec_is_read_again_after_it() {
 fn a_jobs_ranks_on_this_node_are_in_its_identity() {
     let root = std::env::temp_dir().join(format!("nantrace-proc-ranks-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let put = |pid: u32, ppid: u32, cmdline: &str, environ: &str| {
-        let d = root.join(pid.to_string());
-        std::fs::create_dir_all(&d).unwrap();
-        let zeros = vec!["0"; 16].join(" ");
-        std::fs::write(d.join("stat"), format!("{pid} (python3) S {ppid} {pid} {zeros} {pid} 0 0\n")).unwrap();
-        std::fs::write(d.join("cmdline"), cmdline.replace(' ', "\0")).unwrap();
-        std::fs::write(d.join("environ"), environ.replace(' ', "\0")).unwrap();
-        std::fs::write(d.join("status"), "Uid:\t1000\t1000\t1000\t1000\n").unwrap();
-        std::fs::write(d.join("cgroup"), "0::/\n").unwrap();
-    };
+    let put = |pid: u32, ppid: u32, cmdline: &str, environ: &str| fake_proc(&root, (pid, ppid, 1000, u64::from(pid)), "python3", cmdline, environ);
     put(20, 1, "/usr/bin/python3 /usr/local/bin/torchrun --nproc-per-node=2 train.py", "PATH=/usr/bin");
     for (pid, rank, local) in [(21, 8, 0), (22, 9, 1)] {
         put(pid, 20, "/usr/bin/python3 -u train.py", &format!("RANK={rank} LOCAL_RANK={local} WORLD_SIZE=16 GROUP_RANK=4 MASTER_ADDR=n1 MASTER_PORT=29500 TORCHELASTIC_RUN_ID=run-7 WANDB_API_KEY=secret"));
