@@ -195,7 +195,20 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         (Some(_), Some((_, false))) => "the first non-finite value",
         _ => "the first NaN",
     };
+    // Training steps the job logged, by time against the reference: a warning the job ran on
+    // long after (a transport it then did without) is context, not the cause.
+    let steps: Vec<f64> = ctx.by_src.get("log").map_or(&[][..], Vec::as_slice).iter().filter(|(_, e)| !e["loss"].is_null() || !e["step"].is_null()).map(|(r, _)| *r).collect();
     let mut suspects: Vec<Finding> = acc.out.into_values().collect();
+    let mut context = Vec::new();
+    suspects.retain(|s| {
+        let ran_on = steps.iter().filter(|t| **t > s.rel_s + 5.0 && **t <= 0.2).count();
+        let outlived = nan_off.is_some() && s.rel_s < -OUTLIVED_S && ran_on >= OUTLIVED_STEPS && matches!(s.signal, "joblog_network" | "joblog_network_generic" | "joblog_hang");
+        if outlived {
+            context.push(format!("context, not evidence: {} ({:.0} s before {ref_name}; the job ran on after it: {ran_on} training steps logged)", s.text, -s.rel_s));
+        }
+        !outlived
+    });
+    drop(steps);
     for s in &mut suspects {
         let closeness = 1.0 / (1.0 + s.rel_s.abs() / 60.0);
         s.score = f64::from(s.severity) * (0.5 + 0.5 * closeness) * if s.touches_job { 1.25 } else { 1.0 };
@@ -241,8 +254,17 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         ),
         None => format!("no NaN in the log; times are relative to the trigger ({} at {})", timeline["trigger"]["kind"].as_str().unwrap_or("?"), timeline["trigger"]["time"].as_str().unwrap_or("?")),
     };
-    Analysis { verdict, family, machine: !machine.is_empty(), reference, suspects, checked: checked(timeline, snapshot), facts: facts(timeline, snapshot) }
+    let mut checked = checked(timeline, snapshot);
+    checked.extend(context);
+    Analysis { verdict, family, machine: !machine.is_empty(), reference, suspects, checked, facts: facts(timeline, snapshot) }
 }
+
+/// A job-output network or hang warning this long before the reference, with the job's
+/// training going on after it ([`OUTLIVED_STEPS`] steps logged), is context: the job did
+/// without what it warned about (NCCL's `NET/IB : No device found` at start-up, then hours of
+/// training over sockets).
+pub const OUTLIVED_S: f64 = 120.0;
+pub const OUTLIVED_STEPS: usize = 20;
 
 /// The GPUs an analysis implicates on the kernel's or NVML's evidence (never the job's words):
 /// (PCI address, UUID from NVML when known), at most 16, for the agent's incident history.

@@ -77,3 +77,19 @@ fn a_broken_connection_after_the_nan_never_outranks_what_came_before() {
     let before = Scenario::healthy().with(job_line(-1.1, "rank 1 step 26 | connection to rank 0 lost: ConnectionResetError(104, 'Connection reset by peer')")).analyze();
     assert!(before.suspects.iter().any(|s| s.signal.starts_with("joblog_network") && !s.text.contains("consequence")), "{:?}", before.suspects);
 }
+
+/// Issue 24's start-up warning: a transport the job then did without (NCCL found no IB device
+/// and ran on over sockets for minutes) is context, not evidence; the same line near the NaN,
+/// with no training after it, is evidence as before.
+#[test]
+fn a_warning_the_job_ran_on_after_is_context_not_evidence() {
+    let warn = "NCCL WARN NET/IB : Got completion from peer 10.0.0.2<54321> with status=12 opcode=0 len=0 vendor err 129 (Recv)";
+    let early = Scenario::healthy().with(job_line(-500.0, warn)).analyze();
+    assert!(early.verdict.starts_with("NOT THE MACHINE"), "{}", early.verdict);
+    assert!(early.suspects.iter().all(|s| !s.signal.starts_with("joblog_network")), "{:?}", early.suspects);
+    let said = early.checked.iter().find(|c| c.starts_with("context, not evidence: job output")).unwrap_or_else(|| panic!("{:?}", early.checked));
+    assert!(said.contains("500 s before the first NaN; the job ran on after it: ") && said.contains("training steps logged"), "{said}");
+    let late = Scenario::healthy().with(job_line(-3.0, warn)).analyze();
+    assert!(late.suspects.iter().any(|s| s.signal.starts_with("joblog_network")), "{}", late.verdict);
+    assert!(late.verdict.starts_with("POSSIBLY THE MACHINE (network)"), "{}", late.verdict);
+}
