@@ -301,6 +301,9 @@ pub fn write(out: &Path, inc: &Incident, snapshot: &Value) -> std::io::Result<Wr
     let host = safefs::sanitize(&inc.host.hostname, "host");
     let base = format!("nantrace-{host}-{stamp}");
     let (tmp, tmp_name) = outd.create_temp_subdir(&format!(".{base}.tmp-{}-", std::process::id()))?;
+    // Held until the bundle is claimed: a writer that dies lets go of it, and the next start
+    // keeps its directory as incomplete (bundle::recover).
+    let _ = tmp.lock(true);
     let mut failures = Vec::new();
     let mut written = 0;
     let mut put = |name: &str, fill: &mut dyn FnMut(&mut dyn std::io::Write) -> std::io::Result<()>| match tmp.write_with(name, |w| fill(w)) {

@@ -54,6 +54,9 @@ pub struct Outlier {
     pub peers_median: f64,
     pub peers: usize,
     pub text: String,
+    /// For a lossy link's bad end: the nodes at the other end of its lossy links.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub other_ends: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -208,7 +211,7 @@ fn ranks_text(d: &Value) -> Option<String> {
     r.sort_unstable();
     r.dedup();
     let (first, last) = (*r.first()?, *r.last()?);
-    let span = if r.len() == 1 { format!("rank {first}") } else if last - first + 1 == r.len() as u64 { format!("ranks {first}-{last}") } else { format!("ranks {}", r.iter().map(u64::to_string).collect::<Vec<_>>().join(",")) };
+    let span = if r.len() == 1 { format!("rank {first}") } else if last - first == r.len() as u64 - 1 { format!("ranks {first}-{last}") } else { format!("ranks {}", r.iter().map(u64::to_string).collect::<Vec<_>>().join(",")) };
     let of = d["world_size"].as_u64().map_or(String::new(), |w| format!(" of {w}"));
     let node = d["node_rank"].as_u64().map_or(String::new(), |n| format!(", node rank {n}"));
     Some(format!("{span}{of} ({}{node})", d["launcher"].as_str().unwrap_or("?")))
@@ -335,8 +338,8 @@ fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw:
     // other ranks' broken connections once rank 0 stopped), never the cause.
     // A lossy link's other end retransmits too: its retransmits are the culprit's link, not
     // a fault of its own (peers::bad_end).
-    let link_culprit = outliers.iter().find(|o| o.measure == "tcp_lossy_links").map(|o| o.node.as_str());
-    let other_end = |i: usize, f: &Finding| f.signal == "retransmit_storm" && link_culprit.is_some_and(|c| c != nodes[i].name);
+    let link = outliers.iter().find(|o| o.measure == "tcp_lossy_links");
+    let other_end = |i: usize, f: &Finding| f.signal == "retransmit_storm" && link.is_some_and(|l| l.other_ends.contains(&nodes[i].name));
     let ranked = |words: bool| {
         nodes
             .iter()

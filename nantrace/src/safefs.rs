@@ -136,6 +136,45 @@ impl Dir {
         Err(last.unwrap_or_else(|| io::Error::other("no free temporary name")))
     }
 
+    /// Open the subdirectory `name` without following a link, and check it is ours.
+    pub fn open_subdir(&self, name: &str) -> io::Result<Dir> {
+        let c = cstr(name.as_bytes())?;
+        // SAFETY: valid dirfd and NUL-terminated name; O_NOFOLLOW: a link is an error.
+        let fd = cvt(unsafe { libc::openat(self.fd.as_raw_fd(), c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) })?;
+        // SAFETY: fd is fresh and owned here.
+        let d = Dir { fd: unsafe { OwnedFd::from_raw_fd(fd) }, path: self.path.join(name) };
+        if d.stat()?.st_uid != euid() {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{} is not ours", d.path.display())));
+        }
+        Ok(d)
+    }
+
+    /// flock(2) this directory: exclusive, held while the descriptor lives (a bundle being
+    /// written holds it; `bundle::recover` tells a dead writer's directory by getting it).
+    /// With `wait` false, `Ok(false)` when another process holds it.
+    pub fn lock(&self, wait: bool) -> io::Result<bool> {
+        let op = libc::LOCK_EX | if wait { 0 } else { libc::LOCK_NB };
+        // SAFETY: a valid descriptor.
+        match cvt(unsafe { libc::flock(self.fd.as_raw_fd(), op) }) {
+            Ok(_) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The directory's modification time, and setting it back (a note written into it must
+    /// not make an old bundle the spool's newest).
+    pub fn modified(&self) -> io::Result<libc::timespec> {
+        let st = self.stat()?;
+        Ok(libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec })
+    }
+
+    pub fn set_modified(&self, t: libc::timespec) -> io::Result<()> {
+        let times = [libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }, t];
+        // SAFETY: a valid descriptor and two timespecs.
+        cvt(unsafe { libc::futimens(self.fd.as_raw_fd(), times.as_ptr()) }).map(|_| ())
+    }
+
     /// Create `name` with O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600, and stream into it with
     /// `fill` (a buffered writer). On error the half-written file is removed. Returns the
     /// bytes written.

@@ -120,12 +120,15 @@ impl Config {
         for (key, list) in [("match_commands", &self.match_commands), ("nan_patterns", &self.nan_patterns)] {
             for p in list {
                 let re = regex::Regex::new(p).with_context(|| format!("{key}: {p:?}"))?;
-                anyhow::ensure!(!re.is_match(""), "{key}: {p:?} matches an empty string, so it matches everything: give a pattern that names something");
+                // `.`, `.+`, `\S`: whatever matches these unrelated texts matches everything.
+                anyhow::ensure!(!re.is_match("") && !["x", "/usr/sbin/sshd -D", "step 1 loss 0.5"].iter().all(|t| re.is_match(t)), "{key}: {p:?} matches an empty string or any text, so it matches everything: give a pattern that names something");
             }
         }
         for d in &self.gpu_devices {
             let name = Path::new(d).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            anyhow::ensure!(d.starts_with('/') && !d.ends_with('/') && !name.is_empty() && !d.contains("/../"), "gpu_devices: {d:?} must be an absolute device path prefix that names devices (as /dev/nvidia), not a directory: every process holds something under /dev");
+            // A prefix of what every process holds (`/dev`, `/dev/n`, `/dev/pts`) makes every process a GPU job.
+            let common = ["/dev/null", "/dev/pts/0", "/dev/urandom", "/dev/zero", "/dev/tty", "/dev/shm/x"].iter().any(|c| c.starts_with(d.as_str()));
+            anyhow::ensure!(d.starts_with('/') && !d.ends_with('/') && !name.is_empty() && !d.contains("/../") && !common, "gpu_devices: {d:?} must be an absolute device path prefix that names devices (as /dev/nvidia), not a directory or a prefix of /dev/null: every process holds something under /dev");
         }
         check_dir("spool_dir", &self.spool_dir, true)?;
         check_dir("socket", &self.socket, true)?;
@@ -278,7 +281,7 @@ mod tests {
         // Numbers in range and finite (review 14).
         // Redteam3 D-9: what matches everything, system directories, relative paths, URLs
         // that would add a header.
-        for bad in ["match_commands = ['']", "match_commands = ['.*']", "nan_patterns = ['']", "nan_patterns = ['x?']", "gpu_devices = ['']", "gpu_devices = ['/dev/']", "gpu_devices = ['nvidia']", "spool_dir = '/'", "spool_dir = '/etc'", "spool_dir = '/var/lib/'", "spool_dir = 'spool'", "spool_dir = '/var/lib/nantrace/../../..'", "spool_dir = '/proc/self'", "socket = 'agent.sock'", "socket = '/tmp/agent.sock'", "job_dir = 'shared'", "webhook_url = \"http://h/x\\r\\nX-Evil: 1\"", "webhook_url = 'http://h/a b'", "webhook_url = 'http:///x'", "webhook_url = 'http://u:p@h/x'"] {
+        for bad in ["match_commands = ['']", "match_commands = ['.*']", "match_commands = ['.']", "nan_patterns = ['.+']", "gpu_devices = ['/dev']", "gpu_devices = ['/dev/n']", "gpu_devices = ['/dev/pts']", "nan_patterns = ['']", "nan_patterns = ['x?']", "gpu_devices = ['']", "gpu_devices = ['/dev/']", "gpu_devices = ['nvidia']", "spool_dir = '/'", "spool_dir = '/etc'", "spool_dir = '/var/lib/'", "spool_dir = 'spool'", "spool_dir = '/var/lib/nantrace/../../..'", "spool_dir = '/proc/self'", "socket = 'agent.sock'", "socket = '/tmp/agent.sock'", "job_dir = 'shared'", "webhook_url = \"http://h/x\\r\\nX-Evil: 1\"", "webhook_url = 'http://h/a b'", "webhook_url = 'http:///x'", "webhook_url = 'http://u:p@h/x'"] {
             let c: Config = toml::from_str(bad).unwrap();
             assert!(c.check().is_err(), "{bad} accepted");
         }

@@ -352,8 +352,20 @@ impl Agent {
     /// The sessions' hook for a full disk: older bundles go, counted and said.
     fn make_room(&self) -> crate::session::RoomHook {
         let (dir, metrics) = (self.cfg.spool_dir.clone(), self.metrics.clone());
-        Arc::new(move || {
-            let removed = spool::make_room(&dir, &spool::bundle_uid);
+        // At most once in ROOM_EVERY: a disk that someone else keeps full must not drain the
+        // spool a quarter per incident (the evidence of every other incident with it).
+        let last = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        Arc::new(move |spare: Option<&Path>| {
+            let now = monotonic_ns();
+            let prev = last.load(std::sync::atomic::Ordering::SeqCst);
+            if prev != 0 && now.saturating_sub(prev) < ROOM_EVERY.as_nanos() as u64 {
+                crate::say!("nantrace: spool: the disk is still full; older bundles were removed for room {} s ago, none removed now", now.saturating_sub(prev) / 1_000_000_000);
+                return Vec::new();
+            }
+            let removed = spool::make_room(&dir, &spool::bundle_uid, spare);
+            if !removed.is_empty() {
+                last.store(now, std::sync::atomic::Ordering::SeqCst);
+            }
             for r in &removed {
                 crate::say!("nantrace: spool: removed {} (the disk is full)", r.display());
             }
@@ -379,6 +391,9 @@ impl Agent {
         self.metrics.set("nantrace_spool_limit_bytes", &[], (self.cfg.spool_max_mb << 20) as f64);
     }
 }
+
+/// Older bundles are removed for a dump that a full disk refused at most this often.
+const ROOM_EVERY: Duration = Duration::from_secs(600);
 
 /// Run the agent until SIGTERM/SIGINT.
 pub async fn run(args: Args) -> anyhow::Result<()> {

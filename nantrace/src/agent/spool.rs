@@ -52,9 +52,9 @@ pub fn usage(dir: &Path) -> Usage {
 /// Room for a bundle that a full disk refused (redteam3 D-12): a quarter of the spool's
 /// bytes, at least one bundle, taken as [`enforce`] takes them (the biggest user's oldest
 /// first, never the newest).
-pub fn make_room(dir: &Path, uid_of: &dyn Fn(&Path) -> Option<u32>) -> Vec<PathBuf> {
-    let total: u64 = bundles(dir).iter().map(|b| b.1).sum();
-    enforce(dir, total.saturating_sub((total / 4).max(1)), 0.0, uid_of)
+pub fn make_room(dir: &Path, uid_of: &dyn Fn(&Path) -> Option<u32>, spare: Option<&Path>) -> Vec<PathBuf> {
+    let total: u64 = bundles(dir).iter().filter(|b| Some(b.0.as_path()) != spare).map(|b| b.1).sum();
+    enforce_sparing(dir, total.saturating_sub((total / 4).max(1)), 0.0, uid_of, spare)
 }
 
 /// The job user's uid a bundle records (`"uid": N` in the head of its timeline.json).
@@ -72,8 +72,17 @@ pub fn bundle_uid(b: &Path) -> Option<u32> {
 /// incidents do not push out another's (review 10). The newest bundle always stays. Returns
 /// what was removed.
 pub fn enforce(dir: &Path, max_bytes: u64, max_age_s: f64, uid_of: &dyn Fn(&Path) -> Option<u32>) -> Vec<PathBuf> {
+    enforce_sparing(dir, max_bytes, max_age_s, uid_of, None)
+}
+
+/// As [`enforce`], never removing `spare` either (a dump's own first attempt).
+fn enforce_sparing(dir: &Path, max_bytes: u64, max_age_s: f64, uid_of: &dyn Fn(&Path) -> Option<u32>, spare: Option<&Path>) -> Vec<PathBuf> {
     let mut b = bundles(dir);
+    // The newest bundle of all stays (usually the spared one itself: the dump in progress).
     let newest = b.last().map(|x| x.0.clone());
+    if let Some(s) = spare {
+        b.retain(|x| x.0 != s);
+    }
     let now = SystemTime::now();
     let mut removed = Vec::new();
     // remove_dir_all does not follow links inside the bundle.
@@ -162,6 +171,11 @@ pub(super) fn check_ancestors(dir: &Path, me: u32, what: &str) -> anyhow::Result
             let cm = std::fs::symlink_metadata(child).with_context(|| format!("{}", child.display()))?;
             let ours = |uid: u32| uid == 0 || uid == me;
             anyhow::ensure!(ours(pm.uid()), "{what} {}: {} belongs to uid {}: a user who owns a directory on the way could swap the {what} for a link", dir.display(), parent.display(), pm.uid());
+            // A link's own mode means nothing (`/var/run -> /run` is 0777): only its owner and
+            // its directory can change it, and the resolved path is checked as well.
+            if pm.file_type().is_symlink() {
+                continue;
+            }
             if pm.mode() & 0o022 != 0 {
                 let sticky = pm.mode() & 0o1000 != 0;
                 anyhow::ensure!(sticky && ours(cm.uid()), "{what} {}: {} is writable by others: a user could swap {} for a link", dir.display(), parent.display(), child.display());
@@ -199,8 +213,8 @@ mod tests {
         std::fs::create_dir(d.join("nantrace-h-0-incomplete")).unwrap();
         std::fs::File::open(d.join("nantrace-h-0-incomplete")).unwrap().set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(500)).unwrap();
         assert_eq!(super::usage(&d).incomplete, 1);
-        assert_eq!(super::make_room(&d, &|_| None), [d.join("nantrace-h-0-incomplete")]);
-        assert!(super::make_room(&d, &|_| None).is_empty(), "the newest bundle is never removed");
+        assert_eq!(super::make_room(&d, &|_| None, Some(&d.join("nantrace-h-3"))), [d.join("nantrace-h-0-incomplete")], "never the spared one");
+        assert!(super::make_room(&d, &|_| None, None).is_empty(), "the newest bundle is never removed");
         let _ = std::fs::remove_dir_all(&d);
     }
 

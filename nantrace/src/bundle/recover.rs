@@ -41,18 +41,24 @@ fn parse_tmp(name: &str) -> Option<(String, u32)> {
     Some((base.to_string(), pid.parse().ok()?))
 }
 
-/// Whether the process that wrote a temporary directory is gone: no such pid, the pid now
-/// belongs to a process that is not nantrace (reused), or it is this process, which has just
-/// started and writes nothing yet (an agent that is pid 1 of its container comes back with
-/// its old pid).
-fn writer_gone(proc_root: &Path, pid: u32) -> bool {
-    if pid == std::process::id() {
-        return true;
-    }
-    match std::fs::read_to_string(proc_root.join(pid.to_string()).join("comm")) {
-        Ok(comm) => !comm.trim_end().starts_with("nantrace"),
-        // Only "no such process" is proof; any other error (EMFILE, EACCES) is not.
-        Err(e) => matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)),
+/// Whether the process that wrote a temporary directory is gone. A writer holds an exclusive
+/// flock on its directory until it claims the bundle; the kernel lets go of it when the
+/// writer dies, however it dies, in whatever pid namespace or host (NFS) it ran. A directory
+/// of a nantrace that predates the lock is judged by its pid: gone, or another program now.
+fn writer_gone(dir: &safefs::Dir, proc_root: &Path, pid: u32) -> bool {
+    match dir.lock(false) {
+        Ok(false) => false,
+        Ok(true) => {
+            // Got it: nobody holds it. A writer from before the lock existed holds none; its
+            // pid says whether it still runs (this process's own old pid is dead: it just began).
+            pid == std::process::id()
+                || match std::fs::read_to_string(proc_root.join(pid.to_string()).join("comm")) {
+                    Ok(comm) => !comm.trim_end().starts_with("nantrace"),
+                    // Only "no such process" is proof; any other error (EMFILE, EACCES) is not.
+                    Err(e) => matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)),
+                }
+        }
+        Err(_) => false,
     }
 }
 
@@ -82,19 +88,30 @@ fn recover_in(out: &Path, proc_root: &Path) -> (Vec<Recovered>, Vec<String>) {
         let name = e.file_name().to_string_lossy().into_owned();
         let Some((base, pid)) = parse_tmp(&name) else { continue };
         let Ok(m) = std::fs::symlink_metadata(e.path()) else { continue };
-        if !m.is_dir() || m.uid() != me || !writer_gone(proc_root, pid) {
+        if !m.is_dir() || m.uid() != me {
+            continue;
+        }
+        // Opened without following a link, relative to `out`, and ours: what is checked is
+        // what is written into (a user's `--out` could swap the entry for a link meanwhile).
+        let Ok(sub) = d.open_subdir(&name) else { continue };
+        if !writer_gone(&sub, proc_root, pid) {
             continue;
         }
         let bytes = du(&e.path());
         let note = format!(
             "This bundle is incomplete: its writer (nantrace, pid {pid}) stopped before it finished (killed, or out of memory), and it was found in {} at {} by pid {}.\nThe files here are as far as it went; `nantrace report` reads what there is and says what is missing.\n",
-            out.display(),
+            crate::term::clean(&out.display().to_string()),
             crate::clock::rfc3339(crate::clock::realtime_ns()),
             std::process::id()
         );
-        if let Ok(sub) = safefs::Dir::open(&e.path()) {
-            let _ = sub.write_new(NOTE, note.as_bytes());
+        // The note, and the directory's time as it was: an old dump must not become the
+        // spool's newest bundle (which eviction spares).
+        let mtime = sub.modified();
+        let _ = sub.write_new(NOTE, note.as_bytes());
+        if let Ok(t) = mtime {
+            let _ = sub.set_modified(t);
         }
+        drop(sub);
         match claim(&d, &name, &format!("{base}{SUFFIX}")) {
             Ok(final_name) => kept.push(Recovered { dir: out.join(final_name), writer_pid: pid, bytes }),
             Err(err) => problems.push(format!("{}: {err}", out.join(&name).display())),
@@ -162,7 +179,16 @@ mod tests {
         std::fs::create_dir(&busy).unwrap();
         let reused = d.join(".nantrace-h-z.tmp-4194301-abcdef");
         std::fs::create_dir(&reused).unwrap();
+        // A writer that holds its directory's lock is alive, whatever its pid says (another
+        // pid namespace, another host on NFS).
+        let locked = d.join(".nantrace-h-w.tmp-4194307-abcdef");
+        std::fs::create_dir(&locked).unwrap();
+        let holder = safefs::Dir::open(&locked).unwrap();
+        assert!(holder.lock(false).unwrap());
+        let before = std::fs::metadata(&dead).unwrap().modified().unwrap();
         let (mut kept, problems) = recover_in(&d, &proc);
+        assert!(locked.is_dir(), "a locked writer's directory was taken");
+        drop(holder);
         let _ = std::fs::remove_dir_all(&proc);
         assert!(busy.is_dir(), "a live writer's directory was taken");
         assert!(!reused.exists() && d.join("nantrace-h-z-incomplete").is_dir(), "a pid reused by another program is a dead writer");
@@ -174,6 +200,7 @@ mod tests {
         let note = std::fs::read_to_string(kept[0].dir.join(NOTE)).unwrap();
         assert!(note.contains("pid 4194305") && note.contains("incomplete"), "{note}");
         assert_eq!(std::fs::read_to_string(kept[0].dir.join("app.log")).unwrap(), "step 1 loss nan\n");
+        assert_eq!(std::fs::metadata(&kept[0].dir).unwrap().modified().unwrap(), before, "the note did not make it the newest bundle");
         assert!(std::fs::symlink_metadata(d.join(".nantrace-h-x.tmp-4194306-abcdef")).unwrap().file_type().is_symlink(), "a link is never renamed");
         let _ = std::fs::remove_dir_all(&d);
     }

@@ -99,7 +99,7 @@ pub fn outliers(nodes: &[(String, BTreeMap<&'static str, f64>)]) -> Vec<Outlier>
             } else {
                 format!("{name}: {label} {v:.0}, the median of {} peers is 0", peers.len())
             };
-            out.push(Outlier { node: name.clone(), measure, family, value: v, peers_median: med, peers: peers.len(), text });
+            out.push(Outlier { node: name.clone(), measure, family, value: v, peers_median: med, peers: peers.len(), text, other_ends: Vec::new() });
         }
     }
     out
@@ -195,6 +195,7 @@ pub(super) fn bad_end(nodes: &[(String, Links)]) -> Option<Outlier> {
             }
         }
     }
+    let pairs_seen: Vec<(&str, &str)> = pairs.keys().copied().collect();
     let lossy: Vec<((&str, &str), (usize, usize))> = pairs.into_iter().filter(|(_, (a, b))| a + b >= LINK_LOSSY).collect();
     if lossy.is_empty() {
         return None;
@@ -203,8 +204,9 @@ pub(super) fn bad_end(nodes: &[(String, Links)]) -> Option<Outlier> {
     for ((a, b), _) in &lossy[1..] {
         candidates.retain(|c| c == a || c == b);
     }
-    let lossy_keys: BTreeSet<(String, String)> = lossy.iter().map(|((a, b), _)| key(a, b)).collect();
-    let clean = |n: &str| used.iter().filter(|(a, b)| (a == n || b == n) && !lossy_keys.contains(&(a.clone(), b.clone()))).count();
+    // Clean: a link of the job with no retransmit at all (one with a few is neither).
+    let any_retx: BTreeSet<(String, String)> = pairs_seen.iter().map(|(a, b)| key(a, b)).collect();
+    let clean = |n: &str| used.iter().filter(|(a, b)| (a == n || b == n) && !any_retx.contains(&(a.clone(), b.clone()))).count();
     let culprit = match candidates.len() {
         1 => *candidates.iter().next()?,
         2 => {
@@ -219,11 +221,12 @@ pub(super) fn bad_end(nodes: &[(String, Links)]) -> Option<Outlier> {
     };
     let total: usize = lossy.iter().map(|(_, (a, b))| a + b).sum();
     let desc: Vec<String> = lossy.iter().map(|((a, b), (x, y))| format!("{a}–{b}: {a} {x}, {b} {y} retransmits")).collect();
-    let clean_others: Vec<String> = used.iter().filter(|k| !lossy_keys.contains(k) && k.0 != culprit && k.1 != culprit).map(|(a, b)| format!("{a}–{b}")).collect();
+    let clean_others: Vec<String> = used.iter().filter(|k| !any_retx.contains(*k) && k.0 != culprit && k.1 != culprit).map(|(a, b)| format!("{a}–{b}")).collect();
+    let other_ends: Vec<String> = lossy.iter().map(|((a, b), _)| if *a == culprit { (*b).to_string() } else { (*a).to_string() }).collect();
     let text = format!(
         "{culprit}: every lossy link of the job ends at {culprit} ({}){}",
         desc.join("; "),
         if clean_others.is_empty() { String::new() } else { format!(", while the other nodes' links stayed clean ({})", clean_others.join(", ")) }
     );
-    Some(Outlier { node: culprit.to_string(), measure: "tcp_lossy_links", family: "network", value: total as f64, peers_median: 0.0, peers: nodes.len() - 1, text })
+    Some(Outlier { node: culprit.to_string(), measure: "tcp_lossy_links", family: "network", value: total as f64, peers_median: 0.0, peers: nodes.len().saturating_sub(1), text, other_ends })
 }

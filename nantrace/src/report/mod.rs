@@ -235,9 +235,12 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     }
     suspects.sort_by(|a, b| b.score.total_cmp(&a.score));
 
-    // A bundle's window as it says, within what nantrace records (a day); anything else
+    // A bundle's window as it says, within what nantrace records (a week); anything else
     // (a user's bundle with 1e300, redteam3 D-14) is not printed as a number of minutes.
-    let window_min = timeline["window"]["pre_s"].as_f64().filter(|v| v.is_finite() && *v > 0.0 && *v <= 86_400.0).map_or(f64::NAN, |v| v / 60.0);
+    let window_min = match &timeline["window"]["pre_s"] {
+        Value::Null => 10.0,
+        v => v.as_f64().filter(|v| v.is_finite() && *v > 0.0 && *v <= WINDOW_MAX_S).map_or(f64::NAN, |v| v / 60.0),
+    };
     let (verdict, family) = verdict(&suspects, timeline, snapshot, window_min, ref_name);
     let machine: Vec<&Finding> = suspects.iter().filter(|s| s.family.is_machine()).collect();
     let reference = match nan_off {
@@ -258,6 +261,9 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     checked.extend(context);
     Analysis { verdict, family, machine: !machine.is_empty(), reference, suspects, checked, facts: facts(timeline, snapshot) }
 }
+
+/// The longest window a bundle can say it kept (`run --window` allows a week).
+pub const WINDOW_MAX_S: f64 = 7.0 * 86_400.0;
 
 /// A job-output network or hang warning this long before the reference, with the job's
 /// training going on after it ([`OUTLIVED_STEPS`] steps logged), is context: the job did

@@ -100,14 +100,18 @@ impl OwnedDump {
             Ok(w) => w.failures.iter().any(|f| f.contains("No space left")),
         };
         let Some(make_room) = self.make_room.as_ref().filter(|_| full) else { return first };
-        let freed = make_room();
+        // One dump at a time makes room and tries again: two sessions dumping on the same full
+        // disk must not evict each other's first attempts.
+        static ROOM: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = ROOM.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let freed = make_room(first.as_ref().ok().map(|w| w.dir.as_path()));
         if freed.is_empty() {
             lines.push("nantrace: WARNING: the disk is full and no older bundle could be removed to make room".into());
             return first;
         }
         lines.push(format!("nantrace: the disk was full: removed {} older bundle(s) to make room, and wrote the bundle again", freed.len()));
         match (first, bundle::write(&self.out, inc, snapshot)) {
-            (Ok(a), Ok(b)) if b.written >= a.written => {
+            (Ok(a), Ok(b)) if b.written >= a.written || !a.dir.exists() => {
                 let _ = std::fs::remove_dir_all(&a.dir);
                 Ok(b)
             }

@@ -121,7 +121,7 @@ type DumpHook = Box<dyn Fn(&Dumped) + Send>;
 type FaultHook = Box<dyn Fn(crate::joblog::JobFamily) + Send>;
 type OpenHook = Box<dyn Fn(&str, &str) + Send>;
 /// See [`Session::on_full`].
-pub type RoomHook = Arc<dyn Fn() -> Vec<PathBuf> + Send + Sync>;
+pub type RoomHook = Arc<dyn Fn(Option<&std::path::Path>) -> Vec<PathBuf> + Send + Sync>;
 
 /// How the job is tied to the session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
