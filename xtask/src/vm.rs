@@ -109,6 +109,9 @@ fn test_binaries(targets: &[&str]) -> Result<BTreeMap<String, PathBuf>> {
     Ok(out)
 }
 
+/// One suite's result in a guest: (path, name, passed, failures, flaky, seconds, finished).
+type Suite = (String, String, usize, Vec<String>, usize, f64, bool);
+
 /// What one kernel's run gave.
 #[derive(Default)]
 struct Outcome {
@@ -118,7 +121,7 @@ struct Outcome {
     wall_s: f64,
     doctor: Value,
     /// (path, suite) -> (passed, failed names, total, seconds, finished)
-    suites: Vec<(String, String, usize, Vec<String>, usize, f64, bool)>,
+    suites: Vec<Suite>,
     problems: Vec<String>,
     /// Tests that failed once and passed when run again alone (guest.sh): reported, with
     /// their first failure, in the table and on stderr; not problems.

@@ -154,6 +154,9 @@ pub(super) fn links(view: &Value, snapshot: &Value) -> Links {
     l
 }
 
+/// Two nodes of a link, in name order.
+type Pair<'a> = (&'a str, &'a str);
+
 /// Retransmits on a link (either end) from which it counts as lossy.
 const LINK_LOSSY: usize = 5;
 
@@ -196,7 +199,7 @@ pub(super) fn bad_end(nodes: &[(String, Links)]) -> Option<Outlier> {
         }
     }
     let pairs_seen: Vec<(&str, &str)> = pairs.keys().copied().collect();
-    let lossy: Vec<((&str, &str), (usize, usize))> = pairs.into_iter().filter(|(_, (a, b))| a + b >= LINK_LOSSY).collect();
+    let lossy: Vec<(Pair, (usize, usize))> = pairs.into_iter().filter(|(_, (a, b))| a + b >= LINK_LOSSY).collect();
     if lossy.is_empty() {
         return None;
     }
