@@ -183,6 +183,17 @@ pub fn devices_held(root: &Path, pid: u32, prefixes: &[String]) -> Vec<String> {
     out.into_iter().collect()
 }
 
+/// Xid's PCI address -> the GPU's minor number (`/dev/nvidiaN`), from the driver's procfs.
+pub fn gpu_minor_of(pci: &str) -> Option<u32> {
+    let base = Path::new("/proc/driver/nvidia/gpus");
+    for name in [pci.to_string(), format!("{pci}.0")] {
+        if let Ok(t) = std::fs::read_to_string(base.join(name.to_ascii_lowercase()).join("information")) {
+            return t.lines().find_map(|l| l.strip_prefix("Device Minor:")).and_then(|v| v.trim().parse().ok());
+        }
+    }
+    None
+}
+
 /// GPU minor numbers from device paths (`/dev/nvidia3` -> 3; `nvidiactl`, `nvidia-uvm`: none).
 pub fn gpu_minors(devices: &[String]) -> BTreeSet<u32> {
     devices.iter().filter_map(|d| d.rsplit('/').next()?.strip_prefix("nvidia")?.parse().ok()).collect()

@@ -76,17 +76,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Xid's PCI address -> the GPU's minor number (`/dev/nvidiaN`), from the driver's procfs.
-fn gpu_minor_of(pci: &str) -> Option<u32> {
-    let base = Path::new("/proc/driver/nvidia/gpus");
-    for name in [pci.to_string(), format!("{pci}.0")] {
-        if let Ok(t) = std::fs::read_to_string(base.join(name.to_ascii_lowercase()).join("information")) {
-            return t.lines().find_map(|l| l.strip_prefix("Device Minor:")).and_then(|v| v.trim().parse().ok());
-        }
-    }
-    None
-}
-
 struct Agent {
     cfg: Config,
     args: Args,
@@ -141,7 +130,7 @@ impl Agent {
                         if let Some(f) = crate::trigger::from_event(&e, false) {
                             let minor = match &e.detail {
                                 Detail::Kmsg(k) => match k.class.as_deref() {
-                                    Some(KmsgClass::Xid { pci, .. }) => gpu_minor_of(pci),
+                                    Some(KmsgClass::Xid { pci, .. }) => discover::gpu_minor_of(pci),
                                     _ => None,
                                 },
                                 _ => None,
@@ -349,29 +338,9 @@ impl Agent {
         m.set("nantrace_recorder_bytes", &[("recorder", "node")], lock(&self.node).bytes() as f64);
     }
 
-    /// The sessions' hook for a full disk: older bundles go, counted and said.
+    /// The sessions' hook for a full disk (`spool::room_hook`).
     fn make_room(&self) -> crate::session::RoomHook {
-        let (dir, metrics) = (self.cfg.spool_dir.clone(), self.metrics.clone());
-        // At most once in ROOM_EVERY: a disk that someone else keeps full must not drain the
-        // spool a quarter per incident (the evidence of every other incident with it).
-        let last = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        Arc::new(move |spare: Option<&Path>| {
-            let now = monotonic_ns();
-            let prev = last.load(std::sync::atomic::Ordering::SeqCst);
-            if prev != 0 && now.saturating_sub(prev) < ROOM_EVERY.as_nanos() as u64 {
-                crate::say!("nantrace: spool: the disk is still full; older bundles were removed for room {} s ago, none removed now", now.saturating_sub(prev) / 1_000_000_000);
-                return Vec::new();
-            }
-            let removed = spool::make_room(&dir, &spool::bundle_uid, spare);
-            if !removed.is_empty() {
-                last.store(now, std::sync::atomic::Ordering::SeqCst);
-            }
-            for r in &removed {
-                crate::say!("nantrace: spool: removed {} (the disk is full)", r.display());
-            }
-            metrics.add("nantrace_spool_removed_total", &[], removed.len() as f64);
-            removed
-        })
+        spool::room_hook(self.cfg.spool_dir.clone(), self.metrics.clone())
     }
 
     fn spool(&self) {
@@ -391,9 +360,6 @@ impl Agent {
         self.metrics.set("nantrace_spool_limit_bytes", &[], (self.cfg.spool_max_mb << 20) as f64);
     }
 }
-
-/// Older bundles are removed for a dump that a full disk refused at most this often.
-const ROOM_EVERY: Duration = Duration::from_secs(600);
 
 /// Run the agent until SIGTERM/SIGINT.
 pub async fn run(args: Args) -> anyhow::Result<()> {

@@ -115,6 +115,34 @@ fn enforce_sparing(dir: &Path, max_bytes: u64, max_age_s: f64, uid_of: &dyn Fn(&
     removed
 }
 
+/// Older bundles are removed for a dump that a full disk refused at most this often.
+const ROOM_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The sessions' hook for a full disk: older bundles go ([`make_room`]), counted and said; at
+/// most once in ROOM_EVERY, so a disk that someone else keeps full does not drain the spool a
+/// quarter per incident (the evidence of every other incident with it).
+pub(super) fn room_hook(dir: PathBuf, metrics: std::sync::Arc<super::Metrics>) -> crate::session::RoomHook {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let last = std::sync::Arc::new(AtomicU64::new(0));
+    std::sync::Arc::new(move |spare: Option<&Path>| {
+        let now = crate::clock::monotonic_ns();
+        let prev = last.load(Ordering::SeqCst);
+        if prev != 0 && now.saturating_sub(prev) < ROOM_EVERY.as_nanos() as u64 {
+            crate::say!("nantrace: spool: the disk is still full; older bundles were removed for room {} s ago, none removed now", now.saturating_sub(prev) / 1_000_000_000);
+            return Vec::new();
+        }
+        let removed = make_room(&dir, &bundle_uid, spare);
+        if !removed.is_empty() {
+            last.store(now, Ordering::SeqCst);
+        }
+        for r in &removed {
+            crate::say!("nantrace: spool: removed {} (the disk is full)", r.display());
+        }
+        metrics.add("nantrace_spool_removed_total", &[], removed.len() as f64);
+        removed
+    })
+}
+
 /// The spool directory: created 0700; an existing one must be a real directory of ours.
 pub(super) fn open_spool(dir: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
