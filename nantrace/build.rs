@@ -4,10 +4,12 @@ use std::path::PathBuf;
 
 fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap()).join("nantrace.bpf.o");
-    let src = std::env::var_os("NANTRACE_BPF_OBJ").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap())
-            .join("../nantrace-ebpf/target/bpfel-unknown-none/release/nantrace")
-    });
+    let src = std::env::var_os("NANTRACE_BPF_OBJ")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap())
+                .join("../nantrace-ebpf/target/bpfel-unknown-none/release/nantrace")
+        });
     println!("cargo:rerun-if-env-changed=NANTRACE_BPF_OBJ");
     println!("cargo:rerun-if-changed={}", src.display());
     match std::fs::read(&src) {

@@ -219,6 +219,13 @@ pub struct Config {
 
 impl Config {
     pub const fn zeroed() -> Self {
-        Self { slow_io_ns: 0, wake_bytes: 0, whole_machine: 0, self_pid: 0, off: TpOffsets::missing(), btf: BtfOffsets::missing() }
+        Self {
+            slow_io_ns: 0,
+            wake_bytes: 0,
+            whole_machine: 0,
+            self_pid: 0,
+            off: TpOffsets::missing(),
+            btf: BtfOffsets::missing(),
+        }
     }
 }

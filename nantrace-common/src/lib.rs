@@ -5,17 +5,18 @@
 //! kernel and userspace agree on every byte.
 #![no_std]
 
+pub mod aer;
 pub mod block;
 pub mod config;
 pub mod oom;
 pub mod printk;
 pub mod process;
 pub mod tcp;
-pub mod aer;
 
 pub use aer::AerEvent;
 pub use block::{
-    BioHistSlot, BioIssuer, BioKey, BioStart, BlockEvent, BlockStat, BIO_HIST_BUCKETS, BIO_HIST_PROBES, BIO_HIST_SLOTS, BIO_ISSUER_SLOTS, BLOCK_QUEUED_MAX_AGE_NS, BLOCK_STATS,
+    BioHistSlot, BioIssuer, BioKey, BioStart, BlockEvent, BlockStat, BIO_HIST_BUCKETS,
+    BIO_HIST_PROBES, BIO_HIST_SLOTS, BIO_ISSUER_SLOTS, BLOCK_QUEUED_MAX_AGE_NS, BLOCK_STATS,
 };
 pub use config::{BtfOffsets, Config, TpOffsets, MISSING};
 pub use oom::OomEvent;
@@ -110,7 +111,14 @@ pub struct EventHeader {
 
 impl EventHeader {
     pub const fn zeroed() -> Self {
-        Self { kind: 0, flags: 0, ts_ns: 0, pid: 0, tid: 0, comm: [0; COMM_LEN] }
+        Self {
+            kind: 0,
+            flags: 0,
+            ts_ns: 0,
+            pid: 0,
+            tid: 0,
+            comm: [0; COMM_LEN],
+        }
     }
 }
 

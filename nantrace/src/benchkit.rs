@@ -12,7 +12,12 @@ use crate::recorder::Recorder;
 
 /// The fixed workload: O_DIRECT 4 KiB writes + fsync, fork/exec/exit of /bin/true, TCP
 /// round trips over loopback, and a kernel log line every `kmsg_every` iterations.
-pub fn workload(iters: u32, kmsg_every: u32, dir: &std::path::Path, go_file: Option<&std::path::Path>) -> Value {
+pub fn workload(
+    iters: u32,
+    kmsg_every: u32,
+    dir: &std::path::Path,
+    go_file: Option<&std::path::Path>,
+) -> Value {
     if let Some(g) = go_file {
         while !g.exists() {
             std::thread::sleep(std::time::Duration::from_millis(10));
@@ -21,7 +26,13 @@ pub fn workload(iters: u32, kmsg_every: u32, dir: &std::path::Path, go_file: Opt
     // SAFETY: PR_SET_NAME with a NUL-terminated name.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"nt-bench-work".as_ptr()) };
     let path = dir.join(format!("nt-bench-{}.dat", std::process::id()));
-    let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).custom_flags(libc::O_DIRECT).open(&path).expect("O_DIRECT file (needs a real filesystem, not tmpfs)");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path)
+        .expect("O_DIRECT file (needs a real filesystem, not tmpfs)");
     let layout = std::alloc::Layout::from_size_align(4096, 4096).unwrap();
     // SAFETY: aligned allocation for O_DIRECT, freed below.
     let buf = unsafe { std::alloc::alloc_zeroed(layout) };
@@ -40,7 +51,10 @@ pub fn workload(iters: u32, kmsg_every: u32, dir: &std::path::Path, go_file: Opt
     });
     let mut c = std::net::TcpStream::connect(addr).unwrap();
     c.set_nodelay(true).unwrap();
-    let mut kmsg = std::fs::OpenOptions::new().write(true).open("/dev/kmsg").ok();
+    let mut kmsg = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/kmsg")
+        .ok();
     let t0 = Instant::now();
     let mut b = [0u8; 64];
     for i in 0..iters {
@@ -90,20 +104,60 @@ pub fn forkstorm(n: u64, go_file: Option<&std::path::Path>) -> Value {
 }
 
 fn rss_kb() -> u64 {
-    procfs::process::Process::myself().and_then(|p| p.stat()).map(|s| s.rss * (procfs::page_size() / 1024)).unwrap_or(0)
+    procfs::process::Process::myself()
+        .and_then(|p| p.stat())
+        .map(|s| s.rss * (procfs::page_size() / 1024))
+        .unwrap_or(0)
 }
 
 /// A typical mix of kernel events as they reach the recorder.
 fn synthetic(i: u64, t: u64) -> Event {
-    let comm = comm_from(if i.is_multiple_of(3) { "python3" } else { "pt_data_worker" });
+    let comm = comm_from(if i.is_multiple_of(3) {
+        "python3"
+    } else {
+        "pt_data_worker"
+    });
     let detail = match i % 10 {
-        0..=3 => Detail::Block { dev: 259 << 20, error: 0, sector: i * 8, latency_us: 60_000 + (i % 1000) as u32, nr_sector: 8, rwbs: *b"WS\0\0\0\0" },
-        4..=5 => Detail::Fork { child_pid: (i % 60_000) as u32, child_comm: comm, tid: 0 },
-        6..=7 => Detail::Exit { code: 0, signal: 0, tid: 0, core_dumped: false },
-        8 => Detail::Signal { sig: 9, code: 0, target_pid: 77, result: 0, target_comm: comm, tid: 0 },
-        _ => Detail::Kmsg(Kmsg { text: "nvme nvme0: I/O 123 QID 4 timeout, completion polled".into(), class: None }),
+        0..=3 => Detail::Block {
+            dev: 259 << 20,
+            error: 0,
+            sector: i * 8,
+            latency_us: 60_000 + (i % 1000) as u32,
+            nr_sector: 8,
+            rwbs: *b"WS\0\0\0\0",
+        },
+        4..=5 => Detail::Fork {
+            child_pid: (i % 60_000) as u32,
+            child_comm: comm,
+            tid: 0,
+        },
+        6..=7 => Detail::Exit {
+            code: 0,
+            signal: 0,
+            tid: 0,
+            core_dumped: false,
+        },
+        8 => Detail::Signal {
+            sig: 9,
+            code: 0,
+            target_pid: 77,
+            result: 0,
+            target_comm: comm,
+            tid: 0,
+        },
+        _ => Detail::Kmsg(Kmsg {
+            text: "nvme nvme0: I/O 123 QID 4 timeout, completion polled".into(),
+            class: None,
+        }),
     };
-    Event::new(t, 1000 + (i % 64) as u32, 1000 + (i % 64) as u32, comm, i.is_multiple_of(2), detail)
+    Event::new(
+        t,
+        1000 + (i % 64) as u32,
+        1000 + (i % 64) as u32,
+        comm,
+        i.is_multiple_of(2),
+        detail,
+    )
 }
 
 /// Recorder bytes per event and process RSS after `n` events (a 10-minute window at 1 k/s is
@@ -130,14 +184,48 @@ pub fn memory(n: u64) -> Value {
 /// Userspace drain rate: decode + recorder push of recorded ring-buffer records.
 pub fn drain(n: u64) -> Value {
     use nantrace_common::*;
-    let mut hdr = EventHeader { kind: EventKind::Exit as u32, flags: FLAG_JOB, ts_ns: 1, pid: 42, tid: 42, comm: [b'x'; 16] };
-    let exit = ExitEvent { hdr, code: 0, signal: 0, core_dumped: 0, _pad: 0 };
+    let mut hdr = EventHeader {
+        kind: EventKind::Exit as u32,
+        flags: FLAG_JOB,
+        ts_ns: 1,
+        pid: 42,
+        tid: 42,
+        comm: [b'x'; 16],
+    };
+    let exit = ExitEvent {
+        hdr,
+        code: 0,
+        signal: 0,
+        core_dumped: 0,
+        _pad: 0,
+    };
     hdr.kind = EventKind::Block as u32;
-    let block = BlockEvent { hdr, dev: 7 << 20, error: 0, sector: 8, latency_ns: 1000, nr_sector: 8, _pad: 0, rwbs: [b'W'; 16] };
+    let block = BlockEvent {
+        hdr,
+        dev: 7 << 20,
+        error: 0,
+        sector: 8,
+        latency_ns: 1000,
+        nr_sector: 8,
+        _pad: 0,
+        rwbs: [b'W'; 16],
+    };
     // SAFETY: padding-free #[repr(C)] structs viewed as bytes.
-    let rec_exit = unsafe { std::slice::from_raw_parts((&raw const exit).cast::<u8>(), std::mem::size_of::<ExitEvent>()) }.to_vec();
+    let rec_exit = unsafe {
+        std::slice::from_raw_parts(
+            (&raw const exit).cast::<u8>(),
+            std::mem::size_of::<ExitEvent>(),
+        )
+    }
+    .to_vec();
     // SAFETY: as above.
-    let rec_block = unsafe { std::slice::from_raw_parts((&raw const block).cast::<u8>(), std::mem::size_of::<BlockEvent>()) }.to_vec();
+    let rec_block = unsafe {
+        std::slice::from_raw_parts(
+            (&raw const block).cast::<u8>(),
+            std::mem::size_of::<BlockEvent>(),
+        )
+    }
+    .to_vec();
     let mut r = Recorder::new(u64::MAX, 1 << 30);
     let t = Instant::now();
     for i in 0..n {
@@ -157,7 +245,23 @@ pub fn dump(n: u64, out: &std::path::Path) -> Value {
     let mut r = Recorder::new(u64::MAX, 1 << 30);
     for i in 0..n {
         let e = if i % 50 == 0 {
-            Event::new(t0 + i * 1000, 1, 1, comm_from("python3"), true, Detail::Log(Box::new(LogLine { text: format!("step {i} | loss 2.{}", i % 1000).into(), stream: 1, nonfinite: false, step: Some(i), loss: Some(2.0), loss_scale: None, overflow: false, fault: None })))
+            Event::new(
+                t0 + i * 1000,
+                1,
+                1,
+                comm_from("python3"),
+                true,
+                Detail::Log(Box::new(LogLine {
+                    text: format!("step {i} | loss 2.{}", i % 1000).into(),
+                    stream: 1,
+                    nonfinite: false,
+                    step: Some(i),
+                    loss: Some(2.0),
+                    loss_scale: None,
+                    overflow: false,
+                    fault: None,
+                })),
+            )
         } else {
             synthetic(i, t0 + i * 1000)
         };
@@ -165,14 +269,27 @@ pub fn dump(n: u64, out: &std::path::Path) -> Value {
     }
     let host = crate::bundle::Host::read();
     let clock = ClockMap::sample();
-    let trig = vec![crate::trigger::Fired { kind: crate::trigger::TriggerKind::Manual, mono_ns: t0 + n * 1000, reason: "benchmark".into() }];
+    let trig = vec![crate::trigger::Fired {
+        kind: crate::trigger::TriggerKind::Manual,
+        mono_ns: t0 + n * 1000,
+        reason: "benchmark".into(),
+    }];
     let job = crate::bundle::JobInfo::default();
     let snapshot = json!({ "gpu": { "available": false, "reason": "benchmark" } });
     // NANTRACE_BENCH_PROFILE=1: print the time of each stage (how the dump was profiled).
     if std::env::var_os("NANTRACE_BENCH_PROFILE").is_some() {
         let ev = r.sorted();
         let ev: Vec<&crate::event::Event> = ev.iter().collect();
-        let inc = crate::bundle::Incident { host: &host, clock: &clock, triggers: &trig, job: &job, accounting: json!({}), events: &ev, window_pre_s: 600.0, post_s: 0.0 };
+        let inc = crate::bundle::Incident {
+            host: &host,
+            clock: &clock,
+            triggers: &trig,
+            job: &job,
+            accounting: json!({}),
+            events: &ev,
+            window_pre_s: 600.0,
+            post_s: 0.0,
+        };
         let t = Instant::now();
         let tl = crate::bundle::timeline(&inc);
         eprintln!("timeline {:?}", t.elapsed());
@@ -199,10 +316,29 @@ pub fn dump(n: u64, out: &std::path::Path) -> Value {
     let start = Instant::now();
     let lanes = r.take_lanes();
     let events = Recorder::by_time(&lanes);
-    let inc = crate::bundle::Incident { host: &host, clock: &clock, triggers: &trig, job: &job, accounting: json!({}), events: &events, window_pre_s: 600.0, post_s: 0.0 };
+    let inc = crate::bundle::Incident {
+        host: &host,
+        clock: &clock,
+        triggers: &trig,
+        job: &job,
+        accounting: json!({}),
+        events: &events,
+        window_pre_s: 600.0,
+        post_s: 0.0,
+    };
     let w = crate::bundle::write(out, &inc, &snapshot);
     let s = start.elapsed().as_secs_f64();
-    let size: u64 = w.as_ref().ok().and_then(|w| std::fs::read_dir(&w.dir).ok()).map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum()).unwrap_or(0);
+    let size: u64 = w
+        .as_ref()
+        .ok()
+        .and_then(|w| std::fs::read_dir(&w.dir).ok())
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0);
     if let Ok(w) = &w {
         let _ = std::fs::remove_dir_all(&w.dir);
     }
@@ -221,7 +357,10 @@ pub fn bpf_stats() -> Value {
 /// `bench-internal floor`: only the do-nothing programs, on every tracepoint nantrace uses,
 /// until `go_file` disappears (or SIGTERM). The benchmark reads their run statistics.
 pub fn floor(go_file: Option<&std::path::Path>) -> anyhow::Result<Value> {
-    let opts = crate::probes::Options { bench: crate::probes::BenchPrograms::FloorOnly, ..crate::probes::Options::default() };
+    let opts = crate::probes::Options {
+        bench: crate::probes::BenchPrograms::FloorOnly,
+        ..crate::probes::Options::default()
+    };
     let p = crate::probes::Probes::load(&opts)?;
     eprintln!("nantrace: floor programs attached: {}", p.attached());
     match go_file {
@@ -238,7 +377,13 @@ pub fn floor(go_file: Option<&std::path::Path>) -> anyhow::Result<Value> {
 /// `bench-internal synth-gen`: `rate` records per second for `seconds`, as getppid calls from
 /// `threads` threads (each call makes `burst` records in the kernel), paced per millisecond.
 /// Waits for `go_file` first. Prints the calls made and the time taken.
-pub fn synth_gen(rate: u64, seconds: f64, burst: u32, threads: u32, go_file: Option<&std::path::Path>) -> Value {
+pub fn synth_gen(
+    rate: u64,
+    seconds: f64,
+    burst: u32,
+    threads: u32,
+    go_file: Option<&std::path::Path>,
+) -> Value {
     if let Some(g) = go_file {
         while !g.exists() {
             std::thread::sleep(std::time::Duration::from_millis(5));
@@ -287,17 +432,40 @@ fn cpu_self_s() -> f64 {
 /// uses; kernel drops as reported; this process's CPU per million records. SYNTHETIC: the
 /// records are generated by `bench_emit`, not by real forks.
 pub async fn synth(rate: u64, seconds: f64, burst: u32, threads: u32) -> anyhow::Result<Value> {
-    let opts = crate::probes::Options { bench: crate::probes::BenchPrograms::Synthetic, whole_machine: false, ..crate::probes::Options::default() };
+    let opts = crate::probes::Options {
+        bench: crate::probes::BenchPrograms::Synthetic,
+        whole_machine: false,
+        ..crate::probes::Options::default()
+    };
     let mut p = crate::probes::Probes::load(&opts)?;
-    if let Some(s) = p.status.iter().find(|s| s.program == "bench_emit" && !s.attached) {
-        anyhow::bail!("the synthetic generator did not attach: {}", s.reason.as_deref().unwrap_or("?"));
+    if let Some(s) = p
+        .status
+        .iter()
+        .find(|s| s.program == "bench_emit" && !s.attached)
+    {
+        anyhow::bail!(
+            "the synthetic generator did not attach: {}",
+            s.reason.as_deref().unwrap_or("?")
+        );
     }
     let ring = p.take_ring()?;
     let go = std::env::temp_dir().join(format!("nantrace-synth-go-{}", std::process::id()));
     let _ = std::fs::remove_file(&go);
     let me = std::env::current_exe()?;
     let gen = std::process::Command::new(me)
-        .args(["bench-internal", "synth-gen", "--rate", &rate.to_string(), "--seconds", &seconds.to_string(), "--burst", &burst.to_string(), "--threads", &threads.to_string(), "--go"])
+        .args([
+            "bench-internal",
+            "synth-gen",
+            "--rate",
+            &rate.to_string(),
+            "--seconds",
+            &seconds.to_string(),
+            "--burst",
+            &burst.to_string(),
+            "--threads",
+            &threads.to_string(),
+            "--go",
+        ])
         .arg(&go)
         .stdout(std::process::Stdio::piped())
         .spawn()?;
@@ -321,17 +489,26 @@ pub async fn synth(rate: u64, seconds: f64, burst: u32, threads: u32) -> anyhow:
     let cpu0 = cpu_self_s();
     std::fs::write(&go, "")?;
     let out = tokio::task::spawn_blocking(move || gen.wait_with_output()).await??;
-    let g: Value = serde_json::from_slice(out.stdout.split(|&b| b == b'\n').find(|l| !l.is_empty()).unwrap_or(b"{}"))?;
+    let g: Value = serde_json::from_slice(
+        out.stdout
+            .split(|&b| b == b'\n')
+            .find(|l| !l.is_empty())
+            .unwrap_or(b"{}"),
+    )?;
     // The reader drains what is left (25 ms timer), then the stream ends.
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let cpu1 = cpu_self_s();
     let drops = p.drops().get("fork").copied().unwrap_or(0);
     let _ = std::fs::remove_file(&go);
     drop(p);
-    let decode_errors = stats.decode_errors.load(std::sync::atomic::Ordering::Relaxed);
+    let decode_errors = stats
+        .decode_errors
+        .load(std::sync::atomic::Ordering::Relaxed);
     // Stop the reader: its sender goes, the counter ends.
     reader.abort();
-    let (delivered, rec) = tokio::time::timeout(std::time::Duration::from_secs(5), counter).await.map_err(|_| anyhow::anyhow!("reader did not finish"))??;
+    let (delivered, rec) = tokio::time::timeout(std::time::Duration::from_secs(5), counter)
+        .await
+        .map_err(|_| anyhow::anyhow!("reader did not finish"))??;
     let offered = g["records_offered"].as_u64().unwrap_or(0);
     let secs = g["seconds"].as_f64().unwrap_or(seconds);
     Ok(json!({
@@ -372,7 +549,10 @@ pub fn microcost(n: u64) -> anyhow::Result<Value> {
     let rows: Vec<Value> = r?
         .into_iter()
         .map(|(p, runs, ns)| {
-            let what = crate::probes::MICRO.iter().find(|m| m.0 == p).map_or("", |m| m.1);
+            let what = crate::probes::MICRO
+                .iter()
+                .find(|m| m.0 == p)
+                .map_or("", |m| m.1);
             json!({ "program": p, "what": what, "runs": runs, "ns_per_run": ns })
         })
         .collect();

@@ -24,7 +24,11 @@ pub struct Host {
 impl Host {
     pub fn read() -> Self {
         let r = |p: &str| fs::read_to_string(p).unwrap_or_default().trim().to_string();
-        Host { hostname: r("/proc/sys/kernel/hostname"), kernel: r("/proc/sys/kernel/osrelease"), boot_id: r("/proc/sys/kernel/random/boot_id") }
+        Host {
+            hostname: r("/proc/sys/kernel/hostname"),
+            kernel: r("/proc/sys/kernel/osrelease"),
+            boot_id: r("/proc/sys/kernel/random/boot_id"),
+        }
     }
 }
 
@@ -87,7 +91,10 @@ pub struct Written {
 
 /// Index of the first non-finite log line, if any.
 pub fn first_nan<'a>(events: &[&'a Event]) -> Option<&'a Event> {
-    events.iter().copied().find(|e| matches!(&e.detail, Detail::Log(l) if l.nonfinite))
+    events
+        .iter()
+        .copied()
+        .find(|e| matches!(&e.detail, Detail::Log(l) if l.nonfinite))
 }
 
 /// Everything in timeline.json but the events.
@@ -157,13 +164,20 @@ pub fn timeline(inc: &Incident) -> Value {
 /// timeline.json, streamed: the head pretty, then one event per line (compact, greppable,
 /// and never the whole window as one JSON tree in memory).
 fn write_timeline(w: &mut dyn std::io::Write, inc: &Incident, head: &Value) -> std::io::Result<()> {
-    write_timeline_with(w, head, inc.events.len(), &mut |i, w| serde_json::to_writer(w, &event_json(inc, inc.events[i])).map_err(std::io::Error::from))
+    write_timeline_with(w, head, inc.events.len(), &mut |i, w| {
+        serde_json::to_writer(w, &event_json(inc, inc.events[i])).map_err(std::io::Error::from)
+    })
 }
 
 /// timeline.json in nantrace's layout: the head pretty-printed, then `"events"` with one event
 /// per line (what [`load`] reads line by line). `head` has no `events`; `event(i, w)` writes
 /// the i-th of `n`.
-pub fn write_timeline_with(w: &mut dyn std::io::Write, head: &Value, n: usize, event: &mut dyn FnMut(usize, &mut dyn std::io::Write) -> std::io::Result<()>) -> std::io::Result<()> {
+pub fn write_timeline_with(
+    w: &mut dyn std::io::Write,
+    head: &Value,
+    n: usize,
+    event: &mut dyn FnMut(usize, &mut dyn std::io::Write) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let mut h = serde_json::to_vec_pretty(head)?;
     if h.ends_with(b"{}") {
         h.truncate(h.len() - 1); // an empty head: "{"
@@ -186,10 +200,24 @@ fn write_app_log(w: &mut dyn std::io::Write, inc: &Incident) -> std::io::Result<
     for &e in inc.events {
         if let Detail::Log(l) = &e.detail {
             if Some(e as *const Event) == first {
-                writeln!(w, ">>>>> nantrace: FIRST NON-FINITE VALUE on the next line ({}) <<<<<", rfc3339(inc.clock.to_wall(e.mono_ns)))?;
+                writeln!(
+                    w,
+                    ">>>>> nantrace: FIRST NON-FINITE VALUE on the next line ({}) <<<<<",
+                    rfc3339(inc.clock.to_wall(e.mono_ns))
+                )?;
             }
-            let stream = match l.stream { 1 => "stdout", 2 => "stderr", 3 => "stdout+stderr", _ => "file" };
-            writeln!(w, "{} [{stream}] {}", rfc3339(inc.clock.to_wall(e.mono_ns)), l.text)?;
+            let stream = match l.stream {
+                1 => "stdout",
+                2 => "stderr",
+                3 => "stdout+stderr",
+                _ => "file",
+            };
+            writeln!(
+                w,
+                "{} [{stream}] {}",
+                rfc3339(inc.clock.to_wall(e.mono_ns)),
+                l.text
+            )?;
         }
     }
     Ok(())
@@ -231,7 +259,11 @@ const DIGEST_ROUTINE: usize = 10_000;
 /// they are in app.log and timeline.json, not in the reasoning).
 fn digest_rank(e: &Event) -> u8 {
     match &e.detail {
-        Detail::Log(l) if l.nonfinite || l.overflow || l.fault.is_some() || l.loss_scale.is_some() => 0,
+        Detail::Log(l)
+            if l.nonfinite || l.overflow || l.fault.is_some() || l.loss_scale.is_some() =>
+        {
+            0
+        }
         Detail::Log(l) if l.loss.is_some() => 2,
         Detail::Log(_) => 9,
         Detail::Fork { .. } | Detail::Exec { .. } | Detail::Block { .. } | Detail::Tcp(_) => 3,
@@ -277,10 +309,24 @@ pub fn digest(inc: &Incident, head: &Value) -> Value {
         key.truncate(DIGEST_MAX);
     }
     let room = DIGEST_MAX.saturating_sub(key.len());
-    let mut keep: Vec<usize> = key.into_iter().map(|k| k.1).chain(curve.into_iter().rev().chain(routine.into_iter().rev()).take(room)).collect();
+    let mut keep: Vec<usize> = key
+        .into_iter()
+        .map(|k| k.1)
+        .chain(
+            curve
+                .into_iter()
+                .rev()
+                .chain(routine.into_iter().rev())
+                .take(room),
+        )
+        .collect();
     keep.sort_unstable();
     let mut t = head.clone();
-    t["events"] = Value::Array(keep.iter().map(|&i| event_json(inc, inc.events[i])).collect());
+    t["events"] = Value::Array(
+        keep.iter()
+            .map(|&i| event_json(inc, inc.events[i]))
+            .collect(),
+    );
     t["accounting"]["digest"] = json!({ "events": inc.events.len(), "analysed": keep.len(), "plain_log_lines_not_analysed": plain, "over_the_cap_not_analysed": candidates - keep.len() });
     t
 }
@@ -300,17 +346,21 @@ pub fn write(out: &Path, inc: &Incident, snapshot: &Value) -> std::io::Result<Wr
     let stamp = compact_utc(inc.clock.to_wall(inc.triggers[0].mono_ns));
     let host = safefs::sanitize(&inc.host.hostname, "host");
     let base = format!("nantrace-{host}-{stamp}");
-    let (tmp, tmp_name) = outd.create_temp_subdir(&format!(".{base}.tmp-{}-", std::process::id()))?;
+    let (tmp, tmp_name) =
+        outd.create_temp_subdir(&format!(".{base}.tmp-{}-", std::process::id()))?;
     // Held until the bundle is claimed: a writer that dies lets go of it, and the next start
     // keeps its directory as incomplete (bundle::recover).
     let _ = tmp.lock(true);
     let mut failures = Vec::new();
     let mut written = 0;
-    let mut put = |name: &str, fill: &mut dyn FnMut(&mut dyn std::io::Write) -> std::io::Result<()>| match tmp.write_with(name, |w| fill(w)) {
-        Err(e) => failures.push(format!("{name}: {e}")),
-        Ok(n) if n > 0 => written += 1,
-        Ok(_) => {}
-    };
+    let mut put =
+        |name: &str, fill: &mut dyn FnMut(&mut dyn std::io::Write) -> std::io::Result<()>| match tmp
+            .write_with(name, |w| fill(w))
+        {
+            Err(e) => failures.push(format!("{name}: {e}")),
+            Ok(n) if n > 0 => written += 1,
+            Ok(_) => {}
+        };
     // Smallest and most telling first: on a nearly full disk the job's log and the answer
     // survive (redteam 1.21).
     put("app.log", &mut |w| write_app_log(w, inc));
@@ -323,13 +373,17 @@ pub fn write(out: &Path, inc: &Incident, snapshot: &Value) -> std::io::Result<Wr
     // the report and the HTML from the same digest on another: the dump of a 100 k-event
     // window takes the longest of the two, not their sum.
     let (analysis, timeline) = std::thread::scope(|s| {
-        let timeline = s.spawn(|| tmp.write_with("timeline.json", |w| write_timeline(w, inc, &head)));
-        let trace = s.spawn(|| serde_json::to_vec(&crate::export::perfetto::trace(&d)).unwrap_or_default());
+        let timeline =
+            s.spawn(|| tmp.write_with("timeline.json", |w| write_timeline(w, inc, &head)));
+        let trace =
+            s.spawn(|| serde_json::to_vec(&crate::export::perfetto::trace(&d)).unwrap_or_default());
         let a = crate::report::analyze(&d, snapshot);
         let md = crate::report::markdown(&a, &d);
         put("report.md", &mut |w| w.write_all(md.as_bytes()));
         put("report.txt", &mut |w| w.write_all(md.as_bytes()));
-        put("snapshot.json", &mut |w| serde_json::to_writer_pretty(&mut *w, snapshot).map_err(std::io::Error::from));
+        put("snapshot.json", &mut |w| {
+            serde_json::to_writer_pretty(&mut *w, snapshot).map_err(std::io::Error::from)
+        });
         let html = crate::export::html::render(&a, &d, snapshot);
         put("report.html", &mut |w| w.write_all(html.as_bytes()));
         drop(html);
@@ -348,18 +402,49 @@ pub fn write(out: &Path, inc: &Incident, snapshot: &Value) -> std::io::Result<Wr
         // Nothing of it could be written (a full disk): no empty directory is left to pass
         // for a bundle (redteam3 D-12); the caller says so and counts the failure.
         let _ = std::fs::remove_dir_all(out.join(&tmp_name));
-        let kind = if failures.iter().any(|f| f.contains("No space left")) { std::io::ErrorKind::StorageFull } else { std::io::ErrorKind::Other };
-        return Err(std::io::Error::new(kind, format!("no file of the bundle could be written: {}", failures.join("; "))));
+        let kind = if failures.iter().any(|f| f.contains("No space left")) {
+            std::io::ErrorKind::StorageFull
+        } else {
+            std::io::ErrorKind::Other
+        };
+        return Err(std::io::Error::new(
+            kind,
+            format!(
+                "no file of the bundle could be written: {}",
+                failures.join("; ")
+            ),
+        ));
     }
     let base = if failures.is_empty() {
         base
     } else {
         // Some files missing: kept, under a name and with a note that say so.
-        let _ = tmp.write_new(recover::NOTE, format!("This bundle is incomplete: these files could not be written:\n{}\n", failures.iter().map(|f| format!("- {f}")).collect::<Vec<_>>().join("\n")).as_bytes());
+        let _ = tmp.write_new(
+            recover::NOTE,
+            format!(
+                "This bundle is incomplete: these files could not be written:\n{}\n",
+                failures
+                    .iter()
+                    .map(|f| format!("- {f}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+            .as_bytes(),
+        );
         format!("{base}{}", recover::SUFFIX)
     };
-    let name = recover::claim(&outd, &tmp_name, &base).map_err(|e| std::io::Error::new(e.kind(), format!("{e}; the files are in {}", out.join(&tmp_name).display())))?;
-    Ok(Written { dir: out.join(&name), written, failures, analysis })
+    let name = recover::claim(&outd, &tmp_name, &base).map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("{e}; the files are in {}", out.join(&tmp_name).display()),
+        )
+    })?;
+    Ok(Written {
+        dir: out.join(&name),
+        written,
+        failures,
+        analysis,
+    })
 }
 
 mod load;

@@ -3,7 +3,10 @@ use serde::Serialize;
 use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 
 fn clock_ns(id: libc::clockid_t) -> i128 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid clock id and a valid out pointer.
     unsafe { libc::clock_gettime(id, &mut ts) };
     i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
@@ -41,7 +44,11 @@ impl ClockMap {
             }
         }
         let (error_ns, offset_ns, at) = best.unwrap_or((0, 0, 0));
-        Self { offset_ns, error_ns, sampled_at_mono_ns: at }
+        Self {
+            offset_ns,
+            error_ns,
+            sampled_at_mono_ns: at,
+        }
     }
 
     pub fn to_wall(&self, mono_ns: u64) -> i128 {
@@ -73,7 +80,8 @@ pub fn rfc3339(wall_ns: i128) -> String {
 
 /// `20261130T095507Z`, for directory names.
 pub fn compact_utc(wall_ns: i128) -> String {
-    let t = OffsetDateTime::from_unix_timestamp_nanos(wall_ns).unwrap_or(OffsetDateTime::UNIX_EPOCH);
+    let t =
+        OffsetDateTime::from_unix_timestamp_nanos(wall_ns).unwrap_or(OffsetDateTime::UNIX_EPOCH);
     format!(
         "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
         t.year(),
@@ -94,14 +102,26 @@ mod tests {
         let m = ClockMap::sample();
         let wall = m.to_wall(monotonic_ns());
         let diff = (wall - realtime_ns()).abs();
-        assert!(diff < 50_000_000, "mapped monotonic now is {diff} ns off realtime");
+        assert!(
+            diff < 50_000_000,
+            "mapped monotonic now is {diff} ns off realtime"
+        );
     }
 
     #[test]
     fn formats_rfc3339_with_nanoseconds() {
-        assert_eq!(rfc3339(1_764_496_507_123_456_789), "2025-11-30T09:55:07.123456789Z");
-        assert_eq!(rfc3339(1_764_496_507_500_000_000), "2025-11-30T09:55:07.500000000Z");
-        assert_eq!(rfc3339(1_764_496_508_000_000_001), "2025-11-30T09:55:08.000000001Z");
+        assert_eq!(
+            rfc3339(1_764_496_507_123_456_789),
+            "2025-11-30T09:55:07.123456789Z"
+        );
+        assert_eq!(
+            rfc3339(1_764_496_507_500_000_000),
+            "2025-11-30T09:55:07.500000000Z"
+        );
+        assert_eq!(
+            rfc3339(1_764_496_508_000_000_001),
+            "2025-11-30T09:55:08.000000001Z"
+        );
         assert_eq!(rfc3339(-1), "1969-12-31T23:59:59.999999999Z");
         // Parses back with the time crate.
         let t = OffsetDateTime::parse(&rfc3339(1_764_496_507_000_000_000), &Rfc3339).unwrap();

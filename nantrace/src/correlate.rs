@@ -7,7 +7,10 @@ pub fn descendants(roots: &[u32]) -> BTreeSet<u32> {
     if let Ok(all) = procfs::process::all_processes() {
         for p in all.flatten() {
             if let Ok(stat) = p.stat() {
-                children.entry(stat.ppid as u32).or_default().push(stat.pid as u32);
+                children
+                    .entry(stat.ppid as u32)
+                    .or_default()
+                    .push(stat.pid as u32);
             }
         }
     }
@@ -26,21 +29,33 @@ pub fn descendants(roots: &[u32]) -> BTreeSet<u32> {
 /// Threads of `pid` (their tids), so thread-directed signals are attributed too.
 pub fn threads(pid: u32) -> Vec<u32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 /// The process exists and is not a zombie (a zombie has exited; only its parent's wait is due).
 pub fn alive(pid: u32) -> bool {
     // The state follows the parenthesised comm, which may itself hold spaces or ')'.
-    let live = |stat: &str| stat.rsplit_once(')').is_some_and(|(_, rest)| !matches!(rest.trim_start().chars().next(), Some('Z' | 'X')));
+    let live = |stat: &str| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !matches!(rest.trim_start().chars().next(), Some('Z' | 'X')))
+    };
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) if live(&s) => true,
         // A zombie leader whose other threads still run (the leader called pthread_exit,
         // redteam 1.10) is a live process: look at its threads.
-        Ok(_) => std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten().any(|t| {
-            t.file_name().to_str().is_some_and(|n| n != pid.to_string()) && std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| live(&s))
-        }),
+        Ok(_) => std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|t| {
+                t.file_name().to_str().is_some_and(|n| n != pid.to_string())
+                    && std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| live(&s))
+            }),
         // Gone. Any other error (EMFILE, EACCES) is not proof of death (review 3).
         Err(e) => !matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)),
     }
@@ -52,7 +67,10 @@ mod tests {
 
     #[test]
     fn finds_a_child_of_this_process() {
-        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
         let me = std::process::id();
         let d = descendants(&[me]);
         let _ = child.kill();

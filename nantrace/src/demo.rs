@@ -27,7 +27,10 @@ impl Rng {
 pub fn train(scenario: &str, step_ms: u64) -> i32 {
     let me = std::env::current_exe().unwrap_or_else(|_| "nantrace".into());
     // A data-loader worker, as PyTorch's DataLoader forks them.
-    let mut worker = std::process::Command::new(&me).arg("demo-worker").spawn().ok();
+    let mut worker = std::process::Command::new(&me)
+        .arg("demo-worker")
+        .spawn()
+        .ok();
     let (mut w, mut b) = (0.0f32, 0.0f32);
     let mut lr = 0.01f32;
     let mut scale = 2048.0f32;
@@ -35,7 +38,9 @@ pub fn train(scenario: &str, step_ms: u64) -> i32 {
     let out = std::io::stdout();
     let mut nan_steps = 0;
     let mut injected: Option<inject::Cleanup> = None;
-    println!("demo: fitting y = 3x + 1 with SGD (f32), lr warmup without a cap; scenario={scenario}");
+    println!(
+        "demo: fitting y = 3x + 1 with SGD (f32), lr warmup without a cap; scenario={scenario}"
+    );
     for step in 1..=400u32 {
         if step > 30 {
             lr *= 1.08;
@@ -52,12 +57,18 @@ pub fn train(scenario: &str, step_ms: u64) -> i32 {
         // Simulated fp16 dynamic loss scaling: the scaled loss must fit in fp16.
         if (loss * scale).is_finite() && loss * scale > 65504.0 && scale > 1.0 {
             scale /= 2.0;
-            println!("gradient overflow detected, ignoring gradient, setting loss scale to: {scale:.1}");
+            println!(
+                "gradient overflow detected, ignoring gradient, setting loss scale to: {scale:.1}"
+            );
         }
         w -= lr * gw;
         b -= lr * gb;
         let mut l = out.lock();
-        let _ = writeln!(l, "step {step} | loss {loss:.4} | lr {lr:.3e} | loss_scale {scale:.1} | grad_norm {:.3}", (gw * gw + gb * gb).sqrt());
+        let _ = writeln!(
+            l,
+            "step {step} | loss {loss:.4} | lr {lr:.3e} | loss_scale {scale:.1} | grad_norm {:.3}",
+            (gw * gw + gb * gb).sqrt()
+        );
         let _ = l.flush();
         drop(l);
         if Some(step) == inject::step(scenario) {
@@ -186,8 +197,19 @@ mod inject {
     }
 
     fn sh(args: &[&str]) -> Result<(), String> {
-        let o = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args[0]))?;
-        if o.status.success() { Ok(()) } else { Err(format!("{:?}: {}", args, String::from_utf8_lossy(&o.stderr).trim())) }
+        let o = Command::new(args[0])
+            .args(&args[1..])
+            .output()
+            .map_err(|e| format!("{}: {e}", args[0]))?;
+        if o.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{:?}: {}",
+                args,
+                String::from_utf8_lossy(&o.stderr).trim()
+            ))
+        }
     }
 
     /// A worker whose O_DIRECT writes to a loop device (direct-io backing file) are throttled
@@ -200,32 +222,69 @@ mod inject {
         f.set_len(64 << 20).map_err(|e| e.to_string())?;
         let dev = std::fs::metadata(&img).map_err(|e| e.to_string())?.dev();
         let (maj, min) = (libc::major(dev), libc::minor(dev));
-        let o = Command::new("losetup").args(["--find", "--show", "--direct-io=on"]).arg(&img).output().map_err(|e| format!("losetup: {e}"))?;
+        let o = Command::new("losetup")
+            .args(["--find", "--show", "--direct-io=on"])
+            .arg(&img)
+            .output()
+            .map_err(|e| format!("losetup: {e}"))?;
         if !o.status.success() {
             let _ = std::fs::remove_file(&img);
-            return Err(format!("losetup: {}", String::from_utf8_lossy(&o.stderr).trim()));
+            return Err(format!(
+                "losetup: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
         }
         let loopdev = String::from_utf8_lossy(&o.stdout).trim().to_string();
-        let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").is_ok_and(|c| c.split_whitespace().any(|x| x == "io"));
+        let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == "io"));
         let name = format!("nantrace-demo-io-{pid}");
-        let cg = if v2 { PathBuf::from("/sys/fs/cgroup").join(&name) } else { PathBuf::from("/sys/fs/cgroup/blkio").join(&name) };
-        let mut c = Cleanup { cgroup: None, child: None, netns: Vec::new(), _conns: Vec::new(), loopdev: Some((loopdev.clone(), img)) };
+        let cg = if v2 {
+            PathBuf::from("/sys/fs/cgroup").join(&name)
+        } else {
+            PathBuf::from("/sys/fs/cgroup/blkio").join(&name)
+        };
+        let mut c = Cleanup {
+            cgroup: None,
+            child: None,
+            netns: Vec::new(),
+            _conns: Vec::new(),
+            loopdev: Some((loopdev.clone(), img)),
+        };
         if v2 {
             let _ = std::fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+io");
         }
         std::fs::create_dir_all(&cg).map_err(|e| format!("{}: {e}", cg.display()))?;
         c.cgroup = Some(cg.clone());
-        let (file, rule) = if v2 { ("io.max", format!("{maj}:{min} wbps=65536")) } else { ("blkio.throttle.write_bps_device", format!("{maj}:{min} 65536")) };
+        let (file, rule) = if v2 {
+            ("io.max", format!("{maj}:{min} wbps=65536"))
+        } else {
+            (
+                "blkio.throttle.write_bps_device",
+                format!("{maj}:{min} 65536"),
+            )
+        };
         std::fs::write(cg.join(file), &rule).map_err(|e| format!("{file} {rule}: {e}"))?;
-        c.child = Some(Command::new(me).arg("demo-io-writer").arg(&loopdev).arg(cg.join("cgroup.procs")).spawn().map_err(|e| e.to_string())?);
+        c.child = Some(
+            Command::new(me)
+                .arg("demo-io-writer")
+                .arg(&loopdev)
+                .arg(cg.join("cgroup.procs"))
+                .spawn()
+                .map_err(|e| e.to_string())?,
+        );
         Ok(c)
     }
 
     /// A worker in a 64 MiB memory cgroup that allocates until the OOM killer takes it.
     pub fn oom(me: &Path) -> Result<Cleanup, String> {
-        let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
+        let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
         let name = format!("nantrace-demo-{}", std::process::id());
-        let cg = if v2 { PathBuf::from("/sys/fs/cgroup").join(&name) } else { PathBuf::from("/sys/fs/cgroup/memory").join(&name) };
+        let cg = if v2 {
+            PathBuf::from("/sys/fs/cgroup").join(&name)
+        } else {
+            PathBuf::from("/sys/fs/cgroup/memory").join(&name)
+        };
         if v2 {
             // Children only get the controller when the parent delegates it.
             let _ = std::fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+memory");
@@ -239,11 +298,24 @@ mod inject {
             std::fs::write(cg.join("memory.limit_in_bytes"), &limit).map_err(|e| e.to_string())?;
             let _ = std::fs::write(cg.join("memory.memsw.limit_in_bytes"), &limit);
         }
-        let child = Command::new(me).arg("demo-hog").arg(cg.join("cgroup.procs")).spawn().map_err(|e| e.to_string())?;
-        Ok(Cleanup { cgroup: Some(cg), child: Some(child), netns: Vec::new(), _conns: Vec::new(), loopdev: None })
+        let child = Command::new(me)
+            .arg("demo-hog")
+            .arg(cg.join("cgroup.procs"))
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        Ok(Cleanup {
+            cgroup: Some(cg),
+            child: Some(child),
+            netns: Vec::new(),
+            _conns: Vec::new(),
+            loopdev: None,
+        })
     }
 
-    fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+    fn in_ns<T: Send + 'static>(
+        ns: &str,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, String> {
         let path = format!("/var/run/netns/{ns}");
         std::thread::spawn(move || {
             let fd = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
@@ -261,25 +333,86 @@ mod inject {
     pub fn net() -> Result<Cleanup, String> {
         let tag = std::process::id() % 100_000;
         let (a, b) = (format!("ntdemo-a{tag}"), format!("ntdemo-b{tag}"));
-        let mut c = Cleanup { cgroup: None, child: None, netns: vec![a.clone(), b.clone()], _conns: Vec::new(), loopdev: None };
+        let mut c = Cleanup {
+            cgroup: None,
+            child: None,
+            netns: vec![a.clone(), b.clone()],
+            _conns: Vec::new(),
+            loopdev: None,
+        };
         sh(&["ip", "netns", "add", &a])?;
         sh(&["ip", "netns", "add", &b])?;
-        sh(&["ip", "link", "add", &format!("nda{tag}"), "netns", &a, "type", "veth", "peer", "name", &format!("ndb{tag}"), "netns", &b])?;
-        sh(&["ip", "-n", &a, "addr", "add", "10.214.0.1/24", "dev", &format!("nda{tag}")])?;
-        sh(&["ip", "-n", &b, "addr", "add", "10.214.0.2/24", "dev", &format!("ndb{tag}")])?;
+        sh(&[
+            "ip",
+            "link",
+            "add",
+            &format!("nda{tag}"),
+            "netns",
+            &a,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &format!("ndb{tag}"),
+            "netns",
+            &b,
+        ])?;
+        sh(&[
+            "ip",
+            "-n",
+            &a,
+            "addr",
+            "add",
+            "10.214.0.1/24",
+            "dev",
+            &format!("nda{tag}"),
+        ])?;
+        sh(&[
+            "ip",
+            "-n",
+            &b,
+            "addr",
+            "add",
+            "10.214.0.2/24",
+            "dev",
+            &format!("ndb{tag}"),
+        ])?;
         sh(&["ip", "-n", &a, "link", "set", &format!("nda{tag}"), "up"])?;
         sh(&["ip", "-n", &b, "link", "set", &format!("ndb{tag}"), "up"])?;
-        let listener = in_ns(&b, || TcpListener::bind(("10.214.0.2", 29500)))?.map_err(|e| e.to_string())?;
+        let listener =
+            in_ns(&b, || TcpListener::bind(("10.214.0.2", 29500)))?.map_err(|e| e.to_string())?;
         std::thread::spawn(move || {
             let mut held = Vec::new();
             for s in listener.incoming().flatten() {
                 held.push(s);
             }
         });
-        let conns = in_ns(&a, || (0..12).map(|_| TcpStream::connect(("10.214.0.2", 29500))).collect::<Result<Vec<_>, _>>())?.map_err(|e| e.to_string())?;
-        sh(&["ip", "netns", "exec", &b, "nft", "add", "table", "inet", "ntdemo"])?;
-        sh(&["ip", "netns", "exec", &b, "nft", "add", "chain", "inet", "ntdemo", "in", "{ type filter hook input priority 0; }"])?;
-        sh(&["ip", "netns", "exec", &b, "nft", "add", "rule", "inet", "ntdemo", "in", "tcp", "dport", "29500", "drop"])?;
+        let conns = in_ns(&a, || {
+            (0..12)
+                .map(|_| TcpStream::connect(("10.214.0.2", 29500)))
+                .collect::<Result<Vec<_>, _>>()
+        })?
+        .map_err(|e| e.to_string())?;
+        sh(&[
+            "ip", "netns", "exec", &b, "nft", "add", "table", "inet", "ntdemo",
+        ])?;
+        sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &b,
+            "nft",
+            "add",
+            "chain",
+            "inet",
+            "ntdemo",
+            "in",
+            "{ type filter hook input priority 0; }",
+        ])?;
+        sh(&[
+            "ip", "netns", "exec", &b, "nft", "add", "rule", "inet", "ntdemo", "in", "tcp",
+            "dport", "29500", "drop",
+        ])?;
         for mut s in conns {
             let _ = s.write_all(&[0u8; 512]);
             c._conns.push(s);
@@ -316,7 +449,11 @@ pub fn io_writer(dev: &str, procs: &str) -> i32 {
         eprintln!("demo-io-writer: {procs}: {e}");
         return 1;
     }
-    let f = match std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT | libc::O_DSYNC).open(dev) {
+    let f = match std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+        .open(dev)
+    {
         Ok(f) => f,
         Err(e) => {
             eprintln!("demo-io-writer: {dev}: {e}");

@@ -24,26 +24,47 @@ pub struct Report {
 
 /// One line for the probes' paths: which run as `tp_btf` programs, which on tracefs records.
 pub fn probe_path(probes: &[ProbeStatus]) -> String {
-    let names = |p: ProbePath| probes.iter().filter(|s| s.attached && s.path == p).map(|s| s.tracepoint.as_str()).collect::<Vec<_>>();
+    let names = |p: ProbePath| {
+        probes
+            .iter()
+            .filter(|s| s.attached && s.path == p)
+            .map(|s| s.tracepoint.as_str())
+            .collect::<Vec<_>>()
+    };
     let btf = names(ProbePath::Btf);
-    let fallback: Vec<String> = probes.iter().filter_map(|s| s.btf_fallback.as_ref().map(|w| format!("{}: {w}", s.tracepoint))).collect();
+    let fallback: Vec<String> = probes
+        .iter()
+        .filter_map(|s| {
+            s.btf_fallback
+                .as_ref()
+                .map(|w| format!("{}: {w}", s.tracepoint))
+        })
+        .collect();
     let mut line = if btf.is_empty() {
-        "tracefs: every probe reads its tracepoint record at offsets from the format files".to_string()
+        "tracefs: every probe reads its tracepoint record at offsets from the format files"
+            .to_string()
     } else {
         format!("BTF for {} (kernel structs at offsets from /sys/kernel/btf/vmlinux); tracefs records for the rest", btf.join(", "))
     };
     if !fallback.is_empty() {
-        line.push_str(&format!("; on the tracefs fallback: {}", fallback.join("; ")));
+        line.push_str(&format!(
+            "; on the tracefs fallback: {}",
+            fallback.join("; ")
+        ));
     }
     line
 }
 
 /// Whole-disk block devices whose queue keeps no I/O statistics.
 fn iostats_off() -> Vec<String> {
-    let Ok(rd) = std::fs::read_dir("/sys/block") else { return Vec::new() };
+    let Ok(rd) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
     let mut out: Vec<String> = rd
         .flatten()
-        .filter(|e| std::fs::read_to_string(e.path().join("queue/iostats")).is_ok_and(|v| v.trim() == "0"))
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("queue/iostats")).is_ok_and(|v| v.trim() == "0")
+        })
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     out.sort();
@@ -63,11 +84,18 @@ pub fn nvml_status() -> String {
 pub fn run() -> Report {
     // SAFETY: geteuid cannot fail.
     let euid = unsafe { libc::geteuid() };
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
     let tracefs = crate::tracefs::root().map(|p| p.display().to_string());
     let mut notes = Vec::new();
     let (probes, load_error, kernel_log) = if !Probes::is_built() {
-        (Vec::new(), Some("eBPF object not built into this binary: run `cargo xtask build`".to_string()), None)
+        (
+            Vec::new(),
+            Some("eBPF object not built into this binary: run `cargo xtask build`".to_string()),
+            None,
+        )
     } else {
         match Probes::load(&Options::default()) {
             Ok(p) => (p.status.clone(), None, p.klog.clone()),
@@ -90,23 +118,35 @@ pub fn run() -> Report {
     } else {
         probes
     };
-    if probes.iter().any(|p| p.tracepoint == "ras:aer_event" && !p.attached) {
+    if probes
+        .iter()
+        .any(|p| p.tracepoint == "ras:aer_event" && !p.attached)
+    {
         notes.push("ras:aer_event is absent (kernel without CONFIG_PCIEAER or the ras events): AER is still caught from the kernel log text by the printk:console probe".into());
     }
-    if probes.iter().any(|p| p.tracepoint == "sched:sched_process_fork" && p.attached && p.path == ProbePath::Btf) {
+    if probes.iter().any(|p| {
+        p.tracepoint == "sched:sched_process_fork" && p.attached && p.path == ProbePath::Btf
+    }) {
         notes.push("task:task_newtask is not attached: not needed, the BTF fork program tells threads from processes by the child's tgid".into());
     }
-    if probes.iter().any(|p| p.tracepoint == "sched:sched_process_exit" && p.attached && p.path == ProbePath::Btf) {
+    if probes.iter().any(|p| {
+        p.tracepoint == "sched:sched_process_exit" && p.attached && p.path == ProbePath::Btf
+    }) {
         notes.push("syscalls:sys_enter_exit_group is not attached: not needed, the BTF exit program reads the exit status from the kernel's record of the group".into());
     }
-    if probes.iter().any(|p| p.tracepoint == "block:block_rq_complete" && p.attached && p.path == ProbePath::Btf) {
+    if probes.iter().any(|p| {
+        p.tracepoint == "block:block_rq_complete" && p.attached && p.path == ProbePath::Btf
+    }) {
         let off = iostats_off();
         if !off.is_empty() {
             notes.push(format!("block devices with I/O statistics off (queue/iostats = 0): {}. On the BTF path their requests outside watched jobs have no start time and are not in the latency histograms", off.join(", ")));
         }
     }
     if euid != 0 {
-        notes.push("not root: loading probes needs root (or CAP_BPF + CAP_PERFMON + tracefs access)".into());
+        notes.push(
+            "not root: loading probes needs root (or CAP_BPF + CAP_PERFMON + tracefs access)"
+                .into(),
+        );
     }
     Report {
         kernel,
@@ -128,11 +168,34 @@ pub fn run() -> Report {
 
 pub fn print_human(r: &Report) {
     crate::sayout!("kernel        {}", r.kernel);
-    crate::sayout!("privileges    euid={}{}", r.euid, if r.euid == 0 { " (root)" } else { " (not root)" });
-    crate::sayout!("tracefs       {}", r.tracefs.clone().unwrap_or_else(crate::tracefs::why_unavailable));
-    crate::sayout!("BTF           {}", if r.btf { "/sys/kernel/btf/vmlinux" } else { "absent" });
+    crate::sayout!(
+        "privileges    euid={}{}",
+        r.euid,
+        if r.euid == 0 {
+            " (root)"
+        } else {
+            " (not root)"
+        }
+    );
+    crate::sayout!(
+        "tracefs       {}",
+        r.tracefs
+            .clone()
+            .unwrap_or_else(crate::tracefs::why_unavailable)
+    );
+    crate::sayout!(
+        "BTF           {}",
+        if r.btf {
+            "/sys/kernel/btf/vmlinux"
+        } else {
+            "absent"
+        }
+    );
     crate::sayout!("probe path    {}", r.probe_path);
-    crate::sayout!("probes built  {}", if r.probes_built { "yes" } else { "no" });
+    crate::sayout!(
+        "probes built  {}",
+        if r.probes_built { "yes" } else { "no" }
+    );
     if let Some(e) = &r.load_error {
         crate::sayout!("load          FAILED: {e}");
     }
@@ -145,7 +208,11 @@ pub fn print_human(r: &Report) {
         crate::sayout!(
             "  {:<34} {:<12} {:<8} {}",
             p.tracepoint,
-            if p.attached { "attached" } else { "NOT ATTACHED" },
+            if p.attached {
+                "attached"
+            } else {
+                "NOT ATTACHED"
+            },
             if p.attached {
                 match p.path {
                     ProbePath::Btf => "btf",

@@ -11,8 +11,9 @@ use crate::source::Source;
 pub struct Comm(u16);
 
 type Interner = (std::collections::HashMap<[u8; 16], u16>, Vec<[u8; 16]>);
-static COMMS: std::sync::LazyLock<std::sync::Mutex<Interner>> =
-    std::sync::LazyLock::new(|| std::sync::Mutex::new((std::collections::HashMap::new(), vec![[0u8; 16]])));
+static COMMS: std::sync::LazyLock<std::sync::Mutex<Interner>> = std::sync::LazyLock::new(|| {
+    std::sync::Mutex::new((std::collections::HashMap::new(), vec![[0u8; 16]]))
+});
 const MAX_COMMS: usize = 1 << 16;
 
 impl Comm {
@@ -22,7 +23,9 @@ impl Comm {
         if b[0] == 0 {
             return Comm::NONE;
         }
-        let mut t = COMMS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut t = COMMS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(id) = t.0.get(&b) {
             return Comm(*id);
         }
@@ -36,7 +39,9 @@ impl Comm {
     }
 
     pub fn bytes(self) -> [u8; 16] {
-        let t = COMMS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let t = COMMS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         t.1.get(self.0 as usize).copied().unwrap_or([0; 16])
     }
 }
@@ -144,21 +149,52 @@ pub enum Detail {
     Aer(Box<Aer>),
     Oom(Box<Oom>),
     /// Compact on purpose (the most frequent kernel event): latency in µs, rwbs in 6 bytes.
-    Block { dev: u32, error: i16, sector: u64, latency_us: u32, nr_sector: u32, rwbs: [u8; 6] },
+    Block {
+        dev: u32,
+        error: i16,
+        sector: u64,
+        latency_us: u32,
+        nr_sector: u32,
+        rwbs: [u8; 6],
+    },
     Tcp(Box<Tcp>),
     /// `tid`: the forking thread.
-    Fork { child_pid: u32, child_comm: Comm, tid: u32 },
-    Exec { filename: Box<str> },
+    Fork {
+        child_pid: u32,
+        child_comm: Comm,
+        tid: u32,
+    },
+    Exec {
+        filename: Box<str>,
+    },
     /// `tid`: the exiting thread (the process when it is the group leader); `core_dumped`:
     /// the kernel wrote a core (known on the BTF path only).
-    Exit { code: i32, signal: i32, tid: u32, core_dumped: bool },
+    Exit {
+        code: i32,
+        signal: i32,
+        tid: u32,
+        core_dumped: bool,
+    },
     /// `tid`: the sending thread.
-    Signal { sig: i32, code: i32, target_pid: u32, result: i32, target_comm: Comm, tid: u32 },
+    Signal {
+        sig: i32,
+        code: i32,
+        target_pid: u32,
+        result: i32,
+        target_comm: Comm,
+        tid: u32,
+    },
     Log(Box<LogLine>),
     /// A sample or notable change from a userspace collector (GPU, system, network...).
-    Sample { source: Source, fields: Box<Map<String, Value>> },
+    Sample {
+        source: Source,
+        fields: Box<Map<String, Value>>,
+    },
     /// A trigger fired.
-    Trigger { kind: &'static str, reason: Box<String> },
+    Trigger {
+        kind: &'static str,
+        reason: Box<String>,
+    },
 }
 
 impl Detail {
@@ -213,13 +249,19 @@ fn dev_name(dev: u32) -> String {
 
 /// The block device's name (`nvme0n1`, `loop0`) from /sys/dev/block, cached per device.
 pub fn disk_name(dev: u32) -> Option<String> {
-    static CACHE: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<u32, Option<String>>>> =
-        std::sync::LazyLock::new(Default::default);
-    let mut c = CACHE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    static CACHE: std::sync::LazyLock<
+        std::sync::Mutex<std::collections::HashMap<u32, Option<String>>>,
+    > = std::sync::LazyLock::new(Default::default);
+    let mut c = CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     c.entry(dev)
         .or_insert_with(|| {
-            let uevent = std::fs::read_to_string(format!("/sys/dev/block/{}/uevent", dev_name(dev))).ok()?;
-            uevent.lines().find_map(|l| l.strip_prefix("DEVNAME=").map(String::from))
+            let uevent =
+                std::fs::read_to_string(format!("/sys/dev/block/{}/uevent", dev_name(dev))).ok()?;
+            uevent
+                .lines()
+                .find_map(|l| l.strip_prefix("DEVNAME=").map(String::from))
         })
         .clone()
 }
@@ -229,12 +271,27 @@ impl Event {
     const TRUNCATED: u16 = 2;
 
     /// `tid` is kept in the details that have a slot for it (exit, fork, signal).
-    pub fn new(mono_ns: u64, pid: u32, tid: u32, comm: Comm, job: bool, mut detail: Detail) -> Self {
+    pub fn new(
+        mono_ns: u64,
+        pid: u32,
+        tid: u32,
+        comm: Comm,
+        job: bool,
+        mut detail: Detail,
+    ) -> Self {
         match &mut detail {
-            Detail::Exit { tid: t, .. } | Detail::Fork { tid: t, .. } | Detail::Signal { tid: t, .. } => *t = tid,
+            Detail::Exit { tid: t, .. }
+            | Detail::Fork { tid: t, .. }
+            | Detail::Signal { tid: t, .. } => *t = tid,
             _ => {}
         }
-        Event { mono_ns, pid, comm, flags: if job { Self::JOB } else { 0 }, detail }
+        Event {
+            mono_ns,
+            pid,
+            comm,
+            flags: if job { Self::JOB } else { 0 },
+            detail,
+        }
     }
 
     /// The event belongs to the watched job (the kernel's job map said so, or nantrace read
@@ -255,7 +312,11 @@ impl Event {
     /// The thread: from the details that keep it, else the process.
     pub fn tid(&self) -> u32 {
         match &self.detail {
-            Detail::Exit { tid, .. } | Detail::Fork { tid, .. } | Detail::Signal { tid, .. } if *tid != 0 => *tid,
+            Detail::Exit { tid, .. } | Detail::Fork { tid, .. } | Detail::Signal { tid, .. }
+                if *tid != 0 =>
+            {
+                *tid
+            }
             _ => self.pid,
         }
     }
@@ -276,12 +337,24 @@ impl Event {
             }
         }
         match &self.detail {
-            Detail::Kmsg(k) => a(k.text.len()) + k.class.as_ref().map_or(0, |_| a(std::mem::size_of::<KmsgClass>()) + 64),
+            Detail::Kmsg(k) => {
+                a(k.text.len())
+                    + k.class
+                        .as_ref()
+                        .map_or(0, |_| a(std::mem::size_of::<KmsgClass>()) + 64)
+            }
             Detail::Aer(a_) => a(std::mem::size_of::<Aer>()) + a(a_.device.len()),
             Detail::Oom(_) => a(std::mem::size_of::<Oom>()),
             Detail::Tcp(_) => a(std::mem::size_of::<Tcp>()),
             Detail::Exec { filename } => a(filename.len()),
-            Detail::Log(l) => a(std::mem::size_of::<LogLine>()) + a(l.text.len()) + l.fault.as_ref().map_or(0, |f| a(std::mem::size_of::<crate::joblog::JobFault>()) + f.code.as_ref().map_or(0, |c| a(c.len()))),
+            Detail::Log(l) => {
+                a(std::mem::size_of::<LogLine>())
+                    + a(l.text.len())
+                    + l.fault.as_ref().map_or(0, |f| {
+                        a(std::mem::size_of::<crate::joblog::JobFault>())
+                            + f.code.as_ref().map_or(0, |c| a(c.len()))
+                    })
+            }
             Detail::Sample { fields, .. } => 64 + fields.len() * 96,
             Detail::Trigger { reason, .. } => a(std::mem::size_of::<String>()) + a(reason.len()),
             _ => 0,
@@ -312,7 +385,10 @@ impl Event {
                     put("truncated", true.into());
                 }
                 if let Some(c) = k.class.as_deref() {
-                    put("severity", serde_json::to_value(c.severity()).unwrap_or(Value::Null));
+                    put(
+                        "severity",
+                        serde_json::to_value(c.severity()).unwrap_or(Value::Null),
+                    );
                     if let Ok(Value::Object(cm)) = serde_json::to_value(c) {
                         for (key, v) in cm {
                             if key != "severity" {
@@ -326,8 +402,20 @@ impl Event {
                 put("device", a.device.clone().into());
                 put("status", format!("{:#010x}", a.status).into());
                 put("aer_severity", aer_severity_name(a.severity).into());
-                put("severity", match a.severity { 1 => "critical", 0 => "error", _ => "warning" }.into());
-                put("tlp_header", a.tlp_header.map_or(Value::Null, |t| json!(t.map(|w| format!("{w:08x}")))));
+                put(
+                    "severity",
+                    match a.severity {
+                        1 => "critical",
+                        0 => "error",
+                        _ => "warning",
+                    }
+                    .into(),
+                );
+                put(
+                    "tlp_header",
+                    a.tlp_header
+                        .map_or(Value::Null, |t| json!(t.map(|w| format!("{w:08x}")))),
+                );
             }
             Detail::Oom(o) => {
                 put("victim_pid", o.victim_pid.into());
@@ -341,7 +429,14 @@ impl Event {
                 put("pgtables_kb", o.pgtables.into());
                 put("oom_score_adj", o.oom_score_adj.into());
             }
-            Detail::Block { dev, error, sector, latency_us, nr_sector, rwbs } => {
+            Detail::Block {
+                dev,
+                error,
+                sector,
+                latency_us,
+                nr_sector,
+                rwbs,
+            } => {
                 put("dev", dev_name(*dev).into());
                 if let Some(n) = disk_name(*dev) {
                     put("disk", n.into());
@@ -359,20 +454,50 @@ impl Event {
                 put("dport", t.dport.into());
                 put("state", tcp_state(t.state).into());
             }
-            Detail::Fork { child_pid, child_comm, .. } => {
+            Detail::Fork {
+                child_pid,
+                child_comm,
+                ..
+            } => {
                 put("child_pid", (*child_pid).into());
                 put("child_comm", comm_str(child_comm).into());
             }
             Detail::Exec { filename } => put("filename", filename.as_ref().into()),
-            Detail::Exit { code, signal, core_dumped, .. } => {
-                put("exit_code", if *code >= 0 { (*code).into() } else { Value::Null });
-                put("signal", if *signal > 0 { signal_name(*signal).into() } else { Value::Null });
+            Detail::Exit {
+                code,
+                signal,
+                core_dumped,
+                ..
+            } => {
+                put(
+                    "exit_code",
+                    if *code >= 0 {
+                        (*code).into()
+                    } else {
+                        Value::Null
+                    },
+                );
+                put(
+                    "signal",
+                    if *signal > 0 {
+                        signal_name(*signal).into()
+                    } else {
+                        Value::Null
+                    },
+                );
                 put("signo", (*signal).into());
                 if *core_dumped {
                     put("core_dumped", true.into());
                 }
             }
-            Detail::Signal { sig, code, target_pid, result, target_comm, .. } => {
+            Detail::Signal {
+                sig,
+                code,
+                target_pid,
+                result,
+                target_comm,
+                ..
+            } => {
                 put("signal", signal_name(*sig).into());
                 put("signo", (*sig).into());
                 put("si_code", (*code).into());
@@ -382,7 +507,16 @@ impl Event {
             }
             Detail::Log(l) => {
                 put("line", l.text.as_ref().into());
-                put("stream", match l.stream { 1 => "stdout", 2 => "stderr", 3 => "stdout+stderr", _ => "file" }.into());
+                put(
+                    "stream",
+                    match l.stream {
+                        1 => "stdout",
+                        2 => "stderr",
+                        3 => "stdout+stderr",
+                        _ => "file",
+                    }
+                    .into(),
+                );
                 if l.nonfinite {
                     put("nonfinite", true.into());
                 }
@@ -390,7 +524,14 @@ impl Event {
                     put("step", s.into());
                 }
                 if let Some(v) = l.loss {
-                    put("loss", if v.is_finite() { v.into() } else { v.to_string().into() });
+                    put(
+                        "loss",
+                        if v.is_finite() {
+                            v.into()
+                        } else {
+                            v.to_string().into()
+                        },
+                    );
                 }
                 if let Some(v) = l.loss_scale {
                     put("loss_scale", v.into());

@@ -107,7 +107,11 @@ pub fn find_bundles(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
             }
             if is_bundle(&p) {
                 out.push(p);
-                anyhow::ensure!(out.len() <= MAX_NODES, "{}: more than {MAX_NODES} node bundles", dir.display());
+                anyhow::ensure!(
+                    out.len() <= MAX_NODES,
+                    "{}: more than {MAX_NODES} node bundles",
+                    dir.display()
+                );
             } else if depth < 2 {
                 stack.push((p, depth + 1));
             }
@@ -129,7 +133,11 @@ pub fn is_job_dir(dir: &Path) -> bool {
 /// Read and analyse the bundles under `dir`.
 pub fn from_dir(dir: &Path) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
     let dirs = find_bundles(dir)?;
-    anyhow::ensure!(!dirs.is_empty(), "{}: no node bundle (a directory with timeline.json) in it or below it", dir.display());
+    anyhow::ensure!(
+        !dirs.is_empty(),
+        "{}: no node bundle (a directory with timeline.json) in it or below it",
+        dir.display()
+    );
     let mut nodes = Vec::new();
     for d in &dirs {
         match crate::merge::load(d) {
@@ -137,7 +145,12 @@ pub fn from_dir(dir: &Path) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
             Err(e) => crate::say!("nantrace: WARNING: {}: not read: {e:#}", d.display()),
         }
     }
-    anyhow::ensure!(!nodes.is_empty(), "{}: none of the {} bundles could be read", dir.display(), dirs.len());
+    anyhow::ensure!(
+        !nodes.is_empty(),
+        "{}: none of the {} bundles could be read",
+        dir.display(),
+        dirs.len()
+    );
     let mut nodes = one_per_host(nodes);
     let merged = crate::merge::merge(&mut nodes);
     let r = build(&merged, &nodes);
@@ -150,7 +163,10 @@ pub fn from_dir(dir: &Path) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
 fn one_per_host(nodes: Vec<Node>) -> Vec<Node> {
     let mut by_host: BTreeMap<String, Vec<Node>> = BTreeMap::new();
     for n in nodes {
-        let host = n.timeline["host"]["hostname"].as_str().unwrap_or("").to_string();
+        let host = n.timeline["host"]["hostname"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
         by_host.entry(host).or_default().push(n);
     }
     let mut out = Vec::new();
@@ -159,19 +175,44 @@ fn one_per_host(nodes: Vec<Node>) -> Vec<Node> {
             out.extend(group);
             continue;
         }
-        group.sort_by(|a, b| a.timeline["trigger"]["time"].as_str().unwrap_or("").cmp(b.timeline["trigger"]["time"].as_str().unwrap_or("")));
+        group.sort_by(|a, b| {
+            a.timeline["trigger"]["time"]
+                .as_str()
+                .unwrap_or("")
+                .cmp(b.timeline["trigger"]["time"].as_str().unwrap_or(""))
+        });
         let mut seen = BTreeSet::new();
         let mut events = Vec::new();
         for n in &group {
             for e in n.timeline["events"].as_array().into_iter().flatten() {
-                let key = format!("{}|{}|{}|{}|{}", e["time"], e["source"], e["pid"], e["line"], e["text"]);
+                let key = format!(
+                    "{}|{}|{}|{}|{}",
+                    e["time"], e["source"], e["pid"], e["line"], e["text"]
+                );
                 if seen.insert(key) {
                     events.push(e.clone());
                 }
             }
         }
-        events.sort_by(|a, b| a["time"].as_str().unwrap_or("").cmp(b["time"].as_str().unwrap_or("")));
-        let first_nan = group.iter().filter_map(|n| n.timeline["first_nan"].as_object().map(|_| n.timeline["first_nan"].clone())).min_by(|a, b| a["time"].as_str().unwrap_or("").cmp(b["time"].as_str().unwrap_or("")));
+        events.sort_by(|a, b| {
+            a["time"]
+                .as_str()
+                .unwrap_or("")
+                .cmp(b["time"].as_str().unwrap_or(""))
+        });
+        let first_nan = group
+            .iter()
+            .filter_map(|n| {
+                n.timeline["first_nan"]
+                    .as_object()
+                    .map(|_| n.timeline["first_nan"].clone())
+            })
+            .min_by(|a, b| {
+                a["time"]
+                    .as_str()
+                    .unwrap_or("")
+                    .cmp(b["time"].as_str().unwrap_or(""))
+            });
         let dirs: Vec<String> = group.iter().map(|n| n.dir.display().to_string()).collect();
         let mut first = group.remove(0);
         let last = group.pop().unwrap_or_else(|| unreachable!("two or more"));
@@ -197,24 +238,48 @@ pub fn cli(dir: &Path, json: bool, write: bool) -> anyhow::Result<()> {
         crate::term::print_out(&crate::term::clean_lines(&md));
     }
     if write {
-        let d = crate::safefs::Dir::open_private(dir).with_context(|| format!("report --write {}", dir.display()))?;
+        let d = crate::safefs::Dir::open_private(dir)
+            .with_context(|| format!("report --write {}", dir.display()))?;
         d.replace("job-report.md", md.as_bytes())?;
         d.replace("job-report.json", &serde_json::to_vec_pretty(&r)?)?;
-        d.replace("trace.json", &serde_json::to_vec(&crate::merge::trace(&merged, &nodes))?)?;
+        d.replace(
+            "trace.json",
+            &serde_json::to_vec(&crate::merge::trace(&merged, &nodes))?,
+        )?;
     }
     Ok(())
 }
 
 /// A node's ranks as its bundle says (`agent::ranks`): `ranks 8-15 of 16 (torch, node rank 1)`.
 fn ranks_text(d: &Value) -> Option<String> {
-    let mut r: Vec<u64> = d["ranks"].as_array()?.iter().filter_map(|x| x["rank"].as_u64()).collect();
+    let mut r: Vec<u64> = d["ranks"]
+        .as_array()?
+        .iter()
+        .filter_map(|x| x["rank"].as_u64())
+        .collect();
     r.sort_unstable();
     r.dedup();
     let (first, last) = (*r.first()?, *r.last()?);
-    let span = if r.len() == 1 { format!("rank {first}") } else if last - first == r.len() as u64 - 1 { format!("ranks {first}-{last}") } else { format!("ranks {}", r.iter().map(u64::to_string).collect::<Vec<_>>().join(",")) };
-    let of = d["world_size"].as_u64().map_or(String::new(), |w| format!(" of {w}"));
-    let node = d["node_rank"].as_u64().map_or(String::new(), |n| format!(", node rank {n}"));
-    Some(format!("{span}{of} ({}{node})", d["launcher"].as_str().unwrap_or("?")))
+    let span = if r.len() == 1 {
+        format!("rank {first}")
+    } else if last - first == r.len() as u64 - 1 {
+        format!("ranks {first}-{last}")
+    } else {
+        format!(
+            "ranks {}",
+            r.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+        )
+    };
+    let of = d["world_size"]
+        .as_u64()
+        .map_or(String::new(), |w| format!(" of {w}"));
+    let node = d["node_rank"]
+        .as_u64()
+        .map_or(String::new(), |n| format!(", node rank {n}"));
+    Some(format!(
+        "{span}{of} ({}{node})",
+        d["launcher"].as_str().unwrap_or("?")
+    ))
 }
 
 /// The view of one node on the job's clock: its events, its own accounting, the job's
@@ -251,11 +316,30 @@ fn job_identity(n: &Node) -> Value {
 /// The GPU named in a finding's text, with its UUID from the node's snapshot when known.
 fn gpu_of(f: &Finding, event_pcis: &[String], snapshot: &Value) -> Option<String> {
     let text = f.text.to_ascii_lowercase();
-    let from_events = event_pcis.iter().map(String::as_str).find(|p| text.contains(&p.to_ascii_lowercase()));
-    let devs = snapshot["gpu"]["devices"].as_array().map_or(&[][..], Vec::as_slice);
-    let from_snapshot = devs.iter().filter_map(|d| d["pci"].as_str()).find(|p| text.contains(&p.to_ascii_lowercase()) || text.contains(&p.to_ascii_lowercase().trim_start_matches("0000:").to_string()));
+    let from_events = event_pcis
+        .iter()
+        .map(String::as_str)
+        .find(|p| text.contains(&p.to_ascii_lowercase()));
+    let devs = snapshot["gpu"]["devices"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    let from_snapshot = devs.iter().filter_map(|d| d["pci"].as_str()).find(|p| {
+        text.contains(&p.to_ascii_lowercase())
+            || text.contains(
+                &p.to_ascii_lowercase()
+                    .trim_start_matches("0000:")
+                    .to_string(),
+            )
+    });
     let pci = from_events.or(from_snapshot)?.to_string();
-    let uuid = devs.iter().find(|d| d["pci"].as_str().is_some_and(|p| p.eq_ignore_ascii_case(&pci))).and_then(|d| d["uuid"].as_str());
+    let uuid = devs
+        .iter()
+        .find(|d| {
+            d["pci"]
+                .as_str()
+                .is_some_and(|p| p.eq_ignore_ascii_case(&pci))
+        })
+        .and_then(|d| d["uuid"].as_str());
     Some(match uuid {
         Some(u) => format!("GPU {pci} ({u})"),
         None => format!("GPU {pci}"),
@@ -268,7 +352,8 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
     // Each node's events, in one pass over the merged timeline (a pass per node was the
     // job report's N² at 1024 nodes); each node's view lives only while it is analysed, and
     // only the PCI addresses its events name are kept (to name the culprit's GPU).
-    let mut by_node: std::collections::HashMap<&str, Vec<&Value>> = std::collections::HashMap::new();
+    let mut by_node: std::collections::HashMap<&str, Vec<&Value>> =
+        std::collections::HashMap::new();
     for e in merged["events"].as_array().into_iter().flatten() {
         if let Some(n) = e["node"].as_str() {
             by_node.entry(n).or_default().push(e);
@@ -277,11 +362,24 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
     let mut views = Vec::new();
     let mut link_views = Vec::new();
     for n in nodes {
-        let events: Vec<Value> = by_node.remove(n.name.as_str()).unwrap_or_default().into_iter().cloned().collect();
+        let events: Vec<Value> = by_node
+            .remove(n.name.as_str())
+            .unwrap_or_default()
+            .into_iter()
+            .cloned()
+            .collect();
         let view = node_view(merged, n, events);
         let a: Analysis = crate::report::analyze(&view, &n.snapshot);
-        let machine: Vec<&Finding> = a.suspects.iter().filter(|s| s.family.is_machine()).collect();
-        let first_machine = machine.iter().find(|s| !job_words(s)).or(machine.first()).map(|f| (*f).clone());
+        let machine: Vec<&Finding> = a
+            .suspects
+            .iter()
+            .filter(|s| s.family.is_machine())
+            .collect();
+        let first_machine = machine
+            .iter()
+            .find(|s| !job_words(s))
+            .or(machine.first())
+            .map(|f| (*f).clone());
         let words_only = !machine.is_empty() && machine.iter().all(|s| job_words(s));
         summaries.push(NodeSummary {
             name: n.name.clone(),
@@ -295,17 +393,51 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
             measures: measures(&view),
         });
         link_views.push((n.name.clone(), peers::links(&view, &n.snapshot)));
-        let mut pcis: Vec<String> = view["events"].as_array().into_iter().flatten().filter_map(|e| e["pci"].as_str().map(String::from)).collect();
+        let mut pcis: Vec<String> = view["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["pci"].as_str().map(String::from))
+            .collect();
         pcis.sort();
         pcis.dedup();
         views.push(pcis);
     }
     // The nodes the job ran on, from what the bundles say; their host names as the bundles do.
-    let expected: BTreeSet<String> = summaries.iter().filter_map(|s| s.job["node_list"].as_str()).flat_map(expand_hostlist).collect();
-    let present: BTreeSet<String> = nodes.iter().map(|n| n.timeline["host"]["hostname"].as_str().unwrap_or("").split('.').next().unwrap_or("").to_string()).collect();
-    let missing: Vec<String> = expected.iter().filter(|e| !present.contains(e.split('.').next().unwrap_or(""))).cloned().collect();
-    let jobs: Vec<String> = summaries.iter().filter_map(|s| s.job["slurm_job_id"].as_str().map(String::from)).collect::<BTreeSet<_>>().into_iter().collect();
-    let mut outl = outliers(&summaries.iter().map(|s| (s.name.clone(), s.measures.clone())).collect::<Vec<_>>());
+    let expected: BTreeSet<String> = summaries
+        .iter()
+        .filter_map(|s| s.job["node_list"].as_str())
+        .flat_map(expand_hostlist)
+        .collect();
+    let present: BTreeSet<String> = nodes
+        .iter()
+        .map(|n| {
+            n.timeline["host"]["hostname"]
+                .as_str()
+                .unwrap_or("")
+                .split('.')
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    let missing: Vec<String> = expected
+        .iter()
+        .filter(|e| !present.contains(e.split('.').next().unwrap_or("")))
+        .cloned()
+        .collect();
+    let jobs: Vec<String> = summaries
+        .iter()
+        .filter_map(|s| s.job["slurm_job_id"].as_str().map(String::from))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let mut outl = outliers(
+        &summaries
+            .iter()
+            .map(|s| (s.name.clone(), s.measures.clone()))
+            .collect::<Vec<_>>(),
+    );
     // Lossy links: their bad end, from the job's own sockets, over the busier end's count.
     if let Some(l) = peers::bad_end(&link_views) {
         outl.retain(|o| o.measure != "tcp_retransmits");
@@ -314,24 +446,75 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
     drop(link_views);
 
     let reference = match merged["first_nan"]["node"].as_str() {
-        Some(node) => format!("the job's first NaN, on {node} at {}: {}", merged["first_nan"]["time"].as_str().unwrap_or("?"), merged["first_nan"]["line"].as_str().unwrap_or("")),
-        None => format!("no NaN on any node; times are relative to the first trigger ({} on {})", merged["trigger"]["kind"].as_str().unwrap_or("?"), merged["trigger"]["node"].as_str().unwrap_or("?")),
+        Some(node) => format!(
+            "the job's first NaN, on {node} at {}: {}",
+            merged["first_nan"]["time"].as_str().unwrap_or("?"),
+            merged["first_nan"]["line"].as_str().unwrap_or("")
+        ),
+        None => format!(
+            "no NaN on any node; times are relative to the first trigger ({} on {})",
+            merged["trigger"]["kind"].as_str().unwrap_or("?"),
+            merged["trigger"]["node"].as_str().unwrap_or("?")
+        ),
     };
-    let (verdict, family, node, gpu, action) = verdict(&summaries, &outl, &missing, nodes, &views, merged["first_nan"].is_object());
-    JobReport { verdict, family, node, gpu, action, reference, nodes: summaries, missing, jobs, outliers: outl, clock_statement: merged["clock_statement"].as_str().unwrap_or("").to_string() }
+    let (verdict, family, node, gpu, action) = verdict(
+        &summaries,
+        &outl,
+        &missing,
+        nodes,
+        &views,
+        merged["first_nan"].is_object(),
+    );
+    JobReport {
+        verdict,
+        family,
+        node,
+        gpu,
+        action,
+        reference,
+        nodes: summaries,
+        missing,
+        jobs,
+        outliers: outl,
+        clock_statement: merged["clock_statement"].as_str().unwrap_or("").to_string(),
+    }
 }
 
-type Verdict = (String, String, Option<String>, Option<String>, Option<String>);
+type Verdict = (
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
 
 /// The job's words that are consequences when they come after the job's first NaN: the other
 /// ranks' broken connections and hangs once a rank stopped. A GPU, memory or storage fault in
 /// the job's words is never explained away by coming later.
 fn consequence_family(f: &Finding) -> bool {
-    matches!(f.family, crate::report::rules::Family::Network | crate::report::rules::Family::Hang)
+    matches!(
+        f.family,
+        crate::report::rules::Family::Network | crate::report::rules::Family::Hang
+    )
 }
 
-fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw: &[Node], views: &[Vec<String>], has_nan: bool) -> Verdict {
-    let incomplete = if missing.is_empty() { String::new() } else { format!(" INCOMPLETE: no bundle from {} ({} of the job's nodes).", missing.join(", "), missing.len()) };
+fn verdict(
+    nodes: &[NodeSummary],
+    outliers: &[Outlier],
+    missing: &[String],
+    raw: &[Node],
+    views: &[Vec<String>],
+    has_nan: bool,
+) -> Verdict {
+    let incomplete = if missing.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " INCOMPLETE: no bundle from {} ({} of the job's nodes).",
+            missing.join(", "),
+            missing.len()
+        )
+    };
     // The culprit: the node with the strongest machine finding from the kernel or NVML; the
     // job's own words only where no node has more (and then at most POSSIBLY).
     // The job's words after the job's reference (its first NaN) are its consequences (the
@@ -339,7 +522,10 @@ fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw:
     // A lossy link's other end retransmits too: its retransmits are the culprit's link, not
     // a fault of its own (peers::bad_end).
     let link = outliers.iter().find(|o| o.measure == "tcp_lossy_links");
-    let other_end = |i: usize, f: &Finding| f.signal == "retransmit_storm" && link.is_some_and(|l| l.other_ends.contains(&nodes[i].name));
+    let other_end = |i: usize, f: &Finding| {
+        f.signal == "retransmit_storm"
+            && link.is_some_and(|l| l.other_ends.contains(&nodes[i].name))
+    };
     let ranked = |words: bool| {
         nodes
             .iter()
@@ -350,47 +536,103 @@ fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw:
             .filter(|(_, f)| !words || !has_nan || f.rel_s <= 0.2 || !consequence_family(f))
             // A node whose own report explains its GPU fault by the job's own bug is not a culprit.
             .filter(|(i, _)| !nodes[*i].verdict.starts_with("NOT THE MACHINE"))
-            .max_by(|a, b| a.1.score.total_cmp(&b.1.score).then(b.1.rel_s.total_cmp(&a.1.rel_s)))
+            .max_by(|a, b| {
+                a.1.score
+                    .total_cmp(&b.1.score)
+                    .then(b.1.rel_s.total_cmp(&a.1.rel_s))
+            })
     };
-    let consequence = |s: &NodeSummary| has_nan && s.machine_from_job_words_only && s.first_machine.as_ref().is_some_and(|f| f.rel_s > 0.2 && consequence_family(f));
+    let consequence = |s: &NodeSummary| {
+        has_nan
+            && s.machine_from_job_words_only
+            && s.first_machine
+                .as_ref()
+                .is_some_and(|f| f.rel_s > 0.2 && consequence_family(f))
+    };
     let others = |i: usize| {
-        let clean: Vec<&str> = nodes.iter().enumerate().filter(|(j, s)| *j != i && (!s.machine || consequence(s))).map(|(_, s)| s.name.as_str()).collect();
+        let clean: Vec<&str> = nodes
+            .iter()
+            .enumerate()
+            .filter(|(j, s)| *j != i && (!s.machine || consequence(s)))
+            .map(|(_, s)| s.name.as_str())
+            .collect();
         let machine: Vec<String> = nodes
             .iter()
             .enumerate()
             .filter(|(j, s)| *j != i && s.machine && !consequence(s))
             .map(|(j, s)| match s.first_machine.as_ref() {
-                Some(f) if other_end(j, f) => format!("{} (the other end of the lossy link: {})", s.name, f.text),
+                Some(f) if other_end(j, f) => {
+                    format!("{} (the other end of the lossy link: {})", s.name, f.text)
+                }
                 f => format!("{} ({})", s.name, f.map_or("", |f| f.text.as_str())),
             })
             .collect();
         let mut t = String::new();
         if !clean.is_empty() {
-            t.push_str(&format!("; {} other node{} clean ({})", clean.len(), if clean.len() == 1 { "" } else { "s" }, clean.join(", ")));
+            t.push_str(&format!(
+                "; {} other node{} clean ({})",
+                clean.len(),
+                if clean.len() == 1 { "" } else { "s" },
+                clean.join(", ")
+            ));
         }
         if !machine.is_empty() {
-            t.push_str(&format!("; also machine evidence on {}", machine.join(", ")));
+            t.push_str(&format!(
+                "; also machine evidence on {}",
+                machine.join(", ")
+            ));
         }
         t
     };
     if let Some((i, f)) = ranked(false) {
         let s = &nodes[i];
-        let support: Vec<&str> = outliers.iter().filter(|o| o.node == s.name).map(|o| o.text.as_str()).collect();
-        let support = if support.is_empty() { String::new() } else { format!(" Peers: {}.", support.join("; ")) };
+        let support: Vec<&str> = outliers
+            .iter()
+            .filter(|o| o.node == s.name)
+            .map(|o| o.text.as_str())
+            .collect();
+        let support = if support.is_empty() {
+            String::new()
+        } else {
+            format!(" Peers: {}.", support.join("; "))
+        };
         let gpu = gpu_of(f, &views[i], &raw[i].snapshot);
         let what = gpu.as_ref().map_or(String::new(), |g| format!(", {g}"));
-        let strength = if f.severity >= 60 { "PROBABLY THE MACHINE" } else { "POSSIBLY THE MACHINE" };
+        let strength = if f.severity >= 60 {
+            "PROBABLY THE MACHINE"
+        } else {
+            "POSSIBLY THE MACHINE"
+        };
         let act = f.action.map(|a| a.to_string());
-        let action = format!("drain {}{}", s.name, act.as_ref().map_or(String::new(), |a| format!(", then: {a}")));
+        let action = format!(
+            "drain {}{}",
+            s.name,
+            act.as_ref()
+                .map_or(String::new(), |a| format!(", then: {a}"))
+        );
         return (
-            format!("{strength} ({}): {}{what}: {}{}.{support} Action: {action}.{incomplete}", f.family.label(), s.name, f.text, others(i)),
+            format!(
+                "{strength} ({}): {}{what}: {}{}.{support} Action: {action}.{incomplete}",
+                f.family.label(),
+                s.name,
+                f.text,
+                others(i)
+            ),
             f.family.label().to_string(),
             Some(s.name.clone()),
             gpu,
             Some(action),
         );
     }
-    if let Some(o) = outliers.iter().find(|o| o.measure == "tcp_lossy_links").or_else(|| outliers.iter().max_by(|a, b| (a.value / a.peers_median.max(1.0)).total_cmp(&(b.value / b.peers_median.max(1.0))))) {
+    if let Some(o) = outliers
+        .iter()
+        .find(|o| o.measure == "tcp_lossy_links")
+        .or_else(|| {
+            outliers.iter().max_by(|a, b| {
+                (a.value / a.peers_median.max(1.0)).total_cmp(&(b.value / b.peers_median.max(1.0)))
+            })
+        })
+    {
         return (
             format!("POSSIBLY THE MACHINE ({}): {} stands out from its peers: {}. No fault on it by itself; check its {} before the next run.{incomplete}", o.family, o.node, o.text, o.family),
             o.family.to_string(),
@@ -409,23 +651,71 @@ fn verdict(nodes: &[NodeSummary], outliers: &[Outlier], missing: &[String], raw:
             None,
         );
     }
-    let undecided: Vec<&NodeSummary> = nodes.iter().filter(|s| s.verdict.starts_with("CANNOT TELL")).collect();
-    let sw: Vec<&NodeSummary> = nodes.iter().filter(|s| s.verdict.starts_with("NOT THE MACHINE (")).collect();
+    let undecided: Vec<&NodeSummary> = nodes
+        .iter()
+        .filter(|s| s.verdict.starts_with("CANNOT TELL"))
+        .collect();
+    let sw: Vec<&NodeSummary> = nodes
+        .iter()
+        .filter(|s| s.verdict.starts_with("NOT THE MACHINE ("))
+        .collect();
     let n = nodes.len();
     let base = if let Some(s) = sw.first() {
-        format!("NOT THE MACHINE ({}): {}: {}", s.family, s.name, s.verdict.trim_start_matches("NOT THE MACHINE ").split_once("): ").map_or(s.verdict.as_str(), |x| x.1))
+        format!(
+            "NOT THE MACHINE ({}): {}: {}",
+            s.family,
+            s.name,
+            s.verdict
+                .trim_start_matches("NOT THE MACHINE ")
+                .split_once("): ")
+                .map_or(s.verdict.as_str(), |x| x.1)
+        )
     } else if !undecided.is_empty() {
         format!("CANNOT TELL for {}: no kernel events or GPU health there; the other {} node(s) show no machine fault", undecided.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", "), n - undecided.len())
     } else {
         format!("NOT THE MACHINE, as far as nantrace can see: {n} node{} alike, none with a hardware, kernel, system or network fault in the window, no node standing out from its peers. Look at the model side: learning rate, data, precision", if n == 1 { "" } else { "s" })
     };
-    let family = sw.first().map_or(if undecided.is_empty() { "none" } else { "unknown" }, |s| s.family.as_str()).to_string();
-    let after: Vec<String> = nodes.iter().filter(|s| consequence(s)).filter_map(|s| s.first_machine.as_ref().map(|f| format!("{}: {}", s.name, f.text))).collect();
-    let base = if after.is_empty() { base } else { format!("{base}. After the first NaN, consequences, not the cause: {}", after.join("; ")) };
+    let family = sw
+        .first()
+        .map_or(
+            if undecided.is_empty() {
+                "none"
+            } else {
+                "unknown"
+            },
+            |s| s.family.as_str(),
+        )
+        .to_string();
+    let after: Vec<String> = nodes
+        .iter()
+        .filter(|s| consequence(s))
+        .filter_map(|s| {
+            s.first_machine
+                .as_ref()
+                .map(|f| format!("{}: {}", s.name, f.text))
+        })
+        .collect();
+    let base = if after.is_empty() {
+        base
+    } else {
+        format!(
+            "{base}. After the first NaN, consequences, not the cause: {}",
+            after.join("; ")
+        )
+    };
     if missing.is_empty() {
         (format!("{base}."), family, None, None, None)
     } else {
-        (format!("{base}, on the {n} nodes seen.{incomplete} The missing node{} may hold the cause.", if missing.len() == 1 { "" } else { "s" }), family, None, None, None)
+        (
+            format!(
+                "{base}, on the {n} nodes seen.{incomplete} The missing node{} may hold the cause.",
+                if missing.len() == 1 { "" } else { "s" }
+            ),
+            family,
+            None,
+            None,
+            None,
+        )
     }
 }
 
@@ -439,37 +729,106 @@ pub fn markdown(r: &JobReport) -> String {
     let _ = writeln!(s, "Reference: {}\n", esc(&r.reference));
     let _ = writeln!(s, "Clock: {}\n", esc(&r.clock_statement));
     if r.jobs.len() > 1 {
-        let _ = writeln!(s, "WARNING: these bundles are of {} different jobs: {}\n", r.jobs.len(), esc(&r.jobs.join(", ")));
+        let _ = writeln!(
+            s,
+            "WARNING: these bundles are of {} different jobs: {}\n",
+            r.jobs.len(),
+            esc(&r.jobs.join(", "))
+        );
     }
-    let _ = writeln!(s, "## Nodes ({} with a bundle{})\n", r.nodes.len(), if r.missing.is_empty() { String::new() } else { format!(", {} missing: {}", r.missing.len(), esc(&r.missing.join(", "))) });
-    let _ = writeln!(s, "| node | job (as the bundle says) | verdict | first machine evidence |\n|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "## Nodes ({} with a bundle{})\n",
+        r.nodes.len(),
+        if r.missing.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {} missing: {}",
+                r.missing.len(),
+                esc(&r.missing.join(", "))
+            )
+        }
+    );
+    let _ = writeln!(
+        s,
+        "| node | job (as the bundle says) | verdict | first machine evidence |\n|---|---|---|---|"
+    );
     for n in &r.nodes {
-        let job = [n.job["slurm_job_id"].as_str().map(|j| format!("job {j}")), n.job["slurm_procid"].as_str().map(|p| format!("procid {p}")), ranks_text(&n.job["identity"]["distributed"])].into_iter().flatten().collect::<Vec<_>>().join(", ");
-        let first = n.first_machine.as_ref().map_or("none".to_string(), |f| format!("{}{}", f.text, if n.machine_from_job_words_only { " (the job's own words)" } else { "" }));
-        let _ = writeln!(s, "| {} | {} | {} | {} |", esc(&n.name), esc(&job), esc(&n.verdict), esc(&first));
+        let job = [
+            n.job["slurm_job_id"].as_str().map(|j| format!("job {j}")),
+            n.job["slurm_procid"]
+                .as_str()
+                .map(|p| format!("procid {p}")),
+            ranks_text(&n.job["identity"]["distributed"]),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(", ");
+        let first = n.first_machine.as_ref().map_or("none".to_string(), |f| {
+            format!(
+                "{}{}",
+                f.text,
+                if n.machine_from_job_words_only {
+                    " (the job's own words)"
+                } else {
+                    ""
+                }
+            )
+        });
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} |",
+            esc(&n.name),
+            esc(&job),
+            esc(&n.verdict),
+            esc(&first)
+        );
     }
     for m in &r.missing {
         let _ = writeln!(s, "| {} | | MISSING: no bundle | |", esc(m));
     }
     let _ = writeln!(s, "\n## Peers compared\n");
     if r.nodes.len() < 3 {
-        let _ = writeln!(s, "Not with {} node(s): it takes 3 to tell which one is odd.", r.nodes.len());
+        let _ = writeln!(
+            s,
+            "Not with {} node(s): it takes 3 to tell which one is odd.",
+            r.nodes.len()
+        );
     } else if r.outliers.is_empty() {
-        let _ = writeln!(s, "No node stands out from its peers on: {}.", MEASURES.iter().map(|m| m.0.replace('_', " ")).collect::<Vec<_>>().join(", "));
+        let _ = writeln!(
+            s,
+            "No node stands out from its peers on: {}.",
+            MEASURES
+                .iter()
+                .map(|m| m.0.replace('_', " "))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     } else {
         for o in &r.outliers {
             let _ = writeln!(s, "- {}", esc(&o.text));
         }
     }
-    let _ = writeln!(s, "\nEach node's own report: `nantrace report <its bundle>`; the bundles: {}.", esc(&r.nodes.iter().map(|n| n.bundle.as_str()).collect::<Vec<_>>().join(", ")));
+    let _ = writeln!(
+        s,
+        "\nEach node's own report: `nantrace report <its bundle>`; the bundles: {}.",
+        esc(&r
+            .nodes
+            .iter()
+            .map(|n| n.bundle.as_str())
+            .collect::<Vec<_>>()
+            .join(", "))
+    );
     s
 }
 
 mod hostlist;
 mod peers;
 pub use hostlist::expand_hostlist;
-pub use peers::{outliers, PEER_AFTER_S, PEER_BEFORE_S};
 use peers::{measures, MEASURES};
+pub use peers::{outliers, PEER_AFTER_S, PEER_BEFORE_S};
 
 #[cfg(test)]
 mod tests;

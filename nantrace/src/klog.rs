@@ -52,16 +52,27 @@ pub struct Check {
 
 /// The decision, from what the check saw; `forced` is `NANTRACE_KLOG` (`kmsg` or `console`).
 pub fn decide(c: &Check, forced: Option<&str>) -> KlogSource {
-    let kmsg = |why: String| KlogSource { source: KlogSource::DEV_KMSG, why };
-    let tp = |why: String| KlogSource { source: KlogSource::TRACEPOINT, why };
+    let kmsg = |why: String| KlogSource {
+        source: KlogSource::DEV_KMSG,
+        why,
+    };
+    let tp = |why: String| KlogSource {
+        source: KlogSource::TRACEPOINT,
+        why,
+    };
     match forced {
         Some("kmsg") => return kmsg("NANTRACE_KLOG=kmsg".into()),
         Some("console") => return tp("NANTRACE_KLOG=console".into()),
         _ => {}
     }
-    let level = c.console_loglevel.map_or_else(|| "unknown".to_string(), |l| l.to_string());
+    let level = c
+        .console_loglevel
+        .map_or_else(|| "unknown".to_string(), |l| l.to_string());
     if !c.written {
-        return tp("the check marker could not be written to /dev/kmsg; the probe is kept unchecked".into());
+        return tp(
+            "the check marker could not be written to /dev/kmsg; the probe is kept unchecked"
+                .into(),
+        );
     }
     if !c.seen_by_probe {
         return kmsg(format!(
@@ -74,15 +85,23 @@ pub fn decide(c: &Check, forced: Option<&str>) -> KlogSource {
             if c.ignore_loglevel { ", ignore_loglevel" } else { "" }
         ));
     }
-    tp(format!("printk:console saw a level-7 record the console did not print (console loglevel {level})"))
+    tp(format!(
+        "printk:console saw a level-7 record the console did not print (console loglevel {level})"
+    ))
 }
 
 pub fn console_loglevel() -> Option<u32> {
-    std::fs::read_to_string("/proc/sys/kernel/printk").ok()?.split_whitespace().next()?.parse().ok()
+    std::fs::read_to_string("/proc/sys/kernel/printk")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 pub fn ignore_loglevel() -> bool {
-    std::fs::read_to_string("/sys/module/printk/parameters/ignore_loglevel").is_ok_and(|v| v.trim() == "Y")
+    std::fs::read_to_string("/sys/module/printk/parameters/ignore_loglevel")
+        .is_ok_and(|v| v.trim() == "Y")
 }
 
 /// One `/dev/kmsg` record: `prio,seq,ts_usec,flags[,caller=T123];text` and optional ` KEY=value`
@@ -108,8 +127,18 @@ pub fn parse_record(buf: &str) -> Option<Record<'_>> {
     let seq = f.next()?.parse().ok()?;
     let ts_usec = f.next()?.parse().ok()?;
     let flags = f.next().unwrap_or("-");
-    let caller_pid = f.find_map(|x| x.strip_prefix("caller=T")).and_then(|p| p.parse().ok());
-    Some(Record { facility: prio >> 3, level: prio & 7, seq, ts_usec, cont: flags.contains('c'), caller_pid, text })
+    let caller_pid = f
+        .find_map(|x| x.strip_prefix("caller=T"))
+        .and_then(|p| p.parse().ok());
+    Some(Record {
+        facility: prio >> 3,
+        level: prio & 7,
+        seq,
+        ts_usec,
+        cont: flags.contains('c'),
+        caller_pid,
+        text,
+    })
 }
 
 /// A record as the probe's event: the same classification, the text cut at the probe's length.
@@ -125,9 +154,21 @@ pub fn to_event(r: &Record<'_>, offset_ns: i64) -> Event {
         text = &text[..end];
     }
     let class = crate::classify::classify_record(text, r.cont).map(Box::new);
-    let mono = (r.ts_usec.saturating_mul(1000) as i64).saturating_add(offset_ns).max(0) as u64;
+    let mono = (r.ts_usec.saturating_mul(1000) as i64)
+        .saturating_add(offset_ns)
+        .max(0) as u64;
     let pid = r.caller_pid.unwrap_or(0);
-    let mut e = Event::new(mono, pid, pid, Comm::NONE, false, Detail::Kmsg(Kmsg { text: text.into(), class }));
+    let mut e = Event::new(
+        mono,
+        pid,
+        pid,
+        Comm::NONE,
+        false,
+        Detail::Kmsg(Kmsg {
+            text: text.into(),
+            class,
+        }),
+    );
     if truncated {
         e.set_kmsg_truncated();
     }
@@ -143,7 +184,10 @@ pub struct KmsgFile {
 impl KmsgFile {
     pub fn open_at_end() -> std::io::Result<Self> {
         use std::os::unix::fs::OpenOptionsExt as _;
-        let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open("/dev/kmsg")?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open("/dev/kmsg")?;
         // SAFETY: lseek on an fd we own; SEEK_END on /dev/kmsg moves past the last record.
         unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_END) };
         Ok(Self { file })
@@ -151,7 +195,11 @@ impl KmsgFile {
 
     /// The next record, `Ok(None)` when none is waiting. Records overwritten before they were
     /// read (EPIPE) are counted in `missed` and reading goes on at the oldest one left.
-    pub fn next_record(&mut self, buf: &mut [u8], missed: &AtomicU64) -> std::io::Result<Option<usize>> {
+    pub fn next_record(
+        &mut self,
+        buf: &mut [u8],
+        missed: &AtomicU64,
+    ) -> std::io::Result<Option<usize>> {
         loop {
             match self.file.read(buf) {
                 Ok(n) => return Ok(Some(n)),
@@ -179,7 +227,12 @@ pub fn write_marker(nonce: u64) -> std::io::Result<u64> {
 /// Find the marker among the records waiting in `k`: the records before it are returned as
 /// events (the reader would have given them), and the offset from the records' clock to the
 /// probes' monotonic clock, from the marker's timestamp and the time it was written.
-pub fn read_until_marker(k: &mut KmsgFile, nonce: u64, written_ns: u64, missed: &AtomicU64) -> (Vec<Event>, Option<i64>) {
+pub fn read_until_marker(
+    k: &mut KmsgFile,
+    nonce: u64,
+    written_ns: u64,
+    missed: &AtomicU64,
+) -> (Vec<Event>, Option<i64>) {
     let want = format!("{MARKER} {nonce:016x}");
     let mut buf = vec![0u8; 8192];
     let mut before = Vec::new();
@@ -203,11 +256,18 @@ pub fn read_until_marker(k: &mut KmsgFile, nonce: u64, written_ns: u64, missed: 
 
 /// The reader of `/dev/kmsg` for a session whose kernel log comes from it: batches of events
 /// into `tx`, like the ring reader. `missed` counts records overwritten before they were read.
-pub fn spawn_reader(k: KmsgFile, offset_ns: i64, tx: tokio::sync::mpsc::Sender<Vec<Event>>, stats: Arc<crate::stream::ReaderStats>) -> tokio::task::JoinHandle<std::io::Result<()>> {
+pub fn spawn_reader(
+    k: KmsgFile,
+    offset_ns: i64,
+    tx: tokio::sync::mpsc::Sender<Vec<Event>>,
+    stats: Arc<crate::stream::ReaderStats>,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
     tokio::spawn(async move {
         // SAFETY: the file owns its fd for as long as the AsyncFd holds it.
-        let mut afd = unsafe { tokio::io::unix::AsyncFd::register_with_interest(k, tokio::io::Interest::READABLE) }
-            .map_err(|e| std::io::Error::other(format!("registering /dev/kmsg: {e:?}")))?;
+        let mut afd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(k, tokio::io::Interest::READABLE)
+        }
+        .map_err(|e| std::io::Error::other(format!("registering /dev/kmsg: {e:?}")))?;
         let mut buf = vec![0u8; 8192];
         loop {
             let mut g = afd.readable_mut().await?;
@@ -256,23 +316,43 @@ mod tests {
     #[test]
     fn records_parse_with_their_level_time_and_escaped_text() {
         let r = parse_record("4,1234,15330000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n").unwrap();
-        assert_eq!((r.facility, r.level, r.seq, r.ts_usec, r.cont, r.caller_pid), (0, 4, 1234, 15_330_000, false, None));
+        assert_eq!(
+            (r.facility, r.level, r.seq, r.ts_usec, r.cont, r.caller_pid),
+            (0, 4, 1234, 15_330_000, false, None)
+        );
         assert!(r.text.starts_with("NVRM: Xid"));
         let r = parse_record("12,77,99,c,caller=T4242;a.out[4242]: segfault in x\\x0aNVRM: Xid (PCI:0000:3b:00): 79\n SUBSYSTEM=pci\n").unwrap();
-        assert_eq!((r.facility, r.level, r.cont, r.caller_pid), (1, 4, true, Some(4242)));
+        assert_eq!(
+            (r.facility, r.level, r.cont, r.caller_pid),
+            (1, 4, true, Some(4242))
+        );
         // The newline the kernel escaped stays in the one record's text.
-        assert_eq!(r.text, "a.out[4242]: segfault in x\\x0aNVRM: Xid (PCI:0000:3b:00): 79");
+        assert_eq!(
+            r.text,
+            "a.out[4242]: segfault in x\\x0aNVRM: Xid (PCI:0000:3b:00): 79"
+        );
         assert!(parse_record("garbage").is_none());
         assert!(parse_record("x,1,2,-;t").is_none());
     }
 
     #[test]
     fn a_record_becomes_the_probes_event_with_the_same_classification() {
-        let r = parse_record("4,1,2000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.").unwrap();
+        let r = parse_record(
+            "4,1,2000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+        )
+        .unwrap();
         let e = to_event(&r, 500);
         assert_eq!(e.mono_ns, 2_000_000_500);
-        let Detail::Kmsg(k) = &e.detail else { panic!("{e:?}") };
-        assert!(matches!(k.class.as_deref(), Some(crate::classify::KmsgClass::Xid { .. })), "{k:?}");
+        let Detail::Kmsg(k) = &e.detail else {
+            panic!("{e:?}")
+        };
+        assert!(
+            matches!(
+                k.class.as_deref(),
+                Some(crate::classify::KmsgClass::Xid { .. })
+            ),
+            "{k:?}"
+        );
         let long = format!("4,1,2,-;{}", "é".repeat(600));
         let e = to_event(&parse_record(&long).unwrap(), 0);
         assert!(e.kmsg_truncated());
@@ -286,7 +366,13 @@ mod tests {
         let merged = "4,9,100,-,caller=T77;x[77]: segfault at 0 ip 0000000000401000 sp 00007ffc00000000 error 4 in x\\x0aNVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.\\x0a[401000+1000]";
         let e = to_event(&parse_record(merged).unwrap(), 0);
         let Detail::Kmsg(k) = &e.detail else { panic!() };
-        assert!(!matches!(k.class.as_deref(), Some(crate::classify::KmsgClass::Xid { .. })), "{k:?}");
+        assert!(
+            !matches!(
+                k.class.as_deref(),
+                Some(crate::classify::KmsgClass::Xid { .. })
+            ),
+            "{k:?}"
+        );
         // An unmerged continuation record (the `c` flag of older kernels).
         let cont = "4,10,100,c;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.";
         let e = to_event(&parse_record(cont).unwrap(), 0);
@@ -296,13 +382,26 @@ mod tests {
         assert!(crate::classify::classify_record(" in x\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n[401000+1000]", false).is_none());
         assert!(crate::classify::classify_record("[   15.330000]  in x\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", false).is_none());
         // The kernel's own line still is one.
-        assert!(crate::classify::classify_record("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", false).is_some());
-        assert!(crate::classify::classify_record("[   15.330000] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", false).is_some());
+        assert!(crate::classify::classify_record(
+            "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+            false
+        )
+        .is_some());
+        assert!(crate::classify::classify_record(
+            "[   15.330000] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+            false
+        )
+        .is_some());
     }
 
     #[test]
     fn the_source_follows_what_the_check_saw() {
-        let c = |level, seen| Check { console_loglevel: Some(level), ignore_loglevel: false, seen_by_probe: seen, written: true };
+        let c = |level, seen| Check {
+            console_loglevel: Some(level),
+            ignore_loglevel: false,
+            seen_by_probe: seen,
+            written: true,
+        };
         assert_eq!(decide(&c(7, true), None).source, KlogSource::TRACEPOINT);
         assert_eq!(decide(&c(1, true), None).source, KlogSource::TRACEPOINT);
         // 5.10 with a quiet console: the probe never saw the marker.
@@ -310,9 +409,23 @@ mod tests {
         assert!(d.is_kmsg() && d.why.contains("console loglevel 1"), "{d:?}");
         // Everything printed: the check cannot tell.
         assert!(decide(&c(8, true), None).is_kmsg());
-        assert!(decide(&Check { ignore_loglevel: true, ..c(4, true) }, None).is_kmsg());
+        assert!(decide(
+            &Check {
+                ignore_loglevel: true,
+                ..c(4, true)
+            },
+            None
+        )
+        .is_kmsg());
         assert!(decide(&c(7, true), Some("kmsg")).is_kmsg());
         assert!(!decide(&c(1, false), Some("console")).is_kmsg());
-        assert!(!decide(&Check { written: false, ..c(1, false) }, None).is_kmsg());
+        assert!(!decide(
+            &Check {
+                written: false,
+                ..c(1, false)
+            },
+            None
+        )
+        .is_kmsg());
     }
 }

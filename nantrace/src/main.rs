@@ -8,7 +8,11 @@ use nantrace::trigger::TriggerKind;
 use nantrace::{say, sayout};
 
 #[derive(Parser)]
-#[command(name = "nantrace", version, about = "Flight recorder for GPU training nodes: was it the machine?")]
+#[command(
+    name = "nantrace",
+    version,
+    about = "Flight recorder for GPU training nodes: was it the machine?"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -56,9 +60,14 @@ struct RecArgs {
 /// A finite number in `lo..=hi` (no NaN, no infinity, no negative durations: redteam 1.25–1.35).
 fn secs(lo: f64, hi: f64) -> impl Fn(&str) -> Result<f64, String> + Clone + Send + Sync + 'static {
     move |s: &str| {
-        let v: f64 = s.trim().parse().map_err(|_| format!("{s:?} is not a number"))?;
+        let v: f64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not a number"))?;
         if !v.is_finite() || v < lo || v > hi {
-            return Err(format!("{s} is out of range: give a number from {lo} to {hi}"));
+            return Err(format!(
+                "{s} is out of range: give a number from {lo} to {hi}"
+            ));
         }
         Ok(v)
     }
@@ -67,7 +76,9 @@ fn secs(lo: f64, hi: f64) -> impl Fn(&str) -> Result<f64, String> + Clone + Send
 fn parse_nan_pattern(s: &str) -> Result<String, String> {
     let re = regex::Regex::new(s).map_err(|e| e.to_string())?;
     if re.is_match("") {
-        return Err(format!("{s:?} matches an empty line, so every line would be a NaN (1.37)"));
+        return Err(format!(
+            "{s:?} matches an empty line, so every line would be a NaN (1.37)"
+        ));
     }
     Ok(s.to_string())
 }
@@ -320,7 +331,10 @@ enum Cmd {
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
 }
 
 fn session(job: Job, opts: SessionOpts) -> anyhow::Result<i32> {
@@ -337,24 +351,42 @@ fn session_outcome(job: Job, opts: SessionOpts) -> anyhow::Result<nantrace::sess
 
 /// A file nantrace writes by itself (snapshot --out): see `safefs::write_file_0600`.
 fn write_0600(path: &std::path::Path, data: &[u8]) -> anyhow::Result<()> {
-    nantrace::safefs::write_file_0600(path, data).with_context(|| format!("writing {}", path.display()))
+    nantrace::safefs::write_file_0600(path, data)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// `merge --out`: a new directory (created 0700), or an existing one that is ours alone;
 /// never an input bundle or a directory inside one (5.24); never chmodded (4.14).
-fn merge_out_dir(out: &std::path::Path, inputs: &[PathBuf]) -> anyhow::Result<nantrace::safefs::Dir> {
+fn merge_out_dir(
+    out: &std::path::Path,
+    inputs: &[PathBuf],
+) -> anyhow::Result<nantrace::safefs::Dir> {
     for b in inputs {
         anyhow::ensure!(!nantrace::safefs::is_within(out, b) && !nantrace::safefs::is_within(b, out), "--out {} is (or contains, or is inside) the input bundle {}: it would be overwritten; give a new directory", out.display(), b.display());
     }
     match std::fs::symlink_metadata(out) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-            let name = out.file_name().and_then(|n| n.to_str()).with_context(|| format!("--out {}: not a directory name", out.display()))?;
-            Ok(nantrace::safefs::Dir::open(parent)?.create_subdir(name).with_context(|| format!("creating {}", out.display()))?)
+            let parent = out
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+            let name = out
+                .file_name()
+                .and_then(|n| n.to_str())
+                .with_context(|| format!("--out {}: not a directory name", out.display()))?;
+            Ok(nantrace::safefs::Dir::open(parent)?
+                .create_subdir(name)
+                .with_context(|| format!("creating {}", out.display()))?)
         }
         Err(e) => Err(e).with_context(|| format!("--out {}", out.display())),
-        Ok(_) => nantrace::safefs::Dir::open_private(out).with_context(|| format!("--out {}: give a new directory, or one only you can write", out.display())),
+        Ok(_) => nantrace::safefs::Dir::open_private(out).with_context(|| {
+            format!(
+                "--out {}: give a new directory, or one only you can write",
+                out.display()
+            )
+        }),
     }
 }
 
@@ -376,12 +408,44 @@ fn main() -> anyhow::Result<()> {
             }
             out.exit_code
         }
-        Cmd::Agent { config, spool, socket, metrics_addr, match_commands, gpu_devices, slurm_jobs, post, no_probes, proc_root, pci_devices } => {
-            let args = nantrace::agent::Args { config, spool_dir: spool, socket, metrics_addr, match_commands, gpu_devices, slurm_jobs, post_s: post, no_probes, proc_root, pci_devices };
+        Cmd::Agent {
+            config,
+            spool,
+            socket,
+            metrics_addr,
+            match_commands,
+            gpu_devices,
+            slurm_jobs,
+            post,
+            no_probes,
+            proc_root,
+            pci_devices,
+        } => {
+            let args = nantrace::agent::Args {
+                config,
+                spool_dir: spool,
+                socket,
+                metrics_addr,
+                match_commands,
+                gpu_devices,
+                slurm_jobs,
+                post_s: post,
+                no_probes,
+                proc_root,
+                pci_devices,
+            };
             runtime()?.block_on(nantrace::agent::run(args))?;
             0
         }
-        Cmd::Ctl { cmd, job, gpu, since, last: _, socket, json } => {
+        Cmd::Ctl {
+            cmd,
+            job,
+            gpu,
+            since,
+            last: _,
+            socket,
+            json,
+        } => {
             let mut req = serde_json::json!({ "cmd": cmd });
             for (k, v) in [("job", job), ("gpu", gpu), ("since", since)] {
                 if let Some(v) = v {
@@ -397,38 +461,70 @@ fn main() -> anyhow::Result<()> {
             0
         }
         Cmd::Demo { scenario, rec } => {
-            anyhow::ensure!(nantrace::demo::SCENARIOS.contains(&scenario.as_str()), "unknown scenario {scenario:?}; known: {:?}", nantrace::demo::SCENARIOS);
+            anyhow::ensure!(
+                nantrace::demo::SCENARIOS.contains(&scenario.as_str()),
+                "unknown scenario {scenario:?}; known: {:?}",
+                nantrace::demo::SCENARIOS
+            );
             let me = std::env::current_exe().context("locating the nantrace binary")?;
             let mut opts = rec.opts();
-            opts.injected = (scenario != "numeric").then(|| format!("demo scenario {scenario}: fault injected through real kernel mechanisms"));
+            opts.injected = (scenario != "numeric").then(|| {
+                format!("demo scenario {scenario}: fault injected through real kernel mechanisms")
+            });
             say!("nantrace demo: running the built-in training job (scenario {scenario}); it diverges to NaN in a few seconds");
-            let job = Job::Spawn(vec![me.display().to_string(), "demo-train".into(), "--scenario".into(), scenario]);
+            let job = Job::Spawn(vec![
+                me.display().to_string(),
+                "demo-train".into(),
+                "--scenario".into(),
+                scenario,
+            ]);
             let code = session(job, opts)?;
             say!("nantrace demo: the demo job exited with {code} (it stops itself when its loss is NaN)");
             0
         }
-        Cmd::Watch { pids, duration, json, slow_io_ms } => {
-            runtime()?.block_on(nantrace::watch::run(nantrace::watch::WatchArgs { pids, duration, json, slow_io_ms }))?;
+        Cmd::Watch {
+            pids,
+            duration,
+            json,
+            slow_io_ms,
+        } => {
+            runtime()?.block_on(nantrace::watch::run(nantrace::watch::WatchArgs {
+                pids,
+                duration,
+                json,
+                slow_io_ms,
+            }))?;
             0
         }
-        Cmd::Report { bundle, write, json } if json || nantrace::jobreport::is_job_dir(&bundle) => {
+        Cmd::Report {
+            bundle,
+            write,
+            json,
+        } if json || nantrace::jobreport::is_job_dir(&bundle) => {
             nantrace::jobreport::cli(&bundle, json, write)?;
             0
         }
         Cmd::Report { bundle, write, .. } => {
             let (a, t, snap) = nantrace::report::for_bundle(&bundle)?;
-            nantrace::term::print_out(&nantrace::term::clean_lines(&nantrace::report::markdown(&a, &t)));
+            nantrace::term::print_out(&nantrace::term::clean_lines(&nantrace::report::markdown(
+                &a, &t,
+            )));
             if write {
                 // Only into a bundle directory that is ours alone; files replaced by rename (4.11).
-                let dir = nantrace::safefs::Dir::open_private(&bundle).with_context(|| format!("report --write {}", bundle.display()))?;
+                let dir = nantrace::safefs::Dir::open_private(&bundle)
+                    .with_context(|| format!("report --write {}", bundle.display()))?;
                 for (name, data) in nantrace::export::derived(&t, &snap).0 {
-                    dir.replace(&name, &data).with_context(|| format!("writing {}/{name}", bundle.display()))?;
+                    dir.replace(&name, &data)
+                        .with_context(|| format!("writing {}/{name}", bundle.display()))?;
                 }
             }
             0
         }
         Cmd::Merge { bundles, out } => {
-            let mut nodes = bundles.iter().map(|b| nantrace::merge::load(b)).collect::<anyhow::Result<Vec<_>>>()?;
+            let mut nodes = bundles
+                .iter()
+                .map(|b| nantrace::merge::load(b))
+                .collect::<anyhow::Result<Vec<_>>>()?;
             let merged = nantrace::merge::merge(&mut nodes);
             let trace = nantrace::merge::trace(&merged, &nodes);
             let snap = nodes[0].snapshot.clone();
@@ -438,8 +534,16 @@ fn main() -> anyhow::Result<()> {
             dir.replace("trace.json", &serde_json::to_vec(&trace)?)?;
             let md = nantrace::report::markdown(&a, &merged);
             dir.replace("report.md", md.as_bytes())?;
-            dir.replace("report.html", nantrace::export::html::render(&a, &merged, &snap).as_bytes())?;
-            say!("nantrace: merged {} bundles into {}: {}", nodes.len(), out.display(), merged["clock_statement"].as_str().unwrap_or(""));
+            dir.replace(
+                "report.html",
+                nantrace::export::html::render(&a, &merged, &snap).as_bytes(),
+            )?;
+            say!(
+                "nantrace: merged {} bundles into {}: {}",
+                nodes.len(),
+                out.display(),
+                merged["clock_statement"].as_str().unwrap_or("")
+            );
             sayout!("{}", nantrace::term::clean(&a.verdict));
             0
         }
@@ -457,16 +561,39 @@ fn main() -> anyhow::Result<()> {
             }
             0
         }
-        Cmd::Gpucheck { gpus, reps, iters, mem_fraction, out, bundle, corrupt_test } => {
-            anyhow::ensure!((0.0..=0.9).contains(&mem_fraction), "--mem-fraction must be between 0 and 0.9");
-            let v = nantrace::gpucheck::run(&nantrace::gpucheck::Opts { gpus, reps, iters, mem_fraction, corrupt: corrupt_test });
-            say!("{}", nantrace::term::clean_lines(nantrace::gpucheck::summary(&v).trim_end()));
+        Cmd::Gpucheck {
+            gpus,
+            reps,
+            iters,
+            mem_fraction,
+            out,
+            bundle,
+            corrupt_test,
+        } => {
+            anyhow::ensure!(
+                (0.0..=0.9).contains(&mem_fraction),
+                "--mem-fraction must be between 0 and 0.9"
+            );
+            let v = nantrace::gpucheck::run(&nantrace::gpucheck::Opts {
+                gpus,
+                reps,
+                iters,
+                mem_fraction,
+                corrupt: corrupt_test,
+            });
+            say!(
+                "{}",
+                nantrace::term::clean_lines(nantrace::gpucheck::summary(&v).trim_end())
+            );
             let text = serde_json::to_string_pretty(&v)?;
             match (out, bundle) {
                 (Some(p), _) => write_0600(&p, text.as_bytes())?,
                 (None, Some(b)) => {
                     nantrace::gpucheck::into_bundle(&b, &v)?;
-                    say!("nantrace: gpucheck.json added to {}; report.md rendered again", b.display());
+                    say!(
+                        "nantrace: gpucheck.json added to {}; report.md rendered again",
+                        b.display()
+                    );
                 }
                 (None, None) => sayout!("{text}"),
             }
@@ -483,7 +610,17 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::DemoTrain { scenario, step_ms } => nantrace::demo::train(&scenario, step_ms),
         Cmd::DemoWorker => nantrace::demo::worker(),
-        Cmd::BenchInternal { what, n, dir, go, kmsg_every, rate, seconds, burst, threads } => {
+        Cmd::BenchInternal {
+            what,
+            n,
+            dir,
+            go,
+            kmsg_every,
+            rate,
+            seconds,
+            burst,
+            threads,
+        } => {
             use nantrace::benchkit as b;
             let v = match what.as_str() {
                 "workload" => b::workload(n as u32, kmsg_every, &dir, go.as_deref()),

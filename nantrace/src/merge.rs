@@ -21,7 +21,12 @@ pub struct Node {
 
 pub fn load(dir: &Path) -> anyhow::Result<Node> {
     let (t, snapshot) = crate::bundle::load(dir).with_context(|| format!("{}", dir.display()))?;
-    anyhow::ensure!(t["schema"] == crate::bundle::SCHEMA, "{}: not a node bundle (schema {})", dir.display(), t["schema"]);
+    anyhow::ensure!(
+        t["schema"] == crate::bundle::SCHEMA,
+        "{}: not a node bundle (schema {})",
+        dir.display(),
+        t["schema"]
+    );
     let mut correction_s = t["clock"]["correction_s"].as_f64().unwrap_or(0.0);
     let mut uncertainty_s = t["clock"]["uncertainty_s"].as_f64();
     // An NTP correction is seconds at most; anything beyond a day is a broken or hostile
@@ -30,11 +35,20 @@ pub fn load(dir: &Path) -> anyhow::Result<Node> {
         correction_s = 0.0;
         uncertainty_s = None;
     }
-    Ok(Node { name: t["host"]["hostname"].as_str().unwrap_or("node").to_string(), dir: dir.to_path_buf(), timeline: t, snapshot, correction_s, uncertainty_s })
+    Ok(Node {
+        name: t["host"]["hostname"].as_str().unwrap_or("node").to_string(),
+        dir: dir.to_path_buf(),
+        timeline: t,
+        snapshot,
+        correction_s,
+        uncertainty_s,
+    })
 }
 
 fn shifted(time: &str, by_s: f64) -> (String, i128) {
-    let t = time::OffsetDateTime::parse(time, &time::format_description::well_known::Rfc3339).map(|t| t.unix_timestamp_nanos()).unwrap_or(0);
+    let t = time::OffsetDateTime::parse(time, &time::format_description::well_known::Rfc3339)
+        .map(|t| t.unix_timestamp_nanos())
+        .unwrap_or(0);
     let n = t.saturating_add((by_s * 1e9) as i128);
     (crate::clock::rfc3339(n), n)
 }
@@ -55,7 +69,10 @@ pub fn merge(nodes: &mut [Node]) -> Value {
     let mut seen = std::collections::BTreeMap::new();
     let mut skipped = Vec::new();
     for (i, n) in nodes.iter().enumerate() {
-        let key = (n.timeline["host"]["boot_id"].to_string(), n.timeline["trigger"]["mono_ns"].to_string());
+        let key = (
+            n.timeline["host"]["boot_id"].to_string(),
+            n.timeline["trigger"]["mono_ns"].to_string(),
+        );
         if key.0 != "null" && key.1 != "null" {
             if let Some(first) = seen.get(&key) {
                 crate::say!("nantrace: WARNING: {} is the same incident as {} (same boot and trigger): merged once", n.dir.display(), first);
@@ -65,7 +82,11 @@ pub fn merge(nodes: &mut [Node]) -> Value {
             seen.insert(key, n.dir.display().to_string());
         }
     }
-    for (_, n) in nodes.iter_mut().enumerate().filter(|(i, _)| !skipped.contains(i)) {
+    for (_, n) in nodes
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| !skipped.contains(i))
+    {
         // The node's events move into the merged timeline (one copy in memory, not two: at
         // 1024 nodes the copies were most of the job report's memory). Junk (a number, a
         // string) is not an event: skipped, not a panic (redteam 5.22).
@@ -80,7 +101,10 @@ pub fn merge(nodes: &mut [Node]) -> Value {
             e["node"] = json!(n.name);
             events.push((ns, e));
         }
-        let (t, ns) = shifted(n.timeline["trigger"]["time"].as_str().unwrap_or(""), n.correction_s);
+        let (t, ns) = shifted(
+            n.timeline["trigger"]["time"].as_str().unwrap_or(""),
+            n.correction_s,
+        );
         triggers.push((ns, json!({ "node": n.name, "kind": n.timeline["trigger"]["kind"], "time": t, "reason": n.timeline["trigger"]["reason"] })));
         if let Some(tn) = n.timeline["first_nan"]["time"].as_str() {
             let (t, ns) = shifted(tn, n.correction_s);
@@ -107,8 +131,16 @@ pub fn merge(nodes: &mut [Node]) -> Value {
     });
     let mut unc: Vec<f64> = nodes.iter().filter_map(|n| n.uncertainty_s).collect();
     unc.sort_by(|a, b| b.total_cmp(a));
-    let unsynced: Vec<&str> = nodes.iter().filter(|n| n.uncertainty_s.is_none()).map(|n| n.name.as_str()).collect();
-    let residual = if unsynced.is_empty() { json!(unc.iter().take(2).sum::<f64>()) } else { Value::Null };
+    let unsynced: Vec<&str> = nodes
+        .iter()
+        .filter(|n| n.uncertainty_s.is_none())
+        .map(|n| n.name.as_str())
+        .collect();
+    let residual = if unsynced.is_empty() {
+        json!(unc.iter().take(2).sum::<f64>())
+    } else {
+        Value::Null
+    };
     let statement = if unsynced.is_empty() {
         format!("events of different nodes are ordered to within ±{:.3} ms (sum of the two largest NTP error bounds)", unc.iter().take(2).sum::<f64>() * 1e3)
     } else {
@@ -139,16 +171,24 @@ pub fn merge(nodes: &mut [Node]) -> Value {
 /// `nantrace report` reads it back line by line like a node's.
 pub fn timeline_bytes(merged: &Value) -> std::io::Result<Vec<u8>> {
     let mut head = merged.clone();
-    let events = head.as_object_mut().and_then(|o| o.remove("events")).unwrap_or(Value::Null);
+    let events = head
+        .as_object_mut()
+        .and_then(|o| o.remove("events"))
+        .unwrap_or(Value::Null);
     let events = events.as_array().map_or(&[][..], Vec::as_slice);
     let mut out = Vec::new();
-    crate::bundle::write_timeline_with(&mut out, &head, events.len(), &mut |i, w| serde_json::to_writer(w, &events[i]).map_err(std::io::Error::from))?;
+    crate::bundle::write_timeline_with(&mut out, &head, events.len(), &mut |i, w| {
+        serde_json::to_writer(w, &events[i]).map_err(std::io::Error::from)
+    })?;
     Ok(out)
 }
 
 /// trace.json with one group of processes per node.
 pub fn trace(merged: &Value, nodes: &[Node]) -> perfetto::Trace {
-    let base = merged["events"].as_array().and_then(|a| a.iter().map(perfetto::wall_us).reduce(f64::min)).unwrap_or(0.0);
+    let base = merged["events"]
+        .as_array()
+        .and_then(|a| a.iter().map(perfetto::wall_us).reduce(f64::min))
+        .unwrap_or(0.0);
     let mut all = Vec::new();
     // Each node's events in one pass over the merged timeline, not a pass per node.
     let mut by_node: std::collections::HashMap<&str, Vec<Value>> = std::collections::HashMap::new();
@@ -163,8 +203,17 @@ pub fn trace(merged: &Value, nodes: &[Node]) -> perfetto::Trace {
         all.extend(perfetto::events(&t, Some((i as u64, &n.name)), base));
     }
     // Per-track order is what the format needs; metadata first.
-    all.sort_by(|a, b| (a.ph != "M").cmp(&(b.ph != "M")).then(a.ts.unwrap_or(0.0).total_cmp(&b.ts.unwrap_or(0.0))).then(perfetto::rank(a.ph).cmp(&perfetto::rank(b.ph))));
-    perfetto::Trace { trace_events: all, display_time_unit: "ms", other_data: json!({ "generator": "nantrace merge", "clock": merged["clock_statement"] }) }
+    all.sort_by(|a, b| {
+        (a.ph != "M")
+            .cmp(&(b.ph != "M"))
+            .then(a.ts.unwrap_or(0.0).total_cmp(&b.ts.unwrap_or(0.0)))
+            .then(perfetto::rank(a.ph).cmp(&perfetto::rank(b.ph)))
+    });
+    perfetto::Trace {
+        trace_events: all,
+        display_time_unit: "ms",
+        other_data: json!({ "generator": "nantrace merge", "clock": merged["clock_statement"] }),
+    }
 }
 
 #[cfg(test)]
@@ -186,19 +235,53 @@ mod tests {
     #[test]
     fn corrected_clocks_give_the_true_global_order() {
         // Node b's clock runs 1.5 s fast: its raw 10:00:01.0 is really 09:59:59.5.
-        let a = node("a", 0.0, &[("2026-11-30T10:00:00.000000000Z", "a1"), ("2026-11-30T10:00:00.600000000Z", "a2")]);
-        let b = node("b", -1.5, &[("2026-11-30T10:00:01.000000000Z", "b1 (really 09:59:59.5)"), ("2026-11-30T10:00:01.800000000Z", "b2 (really 10:00:00.3)")]);
+        let a = node(
+            "a",
+            0.0,
+            &[
+                ("2026-11-30T10:00:00.000000000Z", "a1"),
+                ("2026-11-30T10:00:00.600000000Z", "a2"),
+            ],
+        );
+        let b = node(
+            "b",
+            -1.5,
+            &[
+                ("2026-11-30T10:00:01.000000000Z", "b1 (really 09:59:59.5)"),
+                ("2026-11-30T10:00:01.800000000Z", "b2 (really 10:00:00.3)"),
+            ],
+        );
         let mut nodes = vec![a, b];
         let m = merge(&mut nodes);
-        let order: Vec<&str> = m["events"].as_array().unwrap().iter().map(|e| e["text"].as_str().unwrap()).collect();
-        assert_eq!(order, ["b1 (really 09:59:59.5)", "a1", "b2 (really 10:00:00.3)", "a2"]);
+        let order: Vec<&str> = m["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "b1 (really 09:59:59.5)",
+                "a1",
+                "b2 (really 10:00:00.3)",
+                "a2"
+            ]
+        );
         assert_eq!(m["events"][0]["time"], "2026-11-30T09:59:59.500000000Z");
-        assert_eq!(m["events"][0]["time_node_clock"], "2026-11-30T10:00:01.000000000Z");
+        assert_eq!(
+            m["events"][0]["time_node_clock"],
+            "2026-11-30T10:00:01.000000000Z"
+        );
         assert_eq!(m["events"][0]["node"], "b");
         assert_eq!(m["residual_uncertainty_s"], 0.004);
         assert_eq!(m["trigger"]["node"], "b");
         let t = serde_json::to_value(trace(&m, &nodes)).unwrap();
-        assert!(crate::export::perfetto::validate(&t).is_empty(), "{:?}", crate::export::perfetto::validate(&t));
+        assert!(
+            crate::export::perfetto::validate(&t).is_empty(),
+            "{:?}",
+            crate::export::perfetto::validate(&t)
+        );
     }
 
     #[test]
@@ -209,7 +292,10 @@ mod tests {
         let mut nodes = vec![a, b];
         let m = merge(&mut nodes);
         assert_eq!(m["residual_uncertainty_s"], Value::Null);
-        assert!(m["clock_statement"].as_str().unwrap().contains("no synchronised clock"));
+        assert!(m["clock_statement"]
+            .as_str()
+            .unwrap()
+            .contains("no synchronised clock"));
         assert_eq!(m["nodes"][1]["name"], "a#2");
     }
 }

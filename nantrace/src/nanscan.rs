@@ -63,18 +63,31 @@ static NONFINITE_ERROR: LazyLock<Regex> = LazyLock::new(|| {
 });
 /// A line of source code (a traceback's frame, `raise ...`, `assert ...`): it names NaN checks
 /// without reporting one.
-static SOURCE_LINE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\s+(?:raise|assert|if|elif|while|return|print|logger\.\w+|logging\.\w+|log\.\w+)(?-u:\b)|^\s*File \x22").unwrap());
+static SOURCE_LINE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^\s+(?:raise|assert|if|elif|while|return|print|logger\.\w+|logging\.\w+|log\.\w+)(?-u:\b)|^\s*File \x22").unwrap()
+});
 /// A word that every non-finite pattern (metric or error) contains.
 static NONFINITE_HINT: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
-    regex::bytes::RegexBuilder::new(r"(?i)nan|inf|diverg|explod|minimum|finite|invalid loss").unicode(false).build().expect("hint compiles")
+    regex::bytes::RegexBuilder::new(r"(?i)nan|inf|diverg|explod|minimum|finite|invalid loss")
+        .unicode(false)
+        .build()
+        .expect("hint compiles")
 });
 /// Metric names whose `inf` is an initial value in a config or state dump (`best_valid_loss: inf`).
-static INITIAL_KEY: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)(best|min|lowest|prev|previous|initial|init|last_best|patience)").unwrap());
-static GRAD_KEY: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)grad[_ ]?norm|gradient[_ ]norm|gnorm").unwrap());
+static INITIAL_KEY: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)(best|min|lowest|prev|previous|initial|init|last_best|patience)").unwrap()
+});
+static GRAD_KEY: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?i)grad[_ ]?norm|gradient[_ ]norm|gnorm").unwrap());
 /// The loss scaler skipped this step (Megatron prints the count in the same line).
-static SKIPPED: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)skipped (?:iterations|steps?)\s*[:=]\s*[1-9]|skipping (?:step|update)|overflow|inf checks|found inf").unwrap());
+static SKIPPED: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)skipped (?:iterations|steps?)\s*[:=]\s*[1-9]|skipping (?:step|update)|overflow|inf checks|found inf").unwrap()
+});
 static STEP: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r#"(?i)(?:^|[^a-z0-9_])(?:global_step|step|iteration|iter|it)['"]?\s*[:= ]\s*\[?\s*(\d+)"#).unwrap()
+    Regex::new(
+        r#"(?i)(?:^|[^a-z0-9_])(?:global_step|step|iteration|iter|it)['"]?\s*[:= ]\s*\[?\s*(\d+)"#,
+    )
+    .unwrap()
 });
 static LOSS_VALUE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r#"(?i)(?:^|[^a-z0-9_])(?:(?:train|lm|total|training)[_ ])?loss['"]?\s*[:= ]\s*(?:tensor\(\s*)?['"]?([-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))(?-u:\b)"#).unwrap()
@@ -82,13 +95,15 @@ static LOSS_VALUE: LazyLock<Regex> = LazyLock::new(|| {
 static LOSS_SCALE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?i)(?:reducing(?: loss scale)? to|setting loss scale to|loss[ _]scale(?:r)?)\s*[:=]?\s*(\d+(?:\.\d+)?(?:e[-+]?\d+)?)").unwrap()
 });
-static REDUCING: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?i)(?:reducing(?: loss scale)? to|setting loss scale to)\s*:?\s*(\d+(?:\.\d+)?(?:e[-+]?\d+)?)").unwrap());
+static REDUCING: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)(?:reducing(?: loss scale)? to|setting loss scale to)\s*:?\s*(\d+(?:\.\d+)?(?:e[-+]?\d+)?)").unwrap()
+});
 static OVERFLOW: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?i)(gradient overflow|OVERFLOW!|overflow detected|Skipping step|reducing loss scale|setting loss scale to|Minimum loss scale reached|found inf or nan in grad|inf checks)").unwrap()
 });
 /// Counter-like names that are not metrics even when they contain the word (`nan_count`).
-static COUNTER_KEY: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)(count|num|number|skipped|scale|steps?$)").unwrap());
+static COUNTER_KEY: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?i)(count|num|number|skipped|scale|steps?$)").unwrap());
 
 /// Scanner with the user's extra patterns (`--nan-pattern`).
 #[derive(Clone, Debug, Default)]
@@ -99,7 +114,13 @@ pub struct Scanner {
 
 impl Scanner {
     pub fn new(extra: &[String]) -> Result<Self, regex::Error> {
-        Ok(Self { extra: extra.iter().map(|p| Regex::new(p)).collect::<Result<_, _>>()?, grad_rule: GradRule::Auto })
+        Ok(Self {
+            extra: extra
+                .iter()
+                .map(|p| Regex::new(p))
+                .collect::<Result<_, _>>()?,
+            grad_rule: GradRule::Auto,
+        })
     }
 
     pub fn scan(&self, line: &str) -> LineScan {
@@ -108,14 +129,18 @@ impl Scanner {
         // Unicode tables) spares the expensive patterns on the lines that cannot match.
         let hint = NONFINITE_HINT.is_match(line.as_bytes());
         let source = hint && SOURCE_LINE.is_match(line);
-        for c in NONFINITE_METRIC.captures_iter(line).filter(|_| hint && !source) {
+        for c in NONFINITE_METRIC
+            .captures_iter(line)
+            .filter(|_| hint && !source)
+        {
             let key = c[1].trim();
             if COUNTER_KEY.is_match(key) {
                 continue;
             }
             // `best_valid_loss: inf` is where a minimum starts, not a divergence.
             let value = c[2].to_ascii_lowercase();
-            if INITIAL_KEY.is_match(key) && value.trim_start_matches(['+', '-']).starts_with("inf") {
+            if INITIAL_KEY.is_match(key) && value.trim_start_matches(['+', '-']).starts_with("inf")
+            {
                 continue;
             }
             out.nonfinite = Some(key.to_string());
@@ -141,8 +166,17 @@ impl Scanner {
                 _ => v.parse().ok(),
             }
         });
-        out.overflow = OVERFLOW.is_match(line) || (out.nonfinite.as_deref().is_some_and(|k| GRAD_KEY.is_match(k)) && SKIPPED.is_match(line));
-        out.grad_only = out.nonfinite.as_deref().is_some_and(|k| GRAD_KEY.is_match(k)) && out.loss.is_none_or(f64::is_finite);
+        out.overflow = OVERFLOW.is_match(line)
+            || (out
+                .nonfinite
+                .as_deref()
+                .is_some_and(|k| GRAD_KEY.is_match(k))
+                && SKIPPED.is_match(line));
+        out.grad_only = out
+            .nonfinite
+            .as_deref()
+            .is_some_and(|k| GRAD_KEY.is_match(k))
+            && out.loss.is_none_or(f64::is_finite);
         out.loss_scale = REDUCING
             .captures(line)
             .or_else(|| LOSS_SCALE.captures(line))
@@ -156,7 +190,11 @@ impl Scanner {
 /// whose loss is finite but whose gradient norm is inf is not "the first NaN" (the demo's
 /// `step 74 | loss 4.98e36 | grad_norm inf`).
 pub fn describe(line: &str) -> Option<(String, bool)> {
-    let s = Scanner { extra: Vec::new(), grad_rule: GradRule::Auto }.scan(line);
+    let s = Scanner {
+        extra: Vec::new(),
+        grad_rule: GradRule::Auto,
+    }
+    .scan(line);
     let what = s.nonfinite?;
     Some(match s.value {
         Some(v) => {
@@ -176,9 +214,18 @@ mod tests {
 
     #[test]
     fn what_is_non_finite_is_named() {
-        assert_eq!(describe("step 74 | loss 4.98e36 | grad_norm inf"), Some(("grad_norm = inf".into(), false)));
-        assert_eq!(describe("step 1200 | loss nan | lr 3.0e-04"), Some(("loss = nan".into(), true)));
-        assert_eq!(describe("{'loss': NaN, 'grad_norm': 1.2}"), Some(("loss = nan".into(), true)));
+        assert_eq!(
+            describe("step 74 | loss 4.98e36 | grad_norm inf"),
+            Some(("grad_norm = inf".into(), false))
+        );
+        assert_eq!(
+            describe("step 1200 | loss nan | lr 3.0e-04"),
+            Some(("loss = nan".into(), true))
+        );
+        assert_eq!(
+            describe("{'loss': NaN, 'grad_norm': 1.2}"),
+            Some(("loss = nan".into(), true))
+        );
         assert_eq!(describe("step 3 | loss 2.1"), None);
     }
 
@@ -251,8 +298,14 @@ mod tests {
     fn metric_names_are_reported() {
         let s = Scanner::default();
         assert_eq!(s.scan("{'loss': nan}").nonfinite.as_deref(), Some("loss"));
-        assert_eq!(s.scan("grad norm: inf | lm loss: 2.0").nonfinite.as_deref(), Some("grad norm"));
-        assert_eq!(s.scan("val_loss=-nan").nonfinite.as_deref(), Some("val_loss"));
+        assert_eq!(
+            s.scan("grad norm: inf | lm loss: 2.0").nonfinite.as_deref(),
+            Some("grad norm")
+        );
+        assert_eq!(
+            s.scan("val_loss=-nan").nonfinite.as_deref(),
+            Some("val_loss")
+        );
     }
 
     #[test]
@@ -262,8 +315,12 @@ mod tests {
         assert_eq!((a.step, a.loss), (Some(1200), Some(0.25)));
         let b = s.scan("iter 2000: loss 3.2124, time 35.12ms");
         assert_eq!((b.step, b.loss), (Some(2000), Some(3.2124)));
-        let c = s.scan(" iteration     1000/  500000 | lm loss: 2.104512E+00 | loss scale: 65536.0 |");
-        assert_eq!((c.step, c.loss, c.loss_scale), (Some(1000), Some(2.104512), Some(65536.0)));
+        let c =
+            s.scan(" iteration     1000/  500000 | lm loss: 2.104512E+00 | loss scale: 65536.0 |");
+        assert_eq!(
+            (c.step, c.loss, c.loss_scale),
+            (Some(1000), Some(2.104512), Some(65536.0))
+        );
         let d = s.scan("{'loss': nan, 'epoch': 0.5}");
         assert!(d.loss.unwrap().is_nan());
         assert_eq!(s.scan("Epoch 3/10").step, None);
@@ -275,7 +332,8 @@ mod tests {
         let d = s.scan("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768");
         assert!(d.overflow);
         assert_eq!(d.loss_scale, Some(32768.0));
-        let f = s.scan("gradient overflow detected, ignoring gradient, setting loss scale to: 64.0");
+        let f =
+            s.scan("gradient overflow detected, ignoring gradient, setting loss scale to: 64.0");
         assert_eq!((f.overflow, f.loss_scale), (true, Some(64.0)));
         assert!(!s.scan("step 3 | loss 1.0").overflow);
     }
@@ -283,7 +341,11 @@ mod tests {
     #[test]
     fn user_pattern() {
         let s = Scanner::new(&["WEIGHTS BLEW UP at step".to_string()]).unwrap();
-        assert!(s.scan("WEIGHTS BLEW UP at step 17").nonfinite.unwrap().starts_with("pattern"));
+        assert!(s
+            .scan("WEIGHTS BLEW UP at step 17")
+            .nonfinite
+            .unwrap()
+            .starts_with("pattern"));
         assert!(Scanner::new(&["(".to_string()]).is_err());
     }
 }

@@ -48,23 +48,45 @@ fn pw_lookup(by: Result<u32, &str>) -> Option<Pw> {
     let mut buf = vec![0u8; 16 * 1024];
     let rc = match by {
         // SAFETY: valid pointers and buffer length.
-        Ok(uid) => unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut res) },
+        Ok(uid) => unsafe {
+            libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut res)
+        },
         Err(name) => {
             let c = CString::new(name).ok()?;
             // SAFETY: valid NUL-terminated name, pointers and buffer length.
-            unsafe { libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut res) }
+            unsafe {
+                libc::getpwnam_r(
+                    c.as_ptr(),
+                    &mut pw,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    &mut res,
+                )
+            }
         }
     };
     if rc != 0 || res.is_null() {
         return None;
     }
     // SAFETY: on success pw_name and pw_dir point to NUL-terminated strings inside buf.
-    let (name, home) = unsafe { (CStr::from_ptr(pw.pw_name).to_string_lossy().into_owned(), CStr::from_ptr(pw.pw_dir).to_string_lossy().into_owned()) };
-    Some(Pw { name, uid: pw.pw_uid, gid: pw.pw_gid, home })
+    let (name, home) = unsafe {
+        (
+            CStr::from_ptr(pw.pw_name).to_string_lossy().into_owned(),
+            CStr::from_ptr(pw.pw_dir).to_string_lossy().into_owned(),
+        )
+    };
+    Some(Pw {
+        name,
+        uid: pw.pw_uid,
+        gid: pw.pw_gid,
+        home,
+    })
 }
 
 fn grouplist(name: &str, gid: u32) -> Vec<libc::gid_t> {
-    let Ok(c) = CString::new(name) else { return vec![gid] };
+    let Ok(c) = CString::new(name) else {
+        return vec![gid];
+    };
     let mut n: libc::c_int = 64;
     loop {
         let mut groups = vec![0 as libc::gid_t; n as usize];
@@ -100,17 +122,31 @@ fn ruid() -> u32 {
 fn for_uid(uid: u32, gid: Option<u32>, why: String) -> RunAs {
     let pw = pw_lookup(Ok(uid));
     let gid = gid.or(pw.as_ref().map(|p| p.gid)).unwrap_or(uid);
-    let groups = pw.as_ref().map_or_else(|| vec![gid], |p| grouplist(&p.name, gid));
-    RunAs { uid, gid, groups, name: pw.as_ref().map(|p| p.name.clone()), home: pw.map(|p| p.home), why }
+    let groups = pw
+        .as_ref()
+        .map_or_else(|| vec![gid], |p| grouplist(&p.name, gid));
+    RunAs {
+        uid,
+        gid,
+        groups,
+        name: pw.as_ref().map(|p| p.name.clone()),
+        home: pw.map(|p| p.home),
+        why,
+    }
 }
 
 /// Resolve the job's identity from the command line and nantrace's own environment.
 /// `Ok(None)`: the job runs as nantrace itself.
-pub fn resolve(choice: &Choice, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Option<RunAs>> {
+pub fn resolve(
+    choice: &Choice,
+    env: impl Fn(&str) -> Option<String>,
+) -> anyhow::Result<Option<RunAs>> {
     let root = euid() == 0;
     // Started through sudo by someone else than root: that person may not choose a more
     // privileged identity for the job (a sudoers rule for `nantrace run *` allows any flag).
-    let sudo_caller = env("SUDO_UID").and_then(|s| s.trim().parse::<u32>().ok()).filter(|u| root && *u != 0);
+    let sudo_caller = env("SUDO_UID")
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .filter(|u| root && *u != 0);
     match choice {
         Choice::AsRoot if sudo_caller.is_some() => {
             bail!("--as-root: nantrace was started through sudo by uid {}, and the job may not get more privilege than its caller (a root shell opened with `sudo -i` keeps SUDO_UID: there, use `env -u SUDO_UID nantrace run --as-root ...`)", sudo_caller.unwrap_or(0))
@@ -124,7 +160,14 @@ pub fn resolve(choice: &Choice, env: impl Fn(&str) -> Option<String>) -> anyhow:
         Choice::User(u) => {
             let by = u.parse::<u32>().map_err(|_| u.as_str());
             let ra = match (pw_lookup(by), by) {
-                (Some(p), _) => RunAs { groups: grouplist(&p.name, p.gid), uid: p.uid, gid: p.gid, name: Some(p.name), home: Some(p.home), why: format!("--user {u}") },
+                (Some(p), _) => RunAs {
+                    groups: grouplist(&p.name, p.gid),
+                    uid: p.uid,
+                    gid: p.gid,
+                    name: Some(p.name),
+                    home: Some(p.home),
+                    why: format!("--user {u}"),
+                },
                 (None, Ok(uid)) => for_uid(uid, None, format!("--user {u}")),
                 (None, Err(_)) => bail!("--user {u:?}: no such user"),
             };
@@ -144,18 +187,28 @@ pub fn resolve(choice: &Choice, env: impl Fn(&str) -> Option<String>) -> anyhow:
                 return Ok(None);
             }
             if let Some(s) = env("SUDO_UID") {
-                let uid: u32 = s.trim().parse().with_context(|| format!("SUDO_UID={s:?} is not a uid"))?;
+                let uid: u32 = s
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("SUDO_UID={s:?} is not a uid"))?;
                 if uid == 0 {
                     return Ok(None);
                 }
                 let gid = match env("SUDO_GID") {
-                    Some(g) => Some(g.trim().parse::<u32>().with_context(|| format!("SUDO_GID={g:?} is not a gid"))?),
+                    Some(g) => Some(
+                        g.trim()
+                            .parse::<u32>()
+                            .with_context(|| format!("SUDO_GID={g:?} is not a gid"))?,
+                    ),
                     None => None,
                 };
                 let mut ra = for_uid(uid, gid, format!("started through sudo by uid {uid}"));
                 // sudo's SUDO_USER names the caller; the name from the uid wins when they differ.
                 if ra.name.is_none() {
-                    if let Some(p) = env("SUDO_USER").and_then(|n| pw_lookup(Err(&n))).filter(|p| p.uid == uid) {
+                    if let Some(p) = env("SUDO_USER")
+                        .and_then(|n| pw_lookup(Err(&n)))
+                        .filter(|p| p.uid == uid)
+                    {
                         ra.groups = grouplist(&p.name, ra.gid);
                         ra.name = Some(p.name);
                         ra.home = Some(p.home);
@@ -165,7 +218,11 @@ pub fn resolve(choice: &Choice, env: impl Fn(&str) -> Option<String>) -> anyhow:
             }
             let r = ruid();
             if r != 0 {
-                return Ok(Some(for_uid(r, None, format!("set-uid binary started by uid {r}"))));
+                return Ok(Some(for_uid(
+                    r,
+                    None,
+                    format!("set-uid binary started by uid {r}"),
+                )));
             }
             Ok(None)
         }
@@ -177,7 +234,9 @@ impl RunAs {
     pub fn apply(&self, cmd: &mut std::process::Command) {
         use std::os::unix::process::CommandExt as _;
         let user = self.name.clone().unwrap_or_else(|| self.uid.to_string());
-        cmd.env("HOME", self.home.clone().unwrap_or_else(|| "/".into())).env("USER", &user).env("LOGNAME", &user);
+        cmd.env("HOME", self.home.clone().unwrap_or_else(|| "/".into()))
+            .env("USER", &user)
+            .env("LOGNAME", &user);
         let (uid, gid, groups) = (self.uid, self.gid, self.groups.clone());
         // SAFETY: the closure runs in the child between fork and exec and only makes
         // async-signal-safe system calls (setgroups, setresgid, setresuid, getresuid) on data
@@ -196,7 +255,8 @@ impl RunAs {
                 }
                 // Check that it took, including the saved set-user-id.
                 let (mut r, mut e, mut s) = (0, 0, 0);
-                if libc::getresuid(&mut r, &mut e, &mut s) != 0 || r != uid || e != uid || s != uid {
+                if libc::getresuid(&mut r, &mut e, &mut s) != 0 || r != uid || e != uid || s != uid
+                {
                     return Err(io::Error::from_raw_os_error(libc::EPERM));
                 }
                 if uid != 0 && libc::setuid(0) == 0 {
@@ -208,7 +268,10 @@ impl RunAs {
     }
 
     pub fn describe(&self) -> String {
-        format!("uid {} gid {} ({}; groups {:?})", self.uid, self.gid, self.why, self.groups)
+        format!(
+            "uid {} gid {} ({}; groups {:?})",
+            self.uid, self.gid, self.why, self.groups
+        )
     }
 }
 
@@ -229,17 +292,34 @@ mod tests {
         let ra = resolve(&Choice::Auto, env).unwrap().expect("drops");
         assert_eq!((ra.uid, ra.gid), (65534, 65534));
         assert!(ra.groups.contains(&65534));
-        assert!(resolve(&Choice::Auto, |k| (k == "SUDO_UID").then(|| "0".to_string())).unwrap().is_none());
-        assert!(resolve(&Choice::Auto, |k| (k == "SUDO_UID").then(|| "x".to_string())).is_err());
+        assert!(resolve(&Choice::Auto, |k| (k == "SUDO_UID")
+            .then(|| "0".to_string()))
+        .unwrap()
+        .is_none());
+        assert!(resolve(&Choice::Auto, |k| (k == "SUDO_UID")
+            .then(|| "x".to_string()))
+        .is_err());
         // Through sudo, the caller cannot pick more privilege (or someone else).
         assert!(resolve(&Choice::AsRoot, env).is_err());
         assert!(resolve(&Choice::User("0".into()), env).is_err());
         assert!(resolve(&Choice::User("4000000".into()), env).is_err());
-        assert_eq!(resolve(&Choice::User("65534".into()), env).unwrap().unwrap().uid, 65534);
+        assert_eq!(
+            resolve(&Choice::User("65534".into()), env)
+                .unwrap()
+                .unwrap()
+                .uid,
+            65534
+        );
         // From a root shell (no sudo) they can.
         let none = |_: &str| None;
         assert!(resolve(&Choice::AsRoot, none).unwrap().is_none());
-        assert_eq!(resolve(&Choice::User("4000000".into()), none).unwrap().unwrap().gid, 4_000_000);
+        assert_eq!(
+            resolve(&Choice::User("4000000".into()), none)
+                .unwrap()
+                .unwrap()
+                .gid,
+            4_000_000
+        );
         assert!(resolve(&Choice::User("no-such-user-xyz".into()), none).is_err());
     }
 }

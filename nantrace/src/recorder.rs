@@ -69,7 +69,10 @@ impl EventQueue {
 
     pub fn push_back(&mut self, e: Event) {
         if self.full() {
-            self.chunks.push_back(Chunk { items: Vec::with_capacity(CHUNK), head: 0 });
+            self.chunks.push_back(Chunk {
+                items: Vec::with_capacity(CHUNK),
+                head: 0,
+            });
         }
         if let Some(c) = self.chunks.back_mut() {
             c.items.push(Some(e));
@@ -100,7 +103,9 @@ impl EventQueue {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Event> {
-        self.chunks.iter().flat_map(|c| c.items[c.head..].iter().filter_map(Option::as_ref))
+        self.chunks
+            .iter()
+            .flat_map(|c| c.items[c.head..].iter().filter_map(Option::as_ref))
     }
 
     /// `other`'s events after this queue's.
@@ -167,12 +172,16 @@ impl Recorder {
         lane.events.push_back(e);
         while self.bytes() > self.cap_bytes && self.len() > 1 {
             let reserved = (self.cap_bytes as f64 * EVIDENCE_SHARE) as usize;
-            let lane_bytes = |l: &Lane| l.bytes + l.events.capacity() * std::mem::size_of::<Event>();
+            let lane_bytes =
+                |l: &Lane| l.bytes + l.events.capacity() * std::mem::size_of::<Event>();
             let (logs_b, ev_b) = (lane_bytes(&self.logs), lane_bytes(&self.evidence));
             // Logs go first, unless evidence holds more than its share or there are no logs.
-            let from_logs = !self.logs.events.is_empty() && (ev_b <= reserved || logs_b > self.cap_bytes - reserved.min(self.cap_bytes));
+            let from_logs = !self.logs.events.is_empty()
+                && (ev_b <= reserved || logs_b > self.cap_bytes - reserved.min(self.cap_bytes));
             let from_logs = from_logs || self.evidence.events.is_empty();
-            let Some(src) = self.pop_front(from_logs) else { break };
+            let Some(src) = self.pop_front(from_logs) else {
+                break;
+            };
             *self.evicted_mem_src.entry(src).or_default() += 1;
             self.evicted_mem += 1;
         }
@@ -195,7 +204,12 @@ impl Recorder {
     pub fn expire(&mut self, now_mono_ns: u64) {
         let horizon = now_mono_ns.saturating_sub(self.window_ns);
         for log in [true, false] {
-            while self.lane(log).events.front().is_some_and(|e| e.mono_ns < horizon) {
+            while self
+                .lane(log)
+                .events
+                .front()
+                .is_some_and(|e| e.mono_ns < horizon)
+            {
                 self.pop_front(log);
                 self.evicted_time += 1;
             }
@@ -213,7 +227,10 @@ impl Recorder {
     /// The memory the window really holds: the events' heap parts plus the two queues'
     /// capacity (a grown queue does not shrink; the cap counts it, so fewer events fit).
     pub fn bytes(&self) -> usize {
-        self.logs.bytes + self.evidence.bytes + (self.logs.events.capacity() + self.evidence.events.capacity()) * std::mem::size_of::<Event>()
+        self.logs.bytes
+            + self.evidence.bytes
+            + (self.logs.events.capacity() + self.evidence.events.capacity())
+                * std::mem::size_of::<Event>()
     }
 
     /// Every event, evidence first then log lines (not in time order: see `sorted`).
@@ -272,8 +289,16 @@ impl Recorder {
             bytes: self.bytes() as u64,
             evicted_by_time: self.evicted_time,
             evicted_by_memory: self.evicted_mem,
-            evicted_per_source: self.evicted_src.iter().map(|(k, v)| ((*k).to_string(), *v)).collect(),
-            evicted_by_memory_per_source: self.evicted_mem_src.iter().map(|(k, v)| ((*k).to_string(), *v)).collect(),
+            evicted_per_source: self
+                .evicted_src
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), *v))
+                .collect(),
+            evicted_by_memory_per_source: self
+                .evicted_mem_src
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), *v))
+                .collect(),
             window_s: self.window_ns as f64 / 1e9,
             cap_bytes: self.cap_bytes as u64,
         }
@@ -285,7 +310,10 @@ mod tests {
     #[test]
     fn event_queue_is_a_fifo_whose_memory_follows_its_length() {
         use super::{EventQueue, CHUNK};
-        assert_eq!(std::mem::size_of::<Option<Event>>(), std::mem::size_of::<Event>());
+        assert_eq!(
+            std::mem::size_of::<Option<Event>>(),
+            std::mem::size_of::<Event>()
+        );
         let mut q = EventQueue::default();
         for t in 0..(3 * CHUNK as u64 + 10) {
             q.push_back(ev(t));
@@ -316,7 +344,19 @@ mod tests {
     use crate::event::{Detail, Event};
 
     fn ev(t: u64) -> Event {
-        Event::new(t, 1, 1, crate::event::Comm::NONE, false, Detail::Exit { code: 0, signal: 0, tid: 0, core_dumped: false })
+        Event::new(
+            t,
+            1,
+            1,
+            crate::event::Comm::NONE,
+            false,
+            Detail::Exit {
+                code: 0,
+                signal: 0,
+                tid: 0,
+                core_dumped: false,
+            },
+        )
     }
 
     #[test]
@@ -332,7 +372,10 @@ mod tests {
         assert_eq!((s.evicted_by_time, s.evicted_by_memory), (15, 0));
         assert_eq!(s.evicted_per_source["exit"], 15);
         // Exit events have no heap part: what the window holds is its queue.
-        assert_eq!(r.bytes(), r.evidence.events.capacity() * std::mem::size_of::<Event>());
+        assert_eq!(
+            r.bytes(),
+            r.evidence.events.capacity() * std::mem::size_of::<Event>()
+        );
     }
 
     #[test]
@@ -344,15 +387,39 @@ mod tests {
         }
         let s = r.stats();
         assert!(r.bytes() <= cap, "{} > {cap}", r.bytes());
-        assert_eq!(s.evicted_by_memory + r.len() as u64, 5_000, "every event is kept or counted");
+        assert_eq!(
+            s.evicted_by_memory + r.len() as u64,
+            5_000,
+            "every event is kept or counted"
+        );
         assert!(r.len() > 300, "{}", r.len());
-        assert_eq!(r.iter().next().unwrap().mono_ns, 5_000 - r.len() as u64, "the oldest went first");
+        assert_eq!(
+            r.iter().next().unwrap().mono_ns,
+            5_000 - r.len() as u64,
+            "the oldest went first"
+        );
         assert_eq!(s.evicted_by_memory_per_source["exit"], s.evicted_by_memory);
     }
 
     fn log(t: u64) -> Event {
-        let l = crate::event::LogLine { text: "step 1 loss 2.0".into(), stream: 1, nonfinite: false, step: None, loss: None, loss_scale: None, overflow: false, fault: None };
-        Event::new(t, 1, 1, crate::event::Comm::NONE, true, Detail::Log(Box::new(l)))
+        let l = crate::event::LogLine {
+            text: "step 1 loss 2.0".into(),
+            stream: 1,
+            nonfinite: false,
+            step: None,
+            loss: None,
+            loss_scale: None,
+            overflow: false,
+            fault: None,
+        };
+        Event::new(
+            t,
+            1,
+            1,
+            crate::event::Comm::NONE,
+            true,
+            Detail::Log(Box::new(l)),
+        )
     }
 
     #[test]
@@ -365,7 +432,11 @@ mod tests {
             r.push(log(t));
         }
         assert!(r.bytes() <= cap);
-        assert_eq!(r.iter().filter(|e| e.source() == "exit").count(), 1, "the evidence event survived");
+        assert_eq!(
+            r.iter().filter(|e| e.source() == "exit").count(),
+            1,
+            "the evidence event survived"
+        );
         let s = r.stats();
         assert_eq!(s.evicted_by_memory_per_source.get("exit"), None);
         assert!(s.evicted_by_memory_per_source["log"] > 95_000, "{s:?}");
@@ -392,7 +463,11 @@ mod tests {
     #[test]
     fn kernel_events_are_compact() {
         // The recorder's per-event cost for the common kernel events (see docs/performance.md).
-        assert!(std::mem::size_of::<Event>() <= 48, "Event is {} bytes", std::mem::size_of::<Event>());
+        assert!(
+            std::mem::size_of::<Event>() <= 48,
+            "Event is {} bytes",
+            std::mem::size_of::<Event>()
+        );
         assert_eq!(ev(0).heap_bytes(), 0);
     }
 }

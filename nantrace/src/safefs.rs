@@ -18,7 +18,8 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 
 fn cstr(s: &[u8]) -> io::Result<CString> {
-    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains a NUL byte"))
+    CString::new(s)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains a NUL byte"))
 }
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
@@ -37,7 +38,16 @@ fn euid() -> u32 {
 /// A name that is safe as one path component: no `/`, no `..`, no control characters, no
 /// leading dot, at most 64 bytes. Anything else becomes `_`; an empty result is `fallback`.
 pub fn sanitize(name: &str, fallback: &str) -> String {
-    let mut s: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' }).collect();
+    let mut s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     while s.contains("..") {
         s = s.replace("..", "_");
     }
@@ -77,9 +87,17 @@ impl Dir {
     pub fn open(path: &Path) -> io::Result<Dir> {
         let c = cstr(path.as_os_str().as_bytes())?;
         // SAFETY: c is a valid NUL-terminated path; the returned fd is owned below.
-        let fd = cvt(unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) })?;
+        let fd = cvt(unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        })?;
         // SAFETY: fd is a fresh descriptor that nothing else owns.
-        Ok(Dir { fd: unsafe { OwnedFd::from_raw_fd(fd) }, path: path.to_path_buf() })
+        Ok(Dir {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            path: path.to_path_buf(),
+        })
     }
 
     fn stat(&self) -> io::Result<libc::stat> {
@@ -96,10 +114,25 @@ impl Dir {
         let d = Dir::open(path)?;
         let st = d.stat()?;
         if st.st_uid != euid() {
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{} belongs to uid {}, not to us (uid {}): refusing to write into it", path.display(), st.st_uid, euid())));
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} belongs to uid {}, not to us (uid {}): refusing to write into it",
+                    path.display(),
+                    st.st_uid,
+                    euid()
+                ),
+            ));
         }
         if st.st_mode & 0o022 != 0 {
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{} is writable by others (mode {:o}): refusing to write into it", path.display(), st.st_mode & 0o7777)));
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} is writable by others (mode {:o}): refusing to write into it",
+                    path.display(),
+                    st.st_mode & 0o7777
+                ),
+            ));
         }
         Ok(d)
     }
@@ -112,12 +145,24 @@ impl Dir {
         cvt(unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), 0o700) })?;
         // SAFETY: as above; O_NOFOLLOW: if someone swapped our new directory for a symlink
         // we fail instead of following it.
-        let fd = cvt(unsafe { libc::openat(self.fd.as_raw_fd(), c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) })?;
+        let fd = cvt(unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        })?;
         // SAFETY: fd is fresh and owned here.
-        let d = Dir { fd: unsafe { OwnedFd::from_raw_fd(fd) }, path: self.path.join(name) };
+        let d = Dir {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            path: self.path.join(name),
+        };
         let st = d.stat()?;
         if st.st_uid != euid() || st.st_mode & 0o077 != 0 {
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{} was replaced while being created", d.path.display())));
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{} was replaced while being created", d.path.display()),
+            ));
         }
         Ok(d)
     }
@@ -140,11 +185,23 @@ impl Dir {
     pub fn open_subdir(&self, name: &str) -> io::Result<Dir> {
         let c = cstr(name.as_bytes())?;
         // SAFETY: valid dirfd and NUL-terminated name; O_NOFOLLOW: a link is an error.
-        let fd = cvt(unsafe { libc::openat(self.fd.as_raw_fd(), c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) })?;
+        let fd = cvt(unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        })?;
         // SAFETY: fd is fresh and owned here.
-        let d = Dir { fd: unsafe { OwnedFd::from_raw_fd(fd) }, path: self.path.join(name) };
+        let d = Dir {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            path: self.path.join(name),
+        };
         if d.stat()?.st_uid != euid() {
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{} is not ours", d.path.display())));
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{} is not ours", d.path.display()),
+            ));
         }
         Ok(d)
     }
@@ -166,11 +223,20 @@ impl Dir {
     /// not make an old bundle the spool's newest).
     pub fn modified(&self) -> io::Result<libc::timespec> {
         let st = self.stat()?;
-        Ok(libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec })
+        Ok(libc::timespec {
+            tv_sec: st.st_mtime,
+            tv_nsec: st.st_mtime_nsec,
+        })
     }
 
     pub fn set_modified(&self, t: libc::timespec) -> io::Result<()> {
-        let times = [libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }, t];
+        let times = [
+            libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            },
+            t,
+        ];
         // SAFETY: a valid descriptor and two timespecs.
         cvt(unsafe { libc::futimens(self.fd.as_raw_fd(), times.as_ptr()) }).map(|_| ())
     }
@@ -178,14 +244,28 @@ impl Dir {
     /// Create `name` with O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600, and stream into it with
     /// `fill` (a buffered writer). On error the half-written file is removed. Returns the
     /// bytes written.
-    pub fn write_with(&self, name: &str, fill: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> io::Result<u64> {
+    pub fn write_with(
+        &self,
+        name: &str,
+        fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+    ) -> io::Result<u64> {
         let c = cstr(name.as_bytes())?;
         // SAFETY: valid dirfd and NUL-terminated name; the fd is owned by the File below.
-        let fd = cvt(unsafe { libc::openat(self.fd.as_raw_fd(), c.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o600 as libc::c_uint) })?;
+        let fd = cvt(unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        })?;
         // SAFETY: fd is fresh and owned by the File.
         let f = unsafe { File::from_raw_fd(fd) };
         let mut w = io::BufWriter::with_capacity(1 << 20, f);
-        let r = fill(&mut w).and_then(|()| w.flush()).and_then(|()| w.get_ref().sync_all()).and_then(|()| w.get_ref().metadata().map(|m| m.len()));
+        let r = fill(&mut w)
+            .and_then(|()| w.flush())
+            .and_then(|()| w.get_ref().sync_all())
+            .and_then(|()| w.get_ref().metadata().map(|m| m.len()));
         if r.is_err() {
             let _ = self.remove(name);
         }
@@ -196,7 +276,14 @@ impl Dir {
     pub fn write_new(&self, name: &str, data: &[u8]) -> io::Result<()> {
         let c = cstr(name.as_bytes())?;
         // SAFETY: valid dirfd and NUL-terminated name; the fd is owned by the File below.
-        let fd = cvt(unsafe { libc::openat(self.fd.as_raw_fd(), c.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o600 as libc::c_uint) })?;
+        let fd = cvt(unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        })?;
         // SAFETY: fd is fresh and owned by the File.
         let mut f = unsafe { File::from_raw_fd(fd) };
         let r = f.write_all(data).and_then(|()| f.sync_all());
@@ -214,7 +301,14 @@ impl Dir {
         self.write_new(&tmp, data)?;
         let (a, b) = (cstr(tmp.as_bytes())?, cstr(name.as_bytes())?);
         // SAFETY: valid dirfds and names.
-        let r = cvt(unsafe { libc::renameat(self.fd.as_raw_fd(), a.as_ptr(), self.fd.as_raw_fd(), b.as_ptr()) });
+        let r = cvt(unsafe {
+            libc::renameat(
+                self.fd.as_raw_fd(),
+                a.as_ptr(),
+                self.fd.as_raw_fd(),
+                b.as_ptr(),
+            )
+        });
         if r.is_err() {
             let _ = self.remove(&tmp);
         }
@@ -230,14 +324,24 @@ impl Dir {
     pub fn remove_dir(&self, name: &str) -> io::Result<()> {
         let c = cstr(name.as_bytes())?;
         // SAFETY: valid dirfd and name.
-        cvt(unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) }).map(|_| ())
+        cvt(unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) })
+            .map(|_| ())
     }
 
     /// Rename `from` to `to` inside this directory, failing if `to` exists in any form.
     pub fn rename_noreplace(&self, from: &str, to: &str) -> io::Result<()> {
         let (a, b) = (cstr(from.as_bytes())?, cstr(to.as_bytes())?);
         // SAFETY: valid dirfds and names.
-        cvt(unsafe { libc::renameat2(self.fd.as_raw_fd(), a.as_ptr(), self.fd.as_raw_fd(), b.as_ptr(), libc::RENAME_NOREPLACE) }).map(|_| ())
+        cvt(unsafe {
+            libc::renameat2(
+                self.fd.as_raw_fd(),
+                a.as_ptr(),
+                self.fd.as_raw_fd(),
+                b.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        })
+        .map(|_| ())
     }
 }
 
@@ -247,12 +351,18 @@ pub fn check_out_dir(out: &Path) -> io::Result<()> {
     let err = |what: String| io::Error::new(io::ErrorKind::InvalidInput, what);
     if let Ok(m) = std::fs::symlink_metadata(out) {
         if !m.is_dir() && !out.is_dir() {
-            return Err(err(format!("--out {} exists and is not a directory", out.display())));
+            return Err(err(format!(
+                "--out {} exists and is not a directory",
+                out.display()
+            )));
         }
     }
-    std::fs::create_dir_all(out).map_err(|e| err(format!("--out {}: cannot create it: {e}", out.display())))?;
+    std::fs::create_dir_all(out)
+        .map_err(|e| err(format!("--out {}: cannot create it: {e}", out.display())))?;
     let d = Dir::open(out).map_err(|e| err(format!("--out {}: {e}", out.display())))?;
-    let (_probe, name) = d.create_temp_subdir(".nantrace-writable-").map_err(|e| err(format!("--out {} is not writable: {e}", out.display())))?;
+    let (_probe, name) = d
+        .create_temp_subdir(".nantrace-writable-")
+        .map_err(|e| err(format!("--out {} is not writable: {e}", out.display())))?;
     d.remove_dir(&name)?;
     Ok(())
 }
@@ -261,7 +371,12 @@ pub fn check_out_dir(out: &Path) -> io::Result<()> {
 /// file someone else created: in a directory that is ours alone the old file is replaced by
 /// rename; anywhere else (e.g. /tmp) the file must not exist yet.
 pub fn write_file_0600(path: &Path, data: &[u8]) -> io::Result<()> {
-    let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("{}: not a file name", path.display())))?;
+    let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: not a file name", path.display()),
+        )
+    })?;
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -286,7 +401,10 @@ pub fn is_within(a: &Path, b: &Path) -> bool {
         if let Ok(c) = p.canonicalize() {
             return Some(c);
         }
-        let parent = p.parent().filter(|x| !x.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let parent = p
+            .parent()
+            .filter(|x| !x.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         Some(resolve(parent)?.join(p.file_name()?))
     }
     match (resolve(a), resolve(b)) {
@@ -302,14 +420,20 @@ mod tests {
     #[test]
     fn names_from_the_machine_cannot_escape() {
         assert_eq!(sanitize("../../escaped", "host"), "____escaped");
-        assert_eq!(sanitize("gpu-node-07.cluster.local", "host"), "gpu-node-07.cluster.local");
+        assert_eq!(
+            sanitize("gpu-node-07.cluster.local", "host"),
+            "gpu-node-07.cluster.local"
+        );
         assert_eq!(sanitize("a/b\n\x1b[2J", "host"), "a_b___2J");
         assert_eq!(sanitize("", "host"), "host");
         assert_eq!(sanitize("..", "host"), "_");
         assert_eq!(sanitize(".hidden", "host"), "hidden");
         for s in ["../x", "....", "a/../b", "\u{202e}x"] {
             let n = sanitize(s, "host");
-            assert!(!n.contains('/') && !n.contains("..") && !n.starts_with('.'), "{s:?} -> {n:?}");
+            assert!(
+                !n.contains('/') && !n.contains("..") && !n.starts_with('.'),
+                "{s:?} -> {n:?}"
+            );
         }
     }
 
@@ -332,12 +456,22 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
         d.write_new("fresh", b"ok").unwrap();
         use std::os::unix::fs::PermissionsExt as _;
-        assert_eq!(std::fs::metadata(p.join("fresh")).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(p.join("fresh"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o600
+        );
         // replace: the symlink is replaced, its target untouched.
         d.replace("link", b"new").unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
         assert_eq!(std::fs::read_to_string(p.join("link")).unwrap(), "new");
-        assert!(!std::fs::symlink_metadata(p.join("link")).unwrap().file_type().is_symlink());
+        assert!(!std::fs::symlink_metadata(p.join("link"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
         std::fs::remove_dir_all(&p).unwrap();
     }
 
@@ -347,7 +481,10 @@ mod tests {
         std::os::unix::fs::symlink("/nonexistent", p.join("taken")).unwrap();
         let d = Dir::open(&p).unwrap();
         let (_t, tmp) = d.create_temp_subdir(".t-").unwrap();
-        assert_eq!(d.rename_noreplace(&tmp, "taken").unwrap_err().kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(
+            d.rename_noreplace(&tmp, "taken").unwrap_err().kind(),
+            io::ErrorKind::AlreadyExists
+        );
         d.rename_noreplace(&tmp, "free").unwrap();
         assert!(p.join("free").is_dir());
         std::fs::remove_dir_all(&p).unwrap();

@@ -95,7 +95,9 @@ impl Source {
             Source::Kmsg | Source::Xid | Source::Aer => (1, "kernel log"),
             Source::Gpu | Source::GpuChange | Source::NvmlXid => (2, "GPU"),
             Source::System | Source::JobProcs | Source::CollectorGap => (3, "system"),
-            Source::Fork | Source::Exec | Source::Exit | Source::Signal | Source::Oom => (4, "job processes"),
+            Source::Fork | Source::Exec | Source::Exit | Source::Signal | Source::Oom => {
+                (4, "job processes")
+            }
             Source::Log => (5, "training log"),
             Source::TcpRetransmit | Source::Net | Source::NetChange => (6, "network"),
             Source::Block | Source::Disk => (7, "storage"),
@@ -111,14 +113,32 @@ impl Source {
             Source::Oom => 2,
             Source::Block => 3,
             Source::TcpRetransmit | Source::NetChange => 4,
-            Source::Fork | Source::Exec | Source::Exit | Source::Signal | Source::SchedulerChange => 5,
+            Source::Fork
+            | Source::Exec
+            | Source::Exit
+            | Source::Signal
+            | Source::SchedulerChange => 5,
             Source::Log => 6,
             Source::Trigger => 7,
-            Source::Gpu | Source::System | Source::Disk | Source::Net | Source::JobProcs | Source::CollectorGap => return None,
+            Source::Gpu
+            | Source::System
+            | Source::Disk
+            | Source::Net
+            | Source::JobProcs
+            | Source::CollectorGap => return None,
         })
     }
 
-    pub const LANES: [&'static str; 8] = ["GPU / Xid", "kernel log, AER", "memory, OOM", "block I/O", "network", "job processes", "training log", "triggers"];
+    pub const LANES: [&'static str; 8] = [
+        "GPU / Xid",
+        "kernel log, AER",
+        "memory, OOM",
+        "block I/O",
+        "network",
+        "job processes",
+        "training log",
+        "triggers",
+    ];
 }
 
 impl std::fmt::Display for Source {

@@ -19,13 +19,20 @@ pub struct ReaderStats {
     pub kmsg_missed: AtomicU64,
 }
 
-pub fn spawn(ring: RingBuf<MapData>, tx: mpsc::Sender<Vec<Event>>) -> (Arc<ReaderStats>, tokio::task::JoinHandle<std::io::Result<()>>) {
+pub fn spawn(
+    ring: RingBuf<MapData>,
+    tx: mpsc::Sender<Vec<Event>>,
+) -> (
+    Arc<ReaderStats>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
     let stats = Arc::new(ReaderStats::default());
     let st = stats.clone();
     let h = tokio::spawn(async move {
         // Names of the job's processes as their fork and exec events gave them: a block event
         // (whose probe does not copy the issuer's name) is named from here, or from /proc.
-        let mut names: std::collections::HashMap<u32, crate::event::Comm> = std::collections::HashMap::new();
+        let mut names: std::collections::HashMap<u32, crate::event::Comm> =
+            std::collections::HashMap::new();
         // SAFETY: the ring buffer owns its fd for as long as the AsyncFd holds it.
         let mut afd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
             .map_err(|e| std::io::Error::other(format!("registering the ring buffer fd: {e:?}")))?;
@@ -55,20 +62,47 @@ pub fn spawn(ring: RingBuf<MapData>, tx: mpsc::Sender<Vec<Event>>) -> (Arc<Reade
                                     Detail::Exec { .. } => {
                                         names.insert(e.pid, e.comm);
                                     }
-                                    Detail::Fork { child_pid, child_comm, .. } => {
+                                    Detail::Fork {
+                                        child_pid,
+                                        child_comm,
+                                        ..
+                                    } => {
                                         names.insert(*child_pid, *child_comm);
                                     }
                                     // The block probes do not copy the issuer's name (every
                                     // request pays for what the issue path does): named here,
                                     // for the few requests that are events (slow or failed).
                                     Detail::Block { .. } if e.comm == Comm::NONE && e.pid != 0 => {
-                                        e.comm = names.get(&e.pid).copied().unwrap_or_else(|| crate::event::comm_from(std::fs::read_to_string(format!("/proc/{}/comm", e.pid)).unwrap_or_default().trim()));
+                                        e.comm = names.get(&e.pid).copied().unwrap_or_else(|| {
+                                            crate::event::comm_from(
+                                                std::fs::read_to_string(format!(
+                                                    "/proc/{}/comm",
+                                                    e.pid
+                                                ))
+                                                .unwrap_or_default()
+                                                .trim(),
+                                            )
+                                        });
                                     }
                                     // Before 5.14 oom:mark_victim carries the pid only:
                                     // the name from the job's own events, or /proc while
                                     // the victim is still dying.
-                                    Detail::Oom(o) if o.victim_comm == Comm::NONE && o.victim_pid != 0 => {
-                                        o.victim_comm = names.get(&o.victim_pid).copied().unwrap_or_else(|| crate::event::comm_from(std::fs::read_to_string(format!("/proc/{}/comm", o.victim_pid)).unwrap_or_default().trim()));
+                                    Detail::Oom(o)
+                                        if o.victim_comm == Comm::NONE && o.victim_pid != 0 =>
+                                    {
+                                        o.victim_comm = names
+                                            .get(&o.victim_pid)
+                                            .copied()
+                                            .unwrap_or_else(|| {
+                                                crate::event::comm_from(
+                                                    std::fs::read_to_string(format!(
+                                                        "/proc/{}/comm",
+                                                        o.victim_pid
+                                                    ))
+                                                    .unwrap_or_default()
+                                                    .trim(),
+                                                )
+                                            });
                                     }
                                     _ => {}
                                 }

@@ -42,7 +42,9 @@ impl Format {
                 out.print_fmt = p.trim().to_string();
                 continue;
             }
-            let Some(rest) = line.strip_prefix("field:") else { continue };
+            let Some(rest) = line.strip_prefix("field:") else {
+                continue;
+            };
             let mut decl = "";
             let (mut offset, mut size) = (None, None);
             for part in rest.split(';') {
@@ -55,9 +57,14 @@ impl Format {
                     decl = part;
                 }
             }
-            let (Some(offset), Some(size)) = (offset, size) else { continue };
+            let (Some(offset), Some(size)) = (offset, size) else {
+                continue;
+            };
             // The name is the last token of the declaration (`__data_loc char[] msg`, `__u8 saddr[4]`), without `[..]`.
-            let last = decl.rsplit(|c: char| c.is_whitespace() || c == '*').next().unwrap_or("");
+            let last = decl
+                .rsplit(|c: char| c.is_whitespace() || c == '*')
+                .next()
+                .unwrap_or("");
             let name = last.split('[').next().unwrap_or("");
             if name.is_empty() {
                 continue;
@@ -89,7 +96,8 @@ impl Format {
 
     /// Offset of `name`, or `MISSING` when the running kernel does not have it.
     pub fn offset(&self, name: &str) -> u32 {
-        self.field(name).map_or(nantrace_common::MISSING, |f| f.offset)
+        self.field(name)
+            .map_or(nantrace_common::MISSING, |f| f.offset)
     }
 }
 
@@ -103,28 +111,42 @@ pub fn root() -> Option<PathBuf> {
     let target = c"/sys/kernel/tracing";
     // SAFETY: plain mount(2) call with NUL-terminated strings; failure is reported by errno.
     let rc = unsafe {
-        libc::mount(c"tracefs".as_ptr(), target.as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null())
+        libc::mount(
+            c"tracefs".as_ptr(),
+            target.as_ptr(),
+            c"tracefs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
     };
-    (rc == 0 && Path::new("/sys/kernel/tracing/events").is_dir()).then(|| PathBuf::from("/sys/kernel/tracing"))
+    (rc == 0 && Path::new("/sys/kernel/tracing/events").is_dir())
+        .then(|| PathBuf::from("/sys/kernel/tracing"))
 }
 
 /// Why [`root`] found no usable tracefs: mounted but unreadable (not root) is not "not
 /// mounted" (redteam 6.14a).
 pub fn why_unavailable() -> String {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    let mounted: Vec<&str> = mounts.lines().filter_map(|l| {
-        let mut f = l.split_whitespace();
-        let (_, dir, kind) = (f.next()?, f.next()?, f.next()?);
-        (kind == "tracefs").then_some(dir)
-    }).collect();
+    let mounted: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, dir, kind) = (f.next()?, f.next()?, f.next()?);
+            (kind == "tracefs").then_some(dir)
+        })
+        .collect();
     // SAFETY: geteuid has no failure mode.
     let euid = unsafe { libc::geteuid() };
     match mounted.first() {
         Some(dir) => match std::fs::read_dir(Path::new(dir).join("events")) {
-            Err(e) => format!("tracefs is mounted at {dir} but not readable by uid {euid} ({e}): root is needed"),
+            Err(e) => format!(
+                "tracefs is mounted at {dir} but not readable by uid {euid} ({e}): root is needed"
+            ),
             Ok(_) => format!("tracefs is mounted at {dir} but has no events directory"),
         },
-        None if euid == 0 => "tracefs is not mounted and could not be mounted at /sys/kernel/tracing".into(),
+        None if euid == 0 => {
+            "tracefs is not mounted and could not be mounted at /sys/kernel/tracing".into()
+        }
         None => format!("tracefs is not mounted, and uid {euid} may not mount it: root is needed"),
     }
 }

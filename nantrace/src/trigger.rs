@@ -84,7 +84,12 @@ pub struct Enabled(Vec<TriggerKind>);
 
 impl Enabled {
     pub fn all_but(off: &[TriggerKind]) -> Self {
-        Self(TriggerKind::ALL.into_iter().filter(|k| !off.contains(k)).collect())
+        Self(
+            TriggerKind::ALL
+                .into_iter()
+                .filter(|k| !off.contains(k))
+                .collect(),
+        )
     }
 
     pub fn on(&self, k: TriggerKind) -> bool {
@@ -102,21 +107,45 @@ pub fn from_event(e: &Event, seen_nan: bool) -> Option<Fired> {
 /// (the first failure line opens the incident; the many that follow it do not).
 pub fn from_event_seen(e: &Event, seen_nan: bool, seen_job_error: bool) -> Option<Fired> {
     use crate::joblog::JobFamily as F;
-    let fired = |kind, reason: String| Some(Fired { kind, mono_ns: e.mono_ns, reason });
+    let fired = |kind, reason: String| {
+        Some(Fired {
+            kind,
+            mono_ns: e.mono_ns,
+            reason,
+        })
+    };
     match &e.detail {
         Detail::Log(l) if l.nonfinite && !seen_nan => fired(TriggerKind::Nan, l.text.to_string()),
         Detail::Log(l) if !seen_job_error => match l.fault.as_deref() {
-            Some(f) if f.fatal && !f.generic && matches!(f.family, F::GpuHw | F::GpuAmbiguous | F::Network | F::HostMemory | F::Storage | F::Hang) => {
+            Some(f)
+                if f.fatal
+                    && !f.generic
+                    && matches!(
+                        f.family,
+                        F::GpuHw
+                            | F::GpuAmbiguous
+                            | F::Network
+                            | F::HostMemory
+                            | F::Storage
+                            | F::Hang
+                    ) =>
+            {
                 fired(TriggerKind::JobError, format!("{}: {}", f.what, l.text))
             }
             _ => None,
         },
         Detail::Oom(o) if o.victim_job => fired(
             TriggerKind::Oom,
-            format!("OOM kill of job process {} ({})", o.victim_pid, crate::event::comm_str(&o.victim_comm)),
+            format!(
+                "OOM kill of job process {} ({})",
+                o.victim_pid,
+                crate::event::comm_str(&o.victim_comm)
+            ),
         ),
         Detail::Kmsg(k) => match k.class.as_deref() {
-            Some(c @ (KmsgClass::Xid { .. } | KmsgClass::GpuFallenOffBus { .. })) if c.severity() == Severity::Critical => {
+            Some(c @ (KmsgClass::Xid { .. } | KmsgClass::GpuFallenOffBus { .. }))
+                if c.severity() == Severity::Critical =>
+            {
                 fired(TriggerKind::Xid, k.text.to_string())
             }
             _ => None,
@@ -131,11 +160,37 @@ mod tests {
     use crate::event::{Kmsg, LogLine};
 
     fn log(text: &str, nonfinite: bool) -> Event {
-        Event::new(7, 1, 1, crate::event::Comm::NONE, true, Detail::Log(Box::new(LogLine { text: text.into(), stream: 1, nonfinite, step: None, loss: None, loss_scale: None, overflow: false, fault: None })))
+        Event::new(
+            7,
+            1,
+            1,
+            crate::event::Comm::NONE,
+            true,
+            Detail::Log(Box::new(LogLine {
+                text: text.into(),
+                stream: 1,
+                nonfinite,
+                step: None,
+                loss: None,
+                loss_scale: None,
+                overflow: false,
+                fault: None,
+            })),
+        )
     }
 
     fn kmsg(text: &str) -> Event {
-        Event::new(9, 0, 0, crate::event::Comm::NONE, false, Detail::Kmsg(Kmsg { text: text.into(), class: crate::classify::classify(text).map(Box::new) }))
+        Event::new(
+            9,
+            0,
+            0,
+            crate::event::Comm::NONE,
+            false,
+            Detail::Kmsg(Kmsg {
+                text: text.into(),
+                class: crate::classify::classify(text).map(Box::new),
+            }),
+        )
     }
 
     #[test]
@@ -148,24 +203,70 @@ mod tests {
 
     #[test]
     fn only_critical_xids_fire() {
-        assert_eq!(from_event(&kmsg("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."), false).unwrap().kind, TriggerKind::Xid);
-        assert!(from_event(&kmsg("NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x, Graphics Exception"), false).is_none());
-        assert!(from_event(&kmsg("NVRM: Xid (PCI:0000:3b:00): 43, pid=1, name=x, Ch 00000010"), false).is_none());
+        assert_eq!(
+            from_event(
+                &kmsg("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."),
+                false
+            )
+            .unwrap()
+            .kind,
+            TriggerKind::Xid
+        );
+        assert!(from_event(
+            &kmsg("NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x, Graphics Exception"),
+            false
+        )
+        .is_none());
+        assert!(from_event(
+            &kmsg("NVRM: Xid (PCI:0000:3b:00): 43, pid=1, name=x, Ch 00000010"),
+            false
+        )
+        .is_none());
     }
 
     #[test]
     fn a_machine_family_failure_line_fires_once_and_software_does_not() {
         let line = |t: &str| {
             let mut r = crate::session::LineReader::new(crate::nanscan::Scanner::default());
-            Event::new(7, 1, 1, crate::event::Comm::NONE, true, Detail::Log(Box::new(r.read(t))))
+            Event::new(
+                7,
+                1,
+                1,
+                crate::event::Comm::NONE,
+                true,
+                Detail::Log(Box::new(r.read(t))),
+            )
         };
         let ecc = line("RuntimeError: CUDA error: uncorrectable ECC error encountered");
         let f = from_event_seen(&ecc, false, false).unwrap();
         assert_eq!(f.kind, TriggerKind::JobError);
-        assert!(f.reason.starts_with("uncorrectable ECC error: RuntimeError"), "{}", f.reason);
-        assert_eq!(from_event_seen(&ecc, false, true), None, "only the first one");
-        assert_eq!(from_event_seen(&line("RuntimeError: CUDA error: device-side assert triggered"), false, false), None);
-        assert_eq!(from_event_seen(&line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"), false, false), None);
+        assert!(
+            f.reason
+                .starts_with("uncorrectable ECC error: RuntimeError"),
+            "{}",
+            f.reason
+        );
+        assert_eq!(
+            from_event_seen(&ecc, false, true),
+            None,
+            "only the first one"
+        );
+        assert_eq!(
+            from_event_seen(
+                &line("RuntimeError: CUDA error: device-side assert triggered"),
+                false,
+                false
+            ),
+            None
+        );
+        assert_eq!(
+            from_event_seen(
+                &line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+                false,
+                false
+            ),
+            None
+        );
         assert_eq!(from_event_seen(&line("NCCL WARN NET/IB : Got completion from peer 10.0.0.2<1234> with status=12 opcode=0 len=0 vendor err 129"), false, false).map(|f| f.kind), Some(TriggerKind::JobError));
         assert_eq!(TriggerKind::parse("job-error"), Some(TriggerKind::JobError));
     }

@@ -47,7 +47,8 @@ impl Accounting {
                     a.probes_btf.push(s.tracepoint.clone());
                 }
             } else {
-                a.probes_not_attached.insert(s.tracepoint.clone(), s.reason.clone().unwrap_or_default());
+                a.probes_not_attached
+                    .insert(s.tracepoint.clone(), s.reason.clone().unwrap_or_default());
             }
         }
         a
@@ -60,17 +61,31 @@ pub fn start_probes(pids: &[u32], slow_io_ms: f64) -> anyhow::Result<Probes> {
 }
 
 /// As [`start_probes`]; `whole_machine`: abnormal exits and fatal signals of every process.
-pub fn start_probes_with(pids: &[u32], slow_io_ms: f64, whole_machine: bool) -> anyhow::Result<Probes> {
-    let opts = Options { slow_io_ns: (slow_io_ms * 1e6) as u64, whole_machine, ..Options::default() };
+pub fn start_probes_with(
+    pids: &[u32],
+    slow_io_ms: f64,
+    whole_machine: bool,
+) -> anyhow::Result<Probes> {
+    let opts = Options {
+        slow_io_ns: (slow_io_ms * 1e6) as u64,
+        whole_machine,
+        ..Options::default()
+    };
     let mut probes = Probes::load(&opts).context("starting the kernel probes")?;
     for s in &probes.status {
         if !s.attached {
-            crate::say!("nantrace: probe {} not attached: {}", s.tracepoint, s.reason.as_deref().unwrap_or("?"));
+            crate::say!(
+                "nantrace: probe {} not attached: {}",
+                s.tracepoint,
+                s.reason.as_deref().unwrap_or("?")
+            );
         }
     }
     for pid in pids {
         if !crate::correlate::alive(*pid) {
-            crate::say!("nantrace: pid {pid} does not exist (already exited?); watching for it anyway");
+            crate::say!(
+                "nantrace: pid {pid} does not exist (already exited?); watching for it anyway"
+            );
         }
     }
     for p in crate::correlate::descendants(pids) {
@@ -86,7 +101,10 @@ pub fn human_line(e: &Event, clock: &ClockMap) -> String {
     let mut rest = String::new();
     if let serde_json::Value::Object(m) = &j {
         for (k, v) in m {
-            if matches!(k.as_str(), "time" | "mono_ns" | "source" | "pid" | "tid" | "comm" | "job") {
+            if matches!(
+                k.as_str(),
+                "time" | "mono_ns" | "source" | "pid" | "tid" | "comm" | "job"
+            ) {
                 continue;
             }
             rest.push_str(&format!(" {k}={v}"));
@@ -112,12 +130,19 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
     let mut clock = ClockMap::sample();
     crate::say!(
         "nantrace: watching {} ({} of {} probes attached){}",
-        if args.pids.is_empty() { "the whole machine".to_string() } else { format!("pids {:?} and descendants", args.pids) },
+        if args.pids.is_empty() {
+            "the whole machine".to_string()
+        } else {
+            format!("pids {:?} and descendants", args.pids)
+        },
         probes.attached(),
         probes.status.len(),
-        args.duration.map_or(String::new(), |d| format!(" for {d} s"))
+        args.duration
+            .map_or(String::new(), |d| format!(" for {d} s"))
     );
-    let deadline = args.duration.map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d));
+    let deadline = args
+        .duration
+        .map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d));
     let mut resample = tokio::time::interval(Duration::from_secs(10));
     let stdout = std::io::stdout();
     // One SIGINT stream for the whole loop: a `ctrl_c()` made anew at each turn misses a SIGINT
@@ -149,11 +174,26 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
             _ = sigint.recv() => break,
         }
     }
-    acct.kernel_drops = probes.drops().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    if acct.kernel_log.as_ref().is_some_and(crate::klog::KlogSource::is_kmsg) {
-        acct.kernel_drops.insert("kmsg_overwritten".into(), stats.kmsg_missed.load(Ordering::Relaxed));
+    acct.kernel_drops = probes
+        .drops()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    if acct
+        .kernel_log
+        .as_ref()
+        .is_some_and(crate::klog::KlogSource::is_kmsg)
+    {
+        acct.kernel_drops.insert(
+            "kmsg_overwritten".into(),
+            stats.kmsg_missed.load(Ordering::Relaxed),
+        );
     }
-    acct.block_losses = probes.block_losses().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    acct.block_losses = probes
+        .block_losses()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
     acct.decode_errors = stats.decode_errors.load(Ordering::Relaxed);
     let mut doc = serde_json::json!({ "accounting": acct });
     doc["accounting"]["io_latency_histograms_log2_us"] = serde_json::json!(probes.io_histograms());

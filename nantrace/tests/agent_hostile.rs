@@ -20,7 +20,10 @@ fn without_probes_the_agent_keeps_running_on_log_evidence() {
     }
     let a = Agent::start("noprobes", 19481, &["--no-probes", "--match", "nt-np-job"]);
     std::thread::sleep(Duration::from_secs(1));
-    assert!(a.ctl(&["status"])["probes_error"].as_str().unwrap().contains("--no-probes"));
+    assert!(a.ctl(&["status"])["probes_error"]
+        .as_str()
+        .unwrap()
+        .contains("--no-probes"));
     let mut j = job(&a.dir, "nt-np-job", "for i in 1 2 3; do echo \"step $i loss 1.$i\"; sleep 0.3; done; echo 'step 4 loss nan'; sleep 20");
     a.wait_job(j.id(), Duration::from_secs(10));
     let b = a.wait_bundles(1, Duration::from_secs(20));
@@ -36,12 +39,28 @@ fn one_users_many_jobs_do_not_hide_anothers_and_the_excess_is_said() {
     }
     let cfgd = std::env::temp_dir().join(format!("nt-agent-limitcfg-{}", std::process::id()));
     std::fs::create_dir_all(&cfgd).unwrap();
-    std::fs::write(cfgd.join("a.toml"), "match_commands = ['nt-lim-job']\nmax_jobs_per_user = 2\nscan_interval_ms = 200\n").unwrap();
-    let a = Agent::start("limit", 19482, &["--config", cfgd.join("a.toml").to_str().unwrap()]);
-    let jobs: Vec<_> = (0..3).map(|i| job(&a.dir, &format!("nt-lim-job{i}"), "sleep 60")).collect();
-    a.wait_line("over the limit", Duration::from_secs(10), |l| l.contains("is not watched") && l.contains("max_jobs_per_user 2"));
+    std::fs::write(
+        cfgd.join("a.toml"),
+        "match_commands = ['nt-lim-job']\nmax_jobs_per_user = 2\nscan_interval_ms = 200\n",
+    )
+    .unwrap();
+    let a = Agent::start(
+        "limit",
+        19482,
+        &["--config", cfgd.join("a.toml").to_str().unwrap()],
+    );
+    let jobs: Vec<_> = (0..3)
+        .map(|i| job(&a.dir, &format!("nt-lim-job{i}"), "sleep 60"))
+        .collect();
+    a.wait_line("over the limit", Duration::from_secs(10), |l| {
+        l.contains("is not watched") && l.contains("max_jobs_per_user 2")
+    });
     let v = a.ctl(&["status"]);
-    assert_eq!((v["jobs"].as_u64(), v["jobs_not_watched"].as_u64()), (Some(2), Some(1)), "{v}");
+    assert_eq!(
+        (v["jobs"].as_u64(), v["jobs_not_watched"].as_u64()),
+        (Some(2), Some(1)),
+        "{v}"
+    );
     assert!(a.metrics_text().contains("nantrace_jobs_not_watched 1"));
     for mut j in jobs {
         kill_job(&mut j);
@@ -69,7 +88,10 @@ fn a_sparse_file_in_the_logs_place_is_read_from_near_its_end() {
     let t0 = Instant::now();
     let b = a.wait_bundles(1, Duration::from_secs(30));
     assert_eq!(b.len(), 1, "the NaN after the sparse file was not seen");
-    eprintln!("NaN seen {:.1} s after the job was listed", t0.elapsed().as_secs_f64());
+    eprintln!(
+        "NaN seen {:.1} s after the job was listed",
+        t0.elapsed().as_secs_f64()
+    );
     kill_job(&mut j);
     a.stop();
 }
@@ -92,9 +114,16 @@ fn a_fifo_in_the_logs_place_is_never_opened() {
     let mut j = Command::new(&script).stdin(Stdio::null()).spawn().unwrap();
     a.wait_job(j.id(), Duration::from_secs(10));
     std::thread::sleep(Duration::from_secs(4));
-    assert!(!mark.exists(), "the agent opened the FIFO (its writer was woken)");
+    assert!(
+        !mark.exists(),
+        "the agent opened the FIFO (its writer was woken)"
+    );
     let b = a.wait_bundles(1, Duration::from_secs(20));
-    assert_eq!(b.len(), 1, "the regular file that replaced the FIFO was not read");
+    assert_eq!(
+        b.len(),
+        1,
+        "the regular file that replaced the FIFO was not read"
+    );
     kill_job(&mut j);
     let _ = sh(&format!("pkill -f '{}'", log.display()));
     a.stop();
@@ -102,37 +131,93 @@ fn a_fifo_in_the_logs_place_is_never_opened() {
 
 #[test]
 fn a_spool_under_a_users_directory_is_refused_and_a_second_agent_leaves_the_socket_alone() {
-    if !privileged("a_spool_under_a_users_directory_is_refused_and_a_second_agent_leaves_the_socket_alone") {
+    if !privileged(
+        "a_spool_under_a_users_directory_is_refused_and_a_second_agent_leaves_the_socket_alone",
+    ) {
         return;
     }
     let user_dir = std::env::temp_dir().join(format!("nt-agent-userdir-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&user_dir);
     std::fs::create_dir_all(&user_dir).unwrap();
     common::sh_ok(&format!("chown 65534:65534 {}", user_dir.display()));
-    let o = Command::new(BIN).args(["agent", "--no-probes", "--metrics-addr", "", "--spool"]).arg(user_dir.join("spool")).args(["--socket"]).arg(user_dir.join("s.sock")).output().unwrap();
-    assert!(!o.status.success(), "an agent started with its spool under a user's directory");
-    assert!(String::from_utf8_lossy(&o.stderr).contains(user_dir.to_str().unwrap()), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(!user_dir.join("spool").exists(), "the spool was created in the user's directory before the check");
+    let o = Command::new(BIN)
+        .args(["agent", "--no-probes", "--metrics-addr", "", "--spool"])
+        .arg(user_dir.join("spool"))
+        .args(["--socket"])
+        .arg(user_dir.join("s.sock"))
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success(),
+        "an agent started with its spool under a user's directory"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(user_dir.to_str().unwrap()),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        !user_dir.join("spool").exists(),
+        "the spool was created in the user's directory before the check"
+    );
     // A user's link on the way (in a sticky directory): refused, and nothing made through it.
     let sticky = std::env::temp_dir().join(format!("nt-agent-sticky-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&sticky);
     std::fs::create_dir_all(&sticky).unwrap();
     std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    common::sh_ok(&format!("ln -s {} {}/lnk && chown -h 65534:65534 {}/lnk", user_dir.display(), sticky.display(), sticky.display()));
-    let o = Command::new(BIN).args(["agent", "--no-probes", "--metrics-addr", "", "--spool"]).arg(sticky.join("lnk/sub/spool")).args(["--socket"]).arg(sticky.join("s.sock")).output().unwrap();
-    assert!(!o.status.success(), "an agent started with its spool through a user's link");
-    assert!(!user_dir.join("sub").exists(), "root created a directory through the user's link");
+    common::sh_ok(&format!(
+        "ln -s {} {}/lnk && chown -h 65534:65534 {}/lnk",
+        user_dir.display(),
+        sticky.display(),
+        sticky.display()
+    ));
+    let o = Command::new(BIN)
+        .args(["agent", "--no-probes", "--metrics-addr", "", "--spool"])
+        .arg(sticky.join("lnk/sub/spool"))
+        .args(["--socket"])
+        .arg(sticky.join("s.sock"))
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success(),
+        "an agent started with its spool through a user's link"
+    );
+    assert!(
+        !user_dir.join("sub").exists(),
+        "root created a directory through the user's link"
+    );
     let _ = std::fs::remove_dir_all(&sticky);
     let _ = std::fs::remove_dir_all(&user_dir);
 
     let a = Agent::start("second", 19485, &[]);
-    let o = Command::new(BIN).args(["agent", "--no-probes", "--metrics-addr", "127.0.0.1:19486", "--spool"]).arg(&a.spool).arg("--socket").arg(&a.socket).output().unwrap();
+    let o = Command::new(BIN)
+        .args([
+            "agent",
+            "--no-probes",
+            "--metrics-addr",
+            "127.0.0.1:19486",
+            "--spool",
+        ])
+        .arg(&a.spool)
+        .arg("--socket")
+        .arg(&a.socket)
+        .output()
+        .unwrap();
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("another agent is running"), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(a.ctl(&["status"])["probes_attached"].as_u64().is_some(), "the first agent's socket was taken");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("another agent is running"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        a.ctl(&["status"])["probes_attached"].as_u64().is_some(),
+        "the first agent's socket was taken"
+    );
     // A scrape gets through while a crowd of idle connections is open (re-review D4: the
     // newest connection pushes out the oldest that sent no request).
-    let idle: Vec<_> = (0..200).filter_map(|_| std::net::TcpStream::connect(&a.metrics).ok()).collect();
+    let idle: Vec<_> = (0..200)
+        .filter_map(|_| std::net::TcpStream::connect(&a.metrics).ok())
+        .collect();
     std::thread::sleep(Duration::from_millis(300));
     assert!(a.metrics_text().contains("nantrace_probes_attached"));
     drop(idle);
@@ -165,15 +250,47 @@ sleep 20"#;
     let b = a.wait_bundles(1, Duration::from_secs(30));
     let md = std::fs::read_to_string(b[0].join("report.md")).unwrap();
     let v = md.lines().find(|l| l.starts_with("**")).unwrap_or("");
-    assert!(v.starts_with("**POSSIBLY THE MACHINE (GPU), in the job's own words only: "), "{md}");
-    assert!(v.contains("the kernel log, watched"), "the verdict says the kernel log was watched and silent: {v}");
+    assert!(
+        v.starts_with("**POSSIBLY THE MACHINE (GPU), in the job's own words only: "),
+        "{md}"
+    );
+    assert!(
+        v.contains("the kernel log, watched"),
+        "the verdict says the kernel log was watched and silent: {v}"
+    );
     let t = common::agent::timeline(&b[0]);
-    let kernel: Vec<_> = t["events"].as_array().unwrap().iter().filter(|e| matches!(e["source"].as_str(), Some("xid" | "aer" | "kmsg")) && e["text"].as_str().is_some_and(|x| x.contains("NVRM") || x.contains("mce:"))).collect();
-    assert!(kernel.is_empty(), "the job's words became kernel events: {kernel:?}");
-    let m = a.wait_metrics(Duration::from_secs(10), |m| m.contains("nantrace_incidents_total{"));
-    assert!(!m.contains("nantrace_xid_total{"), "a kernel Xid was counted from the job's words: {m}");
-    assert!(m.lines().any(|l| l.starts_with("nantrace_incidents_total{") && l.contains("family=\"GPU (job's words only)\"")), "{m}");
-    assert!(!m.lines().any(|l| l.starts_with("nantrace_incidents_total{") && l.contains("family=\"GPU\"")), "{m}");
+    let kernel: Vec<_> = t["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            matches!(e["source"].as_str(), Some("xid" | "aer" | "kmsg"))
+                && e["text"]
+                    .as_str()
+                    .is_some_and(|x| x.contains("NVRM") || x.contains("mce:"))
+        })
+        .collect();
+    assert!(
+        kernel.is_empty(),
+        "the job's words became kernel events: {kernel:?}"
+    );
+    let m = a.wait_metrics(Duration::from_secs(10), |m| {
+        m.contains("nantrace_incidents_total{")
+    });
+    assert!(
+        !m.contains("nantrace_xid_total{"),
+        "a kernel Xid was counted from the job's words: {m}"
+    );
+    assert!(
+        m.lines().any(|l| l.starts_with("nantrace_incidents_total{")
+            && l.contains("family=\"GPU (job's words only)\"")),
+        "{m}"
+    );
+    assert!(
+        !m.lines()
+            .any(|l| l.starts_with("nantrace_incidents_total{") && l.contains("family=\"GPU\"")),
+        "{m}"
+    );
     kill_job(&mut j);
     a.stop();
 }
@@ -195,25 +312,48 @@ fn a_job_in_its_own_mount_namespace_is_read_in_its_own_view() {
     std::fs::write(&decoy, "host-side decoy: step 1 loss nan\n").unwrap();
     let inner = a.dir.join("nt-inner-train.sh");
     std::fs::write(&inner, "for i in $(seq 1 40); do echo \"step $i loss 0.7\"; sleep 0.1; done; echo 'step 41 loss nan'; sleep 20\n").unwrap();
-    let body = format!("exec unshare -m sh -c \"mount -t tmpfs t {d} && exec sh {inner} > {d}/out.log 2>&1\"", d = d.display(), inner = inner.display());
+    let body = format!(
+        "exec unshare -m sh -c \"mount -t tmpfs t {d} && exec sh {inner} > {d}/out.log 2>&1\"",
+        d = d.display(),
+        inner = inner.display()
+    );
     let mut j = job(&a.dir, "nt-mnt-job", &body);
     a.wait_job(j.id(), Duration::from_secs(10));
     std::thread::sleep(Duration::from_secs(1));
     {
         use std::io::Write as _;
-        let mut f = std::fs::OpenOptions::new().append(true).open(&decoy).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&decoy)
+            .unwrap();
         writeln!(f, "host-side decoy: step 2 loss nan").unwrap();
     }
     let jobs = a.ctl(&["jobs"]);
-    let logs = jobs["jobs"].as_array().unwrap().iter().find(|x| x["root"] == j.id()).map(|x| x["logs"].to_string()).unwrap_or_default();
-    assert!(logs.contains("/root/") && logs.contains("nt-mnt-d/out.log"), "the job's own view of its log: {jobs}");
+    let logs = jobs["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["root"] == j.id())
+        .map(|x| x["logs"].to_string())
+        .unwrap_or_default();
+    assert!(
+        logs.contains("/root/") && logs.contains("nt-mnt-d/out.log"),
+        "the job's own view of its log: {jobs}"
+    );
     let b = a.wait_bundles(1, Duration::from_secs(20));
     assert_eq!(b.len(), 1, "{b:?}");
     let t = common::agent::timeline(&b[0]);
     let line = t["first_nan"]["line"].as_str().unwrap_or("");
-    assert!(line.contains("step 41 loss nan"), "the NaN is the job's own line, not the decoy's: {}", t["first_nan"]);
+    assert!(
+        line.contains("step 41 loss nan"),
+        "the NaN is the job's own line, not the decoy's: {}",
+        t["first_nan"]
+    );
     let app = std::fs::read_to_string(b[0].join("app.log")).unwrap_or_default();
-    assert!(!app.contains("host-side decoy"), "the decoy was read: {app}");
+    assert!(
+        !app.contains("host-side decoy"),
+        "the decoy was read: {app}"
+    );
     kill_job(&mut j);
     a.stop();
 }
@@ -239,7 +379,12 @@ fn a_pod_uid_in_a_users_delegated_cgroup_is_not_the_pod() {
     let u = uid.replace('-', "_");
     let mut victim = Command::new("sleep").arg("60").spawn().unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    let mut attacker = Command::new("sleep").arg("61").uid(65534).gid(65534).spawn().unwrap();
+    let mut attacker = Command::new("sleep")
+        .arg("61")
+        .uid(65534)
+        .gid(65534)
+        .spawn()
+        .unwrap();
     for (pid, cgroup, environ) in [
         (victim.id(), format!("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope\n"), "POD_NAMESPACE=ml\0POD_NAME=trainer-0\0"),
         (attacker.id(), format!("0::/user.slice/user-65534.slice/user@65534.service/kubepods-pod{u}.slice/cri-containerd-fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210.scope\n"), "POD_NAMESPACE=kube-system\0POD_NAME=etcd-control-plane\0"),
@@ -252,12 +397,32 @@ fn a_pod_uid_in_a_users_delegated_cgroup_is_not_the_pod() {
         std::fs::write(p.join("cgroup"), cgroup).unwrap();
         std::fs::write(p.join("environ"), environ).unwrap();
     }
-    let a = Agent::start("podspoof", 19490, &["--match", "^sleep 6[01]$", "--proc-root", proc_dir.to_str().unwrap()]);
+    let a = Agent::start(
+        "podspoof",
+        19490,
+        &[
+            "--match",
+            "^sleep 6[01]$",
+            "--proc-root",
+            proc_dir.to_str().unwrap(),
+        ],
+    );
     let (v, _) = a.wait_job(victim.id(), Duration::from_secs(10));
     let (x, _) = a.wait_job(attacker.id(), Duration::from_secs(10));
     assert_eq!(v["key"], format!("pod-{uid}"), "{v}");
-    assert_eq!((v["identity"]["namespace"].as_str(), v["identity"]["pod"].as_str()), (Some("ml"), Some("trainer-0")), "{v}");
-    assert_eq!(x["key"], format!("pid-{}", attacker.id()), "the attacker is not the pod: {x}");
+    assert_eq!(
+        (
+            v["identity"]["namespace"].as_str(),
+            v["identity"]["pod"].as_str()
+        ),
+        (Some("ml"), Some("trainer-0")),
+        "{v}"
+    );
+    assert_eq!(
+        x["key"],
+        format!("pid-{}", attacker.id()),
+        "the attacker is not the pod: {x}"
+    );
     assert_ne!(x["identity"]["kind"], "kubernetes", "{x}");
     assert!(!x.to_string().contains("etcd-control-plane"), "{x}");
     for c in [&mut victim, &mut attacker] {

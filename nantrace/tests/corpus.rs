@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use nantrace::session::LineReader;
 
 fn rows(file: &str) -> Vec<Vec<String>> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus").join(file);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/corpus")
+        .join(file);
     std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .lines()
@@ -35,7 +37,9 @@ const KNOWN_MISSES: &[(&str, &str)] = &[
 ];
 
 /// Per label: (right, total), and the wrong ones.
-fn score(items: impl Iterator<Item = (String, String, String)>) -> (BTreeMap<String, (usize, usize)>, Vec<String>) {
+fn score(
+    items: impl Iterator<Item = (String, String, String)>,
+) -> (BTreeMap<String, (usize, usize)>, Vec<String>) {
     let mut per: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     let mut wrong = Vec::new();
     for (want, got, line) in items {
@@ -66,37 +70,76 @@ fn joblog_heldout() {
 fn joblog_file(file: &str, min: usize) {
     let items = rows(file).into_iter().map(|c| {
         let line = &c[c.len() - 2];
-        let got = nantrace::joblog::classify(line).map_or("none", |f| f.family.as_str()).to_string();
+        let got = nantrace::joblog::classify(line)
+            .map_or("none", |f| f.family.as_str())
+            .to_string();
         (c[0].clone(), got, line.clone())
     });
     eprintln!("job output corpus {file}:");
     let (per, wrong) = score(items);
     let total: usize = per.values().map(|v| v.1).sum();
     assert!(total >= min, "corpus shrank: {total}");
-    assert!(wrong.is_empty(), "{} of {total} wrong:\n{}", wrong.len(), wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "{} of {total} wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
 }
 
 #[test]
 fn tracebacks_are_read_as_one_error_and_the_innermost_cause_wins() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/tracebacks");
-    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     files.sort();
     assert!(files.len() >= 8);
     let mut wrong = Vec::new();
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap();
-        let want = text.lines().find_map(|l| l.strip_prefix("# expect: ")).unwrap().trim().to_string();
+        let want = text
+            .lines()
+            .find_map(|l| l.strip_prefix("# expect: "))
+            .unwrap()
+            .trim()
+            .to_string();
         let mut r = LineReader::new(nantrace::nanscan::Scanner::default());
-        let faults: Vec<_> = text.lines().filter(|l| !l.starts_with("# ")).filter_map(|l| r.read(l).fault).collect();
+        let faults: Vec<_> = text
+            .lines()
+            .filter(|l| !l.starts_with("# "))
+            .filter_map(|l| r.read(l).fault)
+            .collect();
         // What the report ranks first: specific lines before generic ones, machine families by severity.
         let rank = |f: &nantrace::joblog::JobFault| {
             use nantrace::joblog::JobFamily::*;
-            let base = match f.family { GpuHw => 9, HostMemory => 8, Network => 7, Storage => 6, GpuAmbiguous => 5, Hang => 3, GpuOom => 2, Software => 1 };
+            let base = match f.family {
+                GpuHw => 9,
+                HostMemory => 8,
+                Network => 7,
+                Storage => 6,
+                GpuAmbiguous => 5,
+                Hang => 3,
+                GpuOom => 2,
+                Software => 1,
+            };
             base - if f.generic { 5 } else { 0 }
         };
-        let top = faults.iter().max_by_key(|f| rank(f)).map_or("none", |f| f.family.as_str());
+        let top = faults
+            .iter()
+            .max_by_key(|f| rank(f))
+            .map_or("none", |f| f.family.as_str());
         if top != want {
-            wrong.push(format!("{}: want {want}, got {top} ({:?})", f.display(), faults.iter().map(|f| (f.family, f.kind)).collect::<Vec<_>>()));
+            wrong.push(format!(
+                "{}: want {want}, got {top} ({:?})",
+                f.display(),
+                faults
+                    .iter()
+                    .map(|f| (f.family, f.kind))
+                    .collect::<Vec<_>>()
+            ));
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
@@ -133,19 +176,28 @@ fn kernel_file(file: &str, min: usize) {
             NetFsOk { .. } => "nfs_ok",
             StaleHandle { .. } => "stale_handle",
             BlockError { .. } => "block_io_error",
-            Segfault { gpu_library: true, .. } => "segfault_gpu_lib",
+            Segfault {
+                gpu_library: true, ..
+            } => "segfault_gpu_lib",
             Segfault { .. } => "segfault_other",
         }
     };
     let items = rows(file).into_iter().map(|c| {
-        let got = nantrace::classify::classify(&c[1]).map_or("none", |k| map(&k)).to_string();
+        let got = nantrace::classify::classify(&c[1])
+            .map_or("none", |k| map(&k))
+            .to_string();
         (c[0].clone(), got, c[1].clone())
     });
     eprintln!("kernel corpus {file}:");
     let (per, wrong) = score(items);
     let total: usize = per.values().map(|v| v.1).sum();
     assert!(total >= min, "corpus shrank: {total}");
-    assert!(wrong.is_empty(), "{} of {total} wrong:\n{}", wrong.len(), wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "{} of {total} wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
 }
 
 #[test]
@@ -161,12 +213,22 @@ fn nan_heldout() {
 fn nan_file(file: &str, min: usize) {
     let items = rows(file).into_iter().map(|c| {
         let mut r = LineReader::new(nantrace::nanscan::Scanner::default());
-        let got = if r.read(&c[1]).nonfinite { "nan" } else { "none" }.to_string();
+        let got = if r.read(&c[1]).nonfinite {
+            "nan"
+        } else {
+            "none"
+        }
+        .to_string();
         (c[0].clone(), got, c[1].clone())
     });
     eprintln!("NaN corpus {file}:");
     let (per, wrong) = score(items);
     let total: usize = per.values().map(|v| v.1).sum();
     assert!(total >= min, "corpus shrank: {total}");
-    assert!(wrong.is_empty(), "{} of {total} wrong:\n{}", wrong.len(), wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "{} of {total} wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
 }

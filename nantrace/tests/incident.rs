@@ -15,8 +15,16 @@ fn timeline(bundle: &Path) -> Value {
 }
 
 fn run(args: &[&str]) -> (std::process::ExitStatus, String, String) {
-    let o = Command::new(BIN).args(args).stdin(Stdio::null()).output().expect("run nantrace");
-    (o.status, String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    let o = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run nantrace");
+    (
+        o.status,
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -36,14 +44,34 @@ wait $worker
 echo "step 32 | loss nan | lr 1.0e-3"
 exit 0
 "#;
-    let (st, stdout, stderr) = run(&["run", "--out", out.to_str().unwrap(), "--no-trigger", "xid", "--post", "2", "--", "bash", "-c", script]);
+    let (st, stdout, stderr) = run(&[
+        "run",
+        "--out",
+        out.to_str().unwrap(),
+        "--no-trigger",
+        "xid",
+        "--post",
+        "2",
+        "--",
+        "bash",
+        "-c",
+        script,
+    ]);
     eprintln!("{stderr}");
     assert!(st.success(), "nantrace's exit code is the job's (0)");
     // Output passes through unchanged.
-    assert!(stdout.contains("step 1 | loss 2.49 | lr 1.0e-3\n"), "{stdout}");
+    assert!(
+        stdout.contains("step 1 | loss 2.49 | lr 1.0e-3\n"),
+        "{stdout}"
+    );
     assert!(stdout.contains("step 32 | loss nan"));
     let b = only_bundle(&out);
-    assert!(b.file_name().unwrap().to_str().unwrap().starts_with("nantrace-"));
+    assert!(b
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .starts_with("nantrace-"));
     for f in ["timeline.json", "app.log", "kernel.log"] {
         let mode = std::fs::metadata(b.join(f)).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{f} mode {mode:o}");
@@ -54,41 +82,101 @@ exit 0
     assert_eq!(t["trigger"]["reason"], "step 31 | loss nan | lr 1.0e-3");
     assert_eq!(t["first_nan"]["step"], 31);
     let events = t["events"].as_array().unwrap();
-    let xid = events.iter().find(|e| e["source"] == "xid" && e["xid"] == 79).expect("Xid event in the timeline");
+    let xid = events
+        .iter()
+        .find(|e| e["source"] == "xid" && e["xid"] == 79)
+        .expect("Xid event in the timeline");
     let off = xid["offset_s"].as_f64().unwrap();
-    assert!((-3.0..-1.5).contains(&off), "Xid about 2 s before the NaN, got {off}");
-    let trig = events.iter().find(|e| e["source"] == "trigger").expect("trigger event");
+    assert!(
+        (-3.0..-1.5).contains(&off),
+        "Xid about 2 s before the NaN, got {off}"
+    );
+    let trig = events
+        .iter()
+        .find(|e| e["source"] == "trigger")
+        .expect("trigger event");
     assert_eq!(trig["offset_s"].as_f64(), Some(0.0));
     let root = t["job"]["root_pid"].as_u64().unwrap();
-    assert!(events.iter().any(|e| e["source"] == "fork" && e["pid"].as_u64() == Some(root) && e["child_comm"] == "bash"), "the worker's fork");
+    assert!(
+        events.iter().any(|e| e["source"] == "fork"
+            && e["pid"].as_u64() == Some(root)
+            && e["child_comm"] == "bash"),
+        "the worker's fork"
+    );
     // Time order.
-    let monos: Vec<u64> = events.iter().map(|e| e["mono_ns"].as_u64().unwrap()).collect();
+    let monos: Vec<u64> = events
+        .iter()
+        .map(|e| e["mono_ns"].as_u64().unwrap())
+        .collect();
     assert!(monos.windows(2).all(|w| w[0] <= w[1]));
     let app = std::fs::read_to_string(b.join("app.log")).unwrap();
-    assert!(app.contains("[stdout] step 1 | loss 2.49"), "app.log keeps the lines before the NaN");
+    assert!(
+        app.contains("[stdout] step 1 | loss 2.49"),
+        "app.log keeps the lines before the NaN"
+    );
     let marker = app.find("FIRST NON-FINITE").expect("marker");
-    assert!(app[marker..].lines().nth(1).unwrap().ends_with("step 31 | loss nan | lr 1.0e-3"));
+    assert!(app[marker..]
+        .lines()
+        .nth(1)
+        .unwrap()
+        .ends_with("step 31 | loss nan | lr 1.0e-3"));
     let klog = std::fs::read_to_string(b.join("kernel.log")).unwrap();
     assert!(klog.contains("NVRM: Xid (PCI:0000:3b:00): 79"));
     // Every probe attached, on either path, but the AER tracepoint this kernel lacks.
-    let attached: Vec<&str> = t["accounting"]["probes_attached"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    let attached: Vec<&str> = t["accounting"]["probes_attached"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
     // The kernel log through the probe, or through /dev/kmsg where the probe would miss lines
     // a quiet console does not print (5.10), as the accounting says.
-    let klog = t["accounting"]["kernel_log"]["source"].as_str().expect("kernel_log.source in the accounting");
-    assert!(attached.contains(&klog), "the kernel log's source {klog} not attached: {attached:?}");
-    for tp in ["oom:mark_victim", "block:block_rq_issue", "block:block_rq_complete", "tcp:tcp_retransmit_skb", "sched:sched_process_fork", "sched:sched_process_exec", "sched:sched_process_exit", "signal:signal_generate"] {
+    let klog = t["accounting"]["kernel_log"]["source"]
+        .as_str()
+        .expect("kernel_log.source in the accounting");
+    assert!(
+        attached.contains(&klog),
+        "the kernel log's source {klog} not attached: {attached:?}"
+    );
+    for tp in [
+        "oom:mark_victim",
+        "block:block_rq_issue",
+        "block:block_rq_complete",
+        "tcp:tcp_retransmit_skb",
+        "sched:sched_process_fork",
+        "sched:sched_process_exec",
+        "sched:sched_process_exit",
+        "signal:signal_generate",
+    ] {
         assert!(attached.contains(&tp), "{tp} not attached: {attached:?}");
     }
-    let not: Vec<&String> = t["accounting"]["probes_not_attached"].as_object().unwrap().keys().filter(|k| *k != "ras:aer_event" && !(klog == "/dev/kmsg" && *k == "printk:console")).collect();
+    let not: Vec<&String> = t["accounting"]["probes_not_attached"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| *k != "ras:aer_event" && !(klog == "/dev/kmsg" && *k == "printk:console"))
+        .collect();
     assert!(not.is_empty(), "not attached: {not:?}");
     // The five families of evidence, each filled or saying why not.
-    let snap: Value = serde_json::from_str(&std::fs::read_to_string(b.join("snapshot.json")).unwrap()).unwrap();
-    assert!(snap["gpu"]["available"] == true || snap["gpu"]["reason"].as_str().unwrap().starts_with("NVML unavailable"));
+    let snap: Value =
+        serde_json::from_str(&std::fs::read_to_string(b.join("snapshot.json")).unwrap()).unwrap();
+    assert!(
+        snap["gpu"]["available"] == true
+            || snap["gpu"]["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("NVML unavailable")
+    );
     assert!(snap["system"]["free"]["mem_total_kb"].as_u64().is_some());
     assert!(snap["network"]["links"].is_object());
     assert_eq!(snap["software"]["job_pid"].as_u64(), Some(root));
     assert!(snap["scheduler"]["cgroup"]["paths"].is_array());
-    assert!(events.iter().any(|e| e["source"] == "system" && e["mem_available_kb"].as_u64().is_some()), "system samples in the timeline");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["source"] == "system" && e["mem_available_kb"].as_u64().is_some()),
+        "system samples in the timeline"
+    );
     assert!(stderr.contains("incident bundle written"));
     let _ = std::fs::remove_dir_all(&out);
 }
@@ -99,7 +187,15 @@ fn job_killed_by_sigkill_gives_a_signal_bundle() {
         return;
     }
     let out = out_dir("kill");
-    let (st, _, stderr) = run(&["run", "--out", out.to_str().unwrap(), "--", "bash", "-c", "echo 'step 1 | loss 1.0'; sleep 0.2; kill -9 $$"]);
+    let (st, _, stderr) = run(&[
+        "run",
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        "echo 'step 1 | loss 1.0'; sleep 0.2; kill -9 $$",
+    ]);
     eprintln!("{stderr}");
     assert_eq!(st.code(), Some(128 + 9), "exit code = 128 + SIGKILL");
     let t = timeline(&only_bundle(&out));
@@ -107,7 +203,9 @@ fn job_killed_by_sigkill_gives_a_signal_bundle() {
     assert_eq!(t["job"]["exit_signal"], 9);
     let root = t["job"]["root_pid"].as_u64().unwrap();
     let events = t["events"].as_array().unwrap();
-    assert!(events.iter().any(|e| e["source"] == "signal" && e["target_pid"].as_u64() == Some(root) && e["signal"] == "SIGKILL"));
+    assert!(events.iter().any(|e| e["source"] == "signal"
+        && e["target_pid"].as_u64() == Some(root)
+        && e["signal"] == "SIGKILL"));
     let _ = std::fs::remove_dir_all(&out);
 }
 
@@ -128,7 +226,15 @@ fn a_job_that_dumps_core_says_so() {
     std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
     // coredump_filter 0: no memory mappings in the core, a tiny file.
     let script = format!("echo 0 > /proc/self/coredump_filter; ulimit -c unlimited; cd {}; echo 'step 1 | loss 1.0'; kill -SEGV $$", dir.0.display());
-    let (st, _, stderr) = run(&["run", "--out", out.to_str().unwrap(), "--", "bash", "-c", &script]);
+    let (st, _, stderr) = run(&[
+        "run",
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        &script,
+    ]);
     eprintln!("{stderr}");
     assert_eq!(st.code(), Some(128 + 11), "exit code = 128 + SIGSEGV");
     let bundle = only_bundle(&out);
@@ -138,7 +244,13 @@ fn a_job_that_dumps_core_says_so() {
     let report = std::fs::read_to_string(bundle.join("report.md")).unwrap();
     assert!(report.contains("signal 11 (core dumped)"), "{report}");
     let root = t["job"]["root_pid"].as_u64().unwrap();
-    let exit = t["events"].as_array().unwrap().iter().find(|e| e["source"] == "exit" && e["pid"].as_u64() == Some(root)).cloned().expect("the job's exit event");
+    let exit = t["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["source"] == "exit" && e["pid"].as_u64() == Some(root))
+        .cloned()
+        .expect("the job's exit event");
     if expect_btf_for("sched:sched_process_exit") {
         assert_eq!(exit["core_dumped"], true, "{exit}");
     }
@@ -151,7 +263,15 @@ fn job_exiting_1_gives_an_exit_bundle_and_exit_0_none() {
         return;
     }
     let out = out_dir("exit");
-    let (st, _, _) = run(&["run", "--out", out.to_str().unwrap(), "--", "bash", "-c", "echo 'step 1 | loss 1.0'; exit 1"]);
+    let (st, _, _) = run(&[
+        "run",
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        "echo 'step 1 | loss 1.0'; exit 1",
+    ]);
     assert_eq!(st.code(), Some(1));
     let t = timeline(&only_bundle(&out));
     assert_eq!(t["trigger"]["kind"], "exit");
@@ -174,14 +294,29 @@ fn attach_follows_rotation_and_truncation() {
     std::fs::write(&log, "old line before attach\nstep 1 | loss 3.0\n").unwrap();
     let mut job = Command::new("sleep").arg("30").spawn().unwrap();
     let mut nt = Command::new(BIN)
-        .args(["attach", "--no-probes", "--pid", &job.id().to_string(), "--log", log.to_str().unwrap(), "--out", out.to_str().unwrap(), "--post", "0.5"])
+        .args([
+            "attach",
+            "--no-probes",
+            "--pid",
+            &job.id().to_string(),
+            "--log",
+            log.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--post",
+            "0.5",
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(700));
     let append = |p: &Path, s: &str| {
         use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().append(true).create(true).open(p).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(p)
+            .unwrap();
         f.write_all(s.as_bytes()).unwrap();
     };
     append(&log, "step 2 | loss 2.9\n");
@@ -196,7 +331,11 @@ fn attach_follows_rotation_and_truncation() {
     append(&log, "step 4 | loss nan (after truncation)\n");
     // The bundle is written after the post-window; attach keeps watching while the job lives.
     let t0 = std::time::Instant::now();
-    while std::fs::read_dir(&out).unwrap().flatten().all(|e| !e.file_name().to_str().unwrap().starts_with("nantrace-")) {
+    while std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .all(|e| !e.file_name().to_str().unwrap().starts_with("nantrace-"))
+    {
         assert!(t0.elapsed() < Duration::from_secs(10), "no bundle written");
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -213,7 +352,10 @@ fn attach_follows_rotation_and_truncation() {
     assert_eq!(t["trigger"]["kind"], "nan");
     assert_eq!(t["accounting"]["probes_error"], "disabled with --no-probes");
     let app = std::fs::read_to_string(b.join("app.log")).unwrap();
-    let pos = |s: &str| app.find(s).unwrap_or_else(|| panic!("{s:?} missing from app.log:\n{app}"));
+    let pos = |s: &str| {
+        app.find(s)
+            .unwrap_or_else(|| panic!("{s:?} missing from app.log:\n{app}"))
+    };
     assert!(pos("old line before attach") < pos("step 2 | loss 2.9"));
     assert!(pos("step 2 | loss 2.9") < pos("step 3 | loss 2.8 (after rotation)"));
     assert!(pos("(after rotation)") < pos("step 4 | loss nan (after truncation)"));
@@ -227,7 +369,10 @@ fn full_disk_gives_a_message_and_keeps_what_fits() {
     }
     let mnt = std::env::temp_dir().join(format!("nt-tiny-{}", std::process::id()));
     std::fs::create_dir_all(&mnt).unwrap();
-    sh_ok(&format!("mount -t tmpfs -o size=16k tmpfs {}", mnt.display()));
+    sh_ok(&format!(
+        "mount -t tmpfs -o size=16k tmpfs {}",
+        mnt.display()
+    ));
     struct Umount(PathBuf);
     impl Drop for Umount {
         fn drop(&mut self) {
@@ -236,12 +381,29 @@ fn full_disk_gives_a_message_and_keeps_what_fits() {
         }
     }
     let _u = Umount(mnt.clone());
-    let (st, _, stderr) = run(&["run", "--out", mnt.to_str().unwrap(), "--", "bash", "-c", "for i in $(seq 1 50); do echo \"step $i | loss 2.$i\"; done; exit 1"]);
-    assert_eq!(st.code(), Some(1), "the job's exit code, whatever the disk: {stderr}");
-    assert!(stderr.contains("bundle file not written") && stderr.contains("No space left"), "{stderr}");
+    let (st, _, stderr) = run(&[
+        "run",
+        "--out",
+        mnt.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        "for i in $(seq 1 50); do echo \"step $i | loss 2.$i\"; done; exit 1",
+    ]);
+    assert_eq!(
+        st.code(),
+        Some(1),
+        "the job's exit code, whatever the disk: {stderr}"
+    );
+    assert!(
+        stderr.contains("bundle file not written") && stderr.contains("No space left"),
+        "{stderr}"
+    );
     let b = only_bundle(&mnt);
     assert!(b.join("app.log").exists(), "what fits is kept");
-    assert!(std::fs::read_to_string(b.join("app.log")).unwrap().contains("step 50"));
+    assert!(std::fs::read_to_string(b.join("app.log"))
+        .unwrap()
+        .contains("step 50"));
 }
 
 #[test]
@@ -252,15 +414,40 @@ fn without_privileges_the_log_path_still_gives_a_bundle() {
     let out = out_dir("nopriv");
     sh_ok(&format!("chmod 777 {}", out.display()));
     let o = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", BIN, "run", "--out", out.to_str().unwrap(), "--post", "0.5", "--", "sh", "-c", "echo 'step 1 | loss 1.0'; echo 'step 2 | loss nan'"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            BIN,
+            "run",
+            "--out",
+            out.to_str().unwrap(),
+            "--post",
+            "0.5",
+            "--",
+            "sh",
+            "-c",
+            "echo 'step 1 | loss 1.0'; echo 'step 2 | loss nan'",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
-    assert!(err.contains("kernel probes unavailable"), "the missing permission is said: {err}");
+    assert!(
+        err.contains("kernel probes unavailable"),
+        "the missing permission is said: {err}"
+    );
     let t = timeline(&only_bundle(&out));
     assert_eq!(t["trigger"]["kind"], "nan");
-    assert!(t["accounting"]["probes_error"].as_str().unwrap().contains("root"), "{}", t["accounting"]["probes_error"]);
+    assert!(
+        t["accounting"]["probes_error"]
+            .as_str()
+            .unwrap()
+            .contains("root"),
+        "{}",
+        t["accounting"]["probes_error"]
+    );
     let _ = std::fs::remove_dir_all(&out);
 }
 
@@ -270,9 +457,19 @@ fn attach_to_a_dead_pid_is_a_clear_error() {
     let mut c = Command::new("true").spawn().unwrap();
     let pid = c.id();
     c.wait().unwrap();
-    let (st, _, stderr) = run(&["attach", "--no-probes", "--pid", &pid.to_string(), "--out", out.to_str().unwrap()]);
+    let (st, _, stderr) = run(&[
+        "attach",
+        "--no-probes",
+        "--pid",
+        &pid.to_string(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(!st.success());
-    assert!(stderr.contains(&format!("pid {pid} does not exist")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("pid {pid} does not exist")),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&out);
 }
 
@@ -281,7 +478,23 @@ fn attach_to_a_dead_pid_is_a_clear_error() {
 fn trigger_file_and_sigusr1_each_give_a_bundle() {
     let out = out_dir("tfile");
     let tf = out.join("DUMP");
-    let (st, _, stderr) = run(&["run", "--no-probes", "--post", "0.3", "--trigger-file", tf.to_str().unwrap(), "--out", out.to_str().unwrap(), "--", "bash", "-c", &format!("echo 'step 1 | loss 1.0'; sleep 0.5; touch {}; sleep 1.5", tf.display())]);
+    let (st, _, stderr) = run(&[
+        "run",
+        "--no-probes",
+        "--post",
+        "0.3",
+        "--trigger-file",
+        tf.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        &format!(
+            "echo 'step 1 | loss 1.0'; sleep 0.5; touch {}; sleep 1.5",
+            tf.display()
+        ),
+    ]);
     assert!(st.success(), "{stderr}");
     let t = timeline(&only_bundle(&out));
     assert_eq!(t["trigger"]["kind"], "file");
@@ -290,7 +503,18 @@ fn trigger_file_and_sigusr1_each_give_a_bundle() {
 
     let out = out_dir("usr1");
     let mut nt = Command::new(BIN)
-        .args(["run", "--no-probes", "--post", "0.3", "--out", out.to_str().unwrap(), "--", "bash", "-c", "echo 'step 1 | loss 1.0'; sleep 3"])
+        .args([
+            "run",
+            "--no-probes",
+            "--post",
+            "0.3",
+            "--out",
+            out.to_str().unwrap(),
+            "--",
+            "bash",
+            "-c",
+            "echo 'step 1 | loss 1.0'; sleep 3",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -304,7 +528,18 @@ fn trigger_file_and_sigusr1_each_give_a_bundle() {
     // --no-trigger turns one off: the same SIGUSR1 then writes nothing.
     let out2 = out_dir("usr1off");
     let mut nt = Command::new(BIN)
-        .args(["run", "--no-probes", "--no-trigger", "usr1", "--out", out2.to_str().unwrap(), "--", "bash", "-c", "sleep 2"])
+        .args([
+            "run",
+            "--no-probes",
+            "--no-trigger",
+            "usr1",
+            "--out",
+            out2.to_str().unwrap(),
+            "--",
+            "bash",
+            "-c",
+            "sleep 2",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -313,7 +548,11 @@ fn trigger_file_and_sigusr1_each_give_a_bundle() {
     // SAFETY: as above.
     unsafe { libc::kill(nt.id() as i32, libc::SIGUSR1) };
     assert!(nt.wait().unwrap().success());
-    assert_eq!(std::fs::read_dir(&out2).unwrap().count(), 0, "usr1 was turned off");
+    assert_eq!(
+        std::fs::read_dir(&out2).unwrap().count(),
+        0,
+        "usr1 was turned off"
+    );
     let _ = std::fs::remove_dir_all(&out);
     let _ = std::fs::remove_dir_all(&out2);
 }

@@ -23,19 +23,34 @@ struct Incident {
 
 fn corpus() -> Vec<Incident> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/incidents");
-    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "log")).collect();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
     files.sort();
     files
         .iter()
         .map(|p| {
             let text = std::fs::read_to_string(p).unwrap();
-            let head = |k: &str| text.lines().find_map(|l| l.strip_prefix(&format!("# {k}: "))).unwrap_or("").trim().to_string();
+            let head = |k: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(&format!("# {k}: ")))
+                    .unwrap_or("")
+                    .trim()
+                    .to_string()
+            };
             Incident {
                 file: p.file_name().unwrap().to_string_lossy().into_owned(),
                 source: head("source"),
                 cause: head("cause"),
                 machine: head("machine") == "yes",
-                lines: text.lines().filter(|l| !l.starts_with("# ")).map(String::from).collect(),
+                lines: text
+                    .lines()
+                    .filter(|l| !l.starts_with("# "))
+                    .map(String::from)
+                    .collect(),
             }
         })
         .collect()
@@ -64,7 +79,8 @@ fn analyse(inc: &Incident) -> nantrace::report::Analysis {
     for (i, line) in inc.lines.iter().enumerate() {
         let t = i as f64 * 0.2;
         let l = reader.read(line);
-        let mut e = json!({ "offset_s": t, "source": "log", "pid": 4242, "job": true, "line": line });
+        let mut e =
+            json!({ "offset_s": t, "source": "log", "pid": 4242, "job": true, "line": line });
         if let Some(f) = &l.fault {
             e["fault"] = serde_json::to_value(f).unwrap();
         }
@@ -72,7 +88,11 @@ fn analyse(inc: &Incident) -> nantrace::report::Analysis {
             e["step"] = json!(s);
         }
         if let Some(v) = l.loss {
-            e["loss"] = if v.is_finite() { json!(v) } else { json!("NaN") };
+            e["loss"] = if v.is_finite() {
+                json!(v)
+            } else {
+                json!("NaN")
+            };
         }
         if l.nonfinite {
             e["nonfinite"] = json!(true);
@@ -83,7 +103,10 @@ fn analyse(inc: &Incident) -> nantrace::report::Analysis {
     let end = inc.lines.len() as f64 * 0.2;
     let (ref_off, trigger) = match &first_nan {
         Some((t, _)) => (*t, json!({ "kind": "nan", "time": "2026-12-01T10:00:00Z" })),
-        None => (end, json!({ "kind": "exit", "time": "2026-12-01T10:00:00Z", "reason": "the job exited with code 1" })),
+        None => (
+            end,
+            json!({ "kind": "exit", "time": "2026-12-01T10:00:00Z", "reason": "the job exited with code 1" }),
+        ),
     };
     for e in &mut events {
         e["offset_s"] = json!(e["offset_s"].as_f64().unwrap() - ref_off);
@@ -104,34 +127,77 @@ fn analyse(inc: &Incident) -> nantrace::report::Analysis {
 #[test]
 fn whole_incidents_are_read_for_their_cause() {
     let all = corpus();
-    assert!(all.len() >= 40, "the whole-incident corpus has {} excerpts, fewer than 40", all.len());
+    assert!(
+        all.len() >= 40,
+        "the whole-incident corpus has {} excerpts, fewer than 40",
+        all.len()
+    );
     // Per (held out, cause): (the machine question right, the family right, incidents).
     let mut per: BTreeMap<(bool, String), (usize, usize, usize)> = BTreeMap::new();
     let mut wrong = Vec::new();
     for inc in &all {
-        assert!(inc.source.starts_with("https://"), "{}: no source URL", inc.file);
+        assert!(
+            inc.source.starts_with("https://"),
+            "{}: no source URL",
+            inc.file
+        );
         let want = expected(&inc.cause);
-        assert!(!want.is_empty(), "{}: unknown cause {:?}", inc.file, inc.cause);
+        assert!(
+            !want.is_empty(),
+            "{}: unknown cause {:?}",
+            inc.file,
+            inc.cause
+        );
         let a = analyse(inc);
-        let family = a.family.trim_end_matches(nantrace::report::rules::JOB_WORDS_SUFFIX).to_string();
+        let family = a
+            .family
+            .trim_end_matches(nantrace::report::rules::JOB_WORDS_SUFFIX)
+            .to_string();
         // "Was it the machine?": POSSIBLY/PROBABLY for a machine cause, NOT THE MACHINE for
         // the job's own (UNDECIDED and CANNOT TELL answer neither).
-        let blames = a.verdict.starts_with("PROBABLY THE MACHINE") || a.verdict.starts_with("POSSIBLY THE MACHINE");
+        let blames = a.verdict.starts_with("PROBABLY THE MACHINE")
+            || a.verdict.starts_with("POSSIBLY THE MACHINE");
         let clears = a.verdict.starts_with("NOT THE MACHINE");
         let machine_ok = if inc.machine { blames } else { clears };
         let family_ok = want.contains(&family.as_str());
-        let held_out = inc.file.get(..3).and_then(|n| n.parse::<u32>().ok()).is_some_and(|n| n % 4 == 0);
+        let held_out = inc
+            .file
+            .get(..3)
+            .and_then(|n| n.parse::<u32>().ok())
+            .is_some_and(|n| n % 4 == 0);
         let e = per.entry((held_out, inc.cause.clone())).or_default();
         e.0 += usize::from(machine_ok);
         e.1 += usize::from(family_ok);
         e.2 += 1;
         if !(machine_ok && family_ok) {
-            wrong.push(format!("{}{} [{}, machine: {}] {}{} got {family:?}: {} ({})", inc.file, if held_out { " (held out)" } else { "" }, inc.cause, inc.machine, if machine_ok { "" } else { "MACHINE WRONG, " }, if family_ok { "" } else { "family wrong" }, a.verdict.chars().take(200).collect::<String>(), inc.source));
+            wrong.push(format!(
+                "{}{} [{}, machine: {}] {}{} got {family:?}: {} ({})",
+                inc.file,
+                if held_out { " (held out)" } else { "" },
+                inc.cause,
+                inc.machine,
+                if machine_ok { "" } else { "MACHINE WRONG, " },
+                if family_ok { "" } else { "family wrong" },
+                a.verdict.chars().take(200).collect::<String>(),
+                inc.source
+            ));
         }
     }
     for held in [false, true] {
-        let (m, f, n) = per.iter().filter(|((h, _), _)| *h == held).fold((0, 0, 0), |acc, (_, v)| (acc.0 + v.0, acc.1 + v.1, acc.2 + v.2));
-        eprintln!("{}: was it the machine {m}/{n} right, the cause's family {f}/{n}", if held { "held out (NNN divisible by 4)" } else { "the rest" });
+        let (m, f, n) = per
+            .iter()
+            .filter(|((h, _), _)| *h == held)
+            .fold((0, 0, 0), |acc, (_, v)| {
+                (acc.0 + v.0, acc.1 + v.1, acc.2 + v.2)
+            });
+        eprintln!(
+            "{}: was it the machine {m}/{n} right, the cause's family {f}/{n}",
+            if held {
+                "held out (NNN divisible by 4)"
+            } else {
+                "the rest"
+            }
+        );
         for ((h, cause), (m, f, n)) in &per {
             if *h == held {
                 eprintln!("  {cause:<12} machine {m}/{n}, family {f}/{n}");
@@ -141,11 +207,21 @@ fn whole_incidents_are_read_for_their_cause() {
     for w in &wrong {
         eprintln!("MISS {w}");
     }
-    let (machine, family, total) = per.values().fold((0, 0, 0), |acc, v| (acc.0 + v.0, acc.1 + v.1, acc.2 + v.2));
+    let (machine, family, total) = per
+        .values()
+        .fold((0, 0, 0), |acc, v| (acc.0 + v.0, acc.1 + v.1, acc.2 + v.2));
     // The floors this corpus is held to (measured when it was added, docs/log-formats.md): a
     // regression below them fails; every miss is printed with its verdict and its thread.
-    assert!(machine * 100 >= total * MACHINE_FLOOR_PCT, "was it the machine: {machine}/{total} right, under {MACHINE_FLOOR_PCT}%:\n{}", wrong.join("\n"));
-    assert!(family * 100 >= total * FAMILY_FLOOR_PCT, "the cause's family: {family}/{total} right, under {FAMILY_FLOOR_PCT}%:\n{}", wrong.join("\n"));
+    assert!(
+        machine * 100 >= total * MACHINE_FLOOR_PCT,
+        "was it the machine: {machine}/{total} right, under {MACHINE_FLOOR_PCT}%:\n{}",
+        wrong.join("\n")
+    );
+    assert!(
+        family * 100 >= total * FAMILY_FLOOR_PCT,
+        "the cause's family: {family}/{total} right, under {FAMILY_FLOOR_PCT}%:\n{}",
+        wrong.join("\n")
+    );
 }
 
 /// The lowest shares of whole incidents read right that the suite accepts.

@@ -19,7 +19,8 @@ fn run_job(tag: &str, script: &str, extra: &[&str]) -> (Option<i32>, Value, Stri
         .expect("run nantrace");
     eprintln!("{}", String::from_utf8_lossy(&o.stderr));
     let b = only_bundle(&out);
-    let t: Value = serde_json::from_str(&std::fs::read_to_string(b.join("timeline.json")).unwrap()).unwrap();
+    let t: Value =
+        serde_json::from_str(&std::fs::read_to_string(b.join("timeline.json")).unwrap()).unwrap();
     let r = std::fs::read_to_string(b.join("report.md")).unwrap();
     let _ = std::fs::remove_dir_all(&out);
     (o.status.code(), t, r)
@@ -30,7 +31,12 @@ fn verdict(report: &str) -> &str {
 }
 
 fn fault_events(t: &Value) -> Vec<&Value> {
-    t["events"].as_array().unwrap().iter().filter(|e| e["source"] == "log" && e["fault"].is_object()).collect()
+    t["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["source"] == "log" && e["fault"].is_object())
+        .collect()
 }
 
 #[test]
@@ -76,10 +82,16 @@ exit 1"#;
     let v = verdict(&r);
     assert!(v.starts_with("**POSSIBLY THE MACHINE (GPU), in the job's own words only: job output: uncorrectable ECC error"), "{v}");
     assert!(!r.contains("NOT THE MACHINE"), "{r}");
-    assert!(r.contains("ibv status 12 (transport retry counter exceeded"), "{r}");
+    assert!(
+        r.contains("ibv status 12 (transport retry counter exceeded"),
+        "{r}"
+    );
     assert!(r.contains("ALLREDUCE SeqNum=77 timeout 600000 ms"), "{r}");
     assert_eq!(fault_events(&t).len(), 3);
-    assert!(t["first_nan"]["line"].as_str().unwrap().contains("loss=nan"));
+    assert!(t["first_nan"]["line"]
+        .as_str()
+        .unwrap()
+        .contains("loss=nan"));
 }
 
 #[test]
@@ -89,12 +101,30 @@ fn a_software_line_never_blames_the_machine_and_the_trigger_can_be_turned_off() 
     }
     let (rc, t, r) = run_job("sw", "echo 'step 1 | loss 2.3'; echo 'RuntimeError: CUDA error: device-side assert triggered' >&2; echo 'CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.' >&2; exit 3", &[]);
     assert_eq!(rc, Some(3));
-    assert_eq!(t["trigger"]["kind"], "exit", "a software line does not trigger by itself");
+    assert_eq!(
+        t["trigger"]["kind"], "exit",
+        "a software line does not trigger by itself"
+    );
     let v = verdict(&r);
-    assert!(v.starts_with("**NOT THE MACHINE (software/configuration)"), "{v}");
-    assert_eq!(fault_events(&t).len(), 1, "the boilerplate hint is not evidence");
+    assert!(
+        v.starts_with("**NOT THE MACHINE (software/configuration)"),
+        "{v}"
+    );
+    assert_eq!(
+        fault_events(&t).len(),
+        1,
+        "the boilerplate hint is not evidence"
+    );
     // --no-trigger job-error: the exit is the trigger, the line is still the evidence.
-    let (_, t, r) = run_job("off", "echo 'OSError: [Errno 5] Input/output error' >&2; exit 1", &["--no-trigger", "job-error"]);
+    let (_, t, r) = run_job(
+        "off",
+        "echo 'OSError: [Errno 5] Input/output error' >&2; exit 1",
+        &["--no-trigger", "job-error"],
+    );
     assert_eq!(t["trigger"]["kind"], "exit");
-    assert!(verdict(&r).starts_with("**POSSIBLY THE MACHINE (storage), in the job's own words only"), "{}", verdict(&r));
+    assert!(
+        verdict(&r).starts_with("**POSSIBLY THE MACHINE (storage), in the job's own words only"),
+        "{}",
+        verdict(&r)
+    );
 }

@@ -15,7 +15,9 @@ fn xid_written_to_kmsg_arrives_decoded() {
     let w = Watch::start(&[]);
     let t0 = std::time::Instant::now();
     kmsg("NVRM: Xid (PCI:0000:3b:00): 79, pid=31337, name=python3, GPU has fallen off the bus.");
-    let (e, _) = w.wait_for("Xid 79 event", Duration::from_secs(10), |v| v["source"] == "xid" && v["xid_pid"] == 31337);
+    let (e, _) = w.wait_for("Xid 79 event", Duration::from_secs(10), |v| {
+        v["source"] == "xid" && v["xid_pid"] == 31337
+    });
     let latency = t0.elapsed();
     assert_eq!(e["xid"], 79);
     assert_eq!(e["pci"], "0000:3b:00.0");
@@ -25,7 +27,9 @@ fn xid_written_to_kmsg_arrives_decoded() {
     eprintln!("Xid arrived {latency:?} after the write");
     // An AER line in the newer format, through the same printk path.
     kmsg("pcieport 0000:00:03.1: AER: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=Transaction Layer, (Requester ID)");
-    let (a, _) = w.wait_for("AER text event", Duration::from_secs(10), |v| v["source"] == "aer");
+    let (a, _) = w.wait_for("AER text event", Duration::from_secs(10), |v| {
+        v["source"] == "aer"
+    });
     assert_eq!(a["severity"], "error");
     assert_eq!(a["device"], "0000:00:03.1");
     let acct = w.stop();
@@ -49,31 +53,49 @@ fn exit_code_and_sigkill_of_job_processes() {
     let root_pid = root.id().to_string();
     let w = Watch::start(&["--pid", &root_pid]);
     std::fs::write(&go, "").unwrap();
-    let (e3, _) = w.wait_for("exit code 3", Duration::from_secs(10), |v| v["source"] == "exit" && v["exit_code"] == 3);
+    let (e3, _) = w.wait_for("exit code 3", Duration::from_secs(10), |v| {
+        v["source"] == "exit" && v["exit_code"] == 3
+    });
     assert_eq!(e3["job"], true);
     // The exiting task's name and ids in the header (read from the task on the BTF path).
     assert_eq!(e3["comm"], "sh", "{e3}");
     assert_eq!(e3["tid"], e3["pid"], "{e3}");
-    let (k, _) = w.wait_for("SIGKILL exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["signal"] == "SIGKILL");
-    let kid: u64 = std::fs::read_to_string(format!("{}.kid", go.display())).unwrap().trim().parse().unwrap();
+    let (k, _) = w.wait_for("SIGKILL exit", Duration::from_secs(10), |v| {
+        v["source"] == "exit" && v["signal"] == "SIGKILL"
+    });
+    let kid: u64 = std::fs::read_to_string(format!("{}.kid", go.display()))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert_eq!(k["pid"].as_u64(), Some(kid));
     assert_eq!(k["job"], true);
     assert_eq!(k["exit_code"], serde_json::Value::Null);
-    let (s, _) = w.wait_for("SIGKILL signal", Duration::from_secs(10), |v| v["source"] == "signal" && v["target_pid"].as_u64() == Some(kid));
+    let (s, _) = w.wait_for("SIGKILL signal", Duration::from_secs(10), |v| {
+        v["source"] == "signal" && v["target_pid"].as_u64() == Some(kid)
+    });
     assert_eq!(s["signal"], "SIGKILL");
     assert_eq!(s["job"], true);
     // kill(2) from the shell: SI_USER (0), and the target's own name (the background job is
     // killed at once, often before its fork has exec'd sleep).
     assert_eq!(s["si_code"], 0, "{s}");
-    assert!(s["target_comm"] == "sleep" || s["target_comm"] == "sh", "{s}");
+    assert!(
+        s["target_comm"] == "sleep" || s["target_comm"] == "sh",
+        "{s}"
+    );
     assert_eq!(root.wait().unwrap().code(), Some(0));
-    let (r, _) = w.wait_for("root exit 0", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(u64::from(root.id())));
+    let (r, _) = w.wait_for("root exit 0", Duration::from_secs(10), |v| {
+        v["source"] == "exit" && v["pid"].as_u64() == Some(u64::from(root.id()))
+    });
     assert_eq!(r["exit_code"], 0);
     // Forks of the job are attributed: the `sh -c 'exit 3'` child and the sleep.
     let forks = w.all(|v| v["source"] == "fork" && v["pid"].as_u64() == Some(u64::from(root.id())));
     assert!(forks.len() >= 2, "forks of the root: {forks:?}");
     assert!(forks.iter().any(|f| f["child_pid"].as_u64() == Some(kid)));
-    assert_probe_path(&w.stop(), &["sched:sched_process_fork", "sched:sched_process_exit"]);
+    assert_probe_path(
+        &w.stop(),
+        &["sched:sched_process_fork", "sched:sched_process_exit"],
+    );
     let _ = std::fs::remove_file(&go);
     let _ = std::fs::remove_file(format!("{}.kid", go.display()));
 }
@@ -83,7 +105,10 @@ fn oom_kill_in_memory_limited_cgroup_is_a_job_event() {
     if !privileged("oom_kill_in_memory_limited_cgroup_is_a_job_event") {
         return;
     }
-    let cg = MemCgroup::new(&format!("nantrace-test-oom-{}", std::process::id()), 48 << 20);
+    let cg = MemCgroup::new(
+        &format!("nantrace-test-oom-{}", std::process::id()),
+        48 << 20,
+    );
     let go = std::env::temp_dir().join(format!("nt-oom-go-{}", std::process::id()));
     let _ = std::fs::remove_file(&go);
     // The root (watched) forks a shell that joins the cgroup and becomes `tail /dev/zero`,
@@ -99,35 +124,62 @@ fn oom_kill_in_memory_limited_cgroup_is_a_job_event() {
         .unwrap();
     let w = Watch::start(&["--pid", &root.id().to_string()]);
     std::fs::write(&go, "").unwrap();
-    let (o, _) = w.wait_for("OOM victim", Duration::from_secs(30), |v| v["source"] == "oom");
-    let kid: u64 = std::fs::read_to_string(format!("{}.kid", go.display())).unwrap().trim().parse().unwrap();
+    let (o, _) = w.wait_for("OOM victim", Duration::from_secs(30), |v| {
+        v["source"] == "oom"
+    });
+    let kid: u64 = std::fs::read_to_string(format!("{}.kid", go.display()))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert_eq!(o["victim_pid"].as_u64(), Some(kid));
     assert_eq!(o["victim_job"], true);
     // Before 5.14 the record is the pid alone (no name, no sizes): the name is read from
     // /proc while the victim dies (it can be gone already), and the size is the kernel line's.
-    let format = std::fs::read_to_string("/sys/kernel/tracing/events/oom/mark_victim/format").unwrap_or_default();
+    let format = std::fs::read_to_string("/sys/kernel/tracing/events/oom/mark_victim/format")
+        .unwrap_or_default();
     let full_record = format.contains("anon_rss");
     let rss = o["anon_rss_kb"].as_u64().unwrap_or(0);
     if full_record {
         assert_eq!(o["victim_comm"], "tail");
         // The victim's RSS is in kB and fits the 48 MiB limit (it was 4x too large when the
         // tracepoint's kB values were taken for pages).
-        assert!(rss > 20_000 && rss <= 48 * 1024, "victim RSS {rss} kB, limit 49152 kB: {o}");
+        assert!(
+            rss > 20_000 && rss <= 48 * 1024,
+            "victim RSS {rss} kB, limit 49152 kB: {o}"
+        );
     } else {
         assert!(o["victim_comm"] == "tail" || o["victim_comm"] == "", "{o}");
-        eprintln!("oom:mark_victim has the pid only on this kernel; victim_comm from /proc: {}", o["victim_comm"]);
+        eprintln!(
+            "oom:mark_victim has the pid only on this kernel; victim_comm from /proc: {}",
+            o["victim_comm"]
+        );
     }
-    let (x, _) = w.wait_for("victim's exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(kid));
+    let (x, _) = w.wait_for("victim's exit", Duration::from_secs(10), |v| {
+        v["source"] == "exit" && v["pid"].as_u64() == Some(kid)
+    });
     assert_eq!(x["signal"], "SIGKILL");
     // The kernel's own OOM report line also arrives through printk.
-    let (line, _) = w.wait_for("OOM kill line", Duration::from_secs(10), |v| v["class"] == "oom_kill" && v["victim_pid"].as_u64() == Some(kid));
+    let (line, _) = w.wait_for("OOM kill line", Duration::from_secs(10), |v| {
+        v["class"] == "oom_kill" && v["victim_pid"].as_u64() == Some(kid)
+    });
     // Two witnesses of one kill agree on its size: the kernel's own line prints anon-rss in kB.
     let text = line["text"].as_str().unwrap_or("");
     // Either of the kernel's two lines of the kill names the victim.
-    assert!(text.contains("(tail)") || text.contains("task=tail,"), "{line}");
-    let kb = text.split("anon-rss:").nth(1).and_then(|r| r.split("kB").next()).and_then(|n| n.trim().parse::<u64>().ok());
+    assert!(
+        text.contains("(tail)") || text.contains("task=tail,"),
+        "{line}"
+    );
+    let kb = text
+        .split("anon-rss:")
+        .nth(1)
+        .and_then(|r| r.split("kB").next())
+        .and_then(|n| n.trim().parse::<u64>().ok());
     if let (Some(kb), true) = (kb, full_record) {
-        assert!(kb.abs_diff(rss) * 10 <= kb.max(1), "tracepoint {rss} kB vs kernel line {kb} kB");
+        assert!(
+            kb.abs_diff(rss) * 10 <= kb.max(1),
+            "tracepoint {rss} kB vs kernel line {kb} kB"
+        );
     }
     let _ = root.wait();
     let _ = std::fs::remove_file(&go);
@@ -142,34 +194,68 @@ fn odirect_writes_to_a_loop_device_give_block_events_with_latency() {
     let img = std::env::temp_dir().join(format!("nt-loop-{}.img", std::process::id()));
     let lo = LoopDev::new(&img, "32M", None);
     let (dev, minor) = (lo.dev.clone(), lo.minor);
-    let mut root = Gated::new("dd", &format!("dd if=/dev/zero of={dev} bs=4k count=64 oflag=direct,dsync 2>/dev/null"));
+    let mut root = Gated::new(
+        "dd",
+        &format!("dd if=/dev/zero of={dev} bs=4k count=64 oflag=direct,dsync 2>/dev/null"),
+    );
     // --slow-io-ms 0: every completed request is an event, so the test sees each one.
     let w = Watch::start(&["--pid", &root.id().to_string(), "--slow-io-ms", "0"]);
     root.go();
     assert!(root.wait().unwrap().success());
     let want = format!("7:{minor}");
-    let (b, _) = w.wait_for("block event on the loop device", Duration::from_secs(10), |v| v["source"] == "block" && v["dev"] == want.as_str());
+    let (b, _) = w.wait_for(
+        "block event on the loop device",
+        Duration::from_secs(10),
+        |v| v["source"] == "block" && v["dev"] == want.as_str(),
+    );
     assert_eq!(b["comm"], "dd");
     assert_eq!(b["job"], true);
     assert_eq!(b["error"], 0);
     assert!(b["latency_ms"].as_f64().unwrap() > 0.0);
     assert!(b["rwbs"].as_str().unwrap().starts_with('W'), "{b}");
     // The rest of the 64 follow; a slow machine (a TCG guest) delivers them over seconds.
-    let is_write = |v: &serde_json::Value| v["source"] == "block" && v["dev"] == want.as_str() && v["bytes"] == 4096;
+    let is_write = |v: &serde_json::Value| {
+        v["source"] == "block" && v["dev"] == want.as_str() && v["bytes"] == 4096
+    };
     let t0 = std::time::Instant::now();
     while w.all(is_write).len() < 64 && t0.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let writes = w.all(is_write);
-    assert!(writes.len() >= 60, "expected ~64 4 KiB writes on {want}, got {}", writes.len());
-    assert!(writes.iter().all(|v| v["job"] == true && v["comm"] == "dd"), "a write not attributed to the job's dd: {writes:?}");
+    assert!(
+        writes.len() >= 60,
+        "expected ~64 4 KiB writes on {want}, got {}",
+        writes.len()
+    );
+    assert!(
+        writes.iter().all(|v| v["job"] == true && v["comm"] == "dd"),
+        "a write not attributed to the job's dd: {writes:?}"
+    );
     let acct = w.stop();
     // Every completion is in the device's histogram, and nothing was given up.
-    let hist: u64 = acct["accounting"]["io_latency_histograms_log2_us"][want.as_str()].as_array().unwrap_or_else(|| panic!("no histogram for {want}: {acct}")).iter().filter_map(serde_json::Value::as_u64).sum();
-    assert!(hist >= writes.len() as u64, "{hist} completions in the histogram of {want}, {} write events", writes.len());
-    assert_eq!(acct["accounting"]["block_losses"]["job_requests_not_attributed"], 0, "{acct}");
-    assert_eq!(acct["accounting"]["block_losses"]["completions_not_in_histograms"], 0, "{acct}");
-    assert!(acct["accounting"]["block_losses"]["runs_skipped_nested"].is_u64(), "the kernel's recursion_misses of the block programs: {acct}");
+    let hist: u64 = acct["accounting"]["io_latency_histograms_log2_us"][want.as_str()]
+        .as_array()
+        .unwrap_or_else(|| panic!("no histogram for {want}: {acct}"))
+        .iter()
+        .filter_map(serde_json::Value::as_u64)
+        .sum();
+    assert!(
+        hist >= writes.len() as u64,
+        "{hist} completions in the histogram of {want}, {} write events",
+        writes.len()
+    );
+    assert_eq!(
+        acct["accounting"]["block_losses"]["job_requests_not_attributed"], 0,
+        "{acct}"
+    );
+    assert_eq!(
+        acct["accounting"]["block_losses"]["completions_not_in_histograms"], 0,
+        "{acct}"
+    );
+    assert!(
+        acct["accounting"]["block_losses"]["runs_skipped_nested"].is_u64(),
+        "the kernel's recursion_misses of the block programs: {acct}"
+    );
     assert_probe_path(&acct, &["block:block_rq_issue", "block:block_rq_complete"]);
 }
 
@@ -184,31 +270,55 @@ fn the_same_sectors_on_two_devices_at_once_are_each_the_jobs() {
         return;
     }
     let base = std::env::temp_dir().join(format!("nt-twin-{}", std::process::id()));
-    let (l1, l2) = (LoopDev::new(&base.with_extension("1.img"), "32M", None), LoopDev::new(&base.with_extension("2.img"), "32M", None));
+    let (l1, l2) = (
+        LoopDev::new(&base.with_extension("1.img"), "32M", None),
+        LoopDev::new(&base.with_extension("2.img"), "32M", None),
+    );
     // One writer per device, in step: both devices have a request in flight at the same
     // offset, usually with the same driver tag, most of the time.
-    let dd = |dev: &str| format!("dd if=/dev/zero of={dev} bs=4k count=1024 oflag=direct 2>/dev/null");
+    let dd =
+        |dev: &str| format!("dd if=/dev/zero of={dev} bs=4k count=1024 oflag=direct 2>/dev/null");
     let mut root = Gated::new("twin", &format!("{} & {} & wait", dd(&l1.dev), dd(&l2.dev)));
     let w = Watch::start(&["--pid", &root.id().to_string(), "--slow-io-ms", "0"]);
     root.go();
     assert!(root.wait().unwrap().success());
     let want = [format!("7:{}", l1.minor), format!("7:{}", l2.minor)];
     for d in &want {
-        w.wait_for("writes on both devices", Duration::from_secs(10), |v| v["source"] == "block" && v["dev"] == d.as_str());
+        w.wait_for("writes on both devices", Duration::from_secs(10), |v| {
+            v["source"] == "block" && v["dev"] == d.as_str()
+        });
     }
     for d in &want {
-        let is_write = |v: &serde_json::Value| v["source"] == "block" && v["dev"] == d.as_str() && v["bytes"] == 4096;
+        let is_write = |v: &serde_json::Value| {
+            v["source"] == "block" && v["dev"] == d.as_str() && v["bytes"] == 4096
+        };
         let t0 = std::time::Instant::now();
         while w.all(is_write).len() < 1024 && t0.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(20));
         }
         let writes = w.all(is_write);
-        assert!(writes.len() >= 1020, "expected 1024 4 KiB writes on {d}, got {}", writes.len());
-        let not_job: Vec<_> = writes.iter().filter(|v| v["job"] != true || v["comm"] != "dd").collect();
-        assert!(not_job.is_empty(), "{} of {} writes on {d} not attributed to the job's dd: {:?}", not_job.len(), writes.len(), not_job.first());
+        assert!(
+            writes.len() >= 1020,
+            "expected 1024 4 KiB writes on {d}, got {}",
+            writes.len()
+        );
+        let not_job: Vec<_> = writes
+            .iter()
+            .filter(|v| v["job"] != true || v["comm"] != "dd")
+            .collect();
+        assert!(
+            not_job.is_empty(),
+            "{} of {} writes on {d} not attributed to the job's dd: {:?}",
+            not_job.len(),
+            writes.len(),
+            not_job.first()
+        );
     }
     let acct = w.stop();
-    assert_eq!(acct["accounting"]["block_losses"]["job_requests_not_attributed"], 0, "{acct}");
+    assert_eq!(
+        acct["accounting"]["block_losses"]["job_requests_not_attributed"], 0,
+        "{acct}"
+    );
     assert_probe_path(&acct, &["block:block_rq_issue", "block:block_rq_complete"]);
 }
 
@@ -222,18 +332,35 @@ fn writes_past_a_full_backing_store_give_block_errors() {
     }
     let mnt = std::env::temp_dir().join(format!("nt-full-{}", std::process::id()));
     std::fs::create_dir_all(&mnt).unwrap();
-    sh_ok(&format!("mount -t tmpfs -o size=1M nantrace-test {}", mnt.display()));
-    let lo = LoopDev::new(&mnt.join("disk.img"), "16M", Some(format!("umount {0} && rmdir {0}", mnt.display())));
+    sh_ok(&format!(
+        "mount -t tmpfs -o size=1M nantrace-test {}",
+        mnt.display()
+    ));
+    let lo = LoopDev::new(
+        &mnt.join("disk.img"),
+        "16M",
+        Some(format!("umount {0} && rmdir {0}", mnt.display())),
+    );
     let (dev, minor) = (lo.dev.clone(), lo.minor);
-    let mut root = Gated::new("full", &format!("dd if=/dev/zero of={dev} bs=64k count=64 oflag=direct 2>/dev/null; exit 0"));
+    let mut root = Gated::new(
+        "full",
+        &format!("dd if=/dev/zero of={dev} bs=64k count=64 oflag=direct 2>/dev/null; exit 0"),
+    );
     let w = Watch::start(&["--pid", &root.id().to_string()]);
     root.go();
     assert!(root.wait().unwrap().success());
     let want = format!("7:{minor}");
-    let (b, _) = w.wait_for("block error on the loop device", Duration::from_secs(10), |v| v["source"] == "block" && v["dev"] == want.as_str() && v["error"] != 0);
+    let (b, _) = w.wait_for(
+        "block error on the loop device",
+        Duration::from_secs(10),
+        |v| v["source"] == "block" && v["dev"] == want.as_str() && v["error"] != 0,
+    );
     // ENOSPC from the full tmpfs; 5.10's loop driver completes such a write with
     // BLK_STS_IOERR, which the kernel's own tracefs record shows as -5 too.
-    assert!(b["error"] == -28 || b["error"] == -5, "ENOSPC (or EIO before 5.12) from the full tmpfs: {b}");
+    assert!(
+        b["error"] == -28 || b["error"] == -5,
+        "ENOSPC (or EIO before 5.12) from the full tmpfs: {b}"
+    );
     assert_eq!(b["job"], true, "the job's dd issued it: {b}");
     assert_eq!(b["comm"], "dd");
     assert!(b["rwbs"].as_str().unwrap().starts_with('W'), "{b}");
@@ -277,12 +404,19 @@ fn dropped_packets_between_namespaces_give_tcp_retransmits() {
     // This connection's own retransmits, by its source port: a connection left by an earlier
     // run of this test (same addresses, in a namespace the kernel is still tearing down) can
     // still be retransmitting, and this watch sees the whole machine.
-    let ours = |v: &serde_json::Value| v["source"] == "tcp_retransmit" && v["dport"] == port && v["sport"].as_u64() == Some(u64::from(sport));
+    let ours = |v: &serde_json::Value| {
+        v["source"] == "tcp_retransmit"
+            && v["dport"] == port
+            && v["sport"].as_u64() == Some(u64::from(sport))
+    };
     let (r, _) = w.wait_for("TCP retransmit", Duration::from_secs(10), ours);
     assert_eq!(r["saddr"], "10.213.0.1");
     assert_eq!(r["daddr"], "10.213.0.2");
     assert_eq!(r["state"], "ESTABLISHED");
-    assert!(w.all(ours).len() >= 2, "RTO backoff should give several retransmits in 1.5 s");
+    assert!(
+        w.all(ours).len() >= 2,
+        "RTO backoff should give several retransmits in 1.5 s"
+    );
     drop(net);
     let _ = server.join();
 }
@@ -306,29 +440,64 @@ fn a_jobs_threads_are_not_reported_as_forks() {
     let went = mono_ns();
     root.go();
     assert!(root.wait().unwrap().success());
-    let (x, _) = w.wait_for("exec of the threaded process", Duration::from_secs(10), |v| v["source"] == "exec" && v["filename"].as_str().is_some_and(|f| f.ends_with("/nantrace")));
+    let (x, _) = w.wait_for(
+        "exec of the threaded process",
+        Duration::from_secs(10),
+        |v| {
+            v["source"] == "exec"
+                && v["filename"]
+                    .as_str()
+                    .is_some_and(|f| f.ends_with("/nantrace"))
+        },
+    );
     let gen = x["pid"].as_u64().unwrap();
     // The header carries the name after exec.
     assert_eq!(x["comm"], "nantrace", "{x}");
     assert_eq!(x["filename"], BIN, "{x}");
-    let (sx, _) = w.wait_for("exec of the script", Duration::from_secs(10), |v| v["source"] == "exec" && v["comm"].as_str().is_some_and(|c| c.starts_with("nt-script")));
-    assert_eq!(sx["filename"], script.to_str().unwrap(), "the script's path, not /bin/sh: {sx}");
-    let (f, _) = w.wait_for("the fork that made it", Duration::from_secs(10), |v| v["source"] == "fork" && v["child_pid"].as_u64() == Some(gen));
+    let (sx, _) = w.wait_for("exec of the script", Duration::from_secs(10), |v| {
+        v["source"] == "exec"
+            && v["comm"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("nt-script"))
+    });
+    assert_eq!(
+        sx["filename"],
+        script.to_str().unwrap(),
+        "the script's path, not /bin/sh: {sx}"
+    );
+    let (f, _) = w.wait_for("the fork that made it", Duration::from_secs(10), |v| {
+        v["source"] == "fork" && v["child_pid"].as_u64() == Some(gen)
+    });
     assert_eq!(f["pid"].as_u64(), Some(root_pid));
     assert_eq!(f["tid"].as_u64(), Some(root_pid), "{f}");
     assert_eq!(f["comm"], "sh", "{f}");
     assert_eq!(f["child_comm"], "sh", "{f}");
     // The fork's time (the child's `start_time` on the BTF path) is on the clock of the other
     // events: after the go, before the child's exec.
-    let (tf, tx) = (f["mono_ns"].as_u64().unwrap(), x["mono_ns"].as_u64().unwrap());
+    let (tf, tx) = (
+        f["mono_ns"].as_u64().unwrap(),
+        x["mono_ns"].as_u64().unwrap(),
+    );
     assert!(went <= tf && tf <= tx, "go {went}, fork {tf}, exec {tx}");
-    let (e, _) = w.wait_for("its exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(gen));
+    let (e, _) = w.wait_for("its exit", Duration::from_secs(10), |v| {
+        v["source"] == "exit" && v["pid"].as_u64() == Some(gen)
+    });
     assert_eq!(e["exit_code"], 0, "{e}");
     assert_eq!(e["comm"], "nantrace", "{e}");
     std::thread::sleep(Duration::from_millis(200));
     let thread_forks = w.all(|v| v["source"] == "fork" && v["pid"].as_u64() == Some(gen));
-    assert!(thread_forks.is_empty(), "threads reported as forks: {thread_forks:?}");
-    assert_probe_path(&w.stop(), &["sched:sched_process_fork", "sched:sched_process_exec", "sched:sched_process_exit"]);
+    assert!(
+        thread_forks.is_empty(),
+        "threads reported as forks: {thread_forks:?}"
+    );
+    assert_probe_path(
+        &w.stop(),
+        &[
+            "sched:sched_process_fork",
+            "sched:sched_process_exec",
+            "sched:sched_process_exit",
+        ],
+    );
 }
 
 /// A real fault: the kernel's own siginfo (SEGV_MAPERR, 1) reaches the signal event through
@@ -359,7 +528,10 @@ fn a_segfault_is_a_fatal_signal_with_its_kernel_siginfo() {
                     libc::write(f, c"0".as_ptr().cast(), 1);
                     libc::close(f);
                 }
-                let unlimited = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+                let unlimited = libc::rlimit {
+                    rlim_cur: libc::RLIM_INFINITY,
+                    rlim_max: libc::RLIM_INFINITY,
+                };
                 libc::setrlimit(libc::RLIMIT_CORE, &unlimited);
                 libc::chdir(core_dir_c.as_ptr());
             }
@@ -376,12 +548,19 @@ fn a_segfault_is_a_fatal_signal_with_its_kernel_siginfo() {
     let mut status = 0;
     // SAFETY: our own child.
     unsafe { libc::waitpid(child, &mut status, 0) };
-    assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSEGV, "status {status:#x}");
-    let (s, _) = w.wait_for("SIGSEGV signal", Duration::from_secs(10), |v| v["source"] == "signal" && v["target_pid"].as_i64() == Some(i64::from(child)));
+    assert!(
+        libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSEGV,
+        "status {status:#x}"
+    );
+    let (s, _) = w.wait_for("SIGSEGV signal", Duration::from_secs(10), |v| {
+        v["source"] == "signal" && v["target_pid"].as_i64() == Some(i64::from(child))
+    });
     assert_eq!(s["signal"], "SIGSEGV");
     assert_eq!(s["si_code"], 1, "SEGV_MAPERR: {s}");
     assert_eq!(s["job"], true);
-    let (x, _) = w.wait_for("its exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_i64() == Some(i64::from(child)));
+    let (x, _) = w.wait_for("its exit", Duration::from_secs(10), |v| {
+        v["source"] == "exit" && v["pid"].as_i64() == Some(i64::from(child))
+    });
     assert_eq!(x["signal"], "SIGSEGV", "{x}");
     // The core dump is what wait(2) says (WCOREDUMP) on the BTF path; the tracefs path does
     // not know, and says nothing.
@@ -396,7 +575,10 @@ fn a_segfault_is_a_fatal_signal_with_its_kernel_siginfo() {
         assert!(x.get("core_dumped").is_none(), "{x}");
     }
     let _ = std::fs::remove_file(go.to_str().unwrap());
-    assert_probe_path(&w.stop(), &["signal:signal_generate", "sched:sched_process_exit"]);
+    assert_probe_path(
+        &w.stop(),
+        &["signal:signal_generate", "sched:sched_process_exit"],
+    );
 }
 
 /// A process whose main thread ends first (pthread_exit in the main thread; the old leader's
@@ -413,17 +595,33 @@ fn a_process_whose_main_thread_ended_stays_the_jobs() {
     let w = Watch::start(&["--pid", &root_pid.to_string()]);
     root.go();
     assert_eq!(root.wait().unwrap().code(), Some(5));
-    let (x, _) = w.wait_for("the exec of /bin/true after the main thread ended", Duration::from_secs(10), |v| v["source"] == "exec" && v["filename"].as_str().is_some_and(|f| f.ends_with("/true")));
+    let (x, _) = w.wait_for(
+        "the exec of /bin/true after the main thread ended",
+        Duration::from_secs(10),
+        |v| v["source"] == "exec" && v["filename"].as_str().is_some_and(|f| f.ends_with("/true")),
+    );
     assert_eq!(x["job"], true);
     let kid = x["pid"].as_u64().unwrap();
-    let (f, _) = w.wait_for("the fork by the remaining thread", Duration::from_secs(10), |v| v["source"] == "fork" && v["child_pid"].as_u64() == Some(kid));
+    let (f, _) = w.wait_for(
+        "the fork by the remaining thread",
+        Duration::from_secs(10),
+        |v| v["source"] == "fork" && v["child_pid"].as_u64() == Some(kid),
+    );
     assert_eq!(f["pid"].as_u64(), Some(root_pid), "{f}");
     // The forking thread is not the leader: the header's tid is its own.
-    assert!(f["tid"].as_u64().is_some_and(|t| t != root_pid && t > 0), "{f}");
-    let (e, _) = w.wait_for("the process's exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(root_pid));
+    assert!(
+        f["tid"].as_u64().is_some_and(|t| t != root_pid && t > 0),
+        "{f}"
+    );
+    let (e, _) = w.wait_for("the process's exit", Duration::from_secs(10), |v| {
+        v["source"] == "exit" && v["pid"].as_u64() == Some(root_pid)
+    });
     assert_eq!(e["exit_code"], 5, "{e}");
     assert_eq!(e["job"], true);
-    assert_probe_path(&w.stop(), &["sched:sched_process_fork", "sched:sched_process_exit"]);
+    assert_probe_path(
+        &w.stop(),
+        &["sched:sched_process_fork", "sched:sched_process_exit"],
+    );
 }
 
 /// No exit_group: the main thread ends with the exit syscall (code 0), then the last thread
@@ -436,21 +634,37 @@ fn the_exit_code_is_what_wait_reports_when_the_last_thread_is_not_the_leader() {
     if !privileged("the_exit_code_is_what_wait_reports_when_the_last_thread_is_not_the_leader") {
         return;
     }
-    let mut root = Gated::new("lastthread", &format!("exec {BIN} bench-internal thread-exit-last"));
+    let mut root = Gated::new(
+        "lastthread",
+        &format!("exec {BIN} bench-internal thread-exit-last"),
+    );
     let root_pid = u64::from(root.id());
     let w = Watch::start(&["--pid", &root_pid.to_string()]);
     root.go();
-    let code = root.wait().unwrap().code().expect("an exit code, not a signal");
+    let code = root
+        .wait()
+        .unwrap()
+        .code()
+        .expect("an exit code, not a signal");
     eprintln!("wait(2) reports exit code {code}");
-    let (e, _) = w.wait_for("the process's exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(root_pid));
+    let (e, _) = w.wait_for("the process's exit", Duration::from_secs(10), |v| {
+        v["source"] == "exit" && v["pid"].as_u64() == Some(root_pid)
+    });
     assert_eq!(e["job"], true);
     assert_eq!(e["signal"], serde_json::Value::Null, "{e}");
     // The last thread out is not the leader: the header's tid is its own.
-    assert!(e["tid"].as_u64().is_some_and(|t| t != root_pid && t > 0), "{e}");
+    assert!(
+        e["tid"].as_u64().is_some_and(|t| t != root_pid && t > 0),
+        "{e}"
+    );
     if expect_btf_for("sched:sched_process_exit") {
         assert_eq!(e["exit_code"], code, "{e}");
     } else {
-        assert_eq!(e["exit_code"], serde_json::Value::Null, "no exit_group, no code on tracefs: {e}");
+        assert_eq!(
+            e["exit_code"],
+            serde_json::Value::Null,
+            "no exit_group, no code on tracefs: {e}"
+        );
     }
     assert_probe_path(&w.stop(), &["sched:sched_process_exit"]);
 }
@@ -472,30 +686,52 @@ fn machine_wide_abnormal_exits_and_a_caught_signal() {
          sleep 30 & echo $! > term; kill -TERM $!; wait; exit 0",
         d = dir.display()
     );
-    let st = std::process::Command::new("sh").arg("-c").arg(&script).status().unwrap();
+    let st = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .status()
+        .unwrap();
     assert!(st.success());
     let pid = |name: &str| u64::from(pid_from(&dir.join(name), name));
     let (seven, caught, clean, term) = (pid("seven"), pid("caught"), pid("clean"), pid("term"));
-    let (e, _) = w.wait_for("exit 7 outside any job", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(seven));
+    let (e, _) = w.wait_for("exit 7 outside any job", Duration::from_secs(10), |v| {
+        v["source"] == "exit" && v["pid"].as_u64() == Some(seven)
+    });
     assert_eq!(e["exit_code"], 7, "{e}");
     assert_eq!(e["job"], false, "{e}");
-    let (t, _) = w.wait_for("the SIGTERM exit", Duration::from_secs(10), |v| v["source"] == "exit" && v["pid"].as_u64() == Some(term));
+    let (t, _) = w.wait_for("the SIGTERM exit", Duration::from_secs(10), |v| {
+        v["source"] == "exit" && v["pid"].as_u64() == Some(term)
+    });
     assert_eq!(t["signal"], "SIGTERM", "{t}");
     assert_eq!(t["exit_code"], serde_json::Value::Null, "{t}");
     // Both came after these two processes had ended: a wrong event for them is in by now.
-    let wrong = w.all(|v| v["source"] == "exit" && (v["pid"].as_u64() == Some(caught) || v["pid"].as_u64() == Some(clean)));
-    assert!(wrong.is_empty(), "exits reported for a clean exit or a caught SIGTERM: {wrong:?}");
+    let wrong = w.all(|v| {
+        v["source"] == "exit"
+            && (v["pid"].as_u64() == Some(caught) || v["pid"].as_u64() == Some(clean))
+    });
+    assert!(
+        wrong.is_empty(),
+        "exits reported for a clean exit or a caught SIGTERM: {wrong:?}"
+    );
     let sig = w.all(|v| v["source"] == "signal" && v["target_pid"].as_u64() == Some(caught));
-    assert!(sig.iter().any(|s| s["signal"] == "SIGTERM"), "the caught SIGTERM was still sent: {sig:?}");
+    assert!(
+        sig.iter().any(|s| s["signal"] == "SIGTERM"),
+        "the caught SIGTERM was still sent: {sig:?}"
+    );
     assert_probe_path(&w.stop(), &["sched:sched_process_exit"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// CLOCK_MONOTONIC now, in ns: the clock of the events' `mono_ns`.
 fn mono_ns() -> u64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: a valid out pointer.
-    assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut t) }, 0);
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut t) },
+        0
+    );
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
-

@@ -21,25 +21,44 @@ fn an_xid_arrives_with_a_quiet_console_from_either_kernel_log_source() {
     for (pid, env) in [(4242, &[][..]), (4243, &[("NANTRACE_KLOG", "kmsg")][..])] {
         let w = Watch::start_env(&[], env);
         let before = mono_ns();
-        kmsg(&format!("NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python3, GPU has fallen off the bus."));
-        let (e, _) = w.wait_for("Xid 79 event with a quiet console", Duration::from_secs(10), |v| v["source"] == "xid" && v["xid_pid"] == pid);
+        kmsg(&format!(
+            "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python3, GPU has fallen off the bus."
+        ));
+        let (e, _) = w.wait_for(
+            "Xid 79 event with a quiet console",
+            Duration::from_secs(10),
+            |v| v["source"] == "xid" && v["xid_pid"] == pid,
+        );
         let after = mono_ns();
         assert_eq!(e["xid"], 79);
         assert_eq!(e["pci"], "0000:3b:00.0");
         assert_eq!(e["xid_process"], "python3");
         let t = e["mono_ns"].as_u64().unwrap();
         // 5 ms of slack: /dev/kmsg's clock is fitted to the monotonic one on a marker.
-        assert!(t + 5_000_000 >= before && t <= after + 5_000_000, "event time {t} outside the write {before}..{after}: {e}");
+        assert!(
+            t + 5_000_000 >= before && t <= after + 5_000_000,
+            "event time {t} outside the write {before}..{after}: {e}"
+        );
         let acct = w.stop();
         let src = &acct["accounting"]["kernel_log"];
         eprintln!("kernel log source: {src}");
         if env.is_empty() {
-            assert!(src["source"] == "printk:console" || src["source"] == "/dev/kmsg", "{src}");
+            assert!(
+                src["source"] == "printk:console" || src["source"] == "/dev/kmsg",
+                "{src}"
+            );
         } else {
             assert_eq!(src["source"], "/dev/kmsg", "{src}");
-            assert_eq!(acct["accounting"]["kernel_drops"]["kmsg_overwritten"], 0, "{acct}");
+            assert_eq!(
+                acct["accounting"]["kernel_drops"]["kmsg_overwritten"], 0,
+                "{acct}"
+            );
             let attached = acct["accounting"]["probes_attached"].as_array().unwrap();
-            assert!(attached.iter().any(|p| p == "/dev/kmsg") && !attached.iter().any(|p| p == "printk:console"), "one source only: {attached:?}");
+            assert!(
+                attached.iter().any(|p| p == "/dev/kmsg")
+                    && !attached.iter().any(|p| p == "printk:console"),
+                "one source only: {attached:?}"
+            );
         }
         // One event per line: the two sources never both deliver it.
         assert_eq!(w_count_xid(&acct), 1, "{acct}");
@@ -64,30 +83,63 @@ fn an_xid_forged_in_a_file_name_is_not_an_xid() {
     sh_ok(&format!("chmod 755 {}", dir.0.display()));
     let src = dir.0.join("segv.c");
     std::fs::write(&src, "int main(void) { return *(volatile int *)0; }\n").unwrap();
-    let forged = "x\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.\n";
+    let forged =
+        "x\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.\n";
     let exe = dir.0.join(forged);
-    let o = std::process::Command::new("gcc").arg("-O0").arg("-o").arg(&exe).arg(&src).output().expect("gcc (CI installs it)");
-    assert!(o.status.success(), "gcc: {}", String::from_utf8_lossy(&o.stderr));
+    let o = std::process::Command::new("gcc")
+        .arg("-O0")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("gcc (CI installs it)");
+    assert!(
+        o.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     // Segfault reports are printed when debug.exception-trace is 1 (the default).
     let trace = std::fs::read_to_string("/proc/sys/debug/exception-trace").unwrap_or_default();
     for env in [&[][..], &[("NANTRACE_KLOG", "kmsg")][..]] {
         let w = Watch::start_env(&[], env);
-        let st = std::process::Command::new("setpriv").args(["--reuid", "65534", "--regid", "65534", "--clear-groups"]).arg(&exe).status().unwrap();
+        let st = std::process::Command::new("setpriv")
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .arg(&exe)
+            .status()
+            .unwrap();
         assert!(!st.success(), "the forger did not fault: {st}");
         if trace.trim() == "1" {
-            w.wait_for("the forged text in the kernel log", Duration::from_secs(10), |v| v["source"] == "kmsg" && v["text"].as_str().is_some_and(|t| t.contains("GPU has fallen off the bus")));
+            w.wait_for(
+                "the forged text in the kernel log",
+                Duration::from_secs(10),
+                |v| {
+                    v["source"] == "kmsg"
+                        && v["text"]
+                            .as_str()
+                            .is_some_and(|t| t.contains("GPU has fallen off the bus"))
+                },
+            );
         }
         std::thread::sleep(Duration::from_millis(500));
         let xids = w.all(|v| v["source"] == "xid");
-        assert!(xids.is_empty(), "a forged Xid became evidence ({env:?}): {xids:?}");
+        assert!(
+            xids.is_empty(),
+            "a forged Xid became evidence ({env:?}): {xids:?}"
+        );
         let acct = w.stop();
         assert_eq!(acct["accounting"]["events"].get("xid"), None, "{acct}");
     }
 }
 
 fn mono_ns() -> u64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: a valid out pointer.
-    assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut t) }, 0);
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut t) },
+        0
+    );
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }

@@ -38,31 +38,60 @@ fn job_membership_follows_forks_threads_and_exits() {
     std::fs::write(&go, "").unwrap();
     let t0 = std::time::Instant::now();
     let child = pid_from(&kid, "the child's pid");
-    assert!(probes.is_job_pid(child), "the fork program did not mark the job's child {child}");
+    assert!(
+        probes.is_job_pid(child),
+        "the fork program did not mark the job's child {child}"
+    );
     // Its threads, once it has started them.
     let mut tids = Vec::new();
     while tids.len() < 4 && t0.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(20));
-        tids = std::fs::read_dir(format!("/proc/{child}/task")).map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()).collect()).unwrap_or_default();
+        tids = std::fs::read_dir(format!("/proc/{child}/task"))
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
     }
     assert!(tids.len() >= 4, "the generator has threads {tids:?}");
     for t in &tids {
-        assert!(probes.is_job_pid(*t), "thread {t} of the job's process {child} is not marked");
+        assert!(
+            probes.is_job_pid(*t),
+            "thread {t} of the job's process {child} is not marked"
+        );
     }
-    assert!(!probes.is_job_pid(me), "the test process (outside the job) is marked");
+    assert!(
+        !probes.is_job_pid(me),
+        "the test process (outside the job) is marked"
+    );
     // Marks of neighbouring pids are independent bytes: setting and clearing an unmarked pid
     // in the same 8-byte element leaves the kernel's mark of the child beside it alone.
-    let other = (child & !7..(child & !7) + 8).find(|p| !probes.is_job_pid(*p)).expect("an unmarked pid beside the child");
+    let other = (child & !7..(child & !7) + 8)
+        .find(|p| !probes.is_job_pid(*p))
+        .expect("an unmarked pid beside the child");
     probes.add_job_pid(other).unwrap();
     assert!(probes.is_job_pid(other));
     probes.remove_job_pid(other).unwrap();
-    assert!(probes.is_job_pid(child), "clearing pid {other} cleared its neighbour {child}");
+    assert!(
+        probes.is_job_pid(child),
+        "clearing pid {other} cleared its neighbour {child}"
+    );
     assert!(root.wait().unwrap().success());
     // The exit program runs before the parent is woken, so the marks are gone by now.
-    assert!(!probes.is_job_pid(child), "the exited child {child} is still marked");
-    assert!(!probes.is_job_pid(root_pid), "the exited root {root_pid} is still marked");
+    assert!(
+        !probes.is_job_pid(child),
+        "the exited child {child} is still marked"
+    );
+    assert!(
+        !probes.is_job_pid(root_pid),
+        "the exited root {root_pid} is still marked"
+    );
     for t in &tids {
-        assert!(!probes.is_job_pid(*t), "the exited thread {t} is still marked");
+        assert!(
+            !probes.is_job_pid(*t),
+            "the exited thread {t} is still marked"
+        );
     }
     assert_eq!(probes.job_pid_count(), 0, "marks left behind");
     let _ = std::fs::remove_dir_all(&dir);
@@ -78,16 +107,32 @@ fn a_thread_that_execs_leaves_no_stale_mark() {
     }
     let mut probes = probes_in_process();
     let dir = out_dir("texec");
-    let mut root = Gated::new("texec", &format!("exec {BIN} bench-internal thread-exec --dir {}", dir.display()));
+    let mut root = Gated::new(
+        "texec",
+        &format!(
+            "exec {BIN} bench-internal thread-exec --dir {}",
+            dir.display()
+        ),
+    );
     let root_pid = root.id();
     probes.add_job_pid(root_pid).unwrap();
     root.go();
     let t0 = std::time::Instant::now();
     let tid = pid_from(&dir.join("tid"), "the thread's tid");
     assert_ne!(tid, root_pid);
-    assert!(probes.is_job_pid(tid), "the job's thread {tid} is not marked before its exec");
-    while std::fs::read_to_string(format!("/proc/{root_pid}/comm")).unwrap_or_default().trim() != "sleep" {
-        assert!(t0.elapsed() < Duration::from_secs(10), "the thread's exec of sleep never happened");
+    assert!(
+        probes.is_job_pid(tid),
+        "the job's thread {tid} is not marked before its exec"
+    );
+    while std::fs::read_to_string(format!("/proc/{root_pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        != "sleep"
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the thread's exec of sleep never happened"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     // comm changes before the exec tracepoint fires: wait for the unmark a little.
@@ -95,8 +140,14 @@ fn a_thread_that_execs_leaves_no_stale_mark() {
     while probes.is_job_pid(tid) && t1.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert!(!probes.is_job_pid(tid), "the exec'ing thread's old tid {tid} is still marked");
-    assert!(probes.is_job_pid(root_pid), "the process {root_pid} left the job at its thread's exec");
+    assert!(
+        !probes.is_job_pid(tid),
+        "the exec'ing thread's old tid {tid} is still marked"
+    );
+    assert!(
+        probes.is_job_pid(root_pid),
+        "the process {root_pid} left the job at its thread's exec"
+    );
     assert!(root.wait().unwrap().success());
     assert_eq!(probes.job_pid_count(), 0, "marks left behind");
     let _ = std::fs::remove_dir_all(&dir);
@@ -104,5 +155,6 @@ fn a_thread_that_execs_leaves_no_stale_mark() {
 
 /// The probes loaded in this process (`NANTRACE_PROBE_PATH` honoured), to read `JOB_MAP`.
 fn probes_in_process() -> nantrace::probes::Probes {
-    nantrace::probes::Probes::load(&nantrace::probes::Options::default()).expect("loading the probes")
+    nantrace::probes::Probes::load(&nantrace::probes::Options::default())
+        .expect("loading the probes")
 }

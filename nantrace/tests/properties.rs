@@ -31,7 +31,11 @@ fn seeds() -> Vec<Vec<u8>> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
     let mut out = Vec::new();
     for f in ["joblog.tsv", "kernel.tsv", "nan.tsv"] {
-        for l in std::fs::read_to_string(dir.join(f)).unwrap().lines().filter(|l| !l.starts_with('#')) {
+        for l in std::fs::read_to_string(dir.join(f))
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+        {
             if let Some(line) = l.split('\t').nth(if f == "joblog.tsv" { 2 } else { 1 }) {
                 out.push(line.as_bytes().to_vec());
             }
@@ -59,7 +63,13 @@ fn mutate(r: &mut Rng, mut v: Vec<u8>) -> Vec<u8> {
             3 => {
                 let i = r.below(v.len() + 1);
                 let k = r.below(40);
-                v.splice(i..i, b"\x1b[31m\r\n\0NVRM: Xid (PCI:0000:3b:00): 79, ".iter().copied().take(k));
+                v.splice(
+                    i..i,
+                    b"\x1b[31m\r\n\0NVRM: Xid (PCI:0000:3b:00): 79, "
+                        .iter()
+                        .copied()
+                        .take(k),
+                );
             }
             _ => {
                 let k = r.below(v.len() + 1);
@@ -77,7 +87,11 @@ fn kernel_and_job_line_classifiers_never_panic() {
     let mut reader = LineReader::new(nantrace::nanscan::Scanner::default());
     for i in 0..4_000 {
         let pick = r.below(seeds.len());
-        let input = if i % 4 == 0 { r.some_bytes(300) } else { mutate(&mut r, seeds[pick].clone()) };
+        let input = if i % 4 == 0 {
+            r.some_bytes(300)
+        } else {
+            mutate(&mut r, seeds[pick].clone())
+        };
         let s = String::from_utf8_lossy(&input);
         if let Some(c) = nantrace::classify::classify(&s) {
             serde_json::to_string(&c).unwrap();
@@ -104,10 +118,16 @@ fn the_line_splitter_bounds_every_line_and_loses_no_separator() {
             at += n;
         }
         split.finish(|l| lines.push(l));
-        assert!(lines.iter().all(|l| l.len() <= LineSplitter::MAX + 64 && !l.contains('\n') && !l.contains('\r') && !l.contains('\0')));
+        assert!(lines.iter().all(|l| l.len() <= LineSplitter::MAX + 64
+            && !l.contains('\n')
+            && !l.contains('\r')
+            && !l.contains('\0')));
         // Every segment between separators with text in it is one line (NUL bytes are not
         // text: a segment of NULs only, a sparse file's hole, is no line).
-        let segments = data.split(|b| *b == b'\n' || *b == b'\r').filter(|s| s.iter().any(|b| *b != 0)).count();
+        let segments = data
+            .split(|b| *b == b'\n' || *b == b'\r')
+            .filter(|s| s.iter().any(|b| *b != 0))
+            .count();
         assert_eq!(lines.len(), segments);
     }
 }
@@ -146,16 +166,35 @@ fn the_bundle_loader_gives_an_error_or_a_report_for_any_timeline() {
     });
     let base = serde_json::to_vec(&base).unwrap();
     for i in 0..400 {
-        let bytes = if i % 3 == 0 { r.some_bytes(400) } else { mutate(&mut r, base.clone()) };
+        let bytes = if i % 3 == 0 {
+            r.some_bytes(400)
+        } else {
+            mutate(&mut r, base.clone())
+        };
         if let Ok((a, t, snap)) = nantrace::report::from_bytes(&bytes, None) {
             let _ = nantrace::report::markdown(&a, &t);
             let html = nantrace::export::html::render(&a, &t, &snap);
-            assert!(html.len() < 8 << 20, "HTML stays bounded: {} bytes", html.len());
+            assert!(
+                html.len() < 8 << 20,
+                "HTML stays bounded: {} bytes",
+                html.len()
+            );
         }
     }
     // Type confusion in every field the report reads.
     for junk in ["1", "\"x\"", "null", "[]", "{}", "1e308", "-1e308", "true"] {
-        for field in ["offset_s", "source", "class", "xid", "pci", "fault", "line", "severity", "victim_pid", "latency_ms"] {
+        for field in [
+            "offset_s",
+            "source",
+            "class",
+            "xid",
+            "pci",
+            "fault",
+            "line",
+            "severity",
+            "victim_pid",
+            "latency_ms",
+        ] {
             let t = format!("{{\"schema\":\"{}\",\"events\":[{{\"source\":\"xid\",\"{field}\":{junk}}},{{\"source\":\"log\",\"{field}\":{junk}}}]}}", nantrace::bundle::SCHEMA);
             if let Ok((a, t, s)) = nantrace::report::from_bytes(t.as_bytes(), None) {
                 let _ = nantrace::report::markdown(&a, &t);

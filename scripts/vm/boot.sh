@@ -3,7 +3,7 @@
 # Boot one kernel of the VM matrix (fetch-kernel.sh's directory) in QEMU with a busybox
 # initramfs (init.sh + the kernel's modules), the host's root shared read-only over 9p and
 # OUT_DIR (holding guest.sh and vm.env) writable. The serial console goes to OUT_DIR/serial.log.
-# TCG by default (-accel tcg -cpu max): on this kind of machine /dev/kvm is a software-nested
+# TCG by default (-accel tcg,thread=single -cpu max; single: docs/kernel-matrix.md): on this kind of machine /dev/kvm is a software-nested
 # KVM under which a guest kernel crawls. NANTRACE_VM_ACCEL=kvm uses KVM.
 # The VM cluster (`cargo xtask vm-cluster`) adds a NIC and a shared directory: NANTRACE_VM_NIC
 # ("tap-name,mac") puts the guest on that tap (run inside the cluster's network namespace),
@@ -22,7 +22,7 @@ cp "$K/modules.order" "$R/modules.order"
 (cd "$R" && find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) > "$OUT/initramfs.cpio"
 case ${NANTRACE_VM_ACCEL:-tcg} in
   kvm) ACCEL=(-enable-kvm -cpu host,-arch-capabilities) ;;
-  *) ACCEL=(-accel tcg,thread=multi -cpu max) ;;
+  *) ACCEL=(-accel "tcg,thread=${NANTRACE_VM_TCG_THREAD:-single}" -cpu max) ;;
 esac
 EXTRA=(-nic none)
 if [ -n "${NANTRACE_VM_NIC:-}" ]; then

@@ -7,8 +7,8 @@
 //! one rank per node through srun; rank 0 prints the loss); the scenarios and what each
 //! must give are in [`SCENARIOS`]; `nantrace report` on the job's incident directory is run
 //! here, on the host, as a person would.
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,15 @@ use serde_json::Value;
 use crate::{root, run};
 
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
-const MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "virtio_net", "crc32c_generic", "nf_tables", "nft_numgen"];
+const MODULES: &[&str] = &[
+    "virtio_pci",
+    "9pnet_virtio",
+    "9p",
+    "virtio_net",
+    "crc32c_generic",
+    "nf_tables",
+    "nft_numgen",
+];
 
 /// What the host asks a node to run (through the shared directory), and waits for.
 struct Cluster {
@@ -40,7 +48,11 @@ impl Cluster {
                 return Ok((rc.trim().parse().unwrap_or(-1), out));
             }
             if t0.elapsed() > timeout {
-                bail!("{}: `{}` did not finish within {timeout:?}", NODES[node], script.lines().next().unwrap_or(""));
+                bail!(
+                    "{}: `{}` did not finish within {timeout:?}",
+                    NODES[node],
+                    script.lines().next().unwrap_or("")
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -80,13 +92,57 @@ const DROP: &str = "nft add table inet ntc && nft add chain inet ntc out '{ type
 /// would be evidence in every later incident of n2, as on a real node), and the peers are
 /// compared over the two minutes before each incident.
 const SCENARIOS: &[Scenario] = &[
-    Scenario { name: "numeric", nan_at: 15, steps: 60, fault: None, clear: None, stop_agent: None, verdict: "NOT THE MACHINE", node: None, missing: &[], contains: "3 nodes" },
-    Scenario { name: "agent-down-on-n3", nan_at: 12, steps: 60, fault: None, clear: None, stop_agent: Some(2), verdict: "", node: None, missing: &["n3"], contains: "INCOMPLETE: no bundle from n3" },
+    Scenario {
+        name: "numeric",
+        nan_at: 15,
+        steps: 60,
+        fault: None,
+        clear: None,
+        stop_agent: None,
+        verdict: "NOT THE MACHINE",
+        node: None,
+        missing: &[],
+        contains: "3 nodes",
+    },
+    Scenario {
+        name: "agent-down-on-n3",
+        nan_at: 12,
+        steps: 60,
+        fault: None,
+        clear: None,
+        stop_agent: Some(2),
+        verdict: "",
+        node: None,
+        missing: &["n3"],
+        contains: "INCOMPLETE: no bundle from n3",
+    },
     // Packet loss on n2: both ends of the link retransmit (n1 more than n2: its replies go
     // unacknowledged); the job report names n2 from the job's own sockets (n1's link to n3
     // stays clean), not the busier end.
-    Scenario { name: "packet-loss-on-n2", nan_at: 45, steps: 60, fault: Some((1, 8, DROP)), clear: Some((1, "nft delete table inet ntc")), stop_agent: None, verdict: "", node: Some("n2"), missing: &[], contains: "network" },
-    Scenario { name: "xid-on-n2", nan_at: 25, steps: 60, fault: Some((1, 12, XID)), clear: None, stop_agent: None, verdict: "PROBABLY THE MACHINE (GPU): n2, GPU 0000:3b:00.0", node: Some("n2"), missing: &[], contains: "Xid 79" },
+    Scenario {
+        name: "packet-loss-on-n2",
+        nan_at: 45,
+        steps: 60,
+        fault: Some((1, 8, DROP)),
+        clear: Some((1, "nft delete table inet ntc")),
+        stop_agent: None,
+        verdict: "",
+        node: Some("n2"),
+        missing: &[],
+        contains: "network",
+    },
+    Scenario {
+        name: "xid-on-n2",
+        nan_at: 25,
+        steps: 60,
+        fault: Some((1, 12, XID)),
+        clear: None,
+        stop_agent: None,
+        verdict: "PROBABLY THE MACHINE (GPU): n2, GPU 0000:3b:00.0",
+        node: Some("n2"),
+        missing: &[],
+        contains: "Xid 79",
+    },
 ];
 
 pub struct Outcome {
@@ -125,16 +181,26 @@ JobCompType=jobcomp/none\nReturnToService=2\nSlurmdTimeout=120\nSlurmctldTimeout
 MessageTimeout=30\nMailProg=/bin/true\n",
     );
     for (i, n) in NODES.iter().enumerate() {
-        c.push_str(&format!("NodeName={n} NodeAddr=10.77.0.{} CPUs=1 RealMemory=400 State=UNKNOWN\n", 11 + i));
+        c.push_str(&format!(
+            "NodeName={n} NodeAddr=10.77.0.{} CPUs=1 RealMemory=400 State=UNKNOWN\n",
+            11 + i
+        ));
     }
     c.push_str("PartitionName=debug Nodes=n[1-3] Default=YES MaxTime=INFINITE State=UP\n");
     c
 }
 
 fn report(nt: &Path, dir: &Path) -> Result<Value> {
-    let o = Command::new(nt).args(["report", "--json"]).arg(dir).output()?;
+    let o = Command::new(nt)
+        .args(["report", "--json"])
+        .arg(dir)
+        .output()?;
     if !o.status.success() {
-        bail!("nantrace report {}: {}", dir.display(), String::from_utf8_lossy(&o.stderr));
+        bail!(
+            "nantrace report {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
     Ok(serde_json::from_slice(&o.stdout)?)
 }
@@ -149,37 +215,79 @@ fn run_scenario(c: &mut Cluster, nt: &Path, s: &Scenario) -> Result<Outcome> {
     let out = c.ok(0, &format!("export SLURM_CONF=/mnt/shared/slurm.conf; sbatch --parsable -N3 --ntasks-per-node=1 -J {} -o /mnt/shared/out/%j.batch --wrap 'srun env {env} /usr/bin/python3 /mnt/shared/cluster-job.py'", s.name))?;
     let id = out.trim().lines().last().unwrap_or("").trim().to_string();
     eprintln!("xtask: vm-cluster: {}: Slurm job {id}", s.name);
-    let step = |shared: &Path| std::fs::read_to_string(shared.join(format!("out/step.{}", s.name))).ok().and_then(|t| t.trim().parse::<u32>().ok()).unwrap_or(0);
+    let step = |shared: &Path| {
+        std::fs::read_to_string(shared.join(format!("out/step.{}", s.name)))
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .unwrap_or(0)
+    };
     if let Some((node, at, script)) = s.fault {
-        wait_for(&format!("{}: rank 0 at step {at}", s.name), Duration::from_secs(180), || (step(&shared) >= at).then_some(()))?;
+        wait_for(
+            &format!("{}: rank 0 at step {at}", s.name),
+            Duration::from_secs(180),
+            || (step(&shared) >= at).then_some(()),
+        )?;
         c.ok(node, script)?;
-        eprintln!("xtask: vm-cluster: {}: fault on {} at step {}", s.name, NODES[node], step(&shared));
+        eprintln!(
+            "xtask: vm-cluster: {}: fault on {} at step {}",
+            s.name,
+            NODES[node],
+            step(&shared)
+        );
     }
     // The job ends (its NaN, or the timeout the fault causes): then every node's bundle.
     let batch = shared.join(format!("out/{id}.batch"));
     // srun forwards every rank's output to the batch script's (rank 0 runs on the batch node,
     // n1): that file is the job's log, as in most Slurm jobs.
     let rank0 = batch.clone();
-    let ended = wait_for(&format!("{}: the job's end", s.name), Duration::from_secs(240), || {
-        let log = std::fs::read_to_string(&rank0).unwrap_or_default();
-        (log.contains("loss nan") || log.contains("TIMEOUT") || log.contains("done")).then(Instant::now)
-    })?;
+    let ended = wait_for(
+        &format!("{}: the job's end", s.name),
+        Duration::from_secs(240),
+        || {
+            let log = std::fs::read_to_string(&rank0).unwrap_or_default();
+            (log.contains("loss nan") || log.contains("TIMEOUT") || log.contains("done"))
+                .then(Instant::now)
+        },
+    )?;
     if let Some((node, script)) = s.clear {
         let _ = c.exec(node, script, Duration::from_secs(30));
     }
     let want = 3 - s.stop_agent.map_or(0, |_| 1);
     let jobs = shared.join("jobs").join(&id);
-    let found = wait_for(&format!("{}: {want} node bundles under one incident of job {id}", s.name), Duration::from_secs(90), || {
-        let rd = std::fs::read_dir(&jobs).ok()?;
-        rd.flatten().map(|e| e.path()).find(|inc| {
-            NODES.iter().filter(|n| inc.join(n).join("report.md").exists()).count() >= want
-        })
-    });
-    let mut o = Outcome { name: s.name, ok: false, verdict: String::new(), to_bundles_s: ended.elapsed().as_secs_f64(), problem: String::new() };
+    let found = wait_for(
+        &format!(
+            "{}: {want} node bundles under one incident of job {id}",
+            s.name
+        ),
+        Duration::from_secs(90),
+        || {
+            let rd = std::fs::read_dir(&jobs).ok()?;
+            rd.flatten().map(|e| e.path()).find(|inc| {
+                NODES
+                    .iter()
+                    .filter(|n| inc.join(n).join("report.md").exists())
+                    .count()
+                    >= want
+            })
+        },
+    );
+    let mut o = Outcome {
+        name: s.name,
+        ok: false,
+        verdict: String::new(),
+        to_bundles_s: ended.elapsed().as_secs_f64(),
+        problem: String::new(),
+    };
     let inc = match found {
         Ok(p) => p,
         Err(e) => {
-            o.problem = format!("{e:#}; job directory: {:?}", std::fs::read_dir(&jobs).map(|r| r.flatten().map(|e| e.path().display().to_string()).collect::<Vec<_>>()));
+            o.problem = format!(
+                "{e:#}; job directory: {:?}",
+                std::fs::read_dir(&jobs).map(|r| r
+                    .flatten()
+                    .map(|e| e.path().display().to_string())
+                    .collect::<Vec<_>>())
+            );
             if let Some(n) = s.stop_agent {
                 restart_agent(c, n, nt)?;
             }
@@ -201,11 +309,19 @@ fn run_scenario(c: &mut Cluster, nt: &Path, s: &Scenario) -> Result<Outcome> {
     if r["node"].as_str() != s.node {
         problems.push(format!("named node {} instead of {:?}", r["node"], s.node));
     }
-    let missing: Vec<&str> = r["missing"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    let missing: Vec<&str> = r["missing"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
     if missing != s.missing {
         problems.push(format!("missing {missing:?} instead of {:?}", s.missing));
     }
-    if r["jobs"].as_array().is_none_or(|j| j.len() != 1 || j[0] != id.as_str()) {
+    if r["jobs"]
+        .as_array()
+        .is_none_or(|j| j.len() != 1 || j[0] != id.as_str())
+    {
         problems.push(format!("job ids {}", r["jobs"]));
     }
     o.ok = problems.is_empty();
@@ -229,7 +345,10 @@ fn boot(kdir: &Path, out: &Path, netns: &str, i: usize, shared: &Path) -> Result
         .arg(kdir)
         .arg(out)
         .arg("1500")
-        .env("NANTRACE_VM_NIC", format!("tap{},52:54:00:77:00:{:02x}", i + 1, i + 11))
+        .env(
+            "NANTRACE_VM_NIC",
+            format!("tap{},52:54:00:77:00:{:02x}", i + 1, i + 11),
+        )
         .env("NANTRACE_VM_SHARED", shared)
         .env("NANTRACE_VM_SMP", "1")
         .env("NANTRACE_VM_MEM", "1024")
@@ -240,27 +359,63 @@ fn boot(kdir: &Path, out: &Path, netns: &str, i: usize, shared: &Path) -> Result
 }
 
 pub fn vm_cluster(nt: &Path) -> Result<()> {
-    crate::setup::apt_install(&["qemu-system-x86", "busybox-static", "cpio", "xz-utils", "zstd", "kmod", "debian-archive-keyring", "iproute2", "nftables", "python3"])?;
-    run(Command::new("bash").arg(root().join("scripts/slurm-local.sh")).arg("install"))?;
-    let cache = PathBuf::from(std::env::var("NANTRACE_VM_CACHE").unwrap_or_else(|_| "/var/cache/nantrace-vm".into()));
+    crate::setup::apt_install(&[
+        "qemu-system-x86",
+        "busybox-static",
+        "cpio",
+        "xz-utils",
+        "zstd",
+        "kmod",
+        "debian-archive-keyring",
+        "iproute2",
+        "nftables",
+        "python3",
+    ])?;
+    run(Command::new("bash")
+        .arg(root().join("scripts/slurm-local.sh"))
+        .arg("install"))?;
+    let cache = PathBuf::from(
+        std::env::var("NANTRACE_VM_CACHE").unwrap_or_else(|_| "/var/cache/nantrace-vm".into()),
+    );
     let mut fetch = Command::new("bash");
-    fetch.arg(root().join("scripts/vm/fetch-kernel.sh")).arg(&cache).args(["cluster-6.1-bookworm", "bookworm", "linux-image-amd64"]).args(MODULES);
+    fetch
+        .arg(root().join("scripts/vm/fetch-kernel.sh"))
+        .arg(&cache)
+        .args(["cluster-6.1-bookworm", "bookworm", "linux-image-amd64"])
+        .args(MODULES);
     run(&mut fetch).context("fetching the cluster's kernel")?;
     let kdir = cache.join("kernels/cluster-6.1-bookworm");
-    let base = root().join("target/vm-cluster").join(format!("{}", std::process::id()));
+    let base = root()
+        .join("target/vm-cluster")
+        .join(format!("{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     let shared = base.join("shared");
     for d in ["jobs", "out", "cmd/n1", "cmd/n2", "cmd/n3"] {
         std::fs::create_dir_all(shared.join(d))?;
     }
-    sh(&format!("chmod 755 {0} {0}/jobs && chmod 777 {0}/out", shared.display()))?;
+    sh(&format!(
+        "chmod 755 {0} {0}/jobs && chmod 777 {0}/out",
+        shared.display()
+    ))?;
     std::fs::write(shared.join("slurm.conf"), slurm_conf())?;
     // slurmd 22.05 starts its cgroup plugin whatever the proctrack; without systemd it must
     // be told not to ask systemd for a scope.
-    std::fs::write(shared.join("cgroup.conf"), "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n")?;
-    std::fs::write(shared.join("hosts"), "10.77.0.11 n1\n10.77.0.12 n2\n10.77.0.13 n3\n")?;
-    std::fs::copy(root().join("scripts/vm/cluster-job.py"), shared.join("cluster-job.py"))?;
-    sh(&format!("head -c 1024 /dev/urandom > {0}/munge.key && chmod 400 {0}/munge.key", shared.display()))?;
+    std::fs::write(
+        shared.join("cgroup.conf"),
+        "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n",
+    )?;
+    std::fs::write(
+        shared.join("hosts"),
+        "10.77.0.11 n1\n10.77.0.12 n2\n10.77.0.13 n3\n",
+    )?;
+    std::fs::copy(
+        root().join("scripts/vm/cluster-job.py"),
+        shared.join("cluster-job.py"),
+    )?;
+    sh(&format!(
+        "head -c 1024 /dev/urandom > {0}/munge.key && chmod 400 {0}/munge.key",
+        shared.display()
+    ))?;
     let netns = format!("ntc{}", std::process::id());
     sh(&format!("ip netns add {netns} && ip -n {netns} link add br0 type bridge && ip -n {netns} addr add 10.77.0.1/24 dev br0 && ip -n {netns} link set br0 up && ip -n {netns} link set lo up"))?;
     let result = (|| -> Result<Vec<Outcome>> {
@@ -272,8 +427,19 @@ pub fn vm_cluster(nt: &Path) -> Result<()> {
         for (i, n) in NODES.iter().enumerate() {
             let out = base.join(n);
             std::fs::create_dir_all(&out)?;
-            std::fs::copy(root().join("scripts/vm/cluster-guest.sh"), out.join("guest.sh"))?;
-            std::fs::write(out.join("vm.env"), format!("NODE={n}\nIP=10.77.0.{}\nNT={}\nREPO={}\n", 11 + i, nt.display(), root().display()))?;
+            std::fs::copy(
+                root().join("scripts/vm/cluster-guest.sh"),
+                out.join("guest.sh"),
+            )?;
+            std::fs::write(
+                out.join("vm.env"),
+                format!(
+                    "NODE={n}\nIP=10.77.0.{}\nNT={}\nREPO={}\n",
+                    11 + i,
+                    nt.display(),
+                    root().display()
+                ),
+            )?;
             match boot(&kdir, &out, &netns, i, &shared) {
                 Ok(vm) => vms.push(vm),
                 Err(e) => {
@@ -285,14 +451,32 @@ pub fn vm_cluster(nt: &Path) -> Result<()> {
                 }
             }
         }
-        let mut c = Cluster { shared: shared.clone(), seq: [0; 3] };
+        let mut c = Cluster {
+            shared: shared.clone(),
+            seq: [0; 3],
+        };
         let r = (|| -> Result<Vec<Outcome>> {
-            wait_for("the three nodes' agents", Duration::from_secs(300), || NODES.iter().all(|n| shared.join(format!("ready.{n}")).exists()).then_some(()))?;
+            wait_for("the three nodes' agents", Duration::from_secs(300), || {
+                NODES
+                    .iter()
+                    .all(|n| shared.join(format!("ready.{n}")).exists())
+                    .then_some(())
+            })?;
             let idle = wait_for("3 idle Slurm nodes", Duration::from_secs(180), || {
-                let (_, out) = c.exec(0, "SLURM_CONF=/mnt/shared/slurm.conf sinfo -h -N -o '%N %T'", Duration::from_secs(60)).ok()?;
+                let (_, out) = c
+                    .exec(
+                        0,
+                        "SLURM_CONF=/mnt/shared/slurm.conf sinfo -h -N -o '%N %T'",
+                        Duration::from_secs(60),
+                    )
+                    .ok()?;
                 (out.lines().filter(|l| l.ends_with(" idle")).count() == 3).then_some(out)
             })?;
-            eprintln!("xtask: vm-cluster: up in {:.0} s: {}", t0.elapsed().as_secs_f64(), idle.replace('\n', ", "));
+            eprintln!(
+                "xtask: vm-cluster: up in {:.0} s: {}",
+                t0.elapsed().as_secs_f64(),
+                idle.replace('\n', ", ")
+            );
             let mut outs = Vec::new();
             for s in SCENARIOS {
                 let t = Instant::now();
@@ -320,7 +504,11 @@ pub fn vm_cluster(nt: &Path) -> Result<()> {
     })();
     let _ = Command::new("ip").args(["netns", "del", &netns]).status();
     let outs = result.with_context(|| format!("the VM cluster (logs: {})", base.display()))?;
-    let bad: Vec<String> = outs.iter().filter(|o| !o.ok).map(|o| format!("{}: {}", o.name, o.problem)).collect();
+    let bad: Vec<String> = outs
+        .iter()
+        .filter(|o| !o.ok)
+        .map(|o| format!("{}: {}", o.name, o.problem))
+        .collect();
     eprintln!("xtask: vm-cluster: logs in {}", base.display());
     if !bad.is_empty() {
         bail!("vm-cluster: {}", bad.join("; "));

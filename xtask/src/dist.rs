@@ -24,7 +24,9 @@ const CARGO_ZIGBUILD: &str = "0.24.1";
 
 fn output(cmd: &mut Command) -> Option<String> {
     let o = cmd.output().ok()?;
-    o.status.success().then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
 fn euid() -> u32 {
@@ -40,17 +42,21 @@ fn zig_tools() -> Result<PathBuf> {
     let venv = root().join("target/dist-tools/venv");
     let bin = venv.join("bin");
     let ok = |bin: &Path| {
-        output(Command::new(bin.join("cargo-zigbuild")).arg("--version")).is_some_and(|v| v == format!("cargo-zigbuild {CARGO_ZIGBUILD}"))
-            && output(Command::new(bin.join("python3")).args(["-m", "ziglang", "version"])).is_some_and(|v| v == ZIGLANG)
+        output(Command::new(bin.join("cargo-zigbuild")).arg("--version"))
+            .is_some_and(|v| v == format!("cargo-zigbuild {CARGO_ZIGBUILD}"))
+            && output(Command::new(bin.join("python3")).args(["-m", "ziglang", "version"]))
+                .is_some_and(|v| v == ZIGLANG)
     };
     if ok(&bin) {
         return Ok(bin);
     }
     if output(Command::new("python3").args(["-c", "import venv, ensurepip"])).is_none() {
-        setup::apt_install(&["python3-venv"]).context("python3 with the venv module is needed for zig and cargo-zigbuild")?;
+        setup::apt_install(&["python3-venv"])
+            .context("python3 with the venv module is needed for zig and cargo-zigbuild")?;
     }
     if venv.exists() {
-        std::fs::remove_dir_all(&venv).with_context(|| format!("removing the stale {}", venv.display()))?;
+        std::fs::remove_dir_all(&venv)
+            .with_context(|| format!("removing the stale {}", venv.display()))?;
     }
     let t = Instant::now();
     run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
@@ -62,7 +68,11 @@ fn zig_tools() -> Result<PathBuf> {
     if !ok(&bin) {
         bail!("installed ziglang {ZIGLANG} and cargo-zigbuild {CARGO_ZIGBUILD} in {}, but they do not answer their versions", venv.display());
     }
-    eprintln!("xtask: zig {ZIGLANG} and cargo-zigbuild {CARGO_ZIGBUILD} installed in {} ({:.0?})", venv.display(), t.elapsed());
+    eprintln!(
+        "xtask: zig {ZIGLANG} and cargo-zigbuild {CARGO_ZIGBUILD} installed in {} ({:.0?})",
+        venv.display(),
+        t.elapsed()
+    );
     Ok(bin)
 }
 
@@ -77,10 +87,14 @@ fn bpf_object() -> Result<PathBuf> {
         setup::build_ebpf(&route)?;
         root().join("nantrace-ebpf/target/bpfel-unknown-none/release/nantrace")
     };
-    let bytes = std::fs::read(&obj).with_context(|| format!("reading the eBPF object {}", obj.display()))?;
+    let bytes = std::fs::read(&obj)
+        .with_context(|| format!("reading the eBPF object {}", obj.display()))?;
     // An ELF for EM_BPF (247): the CLI builds without probes when the object is missing or empty,
     // which must never be shipped.
-    if bytes.len() < 20 || &bytes[..4] != b"\x7fELF" || u16::from_le_bytes([bytes[18], bytes[19]]) != 247 {
+    if bytes.len() < 20
+        || &bytes[..4] != b"\x7fELF"
+        || u16::from_le_bytes([bytes[18], bytes[19]]) != 247
+    {
         bail!("{} is not an eBPF ELF object", obj.display());
     }
     Ok(obj)
@@ -90,7 +104,8 @@ fn bpf_object() -> Result<PathBuf> {
 type GlibcReport = (Vec<u32>, BTreeMap<Vec<u32>, Vec<String>>, Vec<String>);
 
 fn glibc_versions(bin: &Path) -> Result<GlibcReport> {
-    let dump = output(Command::new("objdump").arg("-T").arg("-p").arg(bin)).context("objdump -T -p failed")?;
+    let dump = output(Command::new("objdump").arg("-T").arg("-p").arg(bin))
+        .context("objdump -T -p failed")?;
     parse_objdump(&dump)
 }
 
@@ -106,16 +121,28 @@ fn parse_objdump(dump: &str) -> Result<GlibcReport> {
         if !line.contains("*UND*") {
             continue;
         }
-        let Some(at) = line.find("GLIBC_") else { continue };
-        let v: String = line[at + 6..].chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+        let Some(at) = line.find("GLIBC_") else {
+            continue;
+        };
+        let v: String = line[at + 6..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect();
         let sym = line.split_whitespace().last().unwrap_or("?").to_string();
         if v.is_empty() {
-            bail!("{sym} needs a non-numbered glibc version ({}): not portable", line.trim());
+            bail!(
+                "{sym} needs a non-numbered glibc version ({}): not portable",
+                line.trim()
+            );
         }
         let v: Vec<u32> = v.split('.').filter_map(|p| p.parse().ok()).collect();
         per.entry(v).or_default().push(sym);
     }
-    let max = per.keys().next_back().cloned().context("objdump shows no GLIBC_ symbol: not a glibc binary?")?;
+    let max = per
+        .keys()
+        .next_back()
+        .cloned()
+        .context("objdump shows no GLIBC_ symbol: not a glibc binary?")?;
     Ok((max, per, needed))
 }
 
@@ -133,10 +160,21 @@ fn judge(bin: &Path, (max, per, needed): GlibcReport) -> Result<String> {
     let base = vec![GLIBC_BASELINE.0, GLIBC_BASELINE.1];
     eprintln!("xtask: NEEDED: {}", needed.join(" "));
     for (v, syms) in per.iter().rev().take(3) {
-        eprintln!("xtask:   GLIBC_{:<6} {} symbol(s): {}", vstr(v), syms.len(), syms.iter().take(8).cloned().collect::<Vec<_>>().join(" "));
+        eprintln!(
+            "xtask:   GLIBC_{:<6} {} symbol(s): {}",
+            vstr(v),
+            syms.len(),
+            syms.iter().take(8).cloned().collect::<Vec<_>>().join(" ")
+        );
     }
-    if let Some(l) = needed.iter().find(|l| l.contains("nvidia") || l.contains("cuda")) {
-        bail!("{} links {l}: the driver's libraries must be dlopened, not linked", bin.display());
+    if let Some(l) = needed
+        .iter()
+        .find(|l| l.contains("nvidia") || l.contains("cuda"))
+    {
+        bail!(
+            "{} links {l}: the driver's libraries must be dlopened, not linked",
+            bin.display()
+        );
     }
     if max > base {
         bail!(
@@ -147,7 +185,11 @@ fn judge(bin: &Path, (max, per, needed): GlibcReport) -> Result<String> {
             vstr(&base)
         );
     }
-    eprintln!("xtask: max GLIBC version required: {} (baseline {}): OK", vstr(&max), vstr(&base));
+    eprintln!(
+        "xtask: max GLIBC version required: {} (baseline {}): OK",
+        vstr(&max),
+        vstr(&base)
+    );
     Ok(vstr(&max))
 }
 
@@ -160,7 +202,8 @@ fn copy_mode(from: &Path, to: &Path, mode: u32) -> Result<()> {
     if let Some(d) = to.parent() {
         std::fs::create_dir_all(d)?;
     }
-    std::fs::copy(from, to).with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    std::fs::copy(from, to)
+        .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
     std::fs::set_permissions(to, std::fs::Permissions::from_mode(mode))?;
     Ok(())
 }
@@ -177,13 +220,23 @@ pub fn dist(check_old_glibc: bool) -> Result<()> {
     // The build. zig links against glibc stubs of the baseline version: a symbol newer than it
     // is a link error rather than a surprise on the node.
     let t_build = Instant::now();
-    let path = std::env::join_paths(std::iter::once(tools.clone()).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())))?;
+    let path = std::env::join_paths(std::iter::once(tools.clone()).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))?;
     let target = format!("{TRIPLE}.{}.{}", GLIBC_BASELINE.0, GLIBC_BASELINE.1);
     run(Command::new(tools.join("cargo-zigbuild"))
         .current_dir(root())
         .env("PATH", path)
         .env("NANTRACE_BPF_OBJ", &obj)
-        .args(["zigbuild", "--locked", "--release", "-p", "nantrace", "--target", &target]))
+        .args([
+            "zigbuild",
+            "--locked",
+            "--release",
+            "-p",
+            "nantrace",
+            "--target",
+            &target,
+        ]))
     .context("cargo zigbuild failed")?;
     let built = root().join("target").join(TRIPLE).join("release/nantrace");
     let build_time = t_build.elapsed();
@@ -192,7 +245,11 @@ pub fn dist(check_old_glibc: bool) -> Result<()> {
     let image = std::fs::read(&built)?;
     let want = std::fs::read(&obj)?;
     if !image.windows(want.len()).any(|w| w == want.as_slice()) {
-        bail!("{} does not contain the eBPF object {}", built.display(), obj.display());
+        bail!(
+            "{} does not contain the eBPF object {}",
+            built.display(),
+            obj.display()
+        );
     }
     let glibc_max = check_glibc(&built)?;
     let version = output(Command::new(&built).arg("--version"))
@@ -210,39 +267,80 @@ pub fn dist(check_old_glibc: bool) -> Result<()> {
     let bin = stage.join("bin/nantrace");
     // Debug info goes next to the tarball (for symbolizing a backtrace from a node), not in it.
     let debug = dist.join(format!("{name}.debug"));
-    run(Command::new("objcopy").arg("--only-keep-debug").arg(&built).arg(&debug))?;
-    run(Command::new("strip").arg("--strip-all").arg("-o").arg(&bin).arg(&built))?;
-    run(Command::new("objcopy").arg(format!("--add-gnu-debuglink={}", debug.display())).arg(&bin))?;
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&built)
+        .arg(&debug))?;
+    run(Command::new("strip")
+        .arg("--strip-all")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&built))?;
+    run(Command::new("objcopy")
+        .arg(format!("--add-gnu-debuglink={}", debug.display()))
+        .arg(&bin))?;
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755))?;
     check_glibc(&bin)?;
 
     let src = root().join("dist");
-    copy_mode(&src.join("nantrace-agent.service"), &stage.join("lib/systemd/system/nantrace-agent.service"), 0o644)?;
+    copy_mode(
+        &src.join("nantrace-agent.service"),
+        &stage.join("lib/systemd/system/nantrace-agent.service"),
+        0o644,
+    )?;
     copy_mode(&src.join("install.sh"), &stage.join("install.sh"), 0o755)?;
     for f in ["nantrace-rules.yml", "nantrace-rules.test.yml"] {
-        copy_mode(&src.join("prometheus").join(f), &stage.join("share/nantrace/prometheus").join(f), 0o644)?;
+        copy_mode(
+            &src.join("prometheus").join(f),
+            &stage.join("share/nantrace/prometheus").join(f),
+            0o644,
+        )?;
     }
     let mut notes = Vec::new();
     if src.join("agent.toml").exists() {
-        copy_mode(&src.join("agent.toml"), &stage.join("etc/nantrace/agent.toml"), 0o600)?;
+        copy_mode(
+            &src.join("agent.toml"),
+            &stage.join("etc/nantrace/agent.toml"),
+            0o600,
+        )?;
     } else {
-        notes.push("dist/agent.toml does not exist: the tarball ships no etc/nantrace/agent.toml".to_string());
+        notes.push(
+            "dist/agent.toml does not exist: the tarball ships no etc/nantrace/agent.toml"
+                .to_string(),
+        );
     }
     for doc in ["README.md", "docs/agent.md", "docs/security.md"] {
         let from = root().join(doc);
         if from.exists() {
-            copy_mode(&from, &stage.join("share/doc/nantrace").join(Path::new(doc).file_name().unwrap()), 0o644)?;
+            copy_mode(
+                &from,
+                &stage
+                    .join("share/doc/nantrace")
+                    .join(Path::new(doc).file_name().unwrap()),
+                0o644,
+            )?;
         } else {
             notes.push(format!("{doc} does not exist: not in share/doc/nantrace"));
         }
     }
 
     // Reproducible: sorted, root-owned, mtime of the last commit, gzip without a timestamp.
-    let mtime = output(Command::new("git").current_dir(root()).args(["log", "-1", "--format=%ct"])).unwrap_or_else(|| "0".into());
+    let mtime = output(
+        Command::new("git")
+            .current_dir(root())
+            .args(["log", "-1", "--format=%ct"]),
+    )
+    .unwrap_or_else(|| "0".into());
     let tarball = dist.join(format!("{name}.tar.gz"));
     run(Command::new("tar")
         .current_dir(&dist)
-        .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "--format=gnu"])
+        .args([
+            "--sort=name",
+            "--owner=0",
+            "--group=0",
+            "--numeric-owner",
+            "--format=gnu",
+        ])
         .arg(format!("--mtime=@{mtime}"))
         .args(["--use-compress-program=gzip -9n", "-cf"])
         .arg(&tarball)
@@ -253,16 +351,40 @@ pub fn dist(check_old_glibc: bool) -> Result<()> {
     for n in &notes {
         eprintln!("xtask: note: {n}");
     }
-    eprintln!("xtask: glibc baseline {}.{}; max GLIBC_ version required: {glibc_max}", GLIBC_BASELINE.0, GLIBC_BASELINE.1);
-    eprintln!("xtask: binary (unstripped)  {}  {}", built.display(), mib(&built)?);
-    eprintln!("xtask: bin/nantrace         {}  {}", bin.display(), mib(&bin)?);
-    eprintln!("xtask: debug info           {}  {}", debug.display(), mib(&debug)?);
-    eprintln!("xtask: tarball              {}  {}", tarball.display(), mib(&tarball)?);
-    eprintln!("xtask: dist took {:.0?} (cargo zigbuild {:.0?})", t0.elapsed(), build_time);
+    eprintln!(
+        "xtask: glibc baseline {}.{}; max GLIBC_ version required: {glibc_max}",
+        GLIBC_BASELINE.0, GLIBC_BASELINE.1
+    );
+    eprintln!(
+        "xtask: binary (unstripped)  {}  {}",
+        built.display(),
+        mib(&built)?
+    );
+    eprintln!(
+        "xtask: bin/nantrace         {}  {}",
+        bin.display(),
+        mib(&bin)?
+    );
+    eprintln!(
+        "xtask: debug info           {}  {}",
+        debug.display(),
+        mib(&debug)?
+    );
+    eprintln!(
+        "xtask: tarball              {}  {}",
+        tarball.display(),
+        mib(&tarball)?
+    );
+    eprintln!(
+        "xtask: dist took {:.0?} (cargo zigbuild {:.0?})",
+        t0.elapsed(),
+        build_time
+    );
 
     if check_old_glibc {
         let t = Instant::now();
-        run(Command::new(root().join("scripts/dist-check.sh")).arg(&tarball)).context("the dist check failed (logs in target/dist-test/logs)")?;
+        run(Command::new(root().join("scripts/dist-check.sh")).arg(&tarball))
+            .context("the dist check failed (logs in target/dist-test/logs)")?;
         eprintln!("xtask: dist check took {:.0?}", t.elapsed());
     }
     Ok(())
@@ -278,7 +400,8 @@ mod tests {
 0000000000000000      DF *UND*\t0000000000000000 (GLIBC_2.2.5) free\n\
 0000000000000000      DF *UND*\t0000000000000000 (GLIBC_2.28) renameat2\n\
 0000000000000000      DF *UND*\t0000000000000000 (GLIBC_2.25) getrandom\n";
-    const HOST: &str = "0000000000000000      DF *UND*\t0000000000000000 (GLIBC_2.34) __libc_start_main\n\
+    const HOST: &str =
+        "0000000000000000      DF *UND*\t0000000000000000 (GLIBC_2.34) __libc_start_main\n\
 0000000000000000      DF *UND*\t0000000000000000 (GLIBC_2.33) fstat64\n\
 0000000000000000      DF *UND*\t0000000000000000  GLIBC_2.34  dlopen\n";
 
@@ -289,13 +412,21 @@ mod tests {
         assert_eq!(per[&vec![2, 28]], vec!["statx", "renameat2"]);
         assert_eq!(per[&vec![2, 2, 5]], vec!["free"]);
         assert_eq!(needed, vec!["libc.so.6", "libdl.so.2"]);
-        assert_eq!(judge(Path::new("dist"), parse_objdump(DIST).unwrap()).unwrap(), "2.28");
+        assert_eq!(
+            judge(Path::new("dist"), parse_objdump(DIST).unwrap()).unwrap(),
+            "2.28"
+        );
     }
 
     #[test]
     fn newer_than_the_baseline_fails_and_names_the_symbols() {
-        let e = judge(Path::new("host"), parse_objdump(HOST).unwrap()).unwrap_err().to_string();
-        assert!(e.contains("GLIBC_2.34") && e.contains("__libc_start_main") && e.contains("dlopen"), "{e}");
+        let e = judge(Path::new("host"), parse_objdump(HOST).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("GLIBC_2.34") && e.contains("__libc_start_main") && e.contains("dlopen"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `cargo xtask`: the project's front door. Installs what is missing (idempotently), builds the
 //! eBPF probes with the pinned toolchain, builds the CLI, runs the tests, the demo, the bench.
-mod cluster;
 mod bench;
+mod cluster;
 mod dist;
 mod setup;
 mod vm;
@@ -84,7 +84,10 @@ enum Cmd {
 }
 
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 pub fn run(cmd: &mut Command) -> Result<()> {
@@ -98,12 +101,16 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 
 fn build_cli(release: bool) -> Result<PathBuf> {
     let mut c = Command::new("cargo");
-    c.current_dir(root()).args(["build", "--locked", "-p", "nantrace"]);
+    c.current_dir(root())
+        .args(["build", "--locked", "-p", "nantrace"]);
     if release {
         c.arg("--release");
     }
     run(&mut c)?;
-    Ok(root().join("target").join(if release { "release" } else { "debug" }).join("nantrace"))
+    Ok(root()
+        .join("target")
+        .join(if release { "release" } else { "debug" })
+        .join("nantrace"))
 }
 
 fn main() -> Result<()> {
@@ -133,17 +140,47 @@ fn main() -> Result<()> {
             }
             // Unit tests in parallel, then the integration tests that load probes, one at a time
             // (they share kernel state: tracepoints, cgroups, namespaces, /dev/kmsg).
-            run(Command::new("cargo").current_dir(root()).args(["test", "--locked", "--workspace", "--lib", "--bins"]))?;
-            run(Command::new("cargo").current_dir(root()).args(["test", "--locked", "-p", "nantrace", "--test", "*", "--", "--test-threads=1"]))?;
+            run(Command::new("cargo").current_dir(root()).args([
+                "test",
+                "--locked",
+                "--workspace",
+                "--lib",
+                "--bins",
+            ]))?;
+            run(Command::new("cargo").current_dir(root()).args([
+                "test",
+                "--locked",
+                "-p",
+                "nantrace",
+                "--test",
+                "*",
+                "--",
+                "--test-threads=1",
+            ]))?;
             // The kernel tests again on the tracefs fallback (the first run used the BTF
             // programs wherever the kernel has BTF): every probe works on both paths.
             run(Command::new("cargo")
                 .current_dir(root())
                 .env("NANTRACE_PROBE_PATH", "tracefs")
-                .args(["test", "--locked", "-p", "nantrace", "--test", "kernel_events", "--test", "kernel_membership", "--", "--test-threads=1"]))?;
+                .args([
+                    "test",
+                    "--locked",
+                    "-p",
+                    "nantrace",
+                    "--test",
+                    "kernel_events",
+                    "--test",
+                    "kernel_membership",
+                    "--",
+                    "--test-threads=1",
+                ]))?;
             // The benchmark in smoke mode: proves it still runs (no timing assertions).
             bench::run(true, &root().join("target/debug/nantrace"))?;
-            bench::jobs::run(true, &root().join("target/debug/nantrace"), Path::new("/dev/null"))?;
+            bench::jobs::run(
+                true,
+                &root().join("target/debug/nantrace"),
+                Path::new("/dev/null"),
+            )?;
             // The kernel matrix: the same kernel tests on every kernel of vm.rs, in VMs.
             if std::env::var("NANTRACE_VM_TEST").is_ok_and(|v| v == "0") {
                 eprintln!("xtask: WARNING: NANTRACE_VM_TEST=0: the kernel matrix and the VM cluster are SKIPPED (CI runs them)");
@@ -152,7 +189,13 @@ fn main() -> Result<()> {
             if !root_user {
                 bail!("the kernel matrix needs root (it downloads kernels with apt and runs the privileged tests in VMs)");
             }
-            vm::vm_test(&vm::Args { kernels: None, docs: false }, &root().join("target/debug/nantrace"))?;
+            vm::vm_test(
+                &vm::Args {
+                    kernels: None,
+                    docs: false,
+                },
+                &root().join("target/debug/nantrace"),
+            )?;
             // The multi-node tests on a cluster of VMs.
             cluster::vm_cluster(&root().join("target/debug/nantrace"))
         }
@@ -169,8 +212,16 @@ fn main() -> Result<()> {
             std::fs::create_dir_all(&out)?;
             run(Command::new(bin).args(["demo", "--scenario", &scenario, "--out", &out]))
         }
-        Cmd::Bench { render: true, previous, .. } => bench::render(previous.as_deref()),
-        Cmd::Bench { smoke, previous, render: false } => {
+        Cmd::Bench {
+            render: true,
+            previous,
+            ..
+        } => bench::render(previous.as_deref()),
+        Cmd::Bench {
+            smoke,
+            previous,
+            render: false,
+        } => {
             if let Some(p) = &previous {
                 std::env::set_var("NANTRACE_BENCH_PREVIOUS", p);
             }

@@ -22,26 +22,46 @@ pub enum Route {
 
 fn output(cmd: &mut Command) -> Option<String> {
     let o = cmd.output().ok()?;
-    o.status.success().then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
 pub(crate) fn apt_install(pkgs: &[&str]) -> Result<()> {
     let missing: Vec<&str> = pkgs
         .iter()
         .copied()
-        .filter(|p| output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p])).is_none_or(|s| !s.contains("install ok installed")))
+        .filter(|p| {
+            output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
+                .is_none_or(|s| !s.contains("install ok installed"))
+        })
         .collect();
     if missing.is_empty() {
         return Ok(());
     }
     let sudo: &[&str] = if unsafe_euid() == 0 { &[] } else { &["sudo"] };
     let mut upd = Command::new(sudo.first().copied().unwrap_or("apt-get"));
-    if sudo.is_empty() { upd.args(["update", "-q"]); } else { upd.args(["apt-get", "update", "-q"]); }
+    if sudo.is_empty() {
+        upd.args(["update", "-q"]);
+    } else {
+        upd.args(["apt-get", "update", "-q"]);
+    }
     run(&mut upd).context("apt-get update failed: check network access to the Debian mirrors")?;
     let mut inst = Command::new(sudo.first().copied().unwrap_or("apt-get"));
-    if !sudo.is_empty() { inst.arg("apt-get"); }
+    if !sudo.is_empty() {
+        inst.arg("apt-get");
+    }
     // Wait for a dpkg lock held by another apt run rather than fail at once.
-    inst.env("DEBIAN_FRONTEND", "noninteractive").args(["-o", "DPkg::Lock::Timeout=300", "install", "-y", "-q", "--no-install-recommends"]).args(&missing);
+    inst.env("DEBIAN_FRONTEND", "noninteractive")
+        .args([
+            "-o",
+            "DPkg::Lock::Timeout=300",
+            "install",
+            "-y",
+            "-q",
+            "--no-install-recommends",
+        ])
+        .args(&missing);
     run(&mut inst).with_context(|| format!("apt-get install {missing:?} failed"))
 }
 
@@ -57,16 +77,27 @@ fn nightly_ok() -> Result<bool> {
     let Some(v) = output(Command::new("rustc").arg(format!("+{NIGHTLY}")).arg("-vV")) else {
         return Ok(false);
     };
-    let llvm = v.lines().find_map(|l| l.strip_prefix("LLVM version: ")).unwrap_or("?");
+    let llvm = v
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .unwrap_or("?");
     if !llvm.starts_with(&format!("{LLVM_MAJOR}.")) {
         bail!("{NIGHTLY} uses LLVM {llvm}, but bpf-linker is built against LLVM {LLVM_MAJOR}: the eBPF link would fail with 'Invalid record'. Pin a nightly on LLVM {LLVM_MAJOR}.");
     }
-    let sysroot = output(Command::new("rustc").arg(format!("+{NIGHTLY}")).args(["--print", "sysroot"])).unwrap_or_default();
-    Ok(Path::new(sysroot.trim()).join("lib/rustlib/src/rust/library/core").is_dir())
+    let sysroot = output(
+        Command::new("rustc")
+            .arg(format!("+{NIGHTLY}"))
+            .args(["--print", "sysroot"]),
+    )
+    .unwrap_or_default();
+    Ok(Path::new(sysroot.trim())
+        .join("lib/rustlib/src/rust/library/core")
+        .is_dir())
 }
 
 fn bpf_linker_ok() -> bool {
-    output(Command::new("bpf-linker").arg("--version")).is_some_and(|v| v.contains(BPF_LINKER.trim_end_matches(".0")))
+    output(Command::new("bpf-linker").arg("--version"))
+        .is_some_and(|v| v.contains(BPF_LINKER.trim_end_matches(".0")))
 }
 
 /// Install what is missing; return the route the eBPF build will take.
@@ -77,7 +108,15 @@ pub fn setup() -> Result<Route> {
         Route::Rustup
     } else {
         let st = Command::new("rustup")
-            .args(["toolchain", "install", NIGHTLY, "--profile", "minimal", "--component", "rust-src"])
+            .args([
+                "toolchain",
+                "install",
+                NIGHTLY,
+                "--profile",
+                "minimal",
+                "--component",
+                "rust-src",
+            ])
             .status();
         if matches!(st, Ok(s) if s.success()) && nightly_ok()? {
             Route::Rustup
@@ -99,8 +138,14 @@ pub fn setup() -> Result<Route> {
         if matches!(route, Route::Rustup) {
             c.arg("+stable");
         }
-        c.env("LLVM_PREFIX", LLVM_PREFIX)
-            .args(["install", "--locked", &format!("bpf-linker@{BPF_LINKER}"), "--no-default-features", "--features", "llvm-22"]);
+        c.env("LLVM_PREFIX", LLVM_PREFIX).args([
+            "install",
+            "--locked",
+            &format!("bpf-linker@{BPF_LINKER}"),
+            "--no-default-features",
+            "--features",
+            "llvm-22",
+        ]);
         run(&mut c).context("building bpf-linker failed (LLVM_PREFIX must point at llvm-22; /usr/bin/llvm-config is LLVM 14)")?;
     }
     Ok(route)
@@ -117,18 +162,36 @@ pub fn build_ebpf(route: &Route) -> Result<()> {
     let mut c = match route {
         Route::Rustup => {
             let mut c = Command::new("cargo");
-            c.arg(format!("+{NIGHTLY}")).args(["build", "--locked", "--release", "--target", "bpfel-unknown-none", "-Z", "build-std=core"]);
+            c.arg(format!("+{NIGHTLY}")).args([
+                "build",
+                "--locked",
+                "--release",
+                "--target",
+                "bpfel-unknown-none",
+                "-Z",
+                "build-std=core",
+            ]);
             c
         }
         Route::Debian => {
             let mut c = Command::new("cargo-web");
-            c.env("RUSTC_BOOTSTRAP", "1").args(["build", "--locked", "--release", "--target", "bpfel-unknown-none"]);
+            c.env("RUSTC_BOOTSTRAP", "1").args([
+                "build",
+                "--locked",
+                "--release",
+                "--target",
+                "bpfel-unknown-none",
+            ]);
             c
         }
     };
-    c.current_dir(&dir).env_remove("RUSTFLAGS").env_remove("CARGO_BUILD_TARGET");
+    c.current_dir(&dir)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_BUILD_TARGET");
     // `cargo xtask` runs under the stable toolchain; do not let its RUSTUP_TOOLCHAIN leak in.
-    c.env_remove("RUSTUP_TOOLCHAIN").env_remove("RUSTC").env_remove("CARGO");
+    c.env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("RUSTC")
+        .env_remove("CARGO");
     run(&mut c)?;
     let obj = dir.join("target/bpfel-unknown-none/release/nantrace");
     if !obj.exists() {

@@ -16,6 +16,8 @@ use serde_json::Value;
 
 use crate::{root, run};
 
+mod console;
+
 /// One kernel of the matrix and what it is expected to do.
 pub struct Kernel {
     pub label: &'static str,
@@ -36,18 +38,53 @@ pub const KERNELS: &[Kernel] = &[
         label: "5.10-bullseye",
         suite: "bullseye",
         spec: "linux-image-amd64",
-        tracefs: &[("block:block_rq_issue", "request_queue.disk"), ("block:block_rq_complete", "request_queue.disk")],
+        tracefs: &[
+            ("block:block_rq_issue", "request_queue.disk"),
+            ("block:block_rq_complete", "request_queue.disk"),
+        ],
         klog: "/dev/kmsg",
     },
-    Kernel { label: "6.1-bookworm", suite: "bookworm", spec: "linux-image-amd64", tracefs: &[], klog: "printk:console" },
-    Kernel { label: "6.12-trixie", suite: "trixie", spec: "linux-image-amd64", tracefs: &[], klog: "printk:console" },
-    Kernel { label: "6.18-trixie-bpo", suite: "trixie-backports", spec: r"linux-image-6\.18\.[0-9]+\+deb13-amd64", tracefs: &[], klog: "printk:console" },
-    Kernel { label: "7.x-trixie-bpo", suite: "trixie-backports", spec: "linux-image-amd64", tracefs: &[], klog: "printk:console" },
+    Kernel {
+        label: "6.1-bookworm",
+        suite: "bookworm",
+        spec: "linux-image-amd64",
+        tracefs: &[],
+        klog: "printk:console",
+    },
+    Kernel {
+        label: "6.12-trixie",
+        suite: "trixie",
+        spec: "linux-image-amd64",
+        tracefs: &[],
+        klog: "printk:console",
+    },
+    Kernel {
+        label: "6.18-trixie-bpo",
+        suite: "trixie-backports",
+        spec: r"linux-image-6\.18\.[0-9]+\+deb13-amd64",
+        tracefs: &[],
+        klog: "printk:console",
+    },
+    Kernel {
+        label: "7.x-trixie-bpo",
+        suite: "trixie-backports",
+        spec: "linux-image-amd64",
+        tracefs: &[],
+        klog: "printk:console",
+    },
 ];
 
 /// Modules the guest loads (with their dependencies) where the kernel builds them as modules:
 /// 9p for the host's root, loop for block I/O, veth and nf_tables for the TCP retransmit test.
-const MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "loop", "veth", "crc32c_generic", "nf_tables"];
+const MODULES: &[&str] = &[
+    "virtio_pci",
+    "9pnet_virtio",
+    "9p",
+    "loop",
+    "veth",
+    "crc32c_generic",
+    "nf_tables",
+];
 
 /// Tests of those suites that load no probes (`--no-probes`) and test no kernel, with sleeps
 /// sized for a real machine (a trigger file touched 0.5 s after start): host only, since under
@@ -59,7 +96,10 @@ const HOST_ONLY: &[(&str, &str)] = &[
     // 2026-12-01): the test and `nantrace watch` both waiting on a futex after the job
     // ended, no process in D state, the kernel fine (the snapshot guest.sh takes). Until that
     // userspace hang is found, it runs on the host only; the other block tests run here.
-    ("kernel_events", "writes_past_a_full_backing_store_give_block_errors"),
+    (
+        "kernel_events",
+        "writes_past_a_full_backing_store_give_block_errors",
+    ),
 ];
 
 /// Test suites run in the guest: (path, test target).
@@ -78,23 +118,36 @@ pub struct Args {
 }
 
 fn cache() -> PathBuf {
-    std::env::var_os("NANTRACE_VM_CACHE").map_or_else(|| PathBuf::from("/var/cache/nantrace-vm"), PathBuf::from)
+    std::env::var_os("NANTRACE_VM_CACHE")
+        .map_or_else(|| PathBuf::from("/var/cache/nantrace-vm"), PathBuf::from)
 }
 
 /// The test executables cargo built for `targets`, by target name.
 fn test_binaries(targets: &[&str]) -> Result<BTreeMap<String, PathBuf>> {
     let mut c = Command::new("cargo");
-    c.current_dir(root()).args(["test", "--locked", "-p", "nantrace", "--no-run", "--message-format=json"]);
+    c.current_dir(root()).args([
+        "test",
+        "--locked",
+        "-p",
+        "nantrace",
+        "--no-run",
+        "--message-format=json",
+    ]);
     for t in targets {
         c.args(["--test", t]);
     }
-    let o = c.stderr(std::process::Stdio::inherit()).output().context("cargo test --no-run")?;
+    let o = c
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cargo test --no-run")?;
     if !o.status.success() {
         bail!("cargo test --no-run failed");
     }
     let mut out = BTreeMap::new();
     for line in String::from_utf8_lossy(&o.stdout).lines() {
-        let Ok(v) = serde_json::from_str::<Value>(line) else { continue };
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
         if let (Some(exe), Some(name)) = (v["executable"].as_str(), v["target"]["name"].as_str()) {
             if v["target"]["kind"][0] == "test" {
                 out.insert(name.to_string(), PathBuf::from(exe));
@@ -142,7 +195,10 @@ pub fn key_line(why: &str) -> String {
         let d = s.bytes().take_while(u8::is_ascii_digit).count();
         d > 0 && s[d..].starts_with(": (")
     };
-    match parts.iter().rposition(|p| is_insn(p.rsplit(" ... ").next().unwrap_or(p))) {
+    match parts
+        .iter()
+        .rposition(|p| is_insn(p.rsplit(" ... ").next().unwrap_or(p)))
+    {
         Some(i) => {
             let insn = parts[i].rsplit(" ... ").next().unwrap_or(parts[i]);
             let insn = insn.split(" ; ").next().unwrap_or(insn).trim();
@@ -164,31 +220,45 @@ fn check_doctor(k: &Kernel, d: &Value, problems: &mut Vec<String>) {
         let attached = p["attached"] == true;
         let reason = p["reason"].as_str().unwrap_or("");
         if !attached {
-            let expected = tp == "printk:console" && k.klog == "/dev/kmsg" && reason.contains("/dev/kmsg");
+            let expected =
+                tp == "printk:console" && k.klog == "/dev/kmsg" && reason.contains("/dev/kmsg");
             if !expected {
                 problems.push(format!("{tp} not attached: {reason}"));
             }
             continue;
         }
-        let Some(why) = p["btf_fallback"].as_str() else { continue };
+        let Some(why) = p["btf_fallback"].as_str() else {
+            continue;
+        };
         // Probes with a BTF program that run on tracefs.
         if p["path"] != "tracefs" {
             continue;
         }
         match k.tracefs.iter().find(|(t, _)| *t == tp) {
             Some((_, words)) if why.contains(words) => {}
-            Some((_, words)) => problems.push(format!("{tp} on tracefs, but not for the expected reason ({words}): {}", key_line(why))),
+            Some((_, words)) => problems.push(format!(
+                "{tp} on tracefs, but not for the expected reason ({words}): {}",
+                key_line(why)
+            )),
             None => problems.push(format!("{tp} on tracefs: {}", key_line(why))),
         }
     }
     for (tp, _) in k.tracefs {
-        if probes.iter().any(|p| p["tracepoint"] == *tp && p["path"] == "btf") {
-            problems.push(format!("{tp} is on BTF, expected on tracefs: update KERNELS in xtask/src/vm.rs"));
+        if probes
+            .iter()
+            .any(|p| p["tracepoint"] == *tp && p["path"] == "btf")
+        {
+            problems.push(format!(
+                "{tp} is on BTF, expected on tracefs: update KERNELS in xtask/src/vm.rs"
+            ));
         }
     }
     let src = d["kernel_log"]["source"].as_str().unwrap_or("none");
     if src != k.klog {
-        problems.push(format!("kernel log from {src}, expected {}: {}", k.klog, d["kernel_log"]["why"]));
+        problems.push(format!(
+            "kernel log from {src}, expected {}: {}",
+            k.klog, d["kernel_log"]["why"]
+        ));
     }
 }
 
@@ -197,11 +267,21 @@ fn check_doctor(k: &Kernel, d: &Value, problems: &mut Vec<String>) {
 /// output can land on its `test NAME ... ` line, e.g. a shell's "Killed").
 fn parse_suite(log: &str) -> (usize, Vec<String>, usize, bool) {
     let Some(result) = log.lines().rev().find(|l| l.starts_with("test result:")) else {
-        let started = log.lines().filter(|l| l.starts_with("test ") && l.contains(" ... ")).count();
+        let started = log
+            .lines()
+            .filter(|l| l.starts_with("test ") && l.contains(" ... "))
+            .count();
         return (0, Vec::new(), started, false);
     };
     let num = |word: &str| {
-        result.split(';').find_map(|part| part.trim().strip_suffix(word).and_then(|n| n.trim().rsplit(' ').next()?.parse::<usize>().ok())).unwrap_or(0)
+        result
+            .split(';')
+            .find_map(|part| {
+                part.trim()
+                    .strip_suffix(word)
+                    .and_then(|n| n.trim().rsplit(' ').next()?.parse::<usize>().ok())
+            })
+            .unwrap_or(0)
     };
     let (passed, failed_n, ignored) = (num("passed"), num("failed"), num("ignored"));
     let mut failed = Vec::new();
@@ -232,8 +312,13 @@ fn passed_alone(log: &str, rc: &str) -> bool {
 /// line and the few after it, each cut short, so that a CI log shows why without the guest's
 /// files (which stay on the CI machine).
 fn panic_of(log: &str, name: &str) -> String {
-    let Some(pos) = log.find(&format!("---- {name} stdout ----")) else { return String::new() };
-    let mut lines = log[pos..].lines().skip(1).skip_while(|l| !l.contains("panicked at"));
+    let Some(pos) = log.find(&format!("---- {name} stdout ----")) else {
+        return String::new();
+    };
+    let mut lines = log[pos..]
+        .lines()
+        .skip(1)
+        .skip_while(|l| !l.contains("panicked at"));
     let mut out = String::new();
     for l in lines.by_ref().take(4) {
         if l.starts_with("---- ") || l.starts_with("note: run with") || l.trim() == "failures:" {
@@ -245,21 +330,55 @@ fn panic_of(log: &str, name: &str) -> String {
     out
 }
 
-fn run_kernel(k: &Kernel, dir: &Path, nt: &Path, bins: &BTreeMap<String, PathBuf>) -> Result<Outcome> {
+/// What a guest that did not finish was doing: the last test its running suite started
+/// (`test NAME ...` without a result), so that a panic or a hang names the test.
+fn running_test(dir: &Path) -> String {
+    for (path, t) in SUITES.iter().rev() {
+        let log = read(&dir.join(format!("test.{path}.{t}.log")));
+        if log.is_empty() || dir.join(format!("test.{path}.{t}.rc")).exists() {
+            continue;
+        }
+        let last = log
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("test "))
+            .unwrap_or("(before its first test)");
+        return format!(", during {t} ({path}): {last}");
+    }
+    String::new()
+}
+
+fn run_kernel(
+    k: &Kernel,
+    dir: &Path,
+    nt: &Path,
+    bins: &BTreeMap<String, PathBuf>,
+) -> Result<Outcome> {
     let mut o = Outcome::default();
     let kdir = cache().join("kernels").join(k.label);
     let mut fetch = Command::new("bash");
-    fetch.arg(root().join("scripts/vm/fetch-kernel.sh")).arg(cache()).args([k.label, k.suite, k.spec]).args(MODULES);
+    fetch
+        .arg(root().join("scripts/vm/fetch-kernel.sh"))
+        .arg(cache())
+        .args([k.label, k.suite, k.spec])
+        .args(MODULES);
     run(&mut fetch).with_context(|| format!("fetching the {} kernel", k.label))?;
     o.package = read(&kdir.join("package")).trim().to_string();
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir)?;
     std::fs::copy(root().join("scripts/vm/guest.sh"), dir.join("guest.sh"))?;
     for (suite, _) in HOST_ONLY {
-        let skips: Vec<String> = HOST_ONLY.iter().filter(|(s, _)| s == suite).map(|(_, t)| format!("--skip {t}")).collect();
+        let skips: Vec<String> = HOST_ONLY
+            .iter()
+            .filter(|(s, _)| s == suite)
+            .map(|(_, t)| format!("--skip {t}"))
+            .collect();
         std::fs::write(dir.join(format!("args.{suite}")), skips.join(" "))?;
     }
-    let tests: Vec<String> = SUITES.iter().map(|(path, t)| format!("{path}:{t}:{}", bins[*t].display())).collect();
+    let tests: Vec<String> = SUITES
+        .iter()
+        .map(|(path, t)| format!("{path}:{t}:{}", bins[*t].display()))
+        .collect();
     let expect_tracefs: Vec<&str> = k.tracefs.iter().map(|(t, _)| *t).collect();
     std::fs::write(
         dir.join("vm.env"),
@@ -272,7 +391,12 @@ fn run_kernel(k: &Kernel, dir: &Path, nt: &Path, bins: &BTreeMap<String, PathBuf
         ),
     )?;
     let t0 = Instant::now();
-    let st = Command::new("bash").arg(root().join("scripts/vm/boot.sh")).arg(&kdir).arg(dir).arg("1500").status()?;
+    let st = Command::new("bash")
+        .arg(root().join("scripts/vm/boot.sh"))
+        .arg(&kdir)
+        .arg(dir)
+        .arg("1500")
+        .status()?;
     o.wall_s = t0.elapsed().as_secs_f64();
     if !st.success() {
         o.problems.push(format!("qemu: {st}"));
@@ -280,8 +404,11 @@ fn run_kernel(k: &Kernel, dir: &Path, nt: &Path, bins: &BTreeMap<String, PathBuf
     o.finished = dir.join("done").exists();
     if !o.finished {
         let serial = read(&dir.join("serial.log"));
-        let tail: Vec<&str> = serial.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect();
-        o.problems.push(format!("the guest did not finish; serial console ends:\n{}", tail.join("\n")));
+        o.problems.push(format!(
+            "the guest did not finish{}{}",
+            running_test(dir),
+            console::story(&serial)
+        ));
     }
     o.uname = read(&dir.join("uname")).trim().to_string();
     o.boot_s = read(&dir.join("boot_to_init_s")).trim().to_string();
@@ -290,49 +417,134 @@ fn run_kernel(k: &Kernel, dir: &Path, nt: &Path, bins: &BTreeMap<String, PathBuf
     for (path, t) in SUITES {
         let log = read(&dir.join(format!("test.{path}.{t}.log")));
         let (passed, failed, total, finished) = parse_suite(&log);
-        let secs = read(&dir.join(format!("test.{path}.{t}.time"))).split_whitespace().filter_map(|x| x.parse::<f64>().ok()).collect::<Vec<_>>();
-        let secs = if secs.len() == 2 { secs[1] - secs[0] } else { 0.0 };
+        let secs = read(&dir.join(format!("test.{path}.{t}.time")))
+            .split_whitespace()
+            .filter_map(|x| x.parse::<f64>().ok())
+            .collect::<Vec<_>>();
+        let secs = if secs.len() == 2 {
+            secs[1] - secs[0]
+        } else {
+            0.0
+        };
         if !finished {
-            o.problems.push(format!("{t} ({path}) did not finish (rc {})", read(&dir.join(format!("test.{path}.{t}.rc"))).trim()));
+            o.problems.push(format!(
+                "{t} ({path}) did not finish (rc {})",
+                read(&dir.join(format!("test.{path}.{t}.rc"))).trim()
+            ));
         }
         for f in &failed {
             let rerun = read(&dir.join(format!("rerun.{path}.{t}.{f}.log")));
             let again = read(&dir.join(format!("rerun.{path}.{t}.{f}.rc")));
             if passed_alone(&rerun, &again) {
-                o.flaky.push(format!("{t} ({path}): {f} failed, then passed alone{}", panic_of(&log, f)));
+                o.flaky.push(format!(
+                    "{t} ({path}): {f} failed, then passed alone{}",
+                    panic_of(&log, f)
+                ));
             } else {
-                let second = if rerun.is_empty() { String::new() } else { format!("\n    and again alone (rc {}){}", again.trim(), panic_of(&rerun, f)) };
-                o.problems.push(format!("{t} ({path}): {f} FAILED{}{second}", panic_of(&log, f)));
+                let second = if rerun.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "\n    and again alone (rc {}){}",
+                        again.trim(),
+                        panic_of(&rerun, f)
+                    )
+                };
+                o.problems.push(format!(
+                    "{t} ({path}): {f} FAILED{}{second}",
+                    panic_of(&log, f)
+                ));
             }
         }
-        o.suites.push(((*path).to_string(), (*t).to_string(), passed, failed, total, secs, finished));
+        o.suites.push((
+            (*path).to_string(),
+            (*t).to_string(),
+            passed,
+            failed,
+            total,
+            secs,
+            finished,
+        ));
     }
     Ok(o)
 }
 
 fn probe_cell(d: &Value) -> (String, String, String, String) {
-    let Some(probes) = d["probes"].as_array() else { return ("-".into(), "-".into(), "-".into(), "-".into()) };
+    let Some(probes) = d["probes"].as_array() else {
+        return ("-".into(), "-".into(), "-".into(), "-".into());
+    };
     let attached = probes.iter().filter(|p| p["attached"] == true).count();
-    let count = |path: &str| probes.iter().filter(|p| p["attached"] == true && p["path"] == path).count();
-    let short = |tp: &str| tp.rsplit(':').next().unwrap_or(tp).trim_start_matches("sched_process_").trim_start_matches("block_").to_string();
-    let btf: Vec<String> = probes.iter().filter(|p| p["attached"] == true && p["path"] == "btf").map(|p| short(p["tracepoint"].as_str().unwrap_or("?"))).collect();
+    let count = |path: &str| {
+        probes
+            .iter()
+            .filter(|p| p["attached"] == true && p["path"] == path)
+            .count()
+    };
+    let short = |tp: &str| {
+        tp.rsplit(':')
+            .next()
+            .unwrap_or(tp)
+            .trim_start_matches("sched_process_")
+            .trim_start_matches("block_")
+            .to_string()
+    };
+    let btf: Vec<String> = probes
+        .iter()
+        .filter(|p| p["attached"] == true && p["path"] == "btf")
+        .map(|p| short(p["tracepoint"].as_str().unwrap_or("?")))
+        .collect();
     let fallback: Vec<String> = probes
         .iter()
         .filter(|p| p["path"] == "tracefs" && p["btf_fallback"].is_string())
-        .map(|p| format!("{}: {}", short(p["tracepoint"].as_str().unwrap_or("?")), key_line(p["btf_fallback"].as_str().unwrap_or(""))))
+        .map(|p| {
+            format!(
+                "{}: {}",
+                short(p["tracepoint"].as_str().unwrap_or("?")),
+                key_line(p["btf_fallback"].as_str().unwrap_or(""))
+            )
+        })
         .collect();
-    let not: Vec<String> = probes.iter().filter(|p| p["attached"] != true).map(|p| p["tracepoint"].as_str().unwrap_or("?").to_string()).collect();
+    let not: Vec<String> = probes
+        .iter()
+        .filter(|p| p["attached"] != true)
+        .map(|p| p["tracepoint"].as_str().unwrap_or("?").to_string())
+        .collect();
     (
-        format!("{attached}/{} (btf {}, tracefs {}, kmsg {})", probes.len(), count("btf"), count("tracefs"), count("kmsg")),
-        if btf.is_empty() { "-".into() } else { btf.join(", ") },
-        if fallback.is_empty() { "-".into() } else { fallback.join("; ").replace('|', "\\|") },
-        if not.is_empty() { not.join(", ") } else { "-".into() },
+        format!(
+            "{attached}/{} (btf {}, tracefs {}, kmsg {})",
+            probes.len(),
+            count("btf"),
+            count("tracefs"),
+            count("kmsg")
+        ),
+        if btf.is_empty() {
+            "-".into()
+        } else {
+            btf.join(", ")
+        },
+        if fallback.is_empty() {
+            "-".into()
+        } else {
+            fallback.join("; ").replace('|', "\\|")
+        },
+        if not.is_empty() {
+            not.join(", ")
+        } else {
+            "-".into()
+        },
     )
 }
 
 fn table(rows: &[(&Kernel, Outcome)], total_s: f64) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "Kernel matrix, {} UTC, nantrace at {}; {} kernels in {:.0} s (TCG, 2 vCPUs).\n", now_utc(), git_rev(), rows.len(), total_s);
+    let _ = writeln!(
+        s,
+        "Kernel matrix, {} UTC, nantrace at {}; {} kernels in {:.0} s (TCG, 2 vCPUs).\n",
+        now_utc(),
+        git_rev(),
+        rows.len(),
+        total_s
+    );
     let _ = writeln!(s, "| kernel | package | boot→init s | probes attached | on BTF | on tracefs, and why | not attached | kernel log | tests (btf) | tests (tracefs) | wall s | result |");
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (k, o) in rows {
@@ -378,28 +590,59 @@ fn table(rows: &[(&Kernel, Outcome)], total_s: f64) -> String {
 }
 
 fn now_utc() -> String {
-    Command::new("date").args(["-u", "+%Y-%m-%d %H:%M"]).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default()
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
 }
 
 fn git_rev() -> String {
-    Command::new("git").current_dir(root()).args(["rev-parse", "--short", "HEAD"]).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default()
+    Command::new("git")
+        .current_dir(root())
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
 }
 
 pub fn vm_test(args: &Args, nt: &Path) -> Result<()> {
-    crate::setup::apt_install(&["qemu-system-x86", "busybox-static", "cpio", "xz-utils", "zstd", "kmod", "debian-archive-keyring"])?;
+    crate::setup::apt_install(&[
+        "qemu-system-x86",
+        "busybox-static",
+        "cpio",
+        "xz-utils",
+        "zstd",
+        "kmod",
+        "debian-archive-keyring",
+    ])?;
     let selected: Vec<&Kernel> = match &args.kernels {
         Some(list) => {
             let want: Vec<&str> = list.split(',').collect();
             let ks: Vec<&Kernel> = KERNELS.iter().filter(|k| want.contains(&k.label)).collect();
             if ks.len() != want.len() {
-                bail!("unknown kernel in {list}; known: {}", KERNELS.iter().map(|k| k.label).collect::<Vec<_>>().join(", "));
+                bail!(
+                    "unknown kernel in {list}; known: {}",
+                    KERNELS
+                        .iter()
+                        .map(|k| k.label)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
             }
             ks
         }
         None => KERNELS.iter().collect(),
     };
-    let bins = test_binaries(&["kernel_log", "kernel_membership", "kernel_events", "incident"])?;
-    let base = root().join("target/vm").join(now_utc().replace([' ', ':'], "-"));
+    let bins = test_binaries(&[
+        "kernel_log",
+        "kernel_membership",
+        "kernel_events",
+        "incident",
+    ])?;
+    let base = root()
+        .join("target/vm")
+        .join(now_utc().replace([' ', ':'], "-"));
     let t0 = Instant::now();
     let mut rows = Vec::new();
     for k in selected {
@@ -410,20 +653,58 @@ pub fn vm_test(args: &Args, nt: &Path) -> Result<()> {
         // second boot passes, the first is reported FLAKY with the end of its console, never
         // hidden; if not, both boots' problems stand.
         if !o.finished {
-            let first: Vec<String> = o.problems.iter().map(|p| p.lines().take(1).chain(p.lines().rev().take(3).collect::<Vec<_>>().into_iter().rev()).collect::<Vec<_>>().join("\n      ")).collect();
-            eprintln!("xtask: vm-test: {}: the guest did not finish; booting it once more: {}", k.label, first.join("; "));
+            let first: Vec<String> = o
+                .problems
+                .iter()
+                .map(|p| {
+                    p.lines()
+                        .take(1)
+                        .chain(
+                            p.lines()
+                                .rev()
+                                .take(3)
+                                .collect::<Vec<_>>()
+                                .into_iter()
+                                .rev(),
+                        )
+                        .collect::<Vec<_>>()
+                        .join("\n      ")
+                })
+                .collect();
+            eprintln!(
+                "xtask: vm-test: {}: the guest did not finish; booting it once more: {}",
+                k.label,
+                first.join("; ")
+            );
             let again = run_kernel(k, &base.join(format!("{}-second-boot", k.label)), nt, &bins)?;
             o = if again.problems.is_empty() {
                 let mut a = again;
-                a.flaky.insert(0, format!("the first boot did not finish (its logs: {}): {}", base.join(k.label).display(), first.join("; ")));
+                a.flaky.insert(
+                    0,
+                    format!(
+                        "the first boot did not finish (its logs: {}): {}",
+                        base.join(k.label).display(),
+                        first.join("; ")
+                    ),
+                );
                 a
             } else {
                 let mut a = again;
-                a.problems.extend(first.into_iter().map(|p| format!("first boot: {p}")));
+                a.problems
+                    .extend(first.into_iter().map(|p| format!("first boot: {p}")));
                 a
             };
         }
-        eprintln!("xtask: vm-test: {}: {:.0} s, {}", k.label, o.wall_s, if o.problems.is_empty() { "ok".to_string() } else { o.problems.join("; ") });
+        eprintln!(
+            "xtask: vm-test: {}: {:.0} s, {}",
+            k.label,
+            o.wall_s,
+            if o.problems.is_empty() {
+                "ok".to_string()
+            } else {
+                o.problems.join("; ")
+            }
+        );
         for f in &o.flaky {
             eprintln!("xtask: vm-test: {}: FLAKY: {f}", k.label);
         }
@@ -454,8 +735,14 @@ mod tests {
     #[test]
     fn the_verifier_key_line_is_found_in_doctors_excerpt() {
         let why = "BTF program blk_done_btf refused, so the block pair stays on tracefs: load: the BPF_PROG_LOAD syscall returned Permission denied (os error 13). Verifier output: 0: R1=ctx(off=0,imm=0) R10=fp0 ... 257: (79) r1 = *(u64 *)(r10 -56)      ; R1_w=P0 R10=fp0 refs=404 | 258: (63) *(u32 *)(r7 +4) = r1        ; R1_w=P0 | 259: (79) r1 = *(u64 *)(r10 -80) | invalid read from stack R10 off=-80 size=8 | verification time 285624 usec";
-        assert_eq!(key_line(why), "259: (79) r1 = *(u64 *)(r10 -80) -> invalid read from stack R10 off=-80 size=8");
-        assert_eq!(key_line("sched_process_exit passes (struct task_struct *)"), "sched_process_exit passes (struct task_struct *)");
+        assert_eq!(
+            key_line(why),
+            "259: (79) r1 = *(u64 *)(r10 -80) -> invalid read from stack R10 off=-80 size=8"
+        );
+        assert_eq!(
+            key_line("sched_process_exit passes (struct task_struct *)"),
+            "sched_process_exit passes (struct task_struct *)"
+        );
     }
 
     #[test]
@@ -464,13 +751,19 @@ mod tests {
         let (p, f, t, done) = parse_suite(log);
         assert_eq!((p, f, t, done), (1, vec!["b".to_string()], 3, true));
         // Cut short (a timeout): not finished, the tests that started counted.
-        assert_eq!(parse_suite("test a ... ok\ntest b ... "), (0, vec![], 2, false));
+        assert_eq!(
+            parse_suite("test a ... ok\ntest b ... "),
+            (0, vec![], 2, false)
+        );
     }
 
     #[test]
     fn a_failed_tests_panic_is_quoted() {
         let log = "failures:\n\n---- b stdout ----\n[watch] x\n\nthread 'b' (9) panicked at t.rs:1:2:\ngot 3\nnote: run with `RUST_BACKTRACE=1`\n\n---- c stdout ----\n";
-        assert_eq!(panic_of(log, "b"), "\n      thread 'b' (9) panicked at t.rs:1:2:\n      got 3");
+        assert_eq!(
+            panic_of(log, "b"),
+            "\n      thread 'b' (9) panicked at t.rs:1:2:\n      got 3"
+        );
         assert_eq!(panic_of(log, "zz"), "");
     }
 

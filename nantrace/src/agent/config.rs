@@ -104,10 +104,13 @@ impl Config {
     pub fn load(path: Option<&Path>) -> anyhow::Result<Self> {
         let c = match path {
             Some(p) if p.exists() => {
-                let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading {}", p.display()))?;
                 toml::from_str(&text).with_context(|| format!("{}", p.display()))?
             }
-            Some(p) if p != Path::new(DEFAULT_PATH) => anyhow::bail!("config file {} does not exist", p.display()),
+            Some(p) if p != Path::new(DEFAULT_PATH) => {
+                anyhow::bail!("config file {} does not exist", p.display())
+            }
             _ => Config::default(),
         };
         c.check()?;
@@ -117,7 +120,10 @@ impl Config {
     pub fn check(&self) -> anyhow::Result<()> {
         // A pattern that matches an empty string matches every process or every line: pid 1
         // a job, every line a NaN (redteam3 D-9). `run --nan-pattern` refuses it too.
-        for (key, list) in [("match_commands", &self.match_commands), ("nan_patterns", &self.nan_patterns)] {
+        for (key, list) in [
+            ("match_commands", &self.match_commands),
+            ("nan_patterns", &self.nan_patterns),
+        ] {
             for p in list {
                 let re = regex::Regex::new(p).with_context(|| format!("{key}: {p:?}"))?;
                 // `.`, `.+`, `\S`: whatever matches these unrelated texts matches everything.
@@ -125,30 +131,67 @@ impl Config {
             }
         }
         for d in &self.gpu_devices {
-            let name = Path::new(d).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = Path::new(d)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             // A prefix of what every process holds (`/dev`, `/dev/n`, `/dev/pts`) makes every process a GPU job.
-            let common = ["/dev/null", "/dev/pts/0", "/dev/urandom", "/dev/zero", "/dev/tty", "/dev/shm/x"].iter().any(|c| c.starts_with(d.as_str()));
+            let common = [
+                "/dev/null",
+                "/dev/pts/0",
+                "/dev/urandom",
+                "/dev/zero",
+                "/dev/tty",
+                "/dev/shm/x",
+            ]
+            .iter()
+            .any(|c| c.starts_with(d.as_str()));
             anyhow::ensure!(d.starts_with('/') && !d.ends_with('/') && !name.is_empty() && !d.contains("/../") && !common, "gpu_devices: {d:?} must be an absolute device path prefix that names devices (as /dev/nvidia), not a directory or a prefix of /dev/null: every process holds something under /dev");
         }
         check_dir("spool_dir", &self.spool_dir, true)?;
         check_dir("socket", &self.socket, true)?;
         check_dir("job_dir", &self.job_dir, false)?;
         check_dir("pod_log_dir", &self.pod_log_dir, false)?;
-        anyhow::ensure!(!SYSTEM_DIRS.contains(&self.socket.parent().and_then(Path::to_str).unwrap_or("/")) || self.socket.parent() == Some(Path::new("/run")), "socket {}: put it in a directory of its own (as /run/nantrace/)", self.socket.display());
+        anyhow::ensure!(
+            !SYSTEM_DIRS.contains(&self.socket.parent().and_then(Path::to_str).unwrap_or("/"))
+                || self.socket.parent() == Some(Path::new("/run")),
+            "socket {}: put it in a directory of its own (as /run/nantrace/)",
+            self.socket.display()
+        );
         for t in &self.no_trigger {
-            anyhow::ensure!(crate::trigger::TriggerKind::parse(t).is_some(), "no_trigger: unknown trigger {t:?}");
+            anyhow::ensure!(
+                crate::trigger::TriggerKind::parse(t).is_some(),
+                "no_trigger: unknown trigger {t:?}"
+            );
         }
-        anyhow::ensure!(matches!(self.slurm_jobs.as_str(), "gpu" | "all"), "slurm_jobs must be \"gpu\" or \"all\", not {:?}", self.slurm_jobs);
+        anyhow::ensure!(
+            matches!(self.slurm_jobs.as_str(), "gpu" | "all"),
+            "slurm_jobs must be \"gpu\" or \"all\", not {:?}",
+            self.slurm_jobs
+        );
         anyhow::ensure!(self.webhook_url.is_empty() || self.webhook_url.starts_with("http://"), "webhook_url: only http:// is supported (put a local relay in front of an https endpoint)");
         // The URL goes into a request line: no space, CR, LF or other control character can
         // add a header or a second request (redteam3 D-9).
         anyhow::ensure!(!self.webhook_url.chars().any(|c| c.is_whitespace() || c.is_control()), "webhook_url {:?}: spaces and control characters (CR, LF) are not allowed in a URL; percent-encode them", self.webhook_url);
-        anyhow::ensure!(self.webhook_url.is_empty() || self.webhook_url["http://".len()..].split(['/', '?', '#']).next().is_some_and(|h| !h.is_empty() && !h.contains('@')), "webhook_url {:?}: http://host[:port]/path expected (no user:password@)", self.webhook_url);
+        anyhow::ensure!(
+            self.webhook_url.is_empty()
+                || self.webhook_url["http://".len()..]
+                    .split(['/', '?', '#'])
+                    .next()
+                    .is_some_and(|h| !h.is_empty() && !h.contains('@')),
+            "webhook_url {:?}: http://host[:port]/path expected (no user:password@)",
+            self.webhook_url
+        );
         if !self.metrics_addr.is_empty() {
-            self.metrics_addr.parse::<std::net::SocketAddr>().with_context(|| format!("metrics_addr {:?}", self.metrics_addr))?;
+            self.metrics_addr
+                .parse::<std::net::SocketAddr>()
+                .with_context(|| format!("metrics_addr {:?}", self.metrics_addr))?;
         }
         let range = |name: &str, v: f64, lo: f64, hi: f64| -> anyhow::Result<()> {
-            anyhow::ensure!(v.is_finite() && v >= lo && v <= hi, "{name} must be a number from {lo} to {hi}, not {v}");
+            anyhow::ensure!(
+                v.is_finite() && v >= lo && v <= hi,
+                "{name} must be a number from {lo} to {hi}, not {v}"
+            );
             Ok(())
         };
         range("window_s", self.window_s, 1.0, 86_400.0)?;
@@ -157,15 +200,45 @@ impl Config {
         range("slow_io_ms", self.slow_io_ms, 0.001, 600_000.0)?;
         range("spool_max_age_days", self.spool_max_age_days, 0.0, 36_500.0)?;
         range("webhook_timeout_s", self.webhook_timeout_s, 0.1, 600.0)?;
-        anyhow::ensure!((16..=1 << 20).contains(&self.mem_cap_mb), "mem_cap_mb must be from 16 to 1048576");
-        anyhow::ensure!((1..=1 << 30).contains(&self.spool_max_mb), "spool_max_mb must be from 1 to 2^30");
-        anyhow::ensure!((50..=60_000).contains(&self.scan_interval_ms), "scan_interval_ms must be from 50 to 60000");
-        anyhow::ensure!(matches!(self.drain.as_str(), "off" | "recommend" | "slurm"), "drain must be \"off\", \"recommend\" or \"slurm\", not {:?}", self.drain);
-        anyhow::ensure!((1..=1000).contains(&self.drain_max_per_hour), "drain_max_per_hour must be from 1 to 1000");
-        anyhow::ensure!(self.slurm_node_name.is_empty() || crate::agent::drain::valid_node_name(&self.slurm_node_name), "slurm_node_name {:?}: letters, digits, '-', '_' and '.' only", self.slurm_node_name);
-        anyhow::ensure!(self.webhook_retries <= 10, "webhook_retries must be at most 10");
-        anyhow::ensure!((1..=4096).contains(&self.max_jobs), "max_jobs must be from 1 to 4096");
-        anyhow::ensure!((1..=4096).contains(&self.max_jobs_per_user), "max_jobs_per_user must be from 1 to 4096");
+        anyhow::ensure!(
+            (16..=1 << 20).contains(&self.mem_cap_mb),
+            "mem_cap_mb must be from 16 to 1048576"
+        );
+        anyhow::ensure!(
+            (1..=1 << 30).contains(&self.spool_max_mb),
+            "spool_max_mb must be from 1 to 2^30"
+        );
+        anyhow::ensure!(
+            (50..=60_000).contains(&self.scan_interval_ms),
+            "scan_interval_ms must be from 50 to 60000"
+        );
+        anyhow::ensure!(
+            matches!(self.drain.as_str(), "off" | "recommend" | "slurm"),
+            "drain must be \"off\", \"recommend\" or \"slurm\", not {:?}",
+            self.drain
+        );
+        anyhow::ensure!(
+            (1..=1000).contains(&self.drain_max_per_hour),
+            "drain_max_per_hour must be from 1 to 1000"
+        );
+        anyhow::ensure!(
+            self.slurm_node_name.is_empty()
+                || crate::agent::drain::valid_node_name(&self.slurm_node_name),
+            "slurm_node_name {:?}: letters, digits, '-', '_' and '.' only",
+            self.slurm_node_name
+        );
+        anyhow::ensure!(
+            self.webhook_retries <= 10,
+            "webhook_retries must be at most 10"
+        );
+        anyhow::ensure!(
+            (1..=4096).contains(&self.max_jobs),
+            "max_jobs must be from 1 to 4096"
+        );
+        anyhow::ensure!(
+            (1..=4096).contains(&self.max_jobs_per_user),
+            "max_jobs_per_user must be from 1 to 4096"
+        );
         Ok(())
     }
 
@@ -175,7 +248,11 @@ impl Config {
             window_s: self.window_s,
             mem_cap_mb: (self.mem_cap_mb / 2).max(8),
             post_s: self.post_s,
-            no_trigger: self.no_trigger.iter().filter_map(|t| crate::trigger::TriggerKind::parse(t)).collect(),
+            no_trigger: self
+                .no_trigger
+                .iter()
+                .filter_map(|t| crate::trigger::TriggerKind::parse(t))
+                .collect(),
             trigger_file: None,
             nan_patterns: self.nan_patterns.clone(),
             grad_rule: crate::nanscan::GradRule::Auto,
@@ -193,7 +270,34 @@ pub const DEFAULT_PATH: &str = "/etc/nantrace/agent.toml";
 
 /// Directories of the system that the spool (whose old bundles the agent removes) or the
 /// socket's directory must never be.
-const SYSTEM_DIRS: &[&str] = &["/", "/etc", "/usr", "/usr/local", "/usr/lib", "/bin", "/sbin", "/lib", "/lib64", "/boot", "/dev", "/proc", "/sys", "/run", "/var", "/var/lib", "/var/log", "/var/tmp", "/var/spool", "/home", "/root", "/tmp", "/opt", "/srv", "/mnt", "/media"];
+const SYSTEM_DIRS: &[&str] = &[
+    "/",
+    "/etc",
+    "/usr",
+    "/usr/local",
+    "/usr/lib",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib64",
+    "/boot",
+    "/dev",
+    "/proc",
+    "/sys",
+    "/run",
+    "/var",
+    "/var/lib",
+    "/var/log",
+    "/var/tmp",
+    "/var/spool",
+    "/home",
+    "/root",
+    "/tmp",
+    "/opt",
+    "/srv",
+    "/mnt",
+    "/media",
+];
 
 /// A directory setting: absolute, no `.` or `..` on the way, never a system directory itself
 /// nor under /proc, /sys or /dev (redteam3 D-9: `spool_dir = "/"` was only a warning).
@@ -203,12 +307,29 @@ fn check_dir(key: &str, p: &Path, required: bool) -> anyhow::Result<()> {
         anyhow::ensure!(!required, "{key} must be set");
         return Ok(());
     }
-    anyhow::ensure!(p.is_absolute(), "{key} {}: give an absolute path (the agent's working directory is not a place for it)", p.display());
-    anyhow::ensure!(p.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_))), "{key} {}: no '.' or '..' in the path", p.display());
+    anyhow::ensure!(
+        p.is_absolute(),
+        "{key} {}: give an absolute path (the agent's working directory is not a place for it)",
+        p.display()
+    );
+    anyhow::ensure!(
+        p.components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_))),
+        "{key} {}: no '.' or '..' in the path",
+        p.display()
+    );
     let s = p.to_str().unwrap_or("").trim_end_matches('/');
     let s = if s.is_empty() { "/" } else { s };
-    anyhow::ensure!(key == "socket" || key == "pod_log_dir" || !SYSTEM_DIRS.contains(&s), "{key} {}: a system directory; give one of nantrace's own (as /var/lib/nantrace/incidents)", p.display());
-    anyhow::ensure!(!["/proc", "/sys", "/dev"].iter().any(|d| p.starts_with(d)), "{key} {}: not under /proc, /sys or /dev", p.display());
+    anyhow::ensure!(
+        key == "socket" || key == "pod_log_dir" || !SYSTEM_DIRS.contains(&s),
+        "{key} {}: a system directory; give one of nantrace's own (as /var/lib/nantrace/incidents)",
+        p.display()
+    );
+    anyhow::ensure!(
+        !["/proc", "/sys", "/dev"].iter().any(|d| p.starts_with(d)),
+        "{key} {}: not under /proc, /sys or /dev",
+        p.display()
+    );
     Ok(())
 }
 
@@ -232,7 +353,9 @@ pub struct Args {
 
 impl Args {
     pub(super) fn config(&self) -> anyhow::Result<Config> {
-        let mut c = Config::load(Some(self.config.as_deref().unwrap_or(Path::new(DEFAULT_PATH))))?;
+        let mut c = Config::load(Some(
+            self.config.as_deref().unwrap_or(Path::new(DEFAULT_PATH)),
+        ))?;
         if let Some(v) = &self.spool_dir {
             c.spool_dir.clone_from(v);
         }
@@ -259,7 +382,6 @@ impl Args {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::Config;
@@ -268,7 +390,8 @@ mod tests {
     fn every_key_is_optional_and_typos_are_errors() {
         let c: Config = toml::from_str("").unwrap();
         assert_eq!(c.metrics_addr, "127.0.0.1:9464");
-        let c: Config = toml::from_str("spool_max_mb = 100\nmatch_commands = ['python .*train']\n").unwrap();
+        let c: Config =
+            toml::from_str("spool_max_mb = 100\nmatch_commands = ['python .*train']\n").unwrap();
         assert_eq!(c.spool_max_mb, 100);
         c.check().unwrap();
         assert!(toml::from_str::<Config>("spool_max_bytes = 1").is_err());
@@ -281,15 +404,55 @@ mod tests {
         // Numbers in range and finite (review 14).
         // Redteam3 D-9: what matches everything, system directories, relative paths, URLs
         // that would add a header.
-        for bad in ["match_commands = ['']", "match_commands = ['.*']", "match_commands = ['.']", "nan_patterns = ['.+']", "gpu_devices = ['/dev']", "gpu_devices = ['/dev/n']", "gpu_devices = ['/dev/pts']", "nan_patterns = ['']", "nan_patterns = ['x?']", "gpu_devices = ['']", "gpu_devices = ['/dev/']", "gpu_devices = ['nvidia']", "spool_dir = '/'", "spool_dir = '/etc'", "spool_dir = '/var/lib/'", "spool_dir = 'spool'", "spool_dir = '/var/lib/nantrace/../../..'", "spool_dir = '/proc/self'", "socket = 'agent.sock'", "socket = '/tmp/agent.sock'", "job_dir = 'shared'", "webhook_url = \"http://h/x\\r\\nX-Evil: 1\"", "webhook_url = 'http://h/a b'", "webhook_url = 'http:///x'", "webhook_url = 'http://u:p@h/x'"] {
+        for bad in [
+            "match_commands = ['']",
+            "match_commands = ['.*']",
+            "match_commands = ['.']",
+            "nan_patterns = ['.+']",
+            "gpu_devices = ['/dev']",
+            "gpu_devices = ['/dev/n']",
+            "gpu_devices = ['/dev/pts']",
+            "nan_patterns = ['']",
+            "nan_patterns = ['x?']",
+            "gpu_devices = ['']",
+            "gpu_devices = ['/dev/']",
+            "gpu_devices = ['nvidia']",
+            "spool_dir = '/'",
+            "spool_dir = '/etc'",
+            "spool_dir = '/var/lib/'",
+            "spool_dir = 'spool'",
+            "spool_dir = '/var/lib/nantrace/../../..'",
+            "spool_dir = '/proc/self'",
+            "socket = 'agent.sock'",
+            "socket = '/tmp/agent.sock'",
+            "job_dir = 'shared'",
+            "webhook_url = \"http://h/x\\r\\nX-Evil: 1\"",
+            "webhook_url = 'http://h/a b'",
+            "webhook_url = 'http:///x'",
+            "webhook_url = 'http://u:p@h/x'",
+        ] {
             let c: Config = toml::from_str(bad).unwrap();
             assert!(c.check().is_err(), "{bad} accepted");
         }
-        for good in ["spool_dir = '/var/lib/nantrace/incidents'", "gpu_devices = ['/dev/nvidia', '/tmp/x/nvidia']", "webhook_url = 'http://127.0.0.1:9000/hook?a=1'", "socket = '/run/agent.sock'", "nan_patterns = ['loss=nan']"] {
+        for good in [
+            "spool_dir = '/var/lib/nantrace/incidents'",
+            "gpu_devices = ['/dev/nvidia', '/tmp/x/nvidia']",
+            "webhook_url = 'http://127.0.0.1:9000/hook?a=1'",
+            "socket = '/run/agent.sock'",
+            "nan_patterns = ['loss=nan']",
+        ] {
             let c: Config = toml::from_str(good).unwrap();
             c.check().unwrap_or_else(|e| panic!("{good}: {e:#}"));
         }
-        for bad in ["webhook_timeout_s = -1.0", "sample_s = nan", "window_s = nan", "post_s = -5.0", "spool_max_age_days = nan", "mem_cap_mb = 17592186044416", "max_jobs = 0"] {
+        for bad in [
+            "webhook_timeout_s = -1.0",
+            "sample_s = nan",
+            "window_s = nan",
+            "post_s = -5.0",
+            "spool_max_age_days = nan",
+            "mem_cap_mb = 17592186044416",
+            "max_jobs = 0",
+        ] {
             let c: Config = toml::from_str(bad).unwrap();
             assert!(c.check().is_err(), "{bad} accepted");
         }
@@ -311,8 +474,14 @@ mod docs {
         let shipped = include_str!("../../../dist/agent.toml");
         let v = serde_json::to_value(super::Config::default()).unwrap();
         for k in v.as_object().unwrap().keys() {
-            assert!(doc.contains(&format!("| `{k}` |")), "{k} is not in docs/agent.md's table");
-            assert!(shipped.lines().any(|l| l.starts_with(&format!("{k} ="))), "{k} is not in dist/agent.toml");
+            assert!(
+                doc.contains(&format!("| `{k}` |")),
+                "{k} is not in docs/agent.md's table"
+            );
+            assert!(
+                shipped.lines().any(|l| l.starts_with(&format!("{k} ="))),
+                "{k} is not in dist/agent.toml"
+            );
         }
     }
 }

@@ -47,20 +47,29 @@ pub struct PodRef {
 }
 
 /// Distributed launchers: their workers are one job.
-static LAUNCHER: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?:^|/|\s)(?:torchrun|torch\.distributed\.(?:run|launch)|deepspeed|accelerate(?:\s+launch)?|mpirun|mpiexec|horovodrun|srun|composer|lightning)(?:\s|$)").unwrap());
+static LAUNCHER: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?:^|/|\s)(?:torchrun|torch\.distributed\.(?:run|launch)|deepspeed|accelerate(?:\s+launch)?|mpirun|mpiexec|horovodrun|srun|composer|lightning)(?:\s|$)").unwrap()
+});
 
 /// Slurm's own cgroup locations only (`/slurm[_node]/uid_U/job_J/step_S` for cgroup v1,
 /// `/system.slice/slurmstepd.scope/job_J/step_S` for v2): a path a user can create under
 /// their own delegated subtree (`.../user@U.service/slurm/job_J`) does not count.
-static SLURM_CG: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^/(?:slurm(?:_[^/]+)?/uid_\d+|system\.slice/slurmstepd\.scope)/job_(\d+)(?:/step_([A-Za-z0-9_]+))?").unwrap());
+static SLURM_CG: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^/(?:slurm(?:_[^/]+)?/uid_\d+|system\.slice/slurmstepd\.scope)/job_(\d+)(?:/step_([A-Za-z0-9_]+))?").unwrap()
+});
 
 /// The Slurm job of a process: `SLURM_JOB_ID` in its environment (any proctrack), or the
 /// cgroup path `.../slurm/uid_U/job_J/step_S` (proctrack/cgroup).
 pub fn slurm_from(environ: &[u8], cgroup: &str) -> Option<SlurmRef> {
     let mut r = SlurmRef::default();
     for kv in environ.split(|&b| b == 0) {
-        let Some(eq) = kv.iter().position(|&b| b == b'=') else { continue };
-        let (k, v) = (&kv[..eq], String::from_utf8_lossy(&kv[eq + 1..]).into_owned());
+        let Some(eq) = kv.iter().position(|&b| b == b'=') else {
+            continue;
+        };
+        let (k, v) = (
+            &kv[..eq],
+            String::from_utf8_lossy(&kv[eq + 1..]).into_owned(),
+        );
         match k {
             b"SLURM_JOB_ID" | b"SLURM_JOBID" if r.job_id.is_empty() => r.job_id = v,
             b"SLURM_STEP_ID" | b"SLURM_STEPID" => r.step_id = Some(v),
@@ -88,8 +97,14 @@ pub fn slurm_from(environ: &[u8], cgroup: &str) -> Option<SlurmRef> {
 /// The Kubernetes pod of a process, from its cgroup; names from the downward-API variables
 /// when the pod sets them.
 pub fn pod_from(environ: &[u8], cgroup: &str) -> Option<PodRef> {
-    let k = crate::collect::scheduler::parse_cgroup_file(cgroup).iter().find_map(|l| crate::collect::scheduler::kubernetes_from_cgroup(&l.2))?;
-    let mut p = PodRef { uid: k["pod_uid"].as_str()?.to_string(), container_id: k["container_id"].as_str().map(str::to_string), ..PodRef::default() };
+    let k = crate::collect::scheduler::parse_cgroup_file(cgroup)
+        .iter()
+        .find_map(|l| crate::collect::scheduler::kubernetes_from_cgroup(&l.2))?;
+    let mut p = PodRef {
+        uid: k["pod_uid"].as_str()?.to_string(),
+        container_id: k["container_id"].as_str().map(str::to_string),
+        ..PodRef::default()
+    };
     for kv in environ.split(|&b| b == 0) {
         if let Some(v) = kv.strip_prefix(b"POD_NAMESPACE=") {
             p.namespace = Some(String::from_utf8_lossy(v).into_owned());
@@ -108,7 +123,11 @@ pub const CMDLINE_MAX: usize = 4096;
 fn stat_fields(stat: &str) -> Option<(u32, u32, u64)> {
     let rest = stat.get(stat.rfind(')')? + 2..)?;
     let f: Vec<&str> = rest.split(' ').collect();
-    Some((f.get(1)?.parse().ok()?, f.get(2)?.parse().ok()?, f.get(19)?.parse().ok()?))
+    Some((
+        f.get(1)?.parse().ok()?,
+        f.get(2)?.parse().ok()?,
+        f.get(19)?.parse().ok()?,
+    ))
 }
 
 /// The process name in a stat line (between the first `(` and the last `)`).
@@ -126,12 +145,22 @@ fn stat_comm(stat: &str) -> &str {
 /// (redteam3 D-13: such a job was invisible).
 pub fn proc_dir(root: &Path, pid: u32) -> PathBuf {
     let d = root.join(pid.to_string());
-    let nonempty = |p: &Path| std::fs::File::open(p.join("cmdline")).is_ok_and(|mut f| std::io::Read::read(&mut f, &mut [0u8; 1]).is_ok_and(|n| n > 0));
+    let nonempty = |p: &Path| {
+        std::fs::File::open(p.join("cmdline"))
+            .is_ok_and(|mut f| std::io::Read::read(&mut f, &mut [0u8; 1]).is_ok_and(|n| n > 0))
+    };
     if nonempty(&d) {
         return d;
     }
-    let Ok(tasks) = std::fs::read_dir(d.join("task")) else { return d };
-    tasks.flatten().take(64).map(|t| t.path()).find(|t| t.file_name().is_some_and(|n| n != pid.to_string().as_str()) && nonempty(t)).unwrap_or(d)
+    let Ok(tasks) = std::fs::read_dir(d.join("task")) else {
+        return d;
+    };
+    tasks
+        .flatten()
+        .take(64)
+        .map(|t| t.path())
+        .find(|t| t.file_name().is_some_and(|n| n != pid.to_string().as_str()) && nonempty(t))
+        .unwrap_or(d)
 }
 
 pub fn read_proc(root: &Path, pid: u32) -> Option<Proc> {
@@ -153,10 +182,18 @@ pub fn read_proc(root: &Path, pid: u32) -> Option<Proc> {
         return None; // kernel thread or zombie
     }
     let status = std::fs::read_to_string(d.join("status")).unwrap_or_default();
-    let uid = status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0);
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
     let environ = read_max("environ", 1 << 20);
     let cgroup = String::from_utf8_lossy(&read_max("cgroup", 64 << 10)).into_owned();
-    let cmdline = String::from_utf8_lossy(&cmd).split('\0').filter(|s| !s.is_empty()).collect::<Vec<_>>().join(" ");
+    let cmdline = String::from_utf8_lossy(&cmd)
+        .split('\0')
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
     let mut slurm = slurm_from(&environ, &cgroup);
     // A batch script (slurmstepd runs `<spool>/jobNNN/slurm_script`) has no SLURM_STEP_ID.
     if let Some(s) = slurm.as_mut().filter(|s| s.step_id.is_none()) {
@@ -164,13 +201,26 @@ pub fn read_proc(root: &Path, pid: u32) -> Option<Proc> {
             s.step_id = Some("batch".into());
         }
     }
-    Some(Proc { pid, ppid, pgid, uid, starttime, cmdline, comm, slurm, pod: pod_from(&environ, &cgroup), rank: super::ranks::from_environ(&environ) })
+    Some(Proc {
+        pid,
+        ppid,
+        pgid,
+        uid,
+        starttime,
+        cmdline,
+        comm,
+        slurm,
+        pod: pod_from(&environ, &cgroup),
+        rank: super::ranks::from_environ(&environ),
+    })
 }
 
 /// The device paths among a process's open descriptors that start with one of `prefixes`
 /// (at most 4096 descriptors are looked at).
 pub fn devices_held(root: &Path, pid: u32, prefixes: &[String]) -> Vec<String> {
-    let Ok(rd) = std::fs::read_dir(proc_dir(root, pid).join("fd")) else { return Vec::new() };
+    let Ok(rd) = std::fs::read_dir(proc_dir(root, pid).join("fd")) else {
+        return Vec::new();
+    };
     let mut out = BTreeSet::new();
     for e in rd.flatten().take(4096) {
         if let Ok(t) = std::fs::read_link(e.path()) {
@@ -187,8 +237,13 @@ pub fn devices_held(root: &Path, pid: u32, prefixes: &[String]) -> Vec<String> {
 pub fn gpu_minor_of(pci: &str) -> Option<u32> {
     let base = Path::new("/proc/driver/nvidia/gpus");
     for name in [pci.to_string(), format!("{pci}.0")] {
-        if let Ok(t) = std::fs::read_to_string(base.join(name.to_ascii_lowercase()).join("information")) {
-            return t.lines().find_map(|l| l.strip_prefix("Device Minor:")).and_then(|v| v.trim().parse().ok());
+        if let Ok(t) =
+            std::fs::read_to_string(base.join(name.to_ascii_lowercase()).join("information"))
+        {
+            return t
+                .lines()
+                .find_map(|l| l.strip_prefix("Device Minor:"))
+                .and_then(|v| v.trim().parse().ok());
         }
     }
     None
@@ -196,7 +251,10 @@ pub fn gpu_minor_of(pci: &str) -> Option<u32> {
 
 /// GPU minor numbers from device paths (`/dev/nvidia3` -> 3; `nvidiactl`, `nvidia-uvm`: none).
 pub fn gpu_minors(devices: &[String]) -> BTreeSet<u32> {
-    devices.iter().filter_map(|d| d.rsplit('/').next()?.strip_prefix("nvidia")?.parse().ok()).collect()
+    devices
+        .iter()
+        .filter_map(|d| d.rsplit('/').next()?.strip_prefix("nvidia")?.parse().ok())
+        .collect()
 }
 
 /// A job as discovery sees it.
@@ -224,8 +282,12 @@ impl Found {
         let user = user_name(self.uid);
         let mut id = match (&self.slurm, &self.pod) {
             // The user from the job's uid, not from SLURM_JOB_USER (the process's own word).
-            (Some(s), _) => json!({ "kind": "slurm", "job_id": s.job_id, "step_id": s.step_id, "user": user.or_else(|| s.user.clone()), "uid": self.uid }),
-            (None, Some(p)) => json!({ "kind": "kubernetes", "pod_uid": p.uid, "namespace": p.namespace, "pod": p.name, "container_id": p.container_id, "uid": self.uid }),
+            (Some(s), _) => {
+                json!({ "kind": "slurm", "job_id": s.job_id, "step_id": s.step_id, "user": user.or_else(|| s.user.clone()), "uid": self.uid })
+            }
+            (None, Some(p)) => {
+                json!({ "kind": "kubernetes", "pod_uid": p.uid, "namespace": p.namespace, "pod": p.name, "container_id": p.container_id, "uid": self.uid })
+            }
             _ => json!({ "kind": "process", "root_pid": self.root, "user": user, "uid": self.uid }),
         };
         // Which ranks of a distributed job run here (the launcher's words, as the job set them).
@@ -269,14 +331,26 @@ pub struct Discovery {
 
 impl Discovery {
     pub fn new(root: PathBuf, cfg: &super::config::Config) -> Self {
-        let mut d = Self { root, seen: HashMap::new(), devices: Vec::new(), patterns: Vec::new(), slurm_all: false, ignore: BTreeSet::from([std::process::id()]), slurm_wanted: BTreeSet::new() };
+        let mut d = Self {
+            root,
+            seen: HashMap::new(),
+            devices: Vec::new(),
+            patterns: Vec::new(),
+            slurm_all: false,
+            ignore: BTreeSet::from([std::process::id()]),
+            slurm_wanted: BTreeSet::new(),
+        };
         d.configure(cfg);
         d
     }
 
     pub fn configure(&mut self, cfg: &super::config::Config) {
         self.devices = cfg.gpu_devices.clone();
-        self.patterns = cfg.match_commands.iter().filter_map(|p| Regex::new(p).ok()).collect();
+        self.patterns = cfg
+            .match_commands
+            .iter()
+            .filter_map(|p| Regex::new(p).ok())
+            .collect();
         self.slurm_all = cfg.slurm_jobs == "all";
     }
 
@@ -288,27 +362,45 @@ impl Discovery {
     pub fn scan(&mut self, now_ns: u64) -> Vec<Found> {
         let mut alive = BTreeSet::new();
         // /proc unreadable (out of descriptors): keep what is known rather than forget every job.
-        let Ok(rd) = std::fs::read_dir(&self.root) else { return self.group() };
+        let Ok(rd) = std::fs::read_dir(&self.root) else {
+            return self.group();
+        };
         {
             for e in rd.flatten() {
-                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                    continue;
+                };
                 alive.insert(pid);
                 let fresh = match self.seen.get(&pid) {
                     Some(s) => {
                         // A reused pid is a new process; an exec (the same start time, a new
                         // name: slurmd's fork becoming slurmstepd, `env` becoming the job) a
                         // new command line and environment.
-                        let st = std::fs::read_to_string(self.root.join(pid.to_string()).join("stat")).ok();
+                        let st =
+                            std::fs::read_to_string(self.root.join(pid.to_string()).join("stat"))
+                                .ok();
                         // slurmstepd sets its title (`slurmstepd: [J.S]`) after its exec.
-                        let untitled = s.proc.comm == "slurmstepd" && !s.proc.cmdline.starts_with("slurmstepd: [");
-                        untitled || st.as_deref().and_then(stat_fields).map(|f| f.2) != Some(s.proc.starttime) || st.as_deref().map(stat_comm) != Some(s.proc.comm.as_str())
+                        let untitled = s.proc.comm == "slurmstepd"
+                            && !s.proc.cmdline.starts_with("slurmstepd: [");
+                        untitled
+                            || st.as_deref().and_then(stat_fields).map(|f| f.2)
+                                != Some(s.proc.starttime)
+                            || st.as_deref().map(stat_comm) != Some(s.proc.comm.as_str())
                     }
                     None => true,
                 };
                 if fresh {
                     match read_proc(&self.root, pid) {
                         Some(p) => {
-                            self.seen.insert(pid, Seen { proc: p, devices: Vec::new(), next_fd_check: 0, backoff_ns: 500_000_000 });
+                            self.seen.insert(
+                                pid,
+                                Seen {
+                                    proc: p,
+                                    devices: Vec::new(),
+                                    next_fd_check: 0,
+                                    backoff_ns: 500_000_000,
+                                },
+                            );
                         }
                         None => {
                             self.seen.remove(&pid);
@@ -342,7 +434,10 @@ impl Discovery {
             Some("gpu")
         } else if self.patterns.iter().any(|r| r.is_match(&s.proc.cmdline)) {
             Some("command")
-        } else if self.slurm_of(&s.proc).is_some_and(|sl| self.slurm_all || self.slurm_wanted.contains(&sl.job_id)) {
+        } else if self
+            .slurm_of(&s.proc)
+            .is_some_and(|sl| self.slurm_all || self.slurm_wanted.contains(&sl.job_id))
+        {
             Some("slurm")
         } else {
             None
@@ -355,7 +450,9 @@ impl Discovery {
         for _ in 0..64 {
             let Some(me) = self.seen.get(&cur) else { break };
             match self.seen.get(&me.proc.ppid) {
-                Some(parent) if parent.proc.pid > 1 && same(&me.proc, &parent.proc) => cur = parent.proc.pid,
+                Some(parent) if parent.proc.pid > 1 && same(&me.proc, &parent.proc) => {
+                    cur = parent.proc.pid
+                }
                 _ => break,
             }
         }
@@ -386,18 +483,45 @@ impl Discovery {
     fn group(&self) -> Vec<Found> {
         let mut jobs: BTreeMap<String, Found> = BTreeMap::new();
         for s in self.seen.values() {
-            let Some(reason) = self.reason(s) else { continue };
+            let Some(reason) = self.reason(s) else {
+                continue;
+            };
             let p = &s.proc;
             let (key, root) = if let Some(sl) = self.slurm_of(p) {
-                (format!("slurm-{}", sl.job_id), self.top(p.pid, |a, b| b.slurm.as_ref().is_some_and(|x| x.job_id == a.slurm.as_ref().map_or("", |y| y.job_id.as_str()))))
+                (
+                    format!("slurm-{}", sl.job_id),
+                    self.top(p.pid, |a, b| {
+                        b.slurm.as_ref().is_some_and(|x| {
+                            x.job_id == a.slurm.as_ref().map_or("", |y| y.job_id.as_str())
+                        })
+                    }),
+                )
             } else if let Some(pod) = &p.pod {
-                (format!("pod-{}", pod.uid), self.top(p.pid, |a, b| b.pod.as_ref().map(|x| &x.uid) == a.pod.as_ref().map(|y| &y.uid)))
+                (
+                    format!("pod-{}", pod.uid),
+                    self.top(p.pid, |a, b| {
+                        b.pod.as_ref().map(|x| &x.uid) == a.pod.as_ref().map(|y| &y.uid)
+                    }),
+                )
             } else {
                 // Up through parents that are jobs' processes themselves, then one more step
                 // to a distributed launcher (torchrun's workers hold the GPUs, not torchrun).
-                let mut r = self.top(p.pid, |a, b| a.uid == b.uid && self.seen.get(&b.pid).is_some_and(|s| self.reason(s).is_some()));
-                if let Some(parent) = self.seen.get(&r).and_then(|me| self.seen.get(&me.proc.ppid)) {
-                    if parent.proc.pid > 1 && parent.proc.uid == p.uid && LAUNCHER.is_match(&parent.proc.cmdline) {
+                let mut r = self.top(p.pid, |a, b| {
+                    a.uid == b.uid
+                        && self
+                            .seen
+                            .get(&b.pid)
+                            .is_some_and(|s| self.reason(s).is_some())
+                });
+                if let Some(parent) = self
+                    .seen
+                    .get(&r)
+                    .and_then(|me| self.seen.get(&me.proc.ppid))
+                {
+                    if parent.proc.pid > 1
+                        && parent.proc.uid == p.uid
+                        && LAUNCHER.is_match(&parent.proc.cmdline)
+                    {
                         r = parent.proc.pid;
                     }
                 }
@@ -416,7 +540,11 @@ impl Discovery {
                 reason,
                 ranks: BTreeMap::new(),
             });
-            if let Some(r) = p.rank.as_ref().filter(|_| j.ranks.len() < super::ranks::MAX_RANKS) {
+            if let Some(r) = p
+                .rank
+                .as_ref()
+                .filter(|_| j.ranks.len() < super::ranks::MAX_RANKS)
+            {
                 let mut r = r.clone();
                 r.gpus = gpu_minors(&s.devices).into_iter().collect();
                 j.ranks.insert(p.pid, r);
@@ -426,7 +554,10 @@ impl Discovery {
             j.gpus.extend(gpu_minors(&s.devices));
             j.devices.extend(s.devices.iter().cloned());
             // The job's root: the oldest process found (a Slurm batch script before its steps).
-            let older = |a: u32, b: u32| self.seen.get(&a).map(|s| s.proc.starttime) < self.seen.get(&b).map(|s| s.proc.starttime);
+            let older = |a: u32, b: u32| {
+                self.seen.get(&a).map(|s| s.proc.starttime)
+                    < self.seen.get(&b).map(|s| s.proc.starttime)
+            };
             if root != j.root && older(root, j.root) {
                 j.root = root;
             }

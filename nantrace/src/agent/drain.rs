@@ -23,7 +23,16 @@ use crate::session::Dumped;
 
 /// Signals whose evidence is the kernel's or NVML's and which mean the GPU or the node needs
 /// a reset, a reboot or service before the next job.
-const SERVICE_SIGNALS: &[&str] = &["gpu_fallen_off_bus", "xid_critical", "ecc_uncorrected", "gpu_remap_failure", "gpu_remap_pending", "gpucheck_mismatch", "aer_fatal", "machine_check"];
+const SERVICE_SIGNALS: &[&str] = &[
+    "gpu_fallen_off_bus",
+    "xid_critical",
+    "ecc_uncorrected",
+    "gpu_remap_failure",
+    "gpu_remap_pending",
+    "gpucheck_mismatch",
+    "aer_fatal",
+    "machine_check",
+];
 
 /// How long scontrol may take before it is killed (a slurmctld that does not answer).
 const SCONTROL_TIMEOUT: Duration = Duration::from_secs(15);
@@ -40,7 +49,11 @@ pub enum Mode {
 /// Whether `name` can be a Slurm node name passed to scontrol: no spaces, quotes, `=` or
 /// shell characters (it is an argument, never a shell word, but Slurm parses it too).
 pub fn valid_node_name(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 /// Text for Slurm's reason field: the characters of nantrace's own words and of kernel
@@ -48,7 +61,11 @@ pub fn valid_node_name(name: &str) -> bool {
 fn reason_text(s: &str, max: usize) -> String {
     let mut out = String::new();
     for c in s.chars() {
-        let c = if c.is_ascii_alphanumeric() || " .:_/()+-,#".contains(c) { c } else { ' ' };
+        let c = if c.is_ascii_alphanumeric() || " .:_/()+-,#".contains(c) {
+            c
+        } else {
+            ' '
+        };
         if !(c == ' ' && out.ends_with(' ')) {
             out.push(c);
         }
@@ -68,18 +85,33 @@ pub fn decide(d: &Dumped, incident: &str) -> Result<String, String> {
         return Err(format!("the verdict is {head}, not PROBABLY THE MACHINE"));
     }
     let signal = d.top_signal.unwrap_or("");
-    if family.ends_with(crate::report::rules::JOB_WORDS_SUFFIX) || crate::report::rules::is_job_words(signal) {
+    if family.ends_with(crate::report::rules::JOB_WORDS_SUFFIX)
+        || crate::report::rules::is_job_words(signal)
+    {
         return Err("the evidence is the job's own words".into());
     }
     if !SERVICE_SIGNALS.contains(&signal) {
-        return Err(format!("the top suspect ({signal}) does not need a reset, a reboot or service"));
+        return Err(format!(
+            "the top suspect ({signal}) does not need a reset, a reboot or service"
+        ));
     }
-    if signal == "xid_critical" && d.top_action.is_some_and(|a| a == crate::classify::action_text("restart_app") || a == crate::classify::action_text("none")) {
+    if signal == "xid_critical"
+        && d.top_action.is_some_and(|a| {
+            a == crate::classify::action_text("restart_app")
+                || a == crate::classify::action_text("none")
+        })
+    {
         return Err("NVIDIA's catalog asks only to restart the application".into());
     }
     let evidence = d.top_suspect.as_deref().unwrap_or("");
     let evidence = evidence.split(", ").next().unwrap_or(evidence);
-    Ok(reason_text(&format!("nantrace: {family} {} {incident}", reason_text(evidence, 100)), 200))
+    Ok(reason_text(
+        &format!(
+            "nantrace: {family} {} {incident}",
+            reason_text(evidence, 100)
+        ),
+        200,
+    ))
 }
 
 /// The record of drains: one file per slot `<hour>-<k>` (k < the cap), made with O_EXCL so
@@ -105,20 +137,29 @@ impl Ledger {
         // SAFETY: no arguments, no failure mode.
         let me = unsafe { libc::geteuid() };
         if !m.file_type().is_dir() || m.uid() != me || m.mode() & 0o022 != 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, format!("{} is not this agent's alone", dir.display())));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("{} is not this agent's alone", dir.display()),
+            ));
         }
         Ok(Ledger { dir, scope })
     }
 
     fn slots(&self) -> Vec<(String, String)> {
-        let Ok(rd) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
         rd.flatten()
             .take(10_000)
             .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
             .filter_map(|e| {
                 let name = e.file_name().into_string().ok()?;
                 let mut text = String::new();
-                std::fs::File::open(e.path()).ok()?.take(4096).read_to_string(&mut text).ok()?;
+                std::fs::File::open(e.path())
+                    .ok()?
+                    .take(4096)
+                    .read_to_string(&mut text)
+                    .ok()?;
                 Some((name, text))
             })
             .collect()
@@ -126,7 +167,9 @@ impl Ledger {
 
     /// Whether `incident` drained a node before.
     fn drained(&self, incident: &str) -> bool {
-        self.slots().iter().any(|(_, t)| serde_json::from_str::<Value>(t).is_ok_and(|v| v["incident"] == incident))
+        self.slots()
+            .iter()
+            .any(|(_, t)| serde_json::from_str::<Value>(t).is_ok_and(|v| v["incident"] == incident))
     }
 
     /// A slot of `hour` for this drain, or None when the cap's are all taken.
@@ -150,9 +193,16 @@ impl Ledger {
     }
 
     fn prune(&self, hour: i64) {
-        let Ok(d) = safefs::Dir::open(&self.dir) else { return };
+        let Ok(d) = safefs::Dir::open(&self.dir) else {
+            return;
+        };
         for (name, _) in self.slots() {
-            if name.split('-').next().and_then(|h| h.parse::<i64>().ok()).is_some_and(|h| h < hour - LEDGER_KEEP_HOURS) {
+            if name
+                .split('-')
+                .next()
+                .and_then(|h| h.parse::<i64>().ok())
+                .is_some_and(|h| h < hour - LEDGER_KEEP_HOURS)
+            {
                 let _ = d.remove(&name);
             }
         }
@@ -185,7 +235,12 @@ pub struct Drainer {
 
 /// Run scontrol with a deadline; (success, stdout + stderr).
 fn scontrol(bin: &Path, args: &[&str]) -> (bool, String) {
-    let child = Command::new(bin).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
+    let child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
     let mut child = match child {
         Ok(c) => c,
         Err(e) => return (false, format!("{}: {e}", bin.display())),
@@ -203,11 +258,19 @@ fn scontrol(bin: &Path, args: &[&str]) -> (bool, String) {
                 }
                 return (st.success(), out.trim().to_string());
             }
-            Ok(None) if t0.elapsed() < SCONTROL_TIMEOUT => std::thread::sleep(Duration::from_millis(50)),
+            Ok(None) if t0.elapsed() < SCONTROL_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return (false, format!("scontrol did not answer within {} s", SCONTROL_TIMEOUT.as_secs()));
+                return (
+                    false,
+                    format!(
+                        "scontrol did not answer within {} s",
+                        SCONTROL_TIMEOUT.as_secs()
+                    ),
+                );
             }
         }
     }
@@ -215,7 +278,10 @@ fn scontrol(bin: &Path, args: &[&str]) -> (bool, String) {
 
 impl Drainer {
     pub fn command(&self, reason: &str) -> String {
-        format!("scontrol update NodeName={} State=DRAIN Reason=\"{reason}\"", self.node)
+        format!(
+            "scontrol update NodeName={} State=DRAIN Reason=\"{reason}\"",
+            self.node
+        )
     }
 
     /// The node's Slurm state (`IDLE`, `MIXED+DRAIN`, `DOWN*`, ...).
@@ -224,18 +290,33 @@ impl Drainer {
         if !ok {
             return Err(out);
         }
-        out.split_whitespace().find_map(|w| w.strip_prefix("State=")).map(str::to_string).ok_or_else(|| format!("no State= in scontrol's answer: {out}"))
+        out.split_whitespace()
+            .find_map(|w| w.strip_prefix("State="))
+            .map(str::to_string)
+            .ok_or_else(|| format!("no State= in scontrol's answer: {out}"))
     }
 
     /// Act on one incident's decision (blocking: scontrol runs here).
     pub fn act(&self, ask: Result<String, String>, incident: &str, now_s: i64) -> Outcome {
         let reason = match ask {
             Ok(r) => r,
-            Err(why) => return Outcome { action: "not_needed", command: None, text: format!("no drain: {why}") },
+            Err(why) => {
+                return Outcome {
+                    action: "not_needed",
+                    command: None,
+                    text: format!("no drain: {why}"),
+                }
+            }
         };
         let command = self.command(&reason);
         if self.mode == Mode::Recommend {
-            return Outcome { action: "recommended", text: format!("drain recommended (drain = \"recommend\"); to drain, run: {command}"), command: Some(command) };
+            return Outcome {
+                action: "recommended",
+                text: format!(
+                    "drain recommended (drain = \"recommend\"); to drain, run: {command}"
+                ),
+                command: Some(command),
+            };
         }
         let Some(ledger) = &self.ledger else {
             return Outcome { action: "failed", text: format!("not drained: no ledger to cap drains with (see the agent's start); run by hand if right: {command}"), command: Some(command) };
@@ -252,7 +333,8 @@ impl Drainer {
             Ok(_) => {}
             Err(e) => return Outcome { action: "failed", text: format!("not drained: the node's state in Slurm is unknown ({e}); run by hand if right: {command}"), command: Some(command) },
         }
-        let record = json!({ "node": self.node, "incident": incident, "time_s": now_s, "reason": reason });
+        let record =
+            json!({ "node": self.node, "incident": incident, "time_s": now_s, "reason": reason });
         let slot = match ledger.claim(hour, self.cap, &record) {
             Ok(Some(s)) => s,
             Ok(None) => {
@@ -266,12 +348,23 @@ impl Drainer {
         };
         let arg_node = format!("NodeName={}", self.node);
         let arg_reason = format!("Reason={reason}");
-        let (ok, out) = scontrol(&self.scontrol, &["update", &arg_node, "State=DRAIN", &arg_reason]);
+        let (ok, out) = scontrol(
+            &self.scontrol,
+            &["update", &arg_node, "State=DRAIN", &arg_reason],
+        );
         if ok {
-            Outcome { action: "drained", text: format!("drained {} in Slurm: {command}", self.node), command: Some(command) }
+            Outcome {
+                action: "drained",
+                text: format!("drained {} in Slurm: {command}", self.node),
+                command: Some(command),
+            }
         } else {
             ledger.release(&slot);
-            Outcome { action: "failed", text: format!("drain failed: {out}; run by hand if right: {command}"), command: Some(command) }
+            Outcome {
+                action: "failed",
+                text: format!("drain failed: {out}; run by hand if right: {command}"),
+                command: Some(command),
+            }
         }
     }
 }
@@ -281,8 +374,16 @@ impl Drainer {
 pub fn append_to_report(bundle: &Path, o: &Outcome) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = std::fs::OpenOptions::new().append(true).custom_flags(libc::O_NOFOLLOW).open(bundle.join("report.md"))?;
-    writeln!(f, "\n## Drain\n\n{}: {}", o.action, crate::report::md(&o.text))
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(bundle.join("report.md"))?;
+    writeln!(
+        f,
+        "\n## Drain\n\n{}: {}",
+        o.action,
+        crate::report::md(&o.text)
+    )
 }
 
 #[cfg(test)]
@@ -292,13 +393,21 @@ mod tests;
 /// cluster's in the job directory when the agent uses one, else this node's in the spool; a
 /// ledger that cannot be opened is said, and every drain then fails with that message
 /// (nothing drains without a cap).
-pub fn start(cfg: &super::Config, host: &str, job_dir_in_use: bool) -> Option<std::sync::Arc<Drainer>> {
+pub fn start(
+    cfg: &super::Config,
+    host: &str,
+    job_dir_in_use: bool,
+) -> Option<std::sync::Arc<Drainer>> {
     let mode = match cfg.drain.as_str() {
         "recommend" => Mode::Recommend,
         "slurm" => Mode::Slurm,
         _ => return None,
     };
-    let node = if cfg.slurm_node_name.is_empty() { host.split('.').next().unwrap_or(host).to_string() } else { cfg.slurm_node_name.clone() };
+    let node = if cfg.slurm_node_name.is_empty() {
+        host.split('.').next().unwrap_or(host).to_string()
+    } else {
+        cfg.slurm_node_name.clone()
+    };
     if !valid_node_name(&node) {
         crate::say!("nantrace: drain: the host name {node:?} is not a Slurm node name; set slurm_node_name: drains are off");
         return None;
@@ -306,7 +415,11 @@ pub fn start(cfg: &super::Config, host: &str, job_dir_in_use: bool) -> Option<st
     let ledger = match mode {
         Mode::Recommend => None,
         Mode::Slurm => {
-            let (parent, scope) = if job_dir_in_use { (cfg.job_dir.as_path(), "the cluster") } else { (cfg.spool_dir.as_path(), "this node") };
+            let (parent, scope) = if job_dir_in_use {
+                (cfg.job_dir.as_path(), "the cluster")
+            } else {
+                (cfg.spool_dir.as_path(), "this node")
+            };
             match Ledger::open(parent, scope) {
                 Ok(l) => Some(l),
                 Err(e) => {
@@ -316,34 +429,59 @@ pub fn start(cfg: &super::Config, host: &str, job_dir_in_use: bool) -> Option<st
             }
         }
     };
-    crate::say!("nantrace: drain = {:?} for Slurm node {node}, at most {} per hour on {}", cfg.drain, cfg.drain_max_per_hour, ledger.as_ref().map_or("-", |l| l.scope));
-    Some(std::sync::Arc::new(Drainer { mode, node, cap: cfg.drain_max_per_hour, ledger, scontrol: PathBuf::from("scontrol") }))
+    crate::say!(
+        "nantrace: drain = {:?} for Slurm node {node}, at most {} per hour on {}",
+        cfg.drain,
+        cfg.drain_max_per_hour,
+        ledger.as_ref().map_or("-", |l| l.scope)
+    );
+    Some(std::sync::Arc::new(Drainer {
+        mode,
+        node,
+        cap: cfg.drain_max_per_hour,
+        ledger,
+        scontrol: PathBuf::from("scontrol"),
+    }))
 }
 
 /// After a bundle: decide, act on a thread of its own (scontrol may be slow), say it, count
 /// it, append it to the bundle's report.md, and hand the incident's record, with its `drain`,
 /// to `publish` (the agent's incident list and webhook).
-pub fn after_dump(drainer: &std::sync::Arc<Drainer>, d: &Dumped, metrics: std::sync::Arc<super::Metrics>, label: String, mut rec: Value, publish: Box<dyn FnOnce(Value) + Send>) {
+pub fn after_dump(
+    drainer: &std::sync::Arc<Drainer>,
+    d: &Dumped,
+    metrics: std::sync::Arc<super::Metrics>,
+    label: String,
+    mut rec: Value,
+    publish: Box<dyn FnOnce(Value) + Send>,
+) {
     let Some(dir) = d.dir.clone() else {
         publish(rec);
         return;
     };
-    let incident = dir.file_name().map_or_else(|| "?".to_string(), |n| n.to_string_lossy().into_owned());
+    let incident = dir
+        .file_name()
+        .map_or_else(|| "?".to_string(), |n| n.to_string_lossy().into_owned());
     let ask = decide(d, &incident);
     let dr = drainer.clone();
-    let spawned = std::thread::Builder::new().name("nantrace-drain".into()).spawn(move || {
-        let now_s = (crate::clock::realtime_ns() / 1_000_000_000) as i64;
-        let o = dr.act(ask, &incident, now_s);
-        metrics.inc("nantrace_drains_total", &[("result", o.action)]);
-        if o.action != "not_needed" {
-            crate::say!("nantrace: {label}{}", crate::term::clean(&o.text));
-        }
-        if let Err(e) = append_to_report(&dir, &o) {
-            crate::say!("nantrace: {label}the drain's outcome not added to {}/report.md: {e}", dir.display());
-        }
-        rec["drain"] = o.json();
-        publish(rec);
-    });
+    let spawned = std::thread::Builder::new()
+        .name("nantrace-drain".into())
+        .spawn(move || {
+            let now_s = (crate::clock::realtime_ns() / 1_000_000_000) as i64;
+            let o = dr.act(ask, &incident, now_s);
+            metrics.inc("nantrace_drains_total", &[("result", o.action)]);
+            if o.action != "not_needed" {
+                crate::say!("nantrace: {label}{}", crate::term::clean(&o.text));
+            }
+            if let Err(e) = append_to_report(&dir, &o) {
+                crate::say!(
+                    "nantrace: {label}the drain's outcome not added to {}/report.md: {e}",
+                    dir.display()
+                );
+            }
+            rec["drain"] = o.json();
+            publish(rec);
+        });
     if let Err(e) = spawned {
         crate::say!("nantrace: drain: no thread for it ({e}): not drained");
     }

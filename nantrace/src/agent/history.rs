@@ -46,12 +46,17 @@ pub struct Entry {
 }
 
 fn fnv1a(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &c| (h ^ u64::from(c)).wrapping_mul(0x0100_0000_01b3))
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &c| {
+        (h ^ u64::from(c)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 fn line_of(e: &Entry) -> String {
     let body = serde_json::to_string(e).unwrap_or_default();
-    format!("{{\"fnv\":\"{:016x}\",\"e\":{body}}}", fnv1a(body.as_bytes()))
+    format!(
+        "{{\"fnv\":\"{:016x}\",\"e\":{body}}}",
+        fnv1a(body.as_bytes())
+    )
 }
 
 /// An entry from one line, when its checksum holds (over the entry as `line_of` writes it:
@@ -79,14 +84,26 @@ pub struct History {
 impl History {
     /// Read `<spool>/.history.jsonl`; when it is missing, rebuild it from the spool's bundles.
     pub fn open(spool: &Path) -> History {
-        let mut h = History { dir: spool.to_path_buf(), entries: Vec::new(), bad_lines: 0, rebuilt: false };
+        let mut h = History {
+            dir: spool.to_path_buf(),
+            entries: Vec::new(),
+            bad_lines: 0,
+            rebuilt: false,
+        };
         match crate::bundle::open_plain(&spool.join(FILE)) {
             Ok(f) => {
-                for l in std::io::BufReader::new(f.take(64 << 20)).split(b'\n').map_while(Result::ok) {
+                for l in std::io::BufReader::new(f.take(64 << 20))
+                    .split(b'\n')
+                    .map_while(Result::ok)
+                {
                     if l.is_empty() {
                         continue;
                     }
-                    match std::str::from_utf8(&l).ok().filter(|l| l.len() <= MAX_LINE).and_then(parse_line) {
+                    match std::str::from_utf8(&l)
+                        .ok()
+                        .filter(|l| l.len() <= MAX_LINE)
+                        .and_then(parse_line)
+                    {
                         Some(e) => h.entries.push(e),
                         None => h.bad_lines += 1,
                     }
@@ -106,7 +123,9 @@ impl History {
     fn rebuild(&mut self) {
         let mut found: Vec<Entry> = Vec::new();
         for (dir, _, _) in super::spool::bundles(&self.dir) {
-            let Ok(f) = crate::bundle::open_plain(&dir.join(IN_BUNDLE)) else { continue };
+            let Ok(f) = crate::bundle::open_plain(&dir.join(IN_BUNDLE)) else {
+                continue;
+            };
             let mut text = String::new();
             if f.take(MAX_LINE as u64).read_to_string(&mut text).is_ok() {
                 if let Ok(e) = serde_json::from_str::<Entry>(&text) {
@@ -131,7 +150,10 @@ impl History {
     /// copy written beside its report.
     pub fn add(&mut self, e: Entry) -> std::io::Result<()> {
         if let Ok(d) = safefs::Dir::open(Path::new(&e.bundle)) {
-            let _ = d.write_new(IN_BUNDLE, serde_json::to_string(&e).unwrap_or_default().as_bytes());
+            let _ = d.write_new(
+                IN_BUNDLE,
+                serde_json::to_string(&e).unwrap_or_default().as_bytes(),
+            );
         }
         let line = line_of(&e) + "\n";
         self.entries.push(e);
@@ -140,7 +162,12 @@ impl History {
             return self.rewrite();
         }
         use std::os::unix::fs::OpenOptionsExt as _;
-        let mut f = std::fs::OpenOptions::new().append(true).create(true).mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(self.dir.join(FILE))?;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(self.dir.join(FILE))?;
         f.write_all(line.as_bytes())?;
         f.sync_data()
     }
@@ -152,7 +179,14 @@ impl History {
         self.entries
             .iter()
             .filter(|e| e.time_s >= since_s)
-            .filter(|e| want.as_ref().is_none_or(|w| e.gpus.iter().any(|g| g.pci.eq_ignore_ascii_case(w) || g.uuid.as_ref().is_some_and(|u| u.eq_ignore_ascii_case(w)))))
+            .filter(|e| {
+                want.as_ref().is_none_or(|w| {
+                    e.gpus.iter().any(|g| {
+                        g.pci.eq_ignore_ascii_case(w)
+                            || g.uuid.as_ref().is_some_and(|u| u.eq_ignore_ascii_case(w))
+                    })
+                })
+            })
             .collect()
     }
 
@@ -176,18 +210,48 @@ impl History {
         }
         let mut s = String::new();
         for g in &now.gpus {
-            let earlier: Vec<&Entry> = self.query(Some(&g.pci), now.time_s - 30 * 86_400).into_iter().filter(|e| e.bundle != now.bundle && e.time_s <= now.time_s).collect();
+            let earlier: Vec<&Entry> = self
+                .query(Some(&g.pci), now.time_s - 30 * 86_400)
+                .into_iter()
+                .filter(|e| e.bundle != now.bundle && e.time_s <= now.time_s)
+                .collect();
             let name = match &g.uuid {
                 Some(u) => format!("GPU {} ({u})", g.pci),
                 None => format!("GPU {}", g.pci),
             };
             if earlier.is_empty() {
-                s.push_str(&format!("- {name}: no earlier incident on this node in the index (since {}).\n", self.entries.first().map_or_else(|| "now".to_string(), |e| crate::clock::rfc3339(i128::from(e.time_s) * 1_000_000_000))));
+                s.push_str(&format!(
+                    "- {name}: no earlier incident on this node in the index (since {}).\n",
+                    self.entries.first().map_or_else(
+                        || "now".to_string(),
+                        |e| crate::clock::rfc3339(i128::from(e.time_s) * 1_000_000_000)
+                    )
+                ));
                 continue;
             }
-            let list: Vec<String> = earlier.iter().rev().take(5).map(|e| format!("{} ({})", crate::clock::rfc3339(i128::from(e.time_s) * 1_000_000_000), e.verdict)).collect();
-            s.push_str(&format!("- {name} was implicated in {} earlier incident{} on this node in 30 days: {}{}.\n", earlier.len(), if earlier.len() == 1 { "" } else { "s" }, list.join(", "), if earlier.len() > 5 { ", ..." } else { "" }));
-            let week = 1 + earlier.iter().filter(|e| e.time_s >= now.time_s - REPEAT_DAYS * 86_400).count();
+            let list: Vec<String> = earlier
+                .iter()
+                .rev()
+                .take(5)
+                .map(|e| {
+                    format!(
+                        "{} ({})",
+                        crate::clock::rfc3339(i128::from(e.time_s) * 1_000_000_000),
+                        e.verdict
+                    )
+                })
+                .collect();
+            s.push_str(&format!(
+                "- {name} was implicated in {} earlier incident{} on this node in 30 days: {}{}.\n",
+                earlier.len(),
+                if earlier.len() == 1 { "" } else { "s" },
+                list.join(", "),
+                if earlier.len() > 5 { ", ..." } else { "" }
+            ));
+            let week = 1 + earlier
+                .iter()
+                .filter(|e| e.time_s >= now.time_s - REPEAT_DAYS * 86_400)
+                .count();
             if week >= REPEAT_COUNT {
                 s.push_str(&format!("  **Repeat offender: implicated {week} times in {REPEAT_DAYS} days: drain the node and send {name} for service** (dcgmi diag -r 3, then the vendor).\n"));
             }
@@ -213,7 +277,11 @@ pub fn parse_since(s: &str) -> Option<i64> {
         's' => (&s[..s.len() - 1], 1),
         _ => (s, 1),
     };
-    num.parse::<i64>().ok().filter(|n| (0..=36_500 * 86_400).contains(n)).map(|n| n * mul).filter(|v| *v <= 36_500 * 86_400)
+    num.parse::<i64>()
+        .ok()
+        .filter(|n| (0..=36_500 * 86_400).contains(n))
+        .map(|n| n * mul)
+        .filter(|v| *v <= 36_500 * 86_400)
 }
 
 #[cfg(test)]
@@ -236,24 +304,43 @@ pub fn set_gauges(h: &History, metrics: &super::Metrics) {
 
 /// The index at the agent's start, said, with `nantrace_gpu_implicated_total` set from it
 /// (one series per GPU of the node; it survives restarts as the index does).
-pub fn start(spool: &Path, metrics: &std::sync::Arc<super::Metrics>) -> std::sync::Arc<std::sync::Mutex<History>> {
+pub fn start(
+    spool: &Path,
+    metrics: &std::sync::Arc<super::Metrics>,
+) -> std::sync::Arc<std::sync::Mutex<History>> {
     let h = History::open(spool);
     crate::say!(
         "nantrace: incident history: {} incident(s) in {}{}{}",
         h.entries.len(),
         spool.join(FILE).display(),
-        if h.rebuilt { " (rebuilt from the spool's bundles)" } else { "" },
-        if h.bad_lines > 0 { format!("; {} damaged line(s) skipped", h.bad_lines) } else { String::new() }
+        if h.rebuilt {
+            " (rebuilt from the spool's bundles)"
+        } else {
+            ""
+        },
+        if h.bad_lines > 0 {
+            format!("; {} damaged line(s) skipped", h.bad_lines)
+        } else {
+            String::new()
+        }
     );
     let mut per: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
     for (gpu, n) in h.per_gpu() {
         *per.entry(super::metrics::gpu_label(&gpu)).or_default() += n;
     }
     for (label, n) in per {
-        metrics.set("nantrace_gpu_implicated_total", &[("gpu", &label)], n as f64);
+        metrics.set(
+            "nantrace_gpu_implicated_total",
+            &[("gpu", &label)],
+            n as f64,
+        );
     }
     if let Some(last) = h.entries.last() {
-        metrics.set("nantrace_last_incident_timestamp_seconds", &[], last.time_s as f64);
+        metrics.set(
+            "nantrace_last_incident_timestamp_seconds",
+            &[],
+            last.time_s as f64,
+        );
     }
     set_gauges(&h, metrics);
     std::sync::Arc::new(std::sync::Mutex::new(h))
@@ -261,7 +348,13 @@ pub fn start(spool: &Path, metrics: &std::sync::Arc<super::Metrics>) -> std::syn
 
 /// After a bundle: its entry in the index and in the bundle, the History section appended to
 /// its report.md, the metrics; the section (or null) for the incident's record.
-pub fn record(h: &std::sync::Mutex<History>, metrics: &super::Metrics, d: &crate::session::Dumped, job: &str, bundle: &Path) -> Value {
+pub fn record(
+    h: &std::sync::Mutex<History>,
+    metrics: &super::Metrics,
+    d: &crate::session::Dumped,
+    job: &str,
+    bundle: &Path,
+) -> Value {
     let now_s = (crate::clock::realtime_ns() / 1_000_000_000) as i64;
     let e = Entry {
         time_s: now_s,
@@ -269,25 +362,52 @@ pub fn record(h: &std::sync::Mutex<History>, metrics: &super::Metrics, d: &crate
         trigger: d.trigger.clone(),
         verdict: verdict_head(d.verdict.as_deref().unwrap_or("")),
         family: d.family.clone().unwrap_or_else(|| "none".into()),
-        gpus: d.gpus.iter().map(|(pci, uuid)| Gpu { pci: pci.clone(), uuid: uuid.clone() }).collect(),
+        gpus: d
+            .gpus
+            .iter()
+            .map(|(pci, uuid)| Gpu {
+                pci: pci.clone(),
+                uuid: uuid.clone(),
+            })
+            .collect(),
         bundle: bundle.display().to_string(),
     };
     let mut h = super::lock(h);
     if let Err(err) = h.add(e.clone()) {
-        crate::say!("nantrace: incident history: {} not added to {}: {err}", bundle.display(), h.dir.join(FILE).display());
+        crate::say!(
+            "nantrace: incident history: {} not added to {}: {err}",
+            bundle.display(),
+            h.dir.join(FILE).display()
+        );
     }
     let section = h.section(&e);
     set_gauges(&h, metrics);
     drop(h);
     for g in &e.gpus {
-        metrics.inc("nantrace_gpu_implicated_total", &[("gpu", &super::metrics::gpu_label(&g.pci))]);
+        metrics.inc(
+            "nantrace_gpu_implicated_total",
+            &[("gpu", &super::metrics::gpu_label(&g.pci))],
+        );
     }
-    metrics.set("nantrace_last_incident_timestamp_seconds", &[], now_s as f64);
-    let Some(section) = section else { return Value::Null };
+    metrics.set(
+        "nantrace_last_incident_timestamp_seconds",
+        &[],
+        now_s as f64,
+    );
+    let Some(section) = section else {
+        return Value::Null;
+    };
     use std::os::unix::fs::OpenOptionsExt as _;
-    let appended = std::fs::OpenOptions::new().append(true).custom_flags(libc::O_NOFOLLOW).open(bundle.join("report.md")).and_then(|mut f| writeln!(f, "\n## History of this node's GPUs\n\n{section}"));
+    let appended = std::fs::OpenOptions::new()
+        .append(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(bundle.join("report.md"))
+        .and_then(|mut f| writeln!(f, "\n## History of this node's GPUs\n\n{section}"));
     if let Err(err) = appended {
-        crate::say!("nantrace: incident history: not added to {}/report.md: {err}", bundle.display());
+        crate::say!(
+            "nantrace: incident history: not added to {}/report.md: {err}",
+            bundle.display()
+        );
     }
     Value::String(section)
 }

@@ -28,11 +28,17 @@ pub(super) struct Hook {
 impl Hook {
     pub fn dumped(&self, d: &Dumped) {
         if let Some(jd) = &self.jobdir {
-            let _ = jd.send(jobdir::Msg::Dumped { key: self.key.clone(), bundle: d.dir.clone() });
+            let _ = jd.send(jobdir::Msg::Dumped {
+                key: self.key.clone(),
+                bundle: d.dir.clone(),
+            });
         }
         let family = d.family.clone().unwrap_or_else(|| "none".into());
         match &d.dir {
-            Some(_) => self.metrics.inc("nantrace_incidents_total", &[("trigger", &d.trigger), ("family", &family)]),
+            Some(_) => self.metrics.inc(
+                "nantrace_incidents_total",
+                &[("trigger", &d.trigger), ("family", &family)],
+            ),
             None => self.metrics.inc("nantrace_incident_failures_total", &[]),
         }
         let mut rec = json!({
@@ -61,7 +67,11 @@ impl Hook {
         if let Some(dir) = &d.dir {
             rec["history"] = history::record(&self.history, &self.metrics, d, &self.key, dir);
         }
-        let (state, webhook, metrics) = (self.state.clone(), self.webhook.clone(), self.metrics.clone());
+        let (state, webhook, metrics) = (
+            self.state.clone(),
+            self.webhook.clone(),
+            self.metrics.clone(),
+        );
         let publish = Box::new(move |rec: Value| {
             let mut st = lock(&state);
             st.incidents.push_back(rec.clone());
@@ -76,7 +86,14 @@ impl Hook {
             }
         });
         match &self.drainer {
-            Some(dr) => drain::after_dump(dr, d, self.metrics.clone(), format!("job {}: ", self.key), rec, publish),
+            Some(dr) => drain::after_dump(
+                dr,
+                d,
+                self.metrics.clone(),
+                format!("job {}: ", self.key),
+                rec,
+                publish,
+            ),
             None => publish(rec),
         }
     }

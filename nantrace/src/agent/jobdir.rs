@@ -46,7 +46,13 @@ const INCIDENTS_MAX: usize = 256;
 /// heterogeneous component `123+1`), nothing else.
 pub fn job_key(identity: &Value) -> Option<String> {
     let id = identity["job_id"].as_str()?;
-    (identity["kind"] == "slurm" && !id.is_empty() && id.len() <= 32 && id.bytes().all(|b| b.is_ascii_digit() || b == b'_' || b == b'+')).then(|| id.to_string())
+    (identity["kind"] == "slurm"
+        && !id.is_empty()
+        && id.len() <= 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b == b'_' || b == b'+'))
+    .then(|| id.to_string())
 }
 
 /// The job directory's root, checked.
@@ -59,17 +65,26 @@ pub struct Root {
 impl Root {
     /// `path` must be a directory (not a link) of this agent's uid that only it can write.
     pub fn open(path: &Path) -> anyhow::Result<Root> {
-        let m = std::fs::symlink_metadata(path).map_err(|e| anyhow::anyhow!("job_dir {}: {e}", path.display()))?;
-        anyhow::ensure!(m.file_type().is_dir(), "job_dir {}: not a directory (a link is not followed)", path.display());
+        let m = std::fs::symlink_metadata(path)
+            .map_err(|e| anyhow::anyhow!("job_dir {}: {e}", path.display()))?;
+        anyhow::ensure!(
+            m.file_type().is_dir(),
+            "job_dir {}: not a directory (a link is not followed)",
+            path.display()
+        );
         // SAFETY: no arguments, no failure mode.
         let me = unsafe { libc::geteuid() };
         anyhow::ensure!(m.uid() == me, "job_dir {}: owned by uid {}, not by this agent's uid {me} (on NFS with root_squash the agents are not root there: export the job directory to the nodes without squashing root, or use another shared filesystem)", path.display(), m.uid());
         anyhow::ensure!(m.mode() & 0o022 == 0, "job_dir {}: writable by group or others (mode {:o}): users could forge incidents; make it the agents' alone (chmod 0755, owned by the agents' uid on the shared filesystem)", path.display(), m.mode() & 0o7777);
-        Ok(Root { path: path.to_path_buf(), owner: m.uid() })
+        Ok(Root {
+            path: path.to_path_buf(),
+            owner: m.uid(),
+        })
     }
 
     fn trusted_dir(&self, p: &Path) -> bool {
-        std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_dir() && m.uid() == self.owner && m.mode() & 0o022 == 0)
+        std::fs::symlink_metadata(p)
+            .is_ok_and(|m| m.file_type().is_dir() && m.uid() == self.owner && m.mode() & 0o022 == 0)
     }
 
     /// `<root>/<job>/`, made when missing (0700, as the spool: bundles are for the admins).
@@ -80,7 +95,10 @@ impl Root {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 let p = self.path.join(job);
                 if !self.trusted_dir(&p) {
-                    return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, format!("{} is not the agents' alone", p.display())));
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!("{} is not the agents' alone", p.display()),
+                    ));
                 }
                 safefs::Dir::open(&p)
             }
@@ -94,15 +112,21 @@ impl Root {
         if !self.trusted_dir(&jd) {
             return Vec::new();
         }
-        let Ok(rd) = std::fs::read_dir(&jd) else { return Vec::new() };
+        let Ok(rd) = std::fs::read_dir(&jd) else {
+            return Vec::new();
+        };
         let mut out = Vec::new();
         for ent in rd.flatten().take(INCIDENTS_MAX) {
-            let Some(name) = ent.file_name().to_str().map(String::from) else { continue };
+            let Some(name) = ent.file_name().to_str().map(String::from) else {
+                continue;
+            };
             if name.starts_with('.') || !self.trusted_dir(&ent.path()) {
                 continue;
             }
             let p = ent.path().join(MARKER);
-            let Ok(f) = crate::bundle::open_plain(&p) else { continue };
+            let Ok(f) = crate::bundle::open_plain(&p) else {
+                continue;
+            };
             let Ok(m) = f.metadata() else { continue };
             if m.uid() != self.owner || m.len() > MARKER_MAX {
                 continue;
@@ -119,8 +143,17 @@ impl Root {
 
     /// The incident this node's new trigger belongs to: one another node (or this one)
     /// opened within [`JOIN_WINDOW_S`], else a new one with this node's marker.
-    pub fn open_incident(&self, job: &str, host: &str, trigger: &str, reason: &str, now_ns: i128) -> std::io::Result<String> {
-        let recent = self.incidents(job).into_iter().rfind(|(_, v)| time_of(v).is_some_and(|t| (now_ns - t).abs() as f64 <= JOIN_WINDOW_S * 1e9));
+    pub fn open_incident(
+        &self,
+        job: &str,
+        host: &str,
+        trigger: &str,
+        reason: &str,
+        now_ns: i128,
+    ) -> std::io::Result<String> {
+        let recent = self.incidents(job).into_iter().rfind(|(_, v)| {
+            time_of(v).is_some_and(|t| (now_ns - t).abs() as f64 <= JOIN_WINDOW_S * 1e9)
+        });
         if let Some((id, _)) = recent {
             return Ok(id);
         }
@@ -135,7 +168,10 @@ impl Root {
         };
         let reason: String = crate::term::clean(reason).chars().take(300).collect();
         let marker = json!({ "schema": "nantrace.incident/1", "job": job, "incident": id, "host": host, "trigger": trigger, "reason": reason, "time": crate::clock::rfc3339(now_ns), "time_ns": now_ns.to_string() });
-        d.write_new(MARKER, &serde_json::to_vec_pretty(&marker).map_err(std::io::Error::other)?)?;
+        d.write_new(
+            MARKER,
+            &serde_json::to_vec_pretty(&marker).map_err(std::io::Error::other)?,
+        )?;
         Ok(id)
     }
 
@@ -146,13 +182,25 @@ impl Root {
     pub fn settle(&self, job: &str, id: &str, host: &str) -> String {
         let all = self.incidents(job);
         let t = |v: &Value| v["time_ns"].as_str().and_then(|t| t.parse::<i128>().ok());
-        let Some(at) = all.iter().find(|x| x.0 == id).and_then(|x| t(&x.1)) else { return id.to_string() };
-        let first = all.iter().filter_map(|x| t(&x.1).map(|tt| (tt, &x.0))).filter(|(tt, _)| (at - tt).abs() as f64 <= JOIN_WINDOW_S * 1e9).min();
-        let Some((_, first)) = first else { return id.to_string() };
-        let mine = all.iter().find(|x| x.0 == id).is_some_and(|x| x.1["host"] == safefs::sanitize(host, "host").as_str());
+        let Some(at) = all.iter().find(|x| x.0 == id).and_then(|x| t(&x.1)) else {
+            return id.to_string();
+        };
+        let first = all
+            .iter()
+            .filter_map(|x| t(&x.1).map(|tt| (tt, &x.0)))
+            .filter(|(tt, _)| (at - tt).abs() as f64 <= JOIN_WINDOW_S * 1e9)
+            .min();
+        let Some((_, first)) = first else {
+            return id.to_string();
+        };
+        let mine = all
+            .iter()
+            .find(|x| x.0 == id)
+            .is_some_and(|x| x.1["host"] == safefs::sanitize(host, "host").as_str());
         if first != id && mine {
             let d = self.path.join(job).join(id);
-            let only_marker = std::fs::read_dir(&d).is_ok_and(|rd| rd.flatten().all(|e| e.file_name() == MARKER));
+            let only_marker =
+                std::fs::read_dir(&d).is_ok_and(|rd| rd.flatten().all(|e| e.file_name() == MARKER));
             if only_marker {
                 let _ = std::fs::remove_file(d.join(MARKER));
                 let _ = std::fs::remove_dir(&d);
@@ -163,14 +211,23 @@ impl Root {
 
     /// A copy of the bundle at `bundle` into `<job>/<incident>/<host>/` (another name when
     /// this host has one there already: a second dump of the same incident).
-    pub fn put_bundle(&self, job: &str, incident: &str, host: &str, bundle: &Path) -> std::io::Result<PathBuf> {
+    pub fn put_bundle(
+        &self,
+        job: &str,
+        incident: &str,
+        host: &str,
+        bundle: &Path,
+    ) -> std::io::Result<PathBuf> {
         let jd = self.job(job)?;
         let inc = match jd.create_subdir(incident) {
             Ok(d) => d,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 let p = self.path.join(job).join(incident);
                 if !self.trusted_dir(&p) {
-                    return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, format!("{} is not the agents' alone", p.display())));
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!("{} is not the agents' alone", p.display()),
+                    ));
                 }
                 safefs::Dir::open(&p)?
             }
@@ -180,11 +237,15 @@ impl Root {
         let (tmp, tmp_name) = inc.create_temp_subdir(&format!(".{host}.tmp-"))?;
         let copied = (|| -> std::io::Result<()> {
             for ent in std::fs::read_dir(bundle)?.flatten() {
-                let Some(name) = ent.file_name().to_str().map(String::from) else { continue };
+                let Some(name) = ent.file_name().to_str().map(String::from) else {
+                    continue;
+                };
                 if !ent.file_type().is_ok_and(|t| t.is_file()) {
                     continue;
                 }
-                let Ok(mut f) = crate::bundle::open_plain(&ent.path()) else { continue };
+                let Ok(mut f) = crate::bundle::open_plain(&ent.path()) else {
+                    continue;
+                };
                 tmp.write_with(&name, |w| std::io::copy(&mut f, w).map(|_| ()))?;
             }
             Ok(())
@@ -204,7 +265,9 @@ impl Root {
         for n in 2..100 {
             match inc.rename_noreplace(&tmp_name, &name) {
                 Ok(()) => return Ok(base.join(&name)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => name = format!("{host}-{n}"),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    name = format!("{host}-{n}")
+                }
                 // A filesystem without renameat2's RENAME_NOREPLACE (9p, some NFS): a plain
                 // rename to a name that is not there. Only this host's agent writes names of
                 // this host here, so nothing else can take it in between.
@@ -219,19 +282,36 @@ impl Root {
                 Err(e) => return Err(e),
             }
         }
-        Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "100 bundles of this host in one incident"))
+        Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            "100 bundles of this host in one incident",
+        ))
     }
 }
 
 /// What the agent tells the job directory's thread.
 pub enum Msg {
     /// A watched job that has a name in the job directory, and its session's input.
-    Watch { job: String, key: String, tx: mpsc::Sender<Input> },
-    Unwatch { key: String },
+    Watch {
+        job: String,
+        key: String,
+        tx: mpsc::Sender<Input>,
+    },
+    Unwatch {
+        key: String,
+    },
     /// The job's session opened an incident (its own trigger), at `at` (wall clock, ns).
-    Opened { key: String, trigger: String, reason: String, at: i128 },
+    Opened {
+        key: String,
+        trigger: String,
+        reason: String,
+        at: i128,
+    },
     /// The job's session wrote a bundle (`None`: the dump failed; the incident is over here).
-    Dumped { key: String, bundle: Option<PathBuf> },
+    Dumped {
+        key: String,
+        bundle: Option<PathBuf>,
+    },
 }
 
 struct Watched {
@@ -255,7 +335,11 @@ pub type Report = Box<dyn Fn(&str, &str) + Send>;
 
 /// The agent's job directory (`job_dir`; empty: off): its thread, or why there is none (said,
 /// and `nantrace_job_dir_ok 0`); the agent goes on with per-node bundles either way.
-pub fn start(job_dir: &Path, host: &str, metrics: &std::sync::Arc<super::Metrics>) -> Option<std_mpsc::Sender<Msg>> {
+pub fn start(
+    job_dir: &Path,
+    host: &str,
+    metrics: &std::sync::Arc<super::Metrics>,
+) -> Option<std_mpsc::Sender<Msg>> {
     if job_dir.as_os_str().is_empty() {
         return None;
     }
@@ -263,12 +347,16 @@ pub fn start(job_dir: &Path, host: &str, metrics: &std::sync::Arc<super::Metrics
         Ok(root) => {
             let m = metrics.clone();
             metrics.set("nantrace_job_dir_ok", &[], 1.0);
-            Some(spawn(root, host.to_string(), Box::new(move |key, what| {
-                if what.starts_with("WARNING") {
-                    m.inc("nantrace_job_dir_failures_total", &[]);
-                }
-                crate::say!("nantrace: job {key}: {what}");
-            })))
+            Some(spawn(
+                root,
+                host.to_string(),
+                Box::new(move |key, what| {
+                    if what.starts_with("WARNING") {
+                        m.inc("nantrace_job_dir_failures_total", &[]);
+                    }
+                    crate::say!("nantrace: job {key}: {what}");
+                }),
+            ))
         }
         Err(e) => {
             metrics.set("nantrace_job_dir_ok", &[], 0.0);
@@ -281,18 +369,20 @@ pub fn start(job_dir: &Path, host: &str, metrics: &std::sync::Arc<super::Metrics
 /// Start the job directory's thread.
 pub fn spawn(root: Root, host: String, report: Report) -> std_mpsc::Sender<Msg> {
     let (tx, rx) = std_mpsc::channel::<Msg>();
-    let r = std::thread::Builder::new().name("nantrace-jobdir".into()).spawn(move || {
-        let mut jobs: BTreeMap<String, Watched> = BTreeMap::new();
-        let mut said: BTreeSet<String> = BTreeSet::new();
-        loop {
-            match rx.recv_timeout(POLL) {
-                Ok(m) => handle(&root, &host, &mut jobs, &report, m),
-                Err(std_mpsc::RecvTimeoutError::Timeout) => {}
-                Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+    let r = std::thread::Builder::new()
+        .name("nantrace-jobdir".into())
+        .spawn(move || {
+            let mut jobs: BTreeMap<String, Watched> = BTreeMap::new();
+            let mut said: BTreeSet<String> = BTreeSet::new();
+            loop {
+                match rx.recv_timeout(POLL) {
+                    Ok(m) => handle(&root, &host, &mut jobs, &report, m),
+                    Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+                poll(&root, &host, &mut jobs, &report, &mut said);
             }
-            poll(&root, &host, &mut jobs, &report, &mut said);
-        }
-    });
+        });
     if let Err(e) = r {
         crate::say!("nantrace: WARNING: no thread for the job directory ({e}): no job-wide dumps");
     }
@@ -305,15 +395,36 @@ fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report:
             // Incidents long over when the job is first seen here are not this node's to dump;
             // one opened within the join window is (this node saw the job late).
             let now = crate::clock::realtime_ns();
-            let seen = root.incidents(&job).into_iter().filter(|x| time_of(&x.1).is_none_or(|t| (now - t) as f64 > JOIN_WINDOW_S * 1e9)).map(|x| x.0).collect();
-            jobs.insert(key, Watched { job, tx, seen, current: None });
+            let seen = root
+                .incidents(&job)
+                .into_iter()
+                .filter(|x| time_of(&x.1).is_none_or(|t| (now - t) as f64 > JOIN_WINDOW_S * 1e9))
+                .map(|x| x.0)
+                .collect();
+            jobs.insert(
+                key,
+                Watched {
+                    job,
+                    tx,
+                    seen,
+                    current: None,
+                },
+            );
         }
         Msg::Unwatch { key } => {
             jobs.remove(&key);
         }
-        Msg::Opened { key, trigger, reason, at } => {
+        Msg::Opened {
+            key,
+            trigger,
+            reason,
+            at,
+        } => {
             let Some(w) = jobs.get_mut(&key) else { return };
-            if w.current.as_ref().is_some_and(|c| c.1.elapsed() < CURRENT_MAX) {
+            if w.current
+                .as_ref()
+                .is_some_and(|c| c.1.elapsed() < CURRENT_MAX)
+            {
                 return; // the marker of another node opened it, or this one already did
             }
             match root.open_incident(&w.job, host, &trigger, &reason, at) {
@@ -322,7 +433,10 @@ fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report:
                     w.seen.insert(id.clone());
                     w.current = Some((id, std::time::Instant::now()));
                 }
-                Err(e) => report(&key, &format!("WARNING: job directory: no incident opened: {e}")),
+                Err(e) => report(
+                    &key,
+                    &format!("WARNING: job directory: no incident opened: {e}"),
+                ),
             }
         }
         Msg::Dumped { key, bundle } => {
@@ -333,9 +447,20 @@ fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report:
             };
             let id = match w.current.take() {
                 Some((id, _)) => id,
-                None => match root.open_incident(&w.job, host, "dump", "a bundle without a trigger of its own", crate::clock::realtime_ns()) {
+                None => match root.open_incident(
+                    &w.job,
+                    host,
+                    "dump",
+                    "a bundle without a trigger of its own",
+                    crate::clock::realtime_ns(),
+                ) {
                     Ok(id) => id,
-                    Err(e) => return report(&key, &format!("WARNING: job directory: bundle not shared: {e}")),
+                    Err(e) => {
+                        return report(
+                            &key,
+                            &format!("WARNING: job directory: bundle not shared: {e}"),
+                        )
+                    }
                 },
             };
             w.seen.insert(id.clone());
@@ -343,14 +468,23 @@ fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report:
             w.seen.insert(id.clone());
             match root.put_bundle(&w.job, &id, host, &bundle) {
                 Ok(p) => report(&key, &format!("bundle shared as {}", p.display())),
-                Err(e) => report(&key, &format!("WARNING: job directory: bundle not shared under incident {id}: {e}")),
+                Err(e) => report(
+                    &key,
+                    &format!("WARNING: job directory: bundle not shared under incident {id}: {e}"),
+                ),
             }
         }
     }
 }
 
 /// Incidents other nodes opened for the jobs watched here: each one dumps this node's window.
-fn poll(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report: &Report, said: &mut BTreeSet<String>) {
+fn poll(
+    root: &Root,
+    host: &str,
+    jobs: &mut BTreeMap<String, Watched>,
+    report: &Report,
+    said: &mut BTreeSet<String>,
+) {
     for (key, w) in jobs.iter_mut() {
         let jd = root.path.join(&w.job);
         if jd.exists() && !root.trusted_dir(&jd) && said.insert(w.job.clone()) {
@@ -358,7 +492,10 @@ fn poll(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report: &
         }
         let all = root.incidents(&w.job);
         for (id, marker) in all.clone() {
-            if w.current.as_ref().is_some_and(|c| c.1.elapsed() >= CURRENT_MAX) {
+            if w.current
+                .as_ref()
+                .is_some_and(|c| c.1.elapsed() >= CURRENT_MAX)
+            {
                 w.current = None;
             }
             if w.seen.contains(&id) || w.current.is_some() {
@@ -369,14 +506,24 @@ fn poll(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report: &
                 w.seen.insert(id.clone());
                 continue;
             }
-            let why = format!("job-wide dump: incident {id} ({} on {})", crate::term::clean(marker["trigger"].as_str().unwrap_or("?")), crate::term::clean(marker["host"].as_str().unwrap_or("?")));
-            match w.tx.try_send(Input::Fire(TriggerKind::JobWide, why.clone(), crate::clock::monotonic_ns())) {
+            let why = format!(
+                "job-wide dump: incident {id} ({} on {})",
+                crate::term::clean(marker["trigger"].as_str().unwrap_or("?")),
+                crate::term::clean(marker["host"].as_str().unwrap_or("?"))
+            );
+            match w.tx.try_send(Input::Fire(
+                TriggerKind::JobWide,
+                why.clone(),
+                crate::clock::monotonic_ns(),
+            )) {
                 Ok(()) => {
                     report(key, &why);
                     // Its neighbours within the join window are the same incident of the job.
                     let t = time_of(&marker);
                     for (other, m) in &all {
-                        if t.zip(time_of(m)).is_some_and(|(a, b)| (a - b).abs() as f64 <= JOIN_WINDOW_S * 1e9) {
+                        if t.zip(time_of(m))
+                            .is_some_and(|(a, b)| (a - b).abs() as f64 <= JOIN_WINDOW_S * 1e9)
+                        {
                             w.seen.insert(other.clone());
                         }
                     }
@@ -384,7 +531,12 @@ fn poll(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report: &
                     w.current = Some((id, std::time::Instant::now()));
                 }
                 // The session's queue is full (a flood): tried again at the next poll.
-                Err(_) => report(key, &format!("WARNING: job-wide dump of incident {id} delayed: the job's queue is full")),
+                Err(_) => report(
+                    key,
+                    &format!(
+                        "WARNING: job-wide dump of incident {id} delayed: the job's queue is full"
+                    ),
+                ),
             }
         }
     }

@@ -9,9 +9,20 @@ use crate::session::LogFormat;
 
 /// A job's log files: Slurm's StdOut/StdErr, a pod's container logs, else the root's stdout
 /// and stderr when they are regular files.
-pub(super) async fn find_logs(f: &Found, pod_dir: &Path, proc_root: &Path, host: &str) -> Vec<(PathBuf, LogFormat)> {
+pub(super) async fn find_logs(
+    f: &Found,
+    pod_dir: &Path,
+    proc_root: &Path,
+    host: &str,
+) -> Vec<(PathBuf, LogFormat)> {
     if let Some(s) = &f.slurm {
-        let out = tokio::time::timeout(Duration::from_secs(5), tokio::process::Command::new("scontrol").args(["show", "job", "-o", &s.job_id]).output()).await;
+        let out = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::process::Command::new("scontrol")
+                .args(["show", "job", "-o", &s.job_id])
+                .output(),
+        )
+        .await;
         if let Ok(Ok(o)) = out {
             let logs = slurm_logs(&String::from_utf8_lossy(&o.stdout), host);
             if !logs.is_empty() {
@@ -26,7 +37,10 @@ pub(super) async fn find_logs(f: &Found, pod_dir: &Path, proc_root: &Path, host:
         }
     }
     let mut v: Vec<(PathBuf, LogFormat)> = Vec::new();
-    for pid in std::iter::once(f.root).chain(f.pids.iter().copied()).take(16) {
+    for pid in std::iter::once(f.root)
+        .chain(f.pids.iter().copied())
+        .take(16)
+    {
         for p in fd_logs(proc_root, pid) {
             if !v.iter().any(|x| x.0 == p) {
                 v.push((p, LogFormat::Plain));
@@ -39,9 +53,16 @@ pub(super) async fn find_logs(f: &Found, pod_dir: &Path, proc_root: &Path, host:
 /// The job's log files from Slurm: `scontrol show job -o` gives StdOut/StdErr (with the
 /// filename patterns Slurm may leave unexpanded: %j %u %x %A %a %N %%).
 pub fn slurm_logs(scontrol_line: &str, host: &str) -> Vec<PathBuf> {
-    let field = |k: &str| scontrol_line.split_whitespace().find_map(|w| w.strip_prefix(k)).map(str::to_string);
+    let field = |k: &str| {
+        scontrol_line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .map(str::to_string)
+    };
     let job = field("JobId=").unwrap_or_default();
-    let user = field("UserId=").map(|u| u.split('(').next().unwrap_or("").to_string()).unwrap_or_default();
+    let user = field("UserId=")
+        .map(|u| u.split('(').next().unwrap_or("").to_string())
+        .unwrap_or_default();
     let name = field("JobName=").unwrap_or_default();
     let array_job = field("ArrayJobId=").unwrap_or_else(|| job.clone());
     let array_task = field("ArrayTaskId=").unwrap_or_default();
@@ -88,7 +109,9 @@ pub fn slurm_logs(scontrol_line: &str, host: &str) -> Vec<PathBuf> {
 /// A pod's container logs under the kubelet's directory (`<ns>_<pod>_<uid>/<container>/N.log`):
 /// the newest file per container. Also returns the namespace and pod name from the directory.
 pub fn pod_logs(dir: &Path, pod_uid: &str) -> (Vec<PathBuf>, Option<(String, String)>) {
-    let Ok(rd) = std::fs::read_dir(dir) else { return (Vec::new(), None) };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return (Vec::new(), None);
+    };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if !name.ends_with(&format!("_{pod_uid}")) {
@@ -109,7 +132,10 @@ pub fn pod_logs(dir: &Path, pod_uid: &str) -> (Vec<PathBuf>, Option<(String, Str
                 .into_iter()
                 .flatten()
                 .flatten()
-                .filter(|f| f.file_name().to_string_lossy().ends_with(".log") && f.file_type().is_ok_and(|t| t.is_file()))
+                .filter(|f| {
+                    f.file_name().to_string_lossy().ends_with(".log")
+                        && f.file_type().is_ok_and(|t| t.is_file())
+                })
                 .max_by_key(|f| f.metadata().and_then(|m| m.modified()).ok());
             logs.extend(newest.map(|f| f.path()));
         }
@@ -128,18 +154,27 @@ pub fn pod_logs(dir: &Path, pod_uid: &str) -> (Vec<PathBuf>, Option<(String, Str
 /// apply to that path as to any other.
 pub fn fd_logs(root: &Path, pid: u32) -> Vec<PathBuf> {
     let proc = super::discover::proc_dir(root, pid);
-    let own_ns = match (std::fs::read_link(proc.join("ns/mnt")), std::fs::read_link(root.join("self/ns/mnt"))) {
+    let own_ns = match (
+        std::fs::read_link(proc.join("ns/mnt")),
+        std::fs::read_link(root.join("self/ns/mnt")),
+    ) {
         (Ok(job), Ok(me)) => job == me,
         // Unknown (a test's /proc, a process gone): the host's view.
         _ => true,
     };
     let mut v: Vec<PathBuf> = Vec::new();
     for fd in [1, 2] {
-        let Ok(t) = std::fs::read_link(proc.join("fd").join(fd.to_string())) else { continue };
+        let Ok(t) = std::fs::read_link(proc.join("fd").join(fd.to_string())) else {
+            continue;
+        };
         if !t.is_absolute() || t.to_string_lossy().ends_with(" (deleted)") {
             continue;
         }
-        let p = if own_ns { t } else { proc.join("root").join(t.strip_prefix("/").unwrap_or(&t)) };
+        let p = if own_ns {
+            t
+        } else {
+            proc.join("root").join(t.strip_prefix("/").unwrap_or(&t))
+        };
         if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_file()) && !v.contains(&p) {
             v.push(p);
         }
@@ -154,9 +189,18 @@ mod tests {
     #[test]
     fn slurm_log_paths_are_expanded() {
         let line = "JobId=31 JobName=train UserId=alice(1000) GroupId=alice(1000) JobState=RUNNING StdErr=/home/alice/%x-%j.err StdIn=/dev/null StdOut=/home/alice/slurm-%j.out WorkDir=/home/alice";
-        assert_eq!(slurm_logs(line, "n1"), vec![PathBuf::from("/home/alice/slurm-31.out"), PathBuf::from("/home/alice/train-31.err")]);
+        assert_eq!(
+            slurm_logs(line, "n1"),
+            vec![
+                PathBuf::from("/home/alice/slurm-31.out"),
+                PathBuf::from("/home/alice/train-31.err")
+            ]
+        );
         let line = "JobId=32 StdErr=/w/slurm-32.out StdOut=/w/slurm-32.out";
-        assert_eq!(slurm_logs(line, "n1"), vec![PathBuf::from("/w/slurm-32.out")]);
+        assert_eq!(
+            slurm_logs(line, "n1"),
+            vec![PathBuf::from("/w/slurm-32.out")]
+        );
         assert!(slurm_logs("JobId=33 StdOut=relative.out", "n1").is_empty());
     }
 
@@ -169,7 +213,9 @@ mod tests {
         let (logs, names) = pod_logs(&dir, "1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718");
         assert_eq!(logs, vec![c.join("0.log")]);
         assert_eq!(names, Some(("ml".into(), "trainer-0".into())));
-        assert!(pod_logs(&dir, "00000000-0000-0000-0000-000000000000").0.is_empty());
+        assert!(pod_logs(&dir, "00000000-0000-0000-0000-000000000000")
+            .0
+            .is_empty());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -68,18 +68,30 @@ fn labels(l: &[(&str, &str)]) -> String {
     if l.is_empty() {
         return String::new();
     }
-    let parts: Vec<String> = l.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
+    let parts: Vec<String> = l
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+        .collect();
     format!("{{{}}}", parts.join(","))
 }
 
 impl Metrics {
     fn check(name: &str) -> &'static str {
-        FAMILIES.iter().find(|f| f.0 == name).map(|f| f.0).unwrap_or_else(|| panic!("metric {name} is not declared"))
+        FAMILIES
+            .iter()
+            .find(|f| f.0 == name)
+            .map(|f| f.0)
+            .unwrap_or_else(|| panic!("metric {name} is not declared"))
     }
 
     pub fn add(&self, name: &str, l: &[(&str, &str)], v: f64) {
         let k = (Self::check(name), labels(l));
-        *self.values.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(k).or_default() += v;
+        *self
+            .values
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(k)
+            .or_default() += v;
     }
 
     pub fn inc(&self, name: &str, l: &[(&str, &str)]) {
@@ -88,13 +100,19 @@ impl Metrics {
 
     pub fn set(&self, name: &str, l: &[(&str, &str)], v: f64) {
         let k = (Self::check(name), labels(l));
-        self.values.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(k, v);
+        self.values
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(k, v);
     }
 
     /// Replace every series of one family (gauges recomputed as a whole, e.g. drops per source).
     pub fn set_all(&self, name: &str, series: &[(Vec<(&str, &str)>, f64)]) {
         let n = Self::check(name);
-        let mut m = self.values.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut m = self
+            .values
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         m.retain(|k, _| k.0 != n);
         for (l, v) in series {
             m.insert((n, labels(l)), *v);
@@ -102,12 +120,20 @@ impl Metrics {
     }
 
     pub fn get(&self, name: &str, l: &[(&str, &str)]) -> f64 {
-        self.values.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&(Self::check(name), labels(l))).copied().unwrap_or(0.0)
+        self.values
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(Self::check(name), labels(l)))
+            .copied()
+            .unwrap_or(0.0)
     }
 
     /// The text exposition format (version 0.0.4).
     pub fn render(&self) -> String {
-        let m = self.values.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let m = self
+            .values
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut out = String::new();
         for (name, kind, help) in FAMILIES {
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
@@ -123,13 +149,18 @@ impl Metrics {
 }
 
 /// Serve `GET /metrics` on `addr` until the process ends.
-pub async fn serve(addr: std::net::SocketAddr, metrics: std::sync::Arc<Metrics>) -> std::io::Result<()> {
+pub async fn serve(
+    addr: std::net::SocketAddr,
+    metrics: std::sync::Arc<Metrics>,
+) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     crate::say!("nantrace: metrics on http://{addr}/metrics");
     // At most 32 connections wait for their request at once: a new one pushes out the oldest
     // that has not sent its request yet, so idle connections cannot keep a scraper out
     // (re-review D4). An accept error (EMFILE) backs off instead of spinning (review 3).
-    let waiting: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<(u64, tokio::task::AbortHandle)>>> = std::sync::Arc::default();
+    let waiting: std::sync::Arc<
+        std::sync::Mutex<std::collections::VecDeque<(u64, tokio::task::AbortHandle)>>,
+    > = std::sync::Arc::default();
     tokio::spawn(async move {
         let mut next_id = 0u64;
         loop {
@@ -154,7 +185,9 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: std::sync::Arc<Metrics>)
                             Ok(0) | Err(_) => return false,
                             Ok(k) => n += k,
                         }
-                        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") || buf[..n].windows(2).any(|w| w == b"\n\n") {
+                        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n")
+                            || buf[..n].windows(2).any(|w| w == b"\n\n")
+                        {
                             return true;
                         }
                     }
@@ -162,25 +195,49 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: std::sync::Arc<Metrics>)
                 })
                 .await
                 .unwrap_or(false);
-                waiting2.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|w| w.0 != id);
+                waiting2
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .retain(|w| w.0 != id);
                 if !head {
                     return;
                 }
-                let first = String::from_utf8_lossy(&buf[..n]).lines().next().unwrap_or("").to_string();
+                let first = String::from_utf8_lossy(&buf[..n])
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_string();
                 let mut parts = first.split_whitespace();
                 let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-                let (status, ctype, body) = if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
-                    ("200 OK", "text/plain; version=0.0.4; charset=utf-8", metrics.render())
-                } else if method == "GET" && path == "/" {
-                    ("200 OK", "text/plain; charset=utf-8", "nantrace agent: see /metrics\n".to_string())
-                } else {
-                    ("404 Not Found", "text/plain; charset=utf-8", "not found\n".to_string())
-                };
+                let (status, ctype, body) =
+                    if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
+                        (
+                            "200 OK",
+                            "text/plain; version=0.0.4; charset=utf-8",
+                            metrics.render(),
+                        )
+                    } else if method == "GET" && path == "/" {
+                        (
+                            "200 OK",
+                            "text/plain; charset=utf-8",
+                            "nantrace agent: see /metrics\n".to_string(),
+                        )
+                    } else {
+                        (
+                            "404 Not Found",
+                            "text/plain; charset=utf-8",
+                            "not found\n".to_string(),
+                        )
+                    };
                 let resp = format!("HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
-                let _ = tokio::time::timeout(Duration::from_secs(5), conn.write_all(resp.as_bytes())).await;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(5), conn.write_all(resp.as_bytes()))
+                        .await;
                 let _ = conn.shutdown().await;
             });
-            let mut w = waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut w = waiting
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if !task.is_finished() {
                 w.push_back((id, task.abort_handle()));
             }
@@ -201,7 +258,10 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: std::sync::Arc<Metrics>)
 /// was there at the start, so its Xid keeps its address.
 pub struct PciDevices {
     dir: std::path::PathBuf,
-    known: Mutex<(std::collections::BTreeSet<String>, Option<std::time::Instant>)>,
+    known: Mutex<(
+        std::collections::BTreeSet<String>,
+        Option<std::time::Instant>,
+    )>,
 }
 
 /// The label of an address that is not one of the node's devices, and of a text that is not
@@ -210,13 +270,32 @@ pub const NOT_ON_NODE: &str = "not_on_node";
 
 impl PciDevices {
     pub fn new(dir: &std::path::Path) -> Self {
-        let d = PciDevices { dir: dir.to_path_buf(), known: Mutex::new((Default::default(), None)) };
-        d.refresh(&mut d.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let d = PciDevices {
+            dir: dir.to_path_buf(),
+            known: Mutex::new((Default::default(), None)),
+        };
+        d.refresh(
+            &mut d
+                .known
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         d
     }
 
-    fn refresh(&self, k: &mut (std::collections::BTreeSet<String>, Option<std::time::Instant>)) {
-        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten().take(4096) {
+    fn refresh(
+        &self,
+        k: &mut (
+            std::collections::BTreeSet<String>,
+            Option<std::time::Instant>,
+        ),
+    ) {
+        for e in std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .take(4096)
+        {
             let n = e.file_name().to_string_lossy().to_ascii_lowercase();
             if is_pci(&n) && k.0.len() < 4096 {
                 k.0.insert(n);
@@ -232,7 +311,10 @@ impl PciDevices {
         if !is_pci(&a) {
             return NOT_ON_NODE.into();
         }
-        let mut k = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut k = self
+            .known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if !k.0.contains(&a) && k.1.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
             self.refresh(&mut k);
         }
@@ -248,19 +330,35 @@ impl PciDevices {
 fn is_pci(s: &str) -> bool {
     let b = s.as_bytes();
     let hex = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_hexdigit);
-    b.len() == 12 && b[4] == b':' && b[7] == b':' && b[10] == b'.' && hex(0..4) && hex(5..7) && hex(8..10) && (b'0'..=b'7').contains(&b[11])
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && hex(0..4)
+        && hex(5..7)
+        && hex(8..10)
+        && (b'0'..=b'7').contains(&b[11])
 }
 
 /// The node's devices for the labels (`/sys/bus/pci/devices`, or the agent's `--pci-devices`).
 pub static PCI: std::sync::OnceLock<PciDevices> = std::sync::OnceLock::new();
 
 fn pci_label(addr: &str) -> String {
-    PCI.get_or_init(|| PciDevices::new(std::path::Path::new("/sys/bus/pci/devices"))).label(addr)
+    PCI.get_or_init(|| PciDevices::new(std::path::Path::new("/sys/bus/pci/devices")))
+        .label(addr)
 }
 
 /// The AER severities the kernel prints; any other text is `unknown`.
 fn aer_label(severity: &str) -> &'static str {
-    ["corrected", "uncorrected_nonfatal", "uncorrected_fatal", "detail"].into_iter().find(|k| *k == severity).unwrap_or("unknown")
+    [
+        "corrected",
+        "uncorrected_nonfatal",
+        "uncorrected_fatal",
+        "detail",
+    ]
+    .into_iter()
+    .find(|k| *k == severity)
+    .unwrap_or("unknown")
 }
 
 /// A GPU's label from the incident history (its address, validated as the Xid's).
@@ -273,17 +371,43 @@ pub(super) fn observe(m: &Metrics, e: &crate::event::Event) {
     m.inc("nantrace_events_total", &[("source", e.source())]);
     match &e.detail {
         crate::event::Detail::Kmsg(k) => match k.class.as_deref() {
-            Some(crate::classify::KmsgClass::Xid { xid, pci, .. }) => m.inc("nantrace_xid_total", &[("xid", &xid.to_string()), ("gpu", &pci_label(pci))]),
-            Some(crate::classify::KmsgClass::Sxid { sxid, pci, .. }) => m.inc("nantrace_sxid_total", &[("sxid", &sxid.to_string()), ("switch", &pci_label(pci))]),
-            Some(crate::classify::KmsgClass::Aer { severity, device, .. }) => m.inc("nantrace_aer_total", &[("severity", aer_label(severity)), ("device", &pci_label(device))]),
+            Some(crate::classify::KmsgClass::Xid { xid, pci, .. }) => m.inc(
+                "nantrace_xid_total",
+                &[("xid", &xid.to_string()), ("gpu", &pci_label(pci))],
+            ),
+            Some(crate::classify::KmsgClass::Sxid { sxid, pci, .. }) => m.inc(
+                "nantrace_sxid_total",
+                &[("sxid", &sxid.to_string()), ("switch", &pci_label(pci))],
+            ),
+            Some(crate::classify::KmsgClass::Aer {
+                severity, device, ..
+            }) => m.inc(
+                "nantrace_aer_total",
+                &[
+                    ("severity", aer_label(severity)),
+                    ("device", &pci_label(device)),
+                ],
+            ),
             Some(c) => {
-                let class = serde_json::to_value(c).ok().and_then(|v| v["class"].as_str().map(str::to_string)).unwrap_or_default();
+                let class = serde_json::to_value(c)
+                    .ok()
+                    .and_then(|v| v["class"].as_str().map(str::to_string))
+                    .unwrap_or_default();
                 m.inc("nantrace_kernel_errors_total", &[("class", &class)]);
             }
             None => {}
         },
-        crate::event::Detail::Aer(a) => m.inc("nantrace_aer_total", &[("severity", crate::event::aer_severity_name(a.severity)), ("device", &pci_label(&a.device))]),
-        crate::event::Detail::Oom(o) => m.inc("nantrace_oom_kills_total", &[("job", if o.victim_job { "true" } else { "false" })]),
+        crate::event::Detail::Aer(a) => m.inc(
+            "nantrace_aer_total",
+            &[
+                ("severity", crate::event::aer_severity_name(a.severity)),
+                ("device", &pci_label(&a.device)),
+            ],
+        ),
+        crate::event::Detail::Oom(o) => m.inc(
+            "nantrace_oom_kills_total",
+            &[("job", if o.victim_job { "true" } else { "false" })],
+        ),
         _ => {}
     }
 }
@@ -301,7 +425,14 @@ mod tests {
         let p = super::PciDevices::new(&d);
         assert_eq!(p.label("0000:3b:00.0"), "0000:3b:00.0");
         assert_eq!(p.label("0000:3B:00.0"), "0000:3b:00.0");
-        for bad in ["0000:5e:00.0", "0000:3b:00.9", "x\"} 1\nnantrace_evil 1", "", "0000:3b:00.0 ", "0000:3b:00"] {
+        for bad in [
+            "0000:5e:00.0",
+            "0000:3b:00.9",
+            "x\"} 1\nnantrace_evil 1",
+            "",
+            "0000:3b:00.0 ",
+            "0000:3b:00",
+        ] {
             assert_eq!(p.label(bad), super::NOT_ON_NODE, "{bad:?}");
         }
         // A device that appears later is found at the next refresh (at most once a minute).
@@ -320,10 +451,17 @@ mod tests {
     #[test]
     fn the_alert_rules_name_exported_metrics_and_the_catalogs_fatal_xids() {
         let rules = include_str!("../../../dist/prometheus/nantrace-rules.yml");
-        let expr: String = rules.lines().filter(|l| l.trim_start().starts_with("expr:")).collect::<Vec<_>>().join("\n");
+        let expr: String = rules
+            .lines()
+            .filter(|l| l.trim_start().starts_with("expr:"))
+            .collect::<Vec<_>>()
+            .join("\n");
         let mut named = std::collections::BTreeSet::new();
         for (i, _) in expr.match_indices("nantrace_") {
-            let name: String = expr[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            let name: String = expr[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
             // `nantrace:...` recording rules are not metrics; `nantrace_` inside them would be.
             if i == 0 || expr.as_bytes()[i - 1] != b':' {
                 named.insert(name);
@@ -331,28 +469,53 @@ mod tests {
         }
         assert!(named.len() >= 8, "{named:?}");
         for n in &named {
-            assert!(super::FAMILIES.iter().any(|(f, _, _)| f == n), "the rules use {n}, which the agent does not export");
+            assert!(
+                super::FAMILIES.iter().any(|(f, _, _)| f == n),
+                "the rules use {n}, which the agent does not export"
+            );
         }
         // The Grafana dashboard: valid JSON, every panel a question with a query, and every
         // metric it names exported (or a recording rule of the shipped rules).
-        let dash: serde_json::Value = serde_json::from_str(include_str!("../../../dist/grafana/nantrace-dashboard.json")).expect("the dashboard is valid JSON");
+        let dash: serde_json::Value = serde_json::from_str(include_str!(
+            "../../../dist/grafana/nantrace-dashboard.json"
+        ))
+        .expect("the dashboard is valid JSON");
         let panels = dash["panels"].as_array().expect("panels");
         assert!(panels.len() >= 8);
         for p in panels {
             let title = p["title"].as_str().unwrap_or("");
-            assert!(title.contains('?'), "a panel named by its question: {title}");
+            assert!(
+                title.contains('?'),
+                "a panel named by its question: {title}"
+            );
             let q = p["targets"][0]["expr"].as_str().unwrap_or("");
             assert!(!q.is_empty(), "{title}: no query");
             for (i, _) in q.match_indices("nantrace") {
-                let name: String = q[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':').collect();
+                let name: String = q[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+                    .collect();
                 if name == "nantrace" {
                     continue; // the scrape job's name, `up{job="nantrace"}`
                 }
-                let known = if name.contains(':') { rules.contains(&format!("record: {name}\n")) } else { super::FAMILIES.iter().any(|(f, _, _)| *f == name) };
-                assert!(known, "{title}: {name} is neither an exported metric nor a shipped recording rule");
+                let known = if name.contains(':') {
+                    rules.contains(&format!("record: {name}\n"))
+                } else {
+                    super::FAMILIES.iter().any(|(f, _, _)| *f == name)
+                };
+                assert!(
+                    known,
+                    "{title}: {name} is neither an exported metric nor a shipped recording rule"
+                );
             }
         }
-        let critical: Vec<String> = (0..1000).filter(|x| crate::classify::xid_entry(*x).is_some_and(|e| e.severity == crate::classify::Severity::Critical)).map(|x| x.to_string()).collect();
+        let critical: Vec<String> = (0..1000)
+            .filter(|x| {
+                crate::classify::xid_entry(*x)
+                    .is_some_and(|e| e.severity == crate::classify::Severity::Critical)
+            })
+            .map(|x| x.to_string())
+            .collect();
         let fatal = format!("xid=~\"{}\"", critical.join("|"));
         let uses = rules.matches(&fatal).count();
         assert!(uses >= 3, "the fatal-Xid selector is not the catalog's critical list {fatal} (found {uses} times)");
@@ -361,10 +524,19 @@ mod tests {
     #[test]
     fn exposition_format_with_escaped_labels() {
         let m = Metrics::default();
-        m.inc("nantrace_xid_total", &[("xid", "79"), ("gpu", "0000:3b:00.0")]);
-        m.inc("nantrace_xid_total", &[("xid", "79"), ("gpu", "0000:3b:00.0")]);
+        m.inc(
+            "nantrace_xid_total",
+            &[("xid", "79"), ("gpu", "0000:3b:00.0")],
+        );
+        m.inc(
+            "nantrace_xid_total",
+            &[("xid", "79"), ("gpu", "0000:3b:00.0")],
+        );
         m.set("nantrace_jobs_watched", &[], 2.0);
-        m.inc("nantrace_job_output_failures_total", &[("family", "a\"b\\c\nd")]);
+        m.inc(
+            "nantrace_job_output_failures_total",
+            &[("family", "a\"b\\c\nd")],
+        );
         let t = m.render();
         assert!(t.contains("# TYPE nantrace_xid_total counter\nnantrace_xid_total{xid=\"79\",gpu=\"0000:3b:00.0\"} 2\n"), "{t}");
         assert!(t.contains("nantrace_jobs_watched 2\n"));
@@ -384,8 +556,14 @@ mod docs {
     fn every_metric_is_in_docs_agent_md() {
         let doc = include_str!("../../../docs/agent.md");
         for (name, kind, _) in super::FAMILIES {
-            assert!(doc.contains(&format!("`{name}`")), "{name} is not documented in docs/agent.md");
-            assert!(name.ends_with("_total") == (*kind == "counter"), "{name}: counters end in _total, gauges do not");
+            assert!(
+                doc.contains(&format!("`{name}`")),
+                "{name} is not documented in docs/agent.md"
+            );
+            assert!(
+                name.ends_with("_total") == (*kind == "counter"),
+                "{name}: counters end in _total, gauges do not"
+            );
         }
     }
 }

@@ -7,16 +7,16 @@
 //! bundle is its own window joined with the node's. Node-wide triggers (a fatal Xid) go to the
 //! jobs on that GPU.
 pub mod config;
+pub mod ctl;
+pub mod discover;
 pub mod drain;
 pub mod history;
 mod incident;
-pub mod ctl;
-pub mod discover;
 pub mod jobdir;
 mod logs;
-mod scanner;
 pub mod metrics;
 pub mod ranks;
+mod scanner;
 pub mod spool;
 pub mod webhook;
 
@@ -145,23 +145,35 @@ impl Agent {
                 if let Some(j) = st.jobs.get(&key) {
                     let n = batch.len();
                     if j.tx.try_send(Input::Kernel(batch)).is_err() {
-                        self.metrics.add("nantrace_events_dropped_total", &[("reason", "job queue full")], n as f64);
+                        self.metrics.add(
+                            "nantrace_events_dropped_total",
+                            &[("reason", "job queue full")],
+                            n as f64,
+                        );
                     }
                 }
             }
             // A fatal Xid dumps every job on that GPU (every GPU job when the GPU is not known,
             // every job when none holds a GPU device).
             for (kind, reason, minor) in node_fires {
-                let on_gpu: Vec<&Job> = st.jobs.values().filter(|j| minor.is_some_and(|m| j.found.gpus.contains(&m))).collect();
+                let on_gpu: Vec<&Job> = st
+                    .jobs
+                    .values()
+                    .filter(|j| minor.is_some_and(|m| j.found.gpus.contains(&m)))
+                    .collect();
                 let targets: Vec<&Job> = if !on_gpu.is_empty() {
                     on_gpu
                 } else if st.jobs.values().any(|j| !j.found.devices.is_empty()) {
-                    st.jobs.values().filter(|j| !j.found.devices.is_empty()).collect()
+                    st.jobs
+                        .values()
+                        .filter(|j| !j.found.devices.is_empty())
+                        .collect()
                 } else {
                     st.jobs.values().collect()
                 };
                 for j in targets {
-                    let _ = j.tx.try_send(Input::Fire(kind, reason.clone(), monotonic_ns()));
+                    let _ =
+                        j.tx.try_send(Input::Fire(kind, reason.clone(), monotonic_ns()));
                 }
             }
         }
@@ -188,7 +200,12 @@ impl Agent {
         let mut not_watched = 0usize;
         for f in found {
             if let Some(j) = st.jobs.get_mut(&f.key) {
-                let new: BTreeSet<u32> = f.pids.iter().copied().filter(|p| !j.found.pids.contains(p)).collect();
+                let new: BTreeSet<u32> = f
+                    .pids
+                    .iter()
+                    .copied()
+                    .filter(|p| !j.found.pids.contains(p))
+                    .collect();
                 j.found.pids.extend(new.iter().copied());
                 j.found.gpus.extend(f.gpus.iter().copied());
                 j.found.devices.extend(f.devices.iter().cloned());
@@ -198,7 +215,9 @@ impl Agent {
                 }
                 continue;
             }
-            if st.ended.get(&f.key).is_some_and(|e| e.1 == f.root) || !crate::correlate::alive(f.root) {
+            if st.ended.get(&f.key).is_some_and(|e| e.1 == f.root)
+                || !crate::correlate::alive(f.root)
+            {
                 continue;
             }
             // One user's many jobs do not hide another user's (review 4): both limits, said
@@ -218,7 +237,8 @@ impl Agent {
         }
         let n = st.jobs.len();
         self.metrics.set("nantrace_jobs_watched", &[], n as f64);
-        self.metrics.set("nantrace_jobs_not_watched", &[], not_watched as f64);
+        self.metrics
+            .set("nantrace_jobs_not_watched", &[], not_watched as f64);
         st.not_watched = not_watched;
     }
 
@@ -227,14 +247,25 @@ impl Agent {
         let identity = f.identity();
         let mut opts = self.cfg.session_opts();
         opts.mem_cap_mb = 0; // set in bytes below
-        let info = JobInfo { root_pid: Some(f.root), command: crate::collect::cmdline(f.root), exit_code: None, exit_signal: None, exit_core_dumped: false, identity: Some(json!({ "job": key, "found_by": f.reason, "scheduler": identity })) };
+        let info = JobInfo {
+            root_pid: Some(f.root),
+            command: crate::collect::cmdline(f.root),
+            exit_code: None,
+            exit_signal: None,
+            exit_core_dumped: false,
+            identity: Some(json!({ "job": key, "found_by": f.reason, "scheduler": identity })),
+        };
         let (tx, rx) = mpsc::channel::<Input>(4096);
         let m2 = self.metrics.clone();
         // A job with a name in the job directory: its incidents are the job's on every node.
         let shared = self.jobdir.clone().zip(jobdir::job_key(&identity));
         let jd_open = shared.clone();
         if let Some((jd, job)) = &shared {
-            let _ = jd.send(jobdir::Msg::Watch { job: job.clone(), key: key.clone(), tx: tx.clone() });
+            let _ = jd.send(jobdir::Msg::Watch {
+                job: job.clone(),
+                key: key.clone(),
+                tx: tx.clone(),
+            });
         }
         let key_open = key.clone();
         let hook = incident::Hook {
@@ -250,28 +281,63 @@ impl Agent {
             drainer: self.drainer.clone(),
             history: self.history.clone(),
         };
-        let session = Session::new(opts, info, Mode::Follow).with_label(format!("job {key}: ")).on_fault(move |fam| m2.inc("nantrace_job_output_failures_total", &[("family", fam.as_str())])).on_open(move |trigger, reason| {
-            if let Some((jd, _)) = &jd_open {
-                let _ = jd.send(jobdir::Msg::Opened { key: key_open.clone(), trigger: trigger.to_string(), reason: reason.to_string(), at: crate::clock::realtime_ns() });
-            }
-        }).on_dump(move |d| hook.dumped(d)).on_full(self.make_room());
+        let session = Session::new(opts, info, Mode::Follow)
+            .with_label(format!("job {key}: "))
+            .on_fault(move |fam| {
+                m2.inc(
+                    "nantrace_job_output_failures_total",
+                    &[("family", fam.as_str())],
+                )
+            })
+            .on_open(move |trigger, reason| {
+                if let Some((jd, _)) = &jd_open {
+                    let _ = jd.send(jobdir::Msg::Opened {
+                        key: key_open.clone(),
+                        trigger: trigger.to_string(),
+                        reason: reason.to_string(),
+                        at: crate::clock::realtime_ns(),
+                    });
+                }
+            })
+            .on_dump(move |d| hook.dumped(d))
+            .on_full(self.make_room());
         let share = self.share(st.jobs.len() + 1);
         let _ = tx.try_send(Input::Budget(share));
         crate::session::spawn_context_refresh(f.root, session.job_ctx.clone(), tx.clone());
         crate::session::watch_root_alive(f.root, tx.clone(), session.logs_behind.clone());
         // Its log files, found without being told (scontrol may take a moment: not here).
         {
-            let (f2, tx2, state, pod_dir, proc_root, behind) = (f.clone(), tx.clone(), self.state.clone(), self.cfg.pod_log_dir.clone(), self.proc_root.clone(), session.logs_behind.clone());
-            let mut scanner = crate::nanscan::Scanner::new(&self.cfg.nan_patterns).unwrap_or_default();
+            let (f2, tx2, state, pod_dir, proc_root, behind) = (
+                f.clone(),
+                tx.clone(),
+                self.state.clone(),
+                self.cfg.pod_log_dir.clone(),
+                self.proc_root.clone(),
+                session.logs_behind.clone(),
+            );
+            let mut scanner =
+                crate::nanscan::Scanner::new(&self.cfg.nan_patterns).unwrap_or_default();
             scanner.grad_rule = crate::nanscan::GradRule::Auto;
             let host = self.host.clone();
             tokio::spawn(async move {
                 let logs = logs::find_logs(&f2, &pod_dir, &proc_root, &host).await;
                 for (path, format) in &logs {
-                    crate::say!("nantrace: job {}: following {}", f2.key, crate::term::clean(&path.display().to_string()));
+                    crate::say!(
+                        "nantrace: job {}: following {}",
+                        f2.key,
+                        crate::term::clean(&path.display().to_string())
+                    );
                     // The kubelet's logs belong to root whoever the container runs as.
                     let owner = if *format == LogFormat::Cri { 0 } else { f2.uid };
-                    follow_file(path.clone(), f2.root, *format, Some(owner), scanner.clone(), tx2.clone(), behind.clone());
+                    follow_file(
+                        path.clone(),
+                        f2.root,
+                        *format,
+                        Some(owner),
+                        scanner.clone(),
+                        tx2.clone(),
+                        behind.clone(),
+                    );
                 }
                 if logs.is_empty() {
                     crate::say!("nantrace: job {}: no log file found (its output is a pipe or a terminal): kernel and exit evidence only", f2.key);
@@ -293,12 +359,28 @@ impl Agent {
             f.pids.len(),
             f.uid,
             f.reason,
-            if f.gpus.is_empty() { String::new() } else { format!(", GPUs {:?}", f.gpus) },
+            if f.gpus.is_empty() {
+                String::new()
+            } else {
+                format!(", GPUs {:?}", f.gpus)
+            },
             crate::term::clean(&identity.to_string())
         );
-        self.metrics.inc("nantrace_jobs_seen_total", &[("kind", identity["kind"].as_str().unwrap_or("process"))]);
+        self.metrics.inc(
+            "nantrace_jobs_seen_total",
+            &[("kind", identity["kind"].as_str().unwrap_or("process"))],
+        );
         let pids = f.pids.clone();
-        st.jobs.insert(key.clone(), Job { found: f, tx, since_ns: monotonic_ns(), logs: Vec::new(), incidents: 0 });
+        st.jobs.insert(
+            key.clone(),
+            Job {
+                found: f,
+                tx,
+                since_ns: monotonic_ns(),
+                logs: Vec::new(),
+                incidents: 0,
+            },
+        );
         self.adopt(st, &key, &pids);
         // The others' shares shrink.
         let share = self.share(st.jobs.len());
@@ -314,17 +396,24 @@ impl Agent {
         st.ended.insert(key.to_string(), (now, root));
         st.ended.retain(|_, t| now - t.0 < 30_000_000_000);
         if let Some(jd) = &self.jobdir {
-            let _ = jd.send(jobdir::Msg::Unwatch { key: key.to_string() });
+            let _ = jd.send(jobdir::Msg::Unwatch {
+                key: key.to_string(),
+            });
         }
         if let Some(j) = st.jobs.remove(key) {
-            crate::say!("nantrace: job {key} ended after {:.0} s ({} incident(s))", (monotonic_ns() - j.since_ns) as f64 / 1e9, j.incidents);
+            crate::say!(
+                "nantrace: job {key} ended after {:.0} s ({} incident(s))",
+                (monotonic_ns() - j.since_ns) as f64 / 1e9,
+                j.incidents
+            );
         }
         st.pid_job.retain(|_, k| k != key);
         let share = self.share(st.jobs.len());
         for j in st.jobs.values() {
             let _ = j.tx.try_send(Input::Budget(share));
         }
-        self.metrics.set("nantrace_jobs_watched", &[], st.jobs.len() as f64);
+        self.metrics
+            .set("nantrace_jobs_watched", &[], st.jobs.len() as f64);
     }
 
     fn housekeeping(&self) {
@@ -332,10 +421,28 @@ impl Agent {
         lock(&self.node).expire(now);
         let m = &self.metrics;
         let drops = self.kernel.drops();
-        m.set_all("nantrace_ringbuf_drops_total", &drops.iter().map(|(k, v)| (vec![("source", k.as_str())], *v as f64)).collect::<Vec<_>>());
-        m.set("nantrace_probes_attached", &[], self.kernel.attached() as f64);
-        m.set("nantrace_probes_failed", &[], self.kernel.probes_not_attached().len() as f64);
-        m.set("nantrace_recorder_bytes", &[("recorder", "node")], lock(&self.node).bytes() as f64);
+        m.set_all(
+            "nantrace_ringbuf_drops_total",
+            &drops
+                .iter()
+                .map(|(k, v)| (vec![("source", k.as_str())], *v as f64))
+                .collect::<Vec<_>>(),
+        );
+        m.set(
+            "nantrace_probes_attached",
+            &[],
+            self.kernel.attached() as f64,
+        );
+        m.set(
+            "nantrace_probes_failed",
+            &[],
+            self.kernel.probes_not_attached().len() as f64,
+        );
+        m.set(
+            "nantrace_recorder_bytes",
+            &[("recorder", "node")],
+            lock(&self.node).bytes() as f64,
+        );
     }
 
     /// The sessions' hook for a full disk (`spool::room_hook`).
@@ -345,19 +452,37 @@ impl Agent {
 
     fn spool(&self) {
         let known = lock(&self.state).bundle_uid.clone();
-        let removed = spool::enforce(&self.cfg.spool_dir, self.cfg.spool_max_mb << 20, self.cfg.spool_max_age_days * 86_400.0, &|p| known.get(p).copied().or_else(|| spool::bundle_uid(p)));
+        let removed = spool::enforce(
+            &self.cfg.spool_dir,
+            self.cfg.spool_max_mb << 20,
+            self.cfg.spool_max_age_days * 86_400.0,
+            &|p| known.get(p).copied().or_else(|| spool::bundle_uid(p)),
+        );
         for r in &removed {
             crate::say!("nantrace: spool: removed {} (size/age limit)", r.display());
         }
         if !removed.is_empty() {
-            lock(&self.state).bundle_uid.retain(|p, _| !removed.contains(p));
+            lock(&self.state)
+                .bundle_uid
+                .retain(|p, _| !removed.contains(p));
         }
-        self.metrics.add("nantrace_spool_removed_total", &[], removed.len() as f64);
+        self.metrics
+            .add("nantrace_spool_removed_total", &[], removed.len() as f64);
         let u = spool::usage(&self.cfg.spool_dir);
-        self.metrics.set("nantrace_spool_bytes", &[], u.bytes as f64);
-        self.metrics.set("nantrace_spool_bundles", &[], u.bundles as f64);
-        self.metrics.set("nantrace_spool_incomplete_bundles", &[], u.incomplete as f64);
-        self.metrics.set("nantrace_spool_limit_bytes", &[], (self.cfg.spool_max_mb << 20) as f64);
+        self.metrics
+            .set("nantrace_spool_bytes", &[], u.bytes as f64);
+        self.metrics
+            .set("nantrace_spool_bundles", &[], u.bundles as f64);
+        self.metrics.set(
+            "nantrace_spool_incomplete_bundles",
+            &[],
+            u.incomplete as f64,
+        );
+        self.metrics.set(
+            "nantrace_spool_limit_bytes",
+            &[],
+            (self.cfg.spool_max_mb << 20) as f64,
+        );
     }
 }
 
@@ -368,19 +493,56 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // Dumps a crash cut short (D-8): kept as incomplete bundles, said, and counted below.
     let (kept, problems) = crate::bundle::recover::recover(&cfg.spool_dir);
     crate::bundle::recover::say(&kept, &problems);
-    let proc_root = args.proc_root.clone().unwrap_or_else(|| PathBuf::from("/proc"));
-    let pci = metrics::PciDevices::new(args.pci_devices.as_deref().unwrap_or(Path::new("/sys/bus/pci/devices")));
+    let proc_root = args
+        .proc_root
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/proc"));
+    let pci = metrics::PciDevices::new(
+        args.pci_devices
+            .as_deref()
+            .unwrap_or(Path::new("/sys/bus/pci/devices")),
+    );
     let _ = metrics::PCI.set(pci);
     let metrics = Arc::new(Metrics::default());
-    metrics.set("nantrace_build_info", &[("version", env!("CARGO_PKG_VERSION"))], 1.0);
-    let kernel = Arc::new(if args.no_probes { Kernel::none("disabled with --no-probes") } else { Kernel::load(&[], cfg.slow_io_ms, false) });
-    let node = Arc::new(Mutex::new(Recorder::new((cfg.window_s * 1e9) as u64, (cfg.mem_cap_mb << 20) / 2)));
-    let state = Arc::new(Mutex::new(State { jobs: BTreeMap::new(), pid_job: HashMap::new(), incidents: VecDeque::new(), gpucheck_queue: Vec::new(), ended: HashMap::new(), spool_dirty: true, not_watched: 0, not_watched_said: std::collections::HashSet::new(), bundle_uid: HashMap::new() }));
-    let webhook = (!cfg.webhook_url.is_empty()).then(|| webhook::spawn(cfg.webhook_url.clone(), Duration::from_secs_f64(cfg.webhook_timeout_s), cfg.webhook_retries, metrics.clone()));
+    metrics.set(
+        "nantrace_build_info",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1.0,
+    );
+    let kernel = Arc::new(if args.no_probes {
+        Kernel::none("disabled with --no-probes")
+    } else {
+        Kernel::load(&[], cfg.slow_io_ms, false)
+    });
+    let node = Arc::new(Mutex::new(Recorder::new(
+        (cfg.window_s * 1e9) as u64,
+        (cfg.mem_cap_mb << 20) / 2,
+    )));
+    let state = Arc::new(Mutex::new(State {
+        jobs: BTreeMap::new(),
+        pid_job: HashMap::new(),
+        incidents: VecDeque::new(),
+        gpucheck_queue: Vec::new(),
+        ended: HashMap::new(),
+        spool_dirty: true,
+        not_watched: 0,
+        not_watched_said: std::collections::HashSet::new(),
+        bundle_uid: HashMap::new(),
+    }));
+    let webhook = (!cfg.webhook_url.is_empty()).then(|| {
+        webhook::spawn(
+            cfg.webhook_url.clone(),
+            Duration::from_secs_f64(cfg.webhook_timeout_s),
+            cfg.webhook_retries,
+            metrics.clone(),
+        )
+    });
     let (done_tx, mut done_rx) = mpsc::channel::<String>(64);
     // The metrics port first: a second agent fails there, before it touches the socket.
     if !cfg.metrics_addr.is_empty() {
-        metrics::serve(cfg.metrics_addr.parse()?, metrics.clone()).await.with_context(|| format!("metrics on {}", cfg.metrics_addr))?;
+        metrics::serve(cfg.metrics_addr.parse()?, metrics.clone())
+            .await
+            .with_context(|| format!("metrics on {}", cfg.metrics_addr))?;
     }
     let listener = ctl::bind(&cfg.socket)?;
     let (ctl_tx, mut ctl_rx) = mpsc::channel::<ctl::Request>(16);
@@ -396,12 +558,31 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         });
     }
     // Discovery on a thread of its own (/proc reads block).
-    let scanner::Scanner { results: mut disc_rx, scan_now, control: cfg_tx } = scanner::spawn(discover::Discovery::new(proc_root.clone(), &cfg), &cfg)?;
+    let scanner::Scanner {
+        results: mut disc_rx,
+        scan_now,
+        control: cfg_tx,
+    } = scanner::spawn(discover::Discovery::new(proc_root.clone(), &cfg), &cfg)?;
     let host = crate::bundle::Host::read().hostname;
     let jobdir = jobdir::start(&cfg.job_dir, &host, &metrics);
     let drainer = drain::start(&cfg, &host, jobdir.is_some());
     let history = history::start(&cfg.spool_dir, &metrics);
-    let mut agent = Agent { cfg, args, kernel, node, state, metrics, webhook, done_tx, host, started: monotonic_ns(), proc_root, jobdir, drainer, history };
+    let mut agent = Agent {
+        cfg,
+        args,
+        kernel,
+        node,
+        state,
+        metrics,
+        webhook,
+        done_tx,
+        host,
+        started: monotonic_ns(),
+        proc_root,
+        jobdir,
+        drainer,
+        history,
+    };
     crate::say!(
         "nantrace: agent {} on {}: {} probes attached, spool {}, socket {}, metrics {}",
         env!("CARGO_PKG_VERSION"),
@@ -409,11 +590,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         agent.kernel.attached(),
         agent.cfg.spool_dir.display(),
         agent.cfg.socket.display(),
-        if agent.cfg.metrics_addr.is_empty() { "off" } else { &agent.cfg.metrics_addr }
+        if agent.cfg.metrics_addr.is_empty() {
+            "off"
+        } else {
+            &agent.cfg.metrics_addr
+        }
     );
 
     use tokio::signal::unix::{signal, SignalKind};
-    let (mut hup, mut term, mut int) = (signal(SignalKind::hangup())?, signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+    let (mut hup, mut term, mut int) = (
+        signal(SignalKind::hangup())?,
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::interrupt())?,
+    );
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut ticks = 0u64;
     let mut gpucheck_task: Option<tokio::task::JoinHandle<()>> = None;
@@ -471,7 +660,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let keys: Vec<String> = {
         let st = lock(&agent.state);
         for j in st.jobs.values() {
-            let _ = j.tx.try_send(Input::Fire(TriggerKind::Manual, "agent stopping".into(), 0));
+            let _ =
+                j.tx.try_send(Input::Fire(TriggerKind::Manual, "agent stopping".into(), 0));
         }
         st.jobs.keys().cloned().collect()
     };

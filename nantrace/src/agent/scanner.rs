@@ -30,27 +30,36 @@ pub fn spawn(mut d: Discovery, cfg: &Config) -> std::io::Result<Scanner> {
     let (scan_now, scan_rx) = std::sync::mpsc::channel::<()>();
     let (control, cfg_rx) = std::sync::mpsc::channel::<DiscMsg>();
     let mut every = Duration::from_millis(cfg.scan_interval_ms.max(50));
-    std::thread::Builder::new().name("nantrace-discover".into()).spawn(move || loop {
-        let t0 = std::time::Instant::now();
-        let found = d.scan(monotonic_ns());
-        if disc_tx.blocking_send((found, t0.elapsed().as_secs_f64())).is_err() {
-            return;
-        }
-        let _ = scan_rx.recv_timeout(every);
-        while let Ok(m) = cfg_rx.try_recv() {
-            match m {
-                DiscMsg::Config(c) => {
-                    d.configure(&c);
-                    every = Duration::from_millis(c.scan_interval_ms.max(50));
-                }
-                DiscMsg::WantSlurm(id) => {
-                    d.slurm_wanted.insert(id);
-                }
-                DiscMsg::ForgetSlurm(id) => {
-                    d.slurm_wanted.remove(&id);
+    std::thread::Builder::new()
+        .name("nantrace-discover".into())
+        .spawn(move || loop {
+            let t0 = std::time::Instant::now();
+            let found = d.scan(monotonic_ns());
+            if disc_tx
+                .blocking_send((found, t0.elapsed().as_secs_f64()))
+                .is_err()
+            {
+                return;
+            }
+            let _ = scan_rx.recv_timeout(every);
+            while let Ok(m) = cfg_rx.try_recv() {
+                match m {
+                    DiscMsg::Config(c) => {
+                        d.configure(&c);
+                        every = Duration::from_millis(c.scan_interval_ms.max(50));
+                    }
+                    DiscMsg::WantSlurm(id) => {
+                        d.slurm_wanted.insert(id);
+                    }
+                    DiscMsg::ForgetSlurm(id) => {
+                        d.slurm_wanted.remove(&id);
+                    }
                 }
             }
-        }
-    })?;
-    Ok(Scanner { results, scan_now, control })
+        })?;
+    Ok(Scanner {
+        results,
+        scan_now,
+        control,
+    })
 }

@@ -12,23 +12,39 @@ fn split(url: &str) -> Option<(String, String, String)> {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let host = hostport.rsplit_once(':').map_or(hostport, |(h, _)| h).to_string();
-    let hp = if hostport.contains(':') { hostport.to_string() } else { format!("{hostport}:80") };
+    let host = hostport
+        .rsplit_once(':')
+        .map_or(hostport, |(h, _)| h)
+        .to_string();
+    let hp = if hostport.contains(':') {
+        hostport.to_string()
+    } else {
+        format!("{hostport}:80")
+    };
     Some((hp, host, path.to_string()))
 }
 
 async fn post_once(url: &str, body: &str, timeout: Duration) -> Result<u16, String> {
     let (hp, host, path) = split(url).ok_or("not an http:// URL")?;
     let fut = async {
-        let mut s = tokio::net::TcpStream::connect(&hp).await.map_err(|e| format!("connect {hp}: {e}"))?;
+        let mut s = tokio::net::TcpStream::connect(&hp)
+            .await
+            .map_err(|e| format!("connect {hp}: {e}"))?;
         let req = format!("POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\nUser-Agent: nantrace/{}\r\n\r\n{body}", body.len(), env!("CARGO_PKG_VERSION"));
-        s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
+        s.write_all(req.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
         let mut head = vec![0u8; 1024];
         let n = s.read(&mut head).await.map_err(|e| e.to_string())?;
         let line = String::from_utf8_lossy(&head[..n]);
-        line.split_whitespace().nth(1).and_then(|c| c.parse::<u16>().ok()).ok_or_else(|| "no HTTP status in the answer".to_string())
+        line.split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse::<u16>().ok())
+            .ok_or_else(|| "no HTTP status in the answer".to_string())
     };
-    tokio::time::timeout(timeout, fut).await.map_err(|_| format!("no answer within {timeout:?}"))?
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| format!("no answer within {timeout:?}"))?
 }
 
 /// Deliveries at once: a dead endpoint (each incident: every retry's timeout and back-off)
@@ -38,13 +54,20 @@ pub const PARALLEL: usize = 4;
 
 /// Start the sender; returns the queue (64 incidents; beyond that, counted as failures). At
 /// most [`PARALLEL`] incidents are delivered at once, each with its own retries.
-pub fn spawn(url: String, timeout: Duration, retries: u32, metrics: std::sync::Arc<super::metrics::Metrics>) -> mpsc::Sender<serde_json::Value> {
+pub fn spawn(
+    url: String,
+    timeout: Duration,
+    retries: u32,
+    metrics: std::sync::Arc<super::metrics::Metrics>,
+) -> mpsc::Sender<serde_json::Value> {
     let (tx, mut rx) = mpsc::channel::<serde_json::Value>(64);
     let url = std::sync::Arc::new(url);
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(PARALLEL));
     tokio::spawn(async move {
         while let Some(v) = rx.recv().await {
-            let Ok(slot) = slots.clone().acquire_owned().await else { break };
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                break;
+            };
             let (url, metrics) = (url.clone(), metrics.clone());
             tokio::spawn(async move {
                 let body = v.to_string();
@@ -55,8 +78,14 @@ pub fn spawn(url: String, timeout: Duration, retries: u32, metrics: std::sync::A
                             ok = true;
                             break;
                         }
-                        Ok(c) => crate::say!("nantrace: webhook: HTTP {c} (attempt {})", attempt + 1),
-                        Err(e) => crate::say!("nantrace: webhook: {} (attempt {})", crate::term::clean(&e), attempt + 1),
+                        Ok(c) => {
+                            crate::say!("nantrace: webhook: HTTP {c} (attempt {})", attempt + 1)
+                        }
+                        Err(e) => crate::say!(
+                            "nantrace: webhook: {} (attempt {})",
+                            crate::term::clean(&e),
+                            attempt + 1
+                        ),
                     }
                     if attempt < retries {
                         tokio::time::sleep(Duration::from_secs(1 << attempt.min(5))).await;
@@ -76,8 +105,18 @@ pub fn spawn(url: String, timeout: Duration, retries: u32, metrics: std::sync::A
 mod tests {
     #[test]
     fn url_parts() {
-        assert_eq!(super::split("http://hooks.local:8080/x/y"), Some(("hooks.local:8080".into(), "hooks.local".into(), "/x/y".into())));
-        assert_eq!(super::split("http://h"), Some(("h:80".into(), "h".into(), "/".into())));
+        assert_eq!(
+            super::split("http://hooks.local:8080/x/y"),
+            Some((
+                "hooks.local:8080".into(),
+                "hooks.local".into(),
+                "/x/y".into()
+            ))
+        );
+        assert_eq!(
+            super::split("http://h"),
+            Some(("h:80".into(), "h".into(), "/".into()))
+        );
         assert_eq!(super::split("https://h"), None);
     }
 
@@ -94,15 +133,32 @@ mod tests {
                 let mut buf = vec![0u8; 4096];
                 let n = c.read(&mut buf).await.unwrap();
                 bodies.push(String::from_utf8_lossy(&buf[..n]).into_owned());
-                c.write_all(format!("HTTP/1.1 {code}\r\nContent-Length: 0\r\n\r\n").as_bytes()).await.unwrap();
+                c.write_all(format!("HTTP/1.1 {code}\r\nContent-Length: 0\r\n\r\n").as_bytes())
+                    .await
+                    .unwrap();
             }
             bodies
         });
         let m = std::sync::Arc::new(super::super::metrics::Metrics::default());
-        let tx = super::spawn(format!("http://{addr}/hook"), std::time::Duration::from_secs(2), 3, m.clone());
-        tx.send(serde_json::json!({ "verdict": "PROBABLY THE MACHINE (GPU)" })).await.unwrap();
-        let bodies = tokio::time::timeout(std::time::Duration::from_secs(10), server).await.unwrap().unwrap();
-        assert!(bodies[1].starts_with("POST /hook HTTP/1.1") && bodies[1].ends_with(r#"{"verdict":"PROBABLY THE MACHINE (GPU)"}"#), "{}", bodies[1]);
+        let tx = super::spawn(
+            format!("http://{addr}/hook"),
+            std::time::Duration::from_secs(2),
+            3,
+            m.clone(),
+        );
+        tx.send(serde_json::json!({ "verdict": "PROBABLY THE MACHINE (GPU)" }))
+            .await
+            .unwrap();
+        let bodies = tokio::time::timeout(std::time::Duration::from_secs(10), server)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            bodies[1].starts_with("POST /hook HTTP/1.1")
+                && bodies[1].ends_with(r#"{"verdict":"PROBABLY THE MACHINE (GPU)"}"#),
+            "{}",
+            bodies[1]
+        );
         assert_eq!(m.get("nantrace_webhook_failures_total", &[]), 0.0);
     }
 
@@ -113,7 +169,12 @@ mod tests {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let m = std::sync::Arc::new(super::super::metrics::Metrics::default());
-        let tx = super::spawn(format!("http://{addr}/hook"), std::time::Duration::from_secs(30), 0, m.clone());
+        let tx = super::spawn(
+            format!("http://{addr}/hook"),
+            std::time::Duration::from_secs(30),
+            0,
+            m.clone(),
+        );
         for i in 0..super::PARALLEL + 2 {
             tx.send(serde_json::json!({ "incident": i })).await.unwrap();
         }
@@ -124,8 +185,17 @@ mod tests {
             }
         })
         .await;
-        assert!(open.is_ok(), "only {} delivery at a time while one hangs", held.len());
+        assert!(
+            open.is_ok(),
+            "only {} delivery at a time while one hangs",
+            held.len()
+        );
         // No more than PARALLEL at once.
-        assert!(tokio::time::timeout(std::time::Duration::from_millis(500), l.accept()).await.is_err(), "more than PARALLEL deliveries at once");
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(500), l.accept())
+                .await
+                .is_err(),
+            "more than PARALLEL deliveries at once"
+        );
     }
 }

@@ -11,7 +11,14 @@ use super::DIGEST_MAX;
 fn json_rank(e: &Value) -> u8 {
     let flagged = |k: &str| !e[k].is_null() && e[k] != false;
     match e["source"].as_str().unwrap_or("") {
-        "log" if flagged("nonfinite") || flagged("overflow") || flagged("fault") || flagged("loss_scale") => 0,
+        "log"
+            if flagged("nonfinite")
+                || flagged("overflow")
+                || flagged("fault")
+                || flagged("loss_scale") =>
+        {
+            0
+        }
         "log" if flagged("loss") => 2,
         "log" => 9,
         "fork" | "exec" | "block" | "tcp_retransmit" => 3,
@@ -59,7 +66,11 @@ pub fn load(dir: &Path) -> anyhow::Result<(Value, Value)> {
             t["accounting"]["incomplete"] = json!(note);
         }
     }
-    let snapshot = open_plain(&dir.join("snapshot.json")).ok().filter(|f| f.metadata().is_ok_and(|m| m.len() <= WHOLE_TIMELINE_MAX)).and_then(|f| serde_json::from_reader(std::io::BufReader::new(f)).ok()).unwrap_or(Value::Null);
+    let snapshot = open_plain(&dir.join("snapshot.json"))
+        .ok()
+        .filter(|f| f.metadata().is_ok_and(|m| m.len() <= WHOLE_TIMELINE_MAX))
+        .and_then(|f| serde_json::from_reader(std::io::BufReader::new(f)).ok())
+        .unwrap_or(Value::Null);
     Ok((t, snapshot))
 }
 
@@ -81,15 +92,28 @@ pub const WHOLE_TIMELINE_MAX: u64 = 64 << 20;
 pub fn open_plain(path: &Path) -> anyhow::Result<fs::File> {
     use anyhow::Context as _;
     use std::os::unix::fs::OpenOptionsExt as _;
-    let f = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC).open(path).with_context(|| format!("{} (a bundle's files are read as plain files, never through a link)", path.display()))?;
-    let m = f.metadata().with_context(|| format!("{}", path.display()))?;
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .with_context(|| {
+            format!(
+                "{} (a bundle's files are read as plain files, never through a link)",
+                path.display()
+            )
+        })?;
+    let m = f
+        .metadata()
+        .with_context(|| format!("{}", path.display()))?;
     anyhow::ensure!(m.is_file(), "{}: not a plain file", path.display());
     Ok(f)
 }
 
 /// The events of a timeline read whole, digested as the streamed read does.
 fn digest_whole(t: &mut Value) {
-    let Some(evs) = t.get_mut("events").and_then(Value::as_array_mut) else { return };
+    let Some(evs) = t.get_mut("events").and_then(Value::as_array_mut) else {
+        return;
+    };
     let mut d = Digest::default();
     for e in evs.drain(..) {
         d.push(e);
@@ -153,14 +177,18 @@ fn load_streamed(path: &Path) -> anyhow::Result<Option<Value>> {
     let mut buf = Vec::new();
     loop {
         buf.clear();
-        let n = std::io::Read::take(&mut r, LINE_MAX as u64 + 1).read_until(b'\n', &mut buf).with_context(|| format!("reading {}", path.display()))?;
+        let n = std::io::Read::take(&mut r, LINE_MAX as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .with_context(|| format!("reading {}", path.display()))?;
         if n == 0 {
             break;
         }
         if buf.len() > LINE_MAX && !buf.ends_with(b"\n") {
             return Ok(None);
         }
-        let Ok(line) = std::str::from_utf8(&buf) else { return Ok(None) };
+        let Ok(line) = std::str::from_utf8(&buf) else {
+            return Ok(None);
+        };
         let line = line.trim_end_matches(['\n', '\r']);
         if !in_events {
             if line == "  \"events\": [" {
@@ -195,7 +223,9 @@ fn load_streamed(path: &Path) -> anyhow::Result<Option<Value>> {
     if !streamed {
         return Ok(None);
     }
-    let Ok(mut t) = serde_json::from_str::<Value>(&head) else { return Ok(None) };
+    let Ok(mut t) = serde_json::from_str::<Value>(&head) else {
+        return Ok(None);
+    };
     let events = digest.total;
     digest.finish(&mut t);
     if !closed && t.is_object() {
@@ -234,15 +264,25 @@ mod tests {
         let mut head = t.clone();
         let evs = head.as_object_mut().unwrap().remove("events").unwrap();
         let evs = evs.as_array().unwrap();
-        crate::bundle::write_timeline_with(&mut ours, &head, evs.len(), &mut |i, w| serde_json::to_writer(w, &evs[i]).map_err(std::io::Error::from)).unwrap();
+        crate::bundle::write_timeline_with(&mut ours, &head, evs.len(), &mut |i, w| {
+            serde_json::to_writer(w, &evs[i]).map_err(std::io::Error::from)
+        })
+        .unwrap();
         let mut got = Vec::new();
-        for (tag, bytes) in [("ours", ours), ("compact", serde_json::to_vec(&t).unwrap()), ("pretty", serde_json::to_vec_pretty(&t).unwrap())] {
+        for (tag, bytes) in [
+            ("ours", ours),
+            ("compact", serde_json::to_vec(&t).unwrap()),
+            ("pretty", serde_json::to_vec_pretty(&t).unwrap()),
+        ] {
             let d = dir(tag);
             fs::write(d.join("timeline.json"), bytes).unwrap();
             let (l, snap) = load(&d).unwrap_or_else(|e| panic!("{tag}: {e:#}"));
             assert_eq!(snap, Value::Null);
             assert_eq!(l["accounting"]["digest"]["events"], 3, "{tag}: {l}");
-            assert_eq!(l["accounting"]["digest"]["plain_log_lines_not_analysed"], 1, "{tag}");
+            assert_eq!(
+                l["accounting"]["digest"]["plain_log_lines_not_analysed"], 1,
+                "{tag}"
+            );
             got.push(l["events"].clone());
             let _ = fs::remove_dir_all(&d);
         }
@@ -264,7 +304,10 @@ mod tests {
         // SAFETY: a path of our own scratch directory.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let e = load(&d).unwrap_err();
-        assert!(format!("{e:#}").contains("not a plain file"), "a FIFO must not hang the report: {e:#}");
+        assert!(
+            format!("{e:#}").contains("not a plain file"),
+            "a FIFO must not hang the report: {e:#}"
+        );
         let _ = fs::remove_dir_all(&d);
     }
 

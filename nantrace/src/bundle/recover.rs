@@ -24,7 +24,11 @@ pub struct Recovered {
 
 /// True when a bundle's directory name says it is incomplete.
 pub fn is_incomplete(name: &str) -> bool {
-    name.starts_with("nantrace-") && (name.ends_with(SUFFIX) || name.rsplit_once(SUFFIX).is_some_and(|(_, n)| n.starts_with('-') && n[1..].bytes().all(|b| b.is_ascii_digit())))
+    name.starts_with("nantrace-")
+        && (name.ends_with(SUFFIX)
+            || name.rsplit_once(SUFFIX).is_some_and(|(_, n)| {
+                n.starts_with('-') && n[1..].bytes().all(|b| b.is_ascii_digit())
+            }))
 }
 
 /// `.nantrace-<base>.tmp-<pid>-<random>` -> (`nantrace-<base>`, pid).
@@ -63,11 +67,20 @@ fn writer_gone(dir: &safefs::Dir, proc_root: &Path, pid: u32) -> bool {
 }
 
 fn du(p: &Path) -> u64 {
-    let Ok(m) = std::fs::symlink_metadata(p) else { return 0 };
+    let Ok(m) = std::fs::symlink_metadata(p) else {
+        return 0;
+    };
     if !m.is_dir() {
         return m.len();
     }
-    std::fs::read_dir(p).into_iter().flatten().flatten().take(10_000).map(|e| du(&e.path())).sum::<u64>() + m.len()
+    std::fs::read_dir(p)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .take(10_000)
+        .map(|e| du(&e.path()))
+        .sum::<u64>()
+        + m.len()
 }
 
 /// Keep the temporary directories of dead writers in `out` as incomplete bundles. Only real
@@ -80,20 +93,30 @@ pub fn recover(out: &Path) -> (Vec<Recovered>, Vec<String>) {
 fn recover_in(out: &Path, proc_root: &Path) -> (Vec<Recovered>, Vec<String>) {
     use std::os::unix::fs::MetadataExt as _;
     let (mut kept, mut problems) = (Vec::new(), Vec::new());
-    let Ok(rd) = std::fs::read_dir(out) else { return (kept, problems) };
-    let Ok(d) = safefs::Dir::open(out) else { return (kept, problems) };
+    let Ok(rd) = std::fs::read_dir(out) else {
+        return (kept, problems);
+    };
+    let Ok(d) = safefs::Dir::open(out) else {
+        return (kept, problems);
+    };
     // SAFETY: geteuid has no failure mode.
     let me = unsafe { libc::geteuid() };
     for e in rd.flatten().take(100_000) {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some((base, pid)) = parse_tmp(&name) else { continue };
-        let Ok(m) = std::fs::symlink_metadata(e.path()) else { continue };
+        let Some((base, pid)) = parse_tmp(&name) else {
+            continue;
+        };
+        let Ok(m) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
         if !m.is_dir() || m.uid() != me {
             continue;
         }
         // Opened without following a link, relative to `out`, and ours: what is checked is
         // what is written into (a user's `--out` could swap the entry for a link meanwhile).
-        let Ok(sub) = d.open_subdir(&name) else { continue };
+        let Ok(sub) = d.open_subdir(&name) else {
+            continue;
+        };
         if !writer_gone(&sub, proc_root, pid) {
             continue;
         }
@@ -113,7 +136,11 @@ fn recover_in(out: &Path, proc_root: &Path) -> (Vec<Recovered>, Vec<String>) {
         }
         drop(sub);
         match claim(&d, &name, &format!("{base}{SUFFIX}")) {
-            Ok(final_name) => kept.push(Recovered { dir: out.join(final_name), writer_pid: pid, bytes }),
+            Ok(final_name) => kept.push(Recovered {
+                dir: out.join(final_name),
+                writer_pid: pid,
+                bytes,
+            }),
             Err(err) => problems.push(format!("{}: {err}", out.join(&name).display())),
         }
     }
@@ -126,7 +153,9 @@ pub fn claim(d: &safefs::Dir, from: &str, name: &str) -> std::io::Result<String>
     for n in 2..10_000 {
         match d.rename_noreplace(from, &candidate) {
             Ok(()) => return Ok(candidate),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => candidate = format!("{name}-{n}"),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                candidate = format!("{name}-{n}")
+            }
             Err(e) => return Err(e),
         }
     }
@@ -149,11 +178,24 @@ mod tests {
 
     #[test]
     fn names() {
-        assert_eq!(parse_tmp(".nantrace-h-20261201T200549Z.tmp-4242-a1b2c3"), Some(("nantrace-h-20261201T200549Z".into(), 4242)));
+        assert_eq!(
+            parse_tmp(".nantrace-h-20261201T200549Z.tmp-4242-a1b2c3"),
+            Some(("nantrace-h-20261201T200549Z".into(), 4242))
+        );
         assert_eq!(parse_tmp(".nantrace-writable-abc"), None);
-        assert_eq!(parse_tmp(".n1.tmp-abc"), None, "the job directory's temporary names are not bundles");
-        assert!(is_incomplete("nantrace-h-20261201T200549Z-incomplete") && is_incomplete("nantrace-h-x-incomplete-3"));
-        assert!(!is_incomplete("nantrace-h-20261201T200549Z-2") && !is_incomplete("nantrace-incomplete-x"));
+        assert_eq!(
+            parse_tmp(".n1.tmp-abc"),
+            None,
+            "the job directory's temporary names are not bundles"
+        );
+        assert!(
+            is_incomplete("nantrace-h-20261201T200549Z-incomplete")
+                && is_incomplete("nantrace-h-x-incomplete-3")
+        );
+        assert!(
+            !is_incomplete("nantrace-h-20261201T200549Z-2")
+                && !is_incomplete("nantrace-incomplete-x")
+        );
     }
 
     /// A dead writer's directory becomes an incomplete bundle with its note; a live writer's
@@ -170,7 +212,8 @@ mod tests {
         std::fs::create_dir(d.join("nantrace-h-20261201T000000Z-incomplete")).unwrap();
         std::os::unix::fs::symlink("/etc", d.join(".nantrace-h-x.tmp-4194306-abcdef")).unwrap();
         // A /proc where pid 4194300 is a running nantrace and 4194301 another program.
-        let proc = std::env::temp_dir().join(format!("nantrace-recover-proc-{}", std::process::id()));
+        let proc =
+            std::env::temp_dir().join(format!("nantrace-recover-proc-{}", std::process::id()));
         for (pid, comm) in [(4194300, "nantrace\n"), (4194301, "python3\n")] {
             std::fs::create_dir_all(proc.join(pid.to_string())).unwrap();
             std::fs::write(proc.join(pid.to_string()).join("comm"), comm).unwrap();
@@ -191,17 +234,40 @@ mod tests {
         drop(holder);
         let _ = std::fs::remove_dir_all(&proc);
         assert!(busy.is_dir(), "a live writer's directory was taken");
-        assert!(!reused.exists() && d.join("nantrace-h-z-incomplete").is_dir(), "a pid reused by another program is a dead writer");
+        assert!(
+            !reused.exists() && d.join("nantrace-h-z-incomplete").is_dir(),
+            "a pid reused by another program is a dead writer"
+        );
         kept.retain(|k| k.writer_pid != 4194301);
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(kept.len(), 1, "{kept:?}");
-        assert_eq!(kept[0].dir, d.join("nantrace-h-20261201T000000Z-incomplete-2"), "never over an existing name");
+        assert_eq!(
+            kept[0].dir,
+            d.join("nantrace-h-20261201T000000Z-incomplete-2"),
+            "never over an existing name"
+        );
         assert_eq!(kept[0].writer_pid, 4194305);
         let note = std::fs::read_to_string(kept[0].dir.join(NOTE)).unwrap();
-        assert!(note.contains("pid 4194305") && note.contains("incomplete"), "{note}");
-        assert_eq!(std::fs::read_to_string(kept[0].dir.join("app.log")).unwrap(), "step 1 loss nan\n");
-        assert_eq!(std::fs::metadata(&kept[0].dir).unwrap().modified().unwrap(), before, "the note did not make it the newest bundle");
-        assert!(std::fs::symlink_metadata(d.join(".nantrace-h-x.tmp-4194306-abcdef")).unwrap().file_type().is_symlink(), "a link is never renamed");
+        assert!(
+            note.contains("pid 4194305") && note.contains("incomplete"),
+            "{note}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(kept[0].dir.join("app.log")).unwrap(),
+            "step 1 loss nan\n"
+        );
+        assert_eq!(
+            std::fs::metadata(&kept[0].dir).unwrap().modified().unwrap(),
+            before,
+            "the note did not make it the newest bundle"
+        );
+        assert!(
+            std::fs::symlink_metadata(d.join(".nantrace-h-x.tmp-4194306-abcdef"))
+                .unwrap()
+                .file_type()
+                .is_symlink(),
+            "a link is never renamed"
+        );
         let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -24,13 +24,23 @@ fn parse_catalog(text: &'static str) -> HashMap<u32, CatalogEntry> {
             let implicates = c.next()?.trim();
             let action = c.next()?.trim();
             let severity = Severity::parse(c.next()?.trim())?;
-            Some((code, CatalogEntry { name, implicates, action, severity }))
+            Some((
+                code,
+                CatalogEntry {
+                    name,
+                    implicates,
+                    action,
+                    severity,
+                },
+            ))
         })
         .collect()
 }
 
-static XID_CATALOG: LazyLock<HashMap<u32, CatalogEntry>> = LazyLock::new(|| parse_catalog(include_str!("../../data/xid-catalog.tsv")));
-static SXID_CATALOG: LazyLock<HashMap<u32, CatalogEntry>> = LazyLock::new(|| parse_catalog(include_str!("../../data/sxid-catalog.tsv")));
+static XID_CATALOG: LazyLock<HashMap<u32, CatalogEntry>> =
+    LazyLock::new(|| parse_catalog(include_str!("../../data/xid-catalog.tsv")));
+static SXID_CATALOG: LazyLock<HashMap<u32, CatalogEntry>> =
+    LazyLock::new(|| parse_catalog(include_str!("../../data/sxid-catalog.tsv")));
 
 /// NVIDIA's catalog entry for an Xid (data/xid-catalog.tsv, every documented code).
 pub fn xid_entry(xid: u32) -> Option<&'static CatalogEntry> {
@@ -44,12 +54,23 @@ pub fn sxid_entry(sxid: u32) -> Option<&'static CatalogEntry> {
 /// The Xid's name and nantrace's severity: Critical = the GPU or its memory is unusable until
 /// reset, Error = the job's work on it is lost or suspect, Warning = watch it, Info = context.
 pub fn xid_info(xid: u32) -> (&'static str, Severity) {
-    xid_entry(xid).map_or(("Xid not in NVIDIA's catalog (newer driver?)", Severity::Warning), |e| (e.name, e.severity))
+    xid_entry(xid).map_or(
+        (
+            "Xid not in NVIDIA's catalog (newer driver?)",
+            Severity::Warning,
+        ),
+        |e| (e.name, e.severity),
+    )
 }
 
 /// Does NVIDIA's catalog say this Xid can be the application's own fault (13, 31, 43...)?
 pub fn xid_maybe_application(xid: u32) -> bool {
-    xid_entry(xid).is_none_or(|e| matches!(e.implicates, "application" | "hardware_or_application" | "info"))
+    xid_entry(xid).is_none_or(|e| {
+        matches!(
+            e.implicates,
+            "application" | "hardware_or_application" | "info"
+        )
+    })
 }
 
 /// NVIDIA's recommended action, in words.
@@ -63,8 +84,9 @@ pub fn action_text(action: &str) -> &'static str {
         "contact_support" => "contact NVIDIA support / hardware service",
         "update_sw" => "update the driver or firmware",
         "check_mechanicals" => "check power, cooling and seating",
-        "ecc_workflow" => "follow NVIDIA's ECC workflow (row remap / page retirement, reset the GPU)",
+        "ecc_workflow" => {
+            "follow NVIDIA's ECC workflow (row remap / page retirement, reset the GPU)"
+        }
         _ => "see NVIDIA's Xid catalog",
     }
 }
-

@@ -14,7 +14,9 @@ use regex::Regex;
 use serde::Serialize;
 
 mod catalog;
-pub use catalog::{action_text, sxid_entry, xid_entry, xid_info, xid_maybe_application, CatalogEntry};
+pub use catalog::{
+    action_text, sxid_entry, xid_entry, xid_info, xid_maybe_application, CatalogEntry,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -160,10 +162,27 @@ impl KmsgClass {
                 "uncorrected_nonfatal" => Severity::Error,
                 _ => Severity::Warning,
             },
-            KmsgClass::OomKill { .. } | KmsgClass::HungTask { .. } | KmsgClass::SoftLockup { .. } | KmsgClass::NicError { .. } | KmsgClass::BlockError { .. } | KmsgClass::NetFsDown { .. } => Severity::Error,
-            KmsgClass::MachineCheck { uncorrected, .. } => if *uncorrected { Severity::Critical } else { Severity::Warning },
-            KmsgClass::LinkDown { .. } | KmsgClass::RcuStall | KmsgClass::CpuThermal { .. } | KmsgClass::StaleHandle { .. } | KmsgClass::Segfault { .. } => Severity::Warning,
-            KmsgClass::LinkUp { .. } | KmsgClass::NetFsOk { .. } | KmsgClass::OomInvoked => Severity::Info,
+            KmsgClass::OomKill { .. }
+            | KmsgClass::HungTask { .. }
+            | KmsgClass::SoftLockup { .. }
+            | KmsgClass::NicError { .. }
+            | KmsgClass::BlockError { .. }
+            | KmsgClass::NetFsDown { .. } => Severity::Error,
+            KmsgClass::MachineCheck { uncorrected, .. } => {
+                if *uncorrected {
+                    Severity::Critical
+                } else {
+                    Severity::Warning
+                }
+            }
+            KmsgClass::LinkDown { .. }
+            | KmsgClass::RcuStall
+            | KmsgClass::CpuThermal { .. }
+            | KmsgClass::StaleHandle { .. }
+            | KmsgClass::Segfault { .. } => Severity::Warning,
+            KmsgClass::LinkUp { .. } | KmsgClass::NetFsOk { .. } | KmsgClass::OomInvoked => {
+                Severity::Info
+            }
         }
     }
 }
@@ -229,56 +248,100 @@ fn re(body: &str) -> Regex {
 static PROC_MSG: LazyLock<Regex> = LazyLock::new(|| {
     // Greedy: the kernel's `[pid]` is the last one within the 16 bytes a comm can take, so a
     // name that holds a forged `[pid] trap` does not choose the pid.
-    re(r"(?:traps: )?(?s)(.{1,16})\[(\d+)\]:? (?:segfault at|trap |general protection|potentially unexpected fatal signal|bad frame|invalid opcode)(?-s)(?:.*? in ([^\[\s]+)\[)?")
+    re(
+        r"(?:traps: )?(?s)(.{1,16})\[(\d+)\]:? (?:segfault at|trap |general protection|potentially unexpected fatal signal|bad frame|invalid opcode)(?-s)(?:.*? in ([^\[\s]+)\[)?",
+    )
 });
 static XID: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{2,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)(?: GPU-I:(\d+))?(?: GPU-C:\d+)?\): (\d+)(?:, pid=(?:'?<unknown>'?|(\d+)))?(?:, name=([^,]*))?,?\s*(.*)")
+    re(
+        r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{2,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)(?: GPU-I:(\d+))?(?: GPU-C:\d+)?\): (\d+)(?:, pid=(?:'?<unknown>'?|(\d+)))?(?:, name=([^,]*))?,?\s*(.*)",
+    )
 });
-static PREVIOUS_XID: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)(?:caused by|due to|following) (?:a )?previous Xid:? ?(\d+)").unwrap());
+static PREVIOUS_XID: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)(?:caused by|due to|following) (?:a )?previous Xid:? ?(\d+)").unwrap()
+});
 static SXID: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?:nvidia-nvswitch\d*: )?SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d+), (?:(Non-fatal|Fatal)[^,]*, )?(.*)")
+    re(
+        r"(?:nvidia-nvswitch\d*: )?SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d+), (?:(Non-fatal|Fatal)[^,]*, )?(.*)",
+    )
 });
 static OFF_BUS: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"NVRM: (?s:.*?)(?:GPU (?:at (?:PCI:)?)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)(?s:.*))?(?:fallen off the bus|GPU lost from the bus|NV_ERR_GPU_IS_LOST)")
+    re(
+        r"NVRM: (?s:.*?)(?:GPU (?:at (?:PCI:)?)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)(?s:.*))?(?:fallen off the bus|GPU lost from the bus|NV_ERR_GPU_IS_LOST)",
+    )
 });
-static AER_DEV: LazyLock<Regex> = LazyLock::new(|| re(r"(\S+) ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d): (?:AER: )?(.*)$"));
+static AER_DEV: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"(\S+) ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d): (?:AER: )?(.*)$")
+});
 /// The lines of an AER report after its severity line: status/mask, one per error bit, and
 /// what recovery did.
 static AER_DETAIL: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^(?:\s*device \[[0-9a-f]{4}:[0-9a-f]{4}\] error status/mask=|\s*\[\s*\d+\] ([A-Za-z][A-Za-z /-]+?)\s*(?:\(First\))?\s*$|(?:AER: )?(?:can't recover|Root Port link has been reset|device recovery (?:successful|failed)|TLP Header:)|device has no AER-aware driver)").unwrap()
 });
-static AER_SEV: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^(?:\[[^\]]*\] )?PCIe Bus Error: severity=([^,]+), type=([^,(]+)").unwrap());
+static AER_SEV: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^(?:\[[^\]]*\] )?PCIe Bus Error: severity=([^,]+), type=([^,(]+)").unwrap()
+});
 static AER_RECV: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?i)^(Multiple )?(Corrected|Correctable|Uncorrected \(Non-Fatal\)|Uncorrected \(Fatal\)|Uncorrectable \(Non-Fatal\)|Uncorrectable \(Fatal\)) error (?:message )?received(?: from ([0-9a-fA-F:.]+))?").unwrap()
 });
 static OOM: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?:(Memory cgroup out of memory|Out of memory(?: \(oom_kill_allocating_task\))?): |oom_reaper: reaped process )?(?:Kill(?:ed)? process )?(\d+)(?:, UID \d+,)? \((.{0,16}?)\)(?:[ ,]|$)")
+    re(
+        r"(?:(Memory cgroup out of memory|Out of memory(?: \(oom_kill_allocating_task\))?): |oom_reaper: reaped process )?(?:Kill(?:ed)? process )?(\d+)(?:, UID \d+,)? \((.{0,16}?)\)(?:[ ,]|$)",
+    )
 });
-static OOM_CONSTRAINT: LazyLock<Regex> = LazyLock::new(|| re(r"oom-kill:constraint=[^\n]*?,task=(.{0,16}?),pid=(\d+),"));
+static OOM_CONSTRAINT: LazyLock<Regex> =
+    LazyLock::new(|| re(r"oom-kill:constraint=[^\n]*?,task=(.{0,16}?),pid=(\d+),"));
 /// `comm invoked oom-killer: gfp_mask=...`: the kernel's own text after the allocating task.
-static OOM_INVOKED: LazyLock<Regex> = LazyLock::new(|| re(r"(?s:.{1,16}?) invoked oom-killer: gfp_mask=0x[0-9a-f]+"));
+static OOM_INVOKED: LazyLock<Regex> =
+    LazyLock::new(|| re(r"(?s:.{1,16}?) invoked oom-killer: gfp_mask=0x[0-9a-f]+"));
 static LINK: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?:IPv6: ADDRCONF\(NETDEV_(?:CHANGE|UP)\): (\S+?): link becomes (ready)|(?:\S+ \S+?: |\S+ [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d )?(?:\S+: )?(\S+?):? (?:NIC )?(?:[Ll]ink is (Down|Up)|[Ll]ink ([Dd]own|[Uu]p)\b|Port: \d+ Link (ACTIVE|DOWN)))")
+    re(
+        r"(?:IPv6: ADDRCONF\(NETDEV_(?:CHANGE|UP)\): (\S+?): link becomes (ready)|(?:\S+ \S+?: |\S+ [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d )?(?:\S+: )?(\S+?):? (?:NIC )?(?:[Ll]ink is (Down|Up)|[Ll]ink ([Dd]own|[Uu]p)\b|Port: \d+ Link (ACTIVE|DOWN)))",
+    )
 });
 static NIC_ERR: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"((?:mlx5_core|mlx5_ib|infiniband|mlx5_\d+)[ :]\s*\S*?):? ?(.*(?:CQE error|dump error cqe|dump_cqe|health compromised|[Ff]atal error|FW_FATAL|internal error|syndrome 0x|cmd_work_handler.*timeout|synd 0x[0-9a-f]+:|irisc not responding|command timeout|wait_func.*(?:timeout|No done completion)|pci_channel_offline|device is in error state|Unrecoverable error|error cqe|\w+ failed(?: with error)?).*)")
+    re(
+        r"((?:mlx5_core|mlx5_ib|infiniband|mlx5_\d+)[ :]\s*\S*?):? ?(.*(?:CQE error|dump error cqe|dump_cqe|health compromised|[Ff]atal error|FW_FATAL|internal error|syndrome 0x|cmd_work_handler.*timeout|synd 0x[0-9a-f]+:|irisc not responding|command timeout|wait_func.*(?:timeout|No done completion)|pci_channel_offline|device is in error state|Unrecoverable error|error cqe|\w+ failed(?: with error)?).*)",
+    )
 });
-static HUNG: LazyLock<Regex> = LazyLock::new(|| re(r"INFO: task (.{1,16}?):(\d+) blocked for more than (\d+) seconds"));
+static HUNG: LazyLock<Regex> =
+    LazyLock::new(|| re(r"INFO: task (.{1,16}?):(\d+) blocked for more than (\d+) seconds"));
 /// The hung-task report's other lines: its hint, and the D-state task dump.
-static HUNG_DETAIL: LazyLock<Regex> = LazyLock::new(|| re(r#"(?:"echo 0 > /proc/sys/kernel/hung_task_timeout_secs" disables this message|task:(.{1,16}?)\s+state:D stack:\s*\d+ pid:\s*(\d+))"#));
-static SOFT_LOCKUP: LazyLock<Regex> = LazyLock::new(|| re(r"(?:(?:NMI )?watchdog: )?BUG: soft lockup - CPU#(\d+) stuck for (\d+)s"));
-static RCU: LazyLock<Regex> = LazyLock::new(|| re(r"(?:rcu: )?(?:INFO: rcu_\w+ (?:self-)?detected (?:expedited )?stalls?|\s*rcu_\w+ kthread (?:starved|timer wakeup didn't happen)|\s*Unless rcu_\w+ kthread gets sufficient CPU time)"));
-static THERMAL: LazyLock<Regex> = LazyLock::new(|| re(r"(?:mce: )?(?:\[Hardware Error\]: )?CPU(\d+): (Core|Package) temperature above threshold"));
+static HUNG_DETAIL: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r#"(?:"echo 0 > /proc/sys/kernel/hung_task_timeout_secs" disables this message|task:(.{1,16}?)\s+state:D stack:\s*\d+ pid:\s*(\d+))"#,
+    )
+});
+static SOFT_LOCKUP: LazyLock<Regex> =
+    LazyLock::new(|| re(r"(?:(?:NMI )?watchdog: )?BUG: soft lockup - CPU#(\d+) stuck for (\d+)s"));
+static RCU: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r"(?:rcu: )?(?:INFO: rcu_\w+ (?:self-)?detected (?:expedited )?stalls?|\s*rcu_\w+ kthread (?:starved|timer wakeup didn't happen)|\s*Unless rcu_\w+ kthread gets sufficient CPU time)",
+    )
+});
+static THERMAL: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"(?:mce: )?(?:\[Hardware Error\]: )?CPU(\d+): (Core|Package) temperature above threshold")
+});
 static MCE: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?:EDAC [^:]*:.*(?:\bCE\b|\bUE\b|[Cc]orrected|[Uu]ncorrected|Machine Check|\bMCE\b|[Ee]rror)|mce: \[Hardware Error\]|mce: CPU\d+: Machine Check|Machine check events logged|\{\d+\}\[Hardware Error\]|\[Hardware Error\]|EDAC \S+: ?\d+ (?:CE|UE)|EDAC \S+ (?:MC\d+|[^:]*): .*(?:CE|UE|[Cc]orrected|[Uu]ncorrected)|EDAC MC\d+: .*error|mce: \[Hardware Error\]|CMCI storm detected|mce_notify_irq|Memory failure: 0x[0-9a-f]+|HANDLING MCE MEMORY ERROR)(.*)")
+    re(
+        r"(?:EDAC [^:]*:.*(?:\bCE\b|\bUE\b|[Cc]orrected|[Uu]ncorrected|Machine Check|\bMCE\b|[Ee]rror)|mce: \[Hardware Error\]|mce: CPU\d+: Machine Check|Machine check events logged|\{\d+\}\[Hardware Error\]|\[Hardware Error\]|EDAC \S+: ?\d+ (?:CE|UE)|EDAC \S+ (?:MC\d+|[^:]*): .*(?:CE|UE|[Cc]orrected|[Uu]ncorrected)|EDAC MC\d+: .*error|mce: \[Hardware Error\]|CMCI storm detected|mce_notify_irq|Memory failure: 0x[0-9a-f]+|HANDLING MCE MEMORY ERROR)(.*)",
+    )
 });
-static MCE_UNCORRECTED: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)\bUE\b|uncorrect|fatal|Memory failure|Kernel panic|\bPCC\b|recoverable action|severity: (?:fatal|recoverable)").unwrap());
+static MCE_UNCORRECTED: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)\bUE\b|uncorrect|fatal|Memory failure|Kernel panic|\bPCC\b|recoverable action|severity: (?:fatal|recoverable)").unwrap()
+});
 static NETFS: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?:(nfs): server (\S+) (not responding|OK)|(Lustre): .*?(?:Connection to (\S+) \(at [^)]*\) was lost|(\S+)-\S+: Connection restored|(\S+)-\S+: Connection to \S+ \(at [^)]*\) was lost)|(Lustre): .*?Connection (restored) to (\S+)|(mmfs|GPFS)\S*:? .*?(?:[Ee]xpel|lost connection|not responding)[^\d]*?(\S+)?$)")
+    re(
+        r"(?:(nfs): server (\S+) (not responding|OK)|(Lustre): .*?(?:Connection to (\S+) \(at [^)]*\) was lost|(\S+)-\S+: Connection restored|(\S+)-\S+: Connection to \S+ \(at [^)]*\) was lost)|(Lustre): .*?Connection (restored) to (\S+)|(mmfs|GPFS)\S*:? .*?(?:[Ee]xpel|lost connection|not responding)[^\d]*?(\S+)?$)",
+    )
 });
-static STALE: LazyLock<Regex> = LazyLock::new(|| re(r"((?:NFS|nfs|Lustre|LustreError)\S*:? .*[Ss]tale (?:NFS )?file handle.*)"));
+static STALE: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"((?:NFS|nfs|Lustre|LustreError)\S*:? .*[Ss]tale (?:NFS )?file handle.*)")
+});
 static BLOCK: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?:(?:blk_update_request|print_req_error|critical (?:medium|target|space allocation) error|critical|\S+): )?(?:(I/O error), dev (\w+)|(Buffer I/O error) on (?:dev(?:ice)? )?(\w+)|(?:nvme )?(nvme\d+)(?:n\d+)?: (?:I/O \d+ (?:\([^)]*\) )?QID \d+ (timeout)|(controller is down)|(Device not ready)|(Removing after probe failure)|(\w+\(0x[0-9a-f]+\) @ LBA \d+, \d+ blocks, [^(]*Error)|.*?(reset controller)|(resetting controller))|(EXT4-fs (?:error|warning)) \(device ([\w-]+)\)|(XFS) \((\w+)\): (?:metadata I/O error|Corruption|log I/O error)|(Aborting journal) on device (\w+))")
+    re(
+        r"(?:(?:blk_update_request|print_req_error|critical (?:medium|target|space allocation) error|critical|\S+): )?(?:(I/O error), dev (\w+)|(Buffer I/O error) on (?:dev(?:ice)? )?(\w+)|(?:nvme )?(nvme\d+)(?:n\d+)?: (?:I/O \d+ (?:\([^)]*\) )?QID \d+ (timeout)|(controller is down)|(Device not ready)|(Removing after probe failure)|(\w+\(0x[0-9a-f]+\) @ LBA \d+, \d+ blocks, [^(]*Error)|.*?(reset controller)|(resetting controller))|(EXT4-fs (?:error|warning)) \(device ([\w-]+)\)|(XFS) \((\w+)\): (?:metadata I/O error|Corruption|log I/O error)|(Aborting journal) on device (\w+))",
+    )
 });
 
 fn aer_severity(s: &str) -> String {
@@ -311,7 +374,11 @@ pub fn classify_record(text: &str, cont: bool) -> Option<KmsgClass> {
 /// A record that starts with a blank, after a console timestamp (`[   15.330000] `, the
 /// shape of 5.10's printk:console records).
 fn is_continuation(text: &str) -> bool {
-    let t = text.strip_prefix('[').and_then(|r| r.split_once("] ")).filter(|(ts, _)| ts.trim().parse::<f64>().is_ok()).map_or(text, |(_, rest)| rest);
+    let t = text
+        .strip_prefix('[')
+        .and_then(|r| r.split_once("] "))
+        .filter(|(ts, _)| ts.trim().parse::<f64>().is_ok())
+        .map_or(text, |(_, rest)| rest);
     t.starts_with([' ', '\t', '\n'])
 }
 
@@ -322,14 +389,35 @@ pub fn classify(text: &str) -> Option<KmsgClass> {
         let library = c.get(3).map(|m| m.as_str().to_string());
         let gpu_library = library.as_deref().is_some_and(|l| {
             let base = l.rsplit('/').next().unwrap_or(l);
-            ["libcuda", "libnvidia", "libnccl", "libcudnn", "libcublas", "libnvrtc", "libnvJitLink", "libcudart"].iter().any(|p| base.starts_with(p))
+            [
+                "libcuda",
+                "libnvidia",
+                "libnccl",
+                "libcudnn",
+                "libcublas",
+                "libnvrtc",
+                "libnvJitLink",
+                "libcudart",
+            ]
+            .iter()
+            .any(|p| base.starts_with(p))
         });
-        return Some(KmsgClass::Segfault { crashed_comm: c[1].to_string(), crashed_pid: c[2].parse().ok()?, library, gpu_library });
+        return Some(KmsgClass::Segfault {
+            crashed_comm: c[1].to_string(),
+            crashed_pid: c[2].parse().ok()?,
+            library,
+            gpu_library,
+        });
     }
     // NVRM's two-line "fallen off the bus" message: one record, several lines (an Xid 79
     // line says it too, and is an Xid).
     if let Some(c) = OFF_BUS.captures(text).filter(|_| !XID.is_match(text)) {
-        return Some(KmsgClass::GpuFallenOffBus { pci: c.get(1).map_or_else(|| "unknown".to_string(), |m| normalize_pci(m.as_str())), severity: Severity::Critical });
+        return Some(KmsgClass::GpuFallenOffBus {
+            pci: c
+                .get(1)
+                .map_or_else(|| "unknown".to_string(), |m| normalize_pci(m.as_str())),
+            severity: Severity::Critical,
+        });
     }
     text.lines().map(strip_prefixes).find_map(classify_line)
 }
@@ -345,12 +433,17 @@ fn classify_line(line: &str) -> Option<KmsgClass> {
             pci: normalize_pci(&c[1]),
             gpu_instance: c.get(2).and_then(|m| m.as_str().parse().ok()),
             xid_pid: c.get(4).and_then(|m| m.as_str().parse().ok()),
-            xid_process: c.get(5).map(|m| m.as_str().trim().to_string()).filter(|s| !s.is_empty() && s != "<unknown>"),
+            xid_process: c
+                .get(5)
+                .map(|m| m.as_str().trim().to_string())
+                .filter(|s| !s.is_empty() && s != "<unknown>"),
             meaning,
             implicates: entry.map_or("unknown", |e| e.implicates),
             action: entry.map_or("contact_support", |e| e.action),
             severity,
-            previous_xid: PREVIOUS_XID.captures(&message).and_then(|p| p[1].parse().ok()),
+            previous_xid: PREVIOUS_XID
+                .captures(&message)
+                .and_then(|p| p[1].parse().ok()),
             message,
         });
     }
@@ -378,72 +471,134 @@ fn classify_line(line: &str) -> Option<KmsgClass> {
         } else if let Some(r) = AER_RECV.captures(rest) {
             (Some(aer_severity(&r[2])), None)
         } else if let Some(d) = AER_DETAIL.captures(rest) {
-            (Some("detail".to_string()), d.get(1).map(|m| m.as_str().trim().to_string()))
+            (
+                Some("detail".to_string()),
+                d.get(1).map(|m| m.as_str().trim().to_string()),
+            )
         } else {
             (None, None)
         };
         if let Some(severity) = sev {
-            return Some(KmsgClass::Aer { severity, error_type: ty, device: normalize_pci(&c[2]), driver: c[1].to_string() });
+            return Some(KmsgClass::Aer {
+                severity,
+                error_type: ty,
+                device: normalize_pci(&c[2]),
+                driver: c[1].to_string(),
+            });
         }
     }
     if let Some(c) = OOM.captures(line) {
         return Some(KmsgClass::OomKill {
             victim_pid: c[2].parse().ok()?,
             victim_comm: c[3].to_string(),
-            memcg: c.get(1).is_some_and(|m| m.as_str().starts_with("Memory cgroup")),
+            memcg: c
+                .get(1)
+                .is_some_and(|m| m.as_str().starts_with("Memory cgroup")),
         });
     }
     if let Some(c) = HUNG.captures(line) {
-        return Some(KmsgClass::HungTask { task: c[1].to_string(), task_pid: c[2].parse().ok()?, seconds: c[3].parse().ok()? });
+        return Some(KmsgClass::HungTask {
+            task: c[1].to_string(),
+            task_pid: c[2].parse().ok()?,
+            seconds: c[3].parse().ok()?,
+        });
     }
     if let Some(c) = HUNG_DETAIL.captures(line) {
-        return Some(KmsgClass::HungTask { task: c.get(1).map_or("?", |m| m.as_str()).trim().to_string(), task_pid: c.get(2).and_then(|m| m.as_str().parse().ok()).unwrap_or(0), seconds: 0 });
+        return Some(KmsgClass::HungTask {
+            task: c.get(1).map_or("?", |m| m.as_str()).trim().to_string(),
+            task_pid: c.get(2).and_then(|m| m.as_str().parse().ok()).unwrap_or(0),
+            seconds: 0,
+        });
     }
     if let Some(c) = OOM_CONSTRAINT.captures(line) {
-        return Some(KmsgClass::OomKill { victim_pid: c[2].parse().ok()?, victim_comm: c[1].to_string(), memcg: line.contains("CONSTRAINT_MEMCG") });
+        return Some(KmsgClass::OomKill {
+            victim_pid: c[2].parse().ok()?,
+            victim_comm: c[1].to_string(),
+            memcg: line.contains("CONSTRAINT_MEMCG"),
+        });
     }
     if OOM_INVOKED.is_match(line) {
         return Some(KmsgClass::OomInvoked);
     }
     if let Some(c) = SOFT_LOCKUP.captures(line) {
-        return Some(KmsgClass::SoftLockup { cpu: c[1].parse().ok()?, seconds: c[2].parse().ok()? });
+        return Some(KmsgClass::SoftLockup {
+            cpu: c[1].parse().ok()?,
+            seconds: c[2].parse().ok()?,
+        });
     }
     if RCU.is_match(line) {
         return Some(KmsgClass::RcuStall);
     }
     if let Some(c) = THERMAL.captures(line) {
-        return Some(KmsgClass::CpuThermal { cpu: c[1].parse().ok()?, scope: c[2].to_ascii_lowercase() });
+        return Some(KmsgClass::CpuThermal {
+            cpu: c[1].parse().ok()?,
+            scope: c[2].to_ascii_lowercase(),
+        });
     }
     if let Some(c) = MCE.captures(line) {
         let m = c.get(0).map_or("", |m| m.as_str());
-        let corrected_only = m.contains("CMCI storm") || m.contains(" CE ") || m.contains(" CE") && !m.contains(" UE");
-        return Some(KmsgClass::MachineCheck { uncorrected: !corrected_only && MCE_UNCORRECTED.is_match(m), message: m.trim().to_string() });
+        let corrected_only = m.contains("CMCI storm")
+            || m.contains(" CE ")
+            || m.contains(" CE") && !m.contains(" UE");
+        return Some(KmsgClass::MachineCheck {
+            uncorrected: !corrected_only && MCE_UNCORRECTED.is_match(m),
+            message: m.trim().to_string(),
+        });
     }
     if let Some(c) = NETFS.captures(line) {
         if let Some(fs) = c.get(1) {
             let ok = &c[3] == "OK";
-            let (server, fs) = (c[2].trim_end_matches(',').to_string(), fs.as_str().to_string());
-            return Some(if ok { KmsgClass::NetFsOk { server, fs } } else { KmsgClass::NetFsDown { server, fs } });
+            let (server, fs) = (
+                c[2].trim_end_matches(',').to_string(),
+                fs.as_str().to_string(),
+            );
+            return Some(if ok {
+                KmsgClass::NetFsOk { server, fs }
+            } else {
+                KmsgClass::NetFsDown { server, fs }
+            });
         }
         if c.get(4).is_some() {
             if let Some(s) = c.get(6) {
-                return Some(KmsgClass::NetFsOk { server: s.as_str().to_string(), fs: "lustre".into() });
+                return Some(KmsgClass::NetFsOk {
+                    server: s.as_str().to_string(),
+                    fs: "lustre".into(),
+                });
             }
-            let server = c.get(5).or(c.get(7)).map_or("?", |m| m.as_str()).to_string();
-            return Some(KmsgClass::NetFsDown { server, fs: "lustre".into() });
+            let server = c
+                .get(5)
+                .or(c.get(7))
+                .map_or("?", |m| m.as_str())
+                .to_string();
+            return Some(KmsgClass::NetFsDown {
+                server,
+                fs: "lustre".into(),
+            });
         }
         if c.get(8).is_some() {
-            return Some(KmsgClass::NetFsOk { server: c.get(10).map_or("?", |m| m.as_str()).to_string(), fs: "lustre".into() });
+            return Some(KmsgClass::NetFsOk {
+                server: c.get(10).map_or("?", |m| m.as_str()).to_string(),
+                fs: "lustre".into(),
+            });
         }
         if c.get(11).is_some() {
-            return Some(KmsgClass::NetFsDown { server: c.get(12).map_or("?", |m| m.as_str()).to_string(), fs: "gpfs".into() });
+            return Some(KmsgClass::NetFsDown {
+                server: c.get(12).map_or("?", |m| m.as_str()).to_string(),
+                fs: "gpfs".into(),
+            });
         }
     }
     if let Some(c) = STALE.captures(line) {
-        return Some(KmsgClass::StaleHandle { message: c[1].trim().to_string() });
+        return Some(KmsgClass::StaleHandle {
+            message: c[1].trim().to_string(),
+        });
     }
     if let Some(c) = BLOCK.captures(line) {
-        let pick = |i: &[usize]| i.iter().find_map(|&i| c.get(i)).map(|m| m.as_str().to_string());
+        let pick = |i: &[usize]| {
+            i.iter()
+                .find_map(|&i| c.get(i))
+                .map(|m| m.as_str().to_string())
+        };
         let dev = pick(&[2, 4, 5, 15, 17, 19]).unwrap_or_default();
         let kind = pick(&[1, 3, 6, 7, 8, 9, 10, 11, 12, 14, 16, 18]).unwrap_or_default();
         let kind = match kind.as_str() {
@@ -453,15 +608,36 @@ fn classify_line(line: &str) -> Option<KmsgClass> {
             "EXT4-fs error" | "EXT4-fs warning" | "XFS" | "Aborting journal" => "fs_error",
             _ => "nvme_reset",
         };
-        return Some(KmsgClass::BlockError { dev, kind: kind.to_string() });
+        return Some(KmsgClass::BlockError {
+            dev,
+            kind: kind.to_string(),
+        });
     }
     if let Some(c) = NIC_ERR.captures(line) {
-        return Some(KmsgClass::NicError { device: c[1].trim().to_string(), message: c[2].trim().chars().take(160).collect() });
+        return Some(KmsgClass::NicError {
+            device: c[1].trim().to_string(),
+            message: c[2].trim().chars().take(160).collect(),
+        });
     }
     if let Some(c) = LINK.captures(line) {
-        let iface = c.get(1).or(c.get(3)).map_or("", |m| m.as_str()).trim_end_matches(':').to_string();
-        let state = c.get(2).or(c.get(4)).or(c.get(5)).or(c.get(6)).map_or("", |m| m.as_str()).to_ascii_lowercase();
-        return Some(if matches!(state.as_str(), "down" | "init") { KmsgClass::LinkDown { iface } } else { KmsgClass::LinkUp { iface } });
+        let iface = c
+            .get(1)
+            .or(c.get(3))
+            .map_or("", |m| m.as_str())
+            .trim_end_matches(':')
+            .to_string();
+        let state = c
+            .get(2)
+            .or(c.get(4))
+            .or(c.get(5))
+            .or(c.get(6))
+            .map_or("", |m| m.as_str())
+            .to_ascii_lowercase();
+        return Some(if matches!(state.as_str(), "down" | "init") {
+            KmsgClass::LinkDown { iface }
+        } else {
+            KmsgClass::LinkUp { iface }
+        });
     }
     None
 }

@@ -40,14 +40,22 @@ pub fn libraries_from_maps(maps: &str) -> BTreeMap<String, Value> {
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut paths: BTreeMap<String, String> = BTreeMap::new();
     for line in maps.lines() {
-        let Some(path) = line.split_whitespace().nth(5) else { continue };
+        let Some(path) = line.split_whitespace().nth(5) else {
+            continue;
+        };
         let file = path.rsplit('/').next().unwrap_or(path);
         for (label, re) in LIBS.iter() {
             if let Some(c) = re.captures(file) {
                 let v = c.get(1).map_or("", |m| m.as_str());
-                let v = if *label == "torch" { "loaded".to_string() } else { v.to_string() };
+                let v = if *label == "torch" {
+                    "loaded".to_string()
+                } else {
+                    v.to_string()
+                };
                 out.entry((*label).to_string()).or_default().insert(v);
-                paths.entry((*label).to_string()).or_insert_with(|| path.to_string());
+                paths
+                    .entry((*label).to_string())
+                    .or_insert_with(|| path.to_string());
             }
         }
     }
@@ -99,7 +107,9 @@ pub fn job_env(environ: &[u8]) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for kv in environ.split(|&b| b == 0) {
         let s = String::from_utf8_lossy(kv);
-        let Some((k, v)) = s.split_once('=') else { continue };
+        let Some((k, v)) = s.split_once('=') else {
+            continue;
+        };
         if ENV_NAME.is_match(k) || redact::is_secret_name(k) && ENV_NAME.is_match(k) {
             out.insert(k.to_string(), redact::value(k, v));
         }
@@ -111,13 +121,21 @@ pub fn job_env(environ: &[u8]) -> BTreeMap<String, String> {
 /// exec would end a child with 127, an abnormal exit on the machine-wide timeline of `run`.
 fn cmd_output(cmd: &str, args: &[&str]) -> Option<String> {
     let path = std::env::var_os("PATH")?;
-    let exe = std::env::split_paths(&path).map(|d| d.join(cmd)).find(|p| p.is_file())?;
+    let exe = std::env::split_paths(&path)
+        .map(|d| d.join(cmd))
+        .find(|p| p.is_file())?;
     let o = std::process::Command::new(exe).args(args).output().ok()?;
-    o.status.success().then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
 pub fn snapshot(pid: Option<u32>, nvml_driver: Option<(String, Option<i32>)>) -> Value {
-    let r = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    let r = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
     let mut libs = BTreeMap::new();
     let mut frameworks = BTreeMap::new();
     let mut env = BTreeMap::new();
@@ -142,17 +160,27 @@ pub fn snapshot(pid: Option<u32>, nvml_driver: Option<(String, Option<i32>)>) ->
         }
         for (label, pkg) in [("torch", "torch"), ("tensorflow", "tensorflow")] {
             if let Some(p) = libs.get(label).and_then(|v| v["path"].as_str()) {
-                if let Some(v) = framework_version(p, pkg).or_else(|| wheel_version(p, label).map(|w| w.rsplit(' ').next().unwrap_or("").to_string())) {
+                if let Some(v) = framework_version(p, pkg).or_else(|| {
+                    wheel_version(p, label).map(|w| w.rsplit(' ').next().unwrap_or("").to_string())
+                }) {
                     frameworks.insert(pkg.to_string(), v);
                 }
             }
         }
         match std::fs::read(format!("/proc/{pid}/environ")) {
             Ok(e) => env = job_env(&e),
-            Err(e) => errors.push(format!("/proc/{pid}/environ: {e} (root needed for other users' processes)")),
+            Err(e) => errors.push(format!(
+                "/proc/{pid}/environ: {e} (root needed for other users' processes)"
+            )),
         }
         cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok().map(|b| {
-            redact::argv(&b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect::<Vec<_>>()).join(" ")
+            redact::argv(
+                &b.split(|&c| c == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect::<Vec<_>>(),
+            )
+            .join(" ")
         });
     }
     json!({
@@ -178,7 +206,10 @@ mod tests {
 
     #[test]
     fn a_command_runs_from_path_and_a_missing_one_is_not_spawned() {
-        assert_eq!(cmd_output("echo", &["nvcc-like"]).as_deref(), Some("nvcc-like"));
+        assert_eq!(
+            cmd_output("echo", &["nvcc-like"]).as_deref(),
+            Some("nvcc-like")
+        );
         assert_eq!(cmd_output("nantrace-no-such-tool", &["--version"]), None);
         assert_eq!(cmd_output("false", &[]), None);
     }
@@ -201,25 +232,54 @@ mod tests {
         assert_eq!(l["nccl"]["versions"], json!(["2.18.1"]));
         assert_eq!(l["cuda_driver_lib"]["versions"], json!(["550.54.15"]));
         assert_eq!(l["python"]["versions"], json!(["3.10"]));
-        assert!(l["torch"]["path"].as_str().unwrap().ends_with("torch/lib/libtorch_cuda.so"));
+        assert!(l["torch"]["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("torch/lib/libtorch_cuda.so"));
         assert!(!l.contains_key("cublas"));
     }
 
     #[test]
     fn wheel_versions_and_framework_version_from_site_packages() {
         // The layout seen on a real H200 node: torch in a venv under /opt/torch.
-        let root = std::env::temp_dir().join(format!("nt-site-{}/opt/torch/.venv/lib/python3.12/site-packages", std::process::id()));
-        for d in ["nvidia/cu13/lib", "nvidia_cuda_runtime_cu13-13.0.96.dist-info", "torch/lib", "torch-2.9.1.dist-info"] {
+        let root = std::env::temp_dir().join(format!(
+            "nt-site-{}/opt/torch/.venv/lib/python3.12/site-packages",
+            std::process::id()
+        ));
+        for d in [
+            "nvidia/cu13/lib",
+            "nvidia_cuda_runtime_cu13-13.0.96.dist-info",
+            "torch/lib",
+            "torch-2.9.1.dist-info",
+        ] {
             std::fs::create_dir_all(root.join(d)).unwrap();
         }
-        std::fs::write(root.join("torch/version.py"), "__version__ = '2.9.1+cu130'\n").unwrap();
+        std::fs::write(
+            root.join("torch/version.py"),
+            "__version__ = '2.9.1+cu130'\n",
+        )
+        .unwrap();
         let cudart = format!("{}/nvidia/cu13/lib/libcudart.so.13", root.display());
-        assert_eq!(wheel_version(&cudart, "cuda_runtime").as_deref(), Some("nvidia-cuda-runtime-cu13 13.0.96"));
+        assert_eq!(
+            wheel_version(&cudart, "cuda_runtime").as_deref(),
+            Some("nvidia-cuda-runtime-cu13 13.0.96")
+        );
         let torch = format!("{}/torch/lib/libtorch_cuda.so", root.display());
-        assert_eq!(framework_version(&torch, "torch").as_deref(), Some("2.9.1+cu130"));
-        assert_eq!(wheel_version(&torch, "torch").as_deref(), Some("torch 2.9.1"));
-        assert_eq!(wheel_version("/usr/lib/x86_64-linux-gnu/libcudart.so.12", "cuda_runtime"), None);
-        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("nt-site-{}", std::process::id())));
+        assert_eq!(
+            framework_version(&torch, "torch").as_deref(),
+            Some("2.9.1+cu130")
+        );
+        assert_eq!(
+            wheel_version(&torch, "torch").as_deref(),
+            Some("torch 2.9.1")
+        );
+        assert_eq!(
+            wheel_version("/usr/lib/x86_64-linux-gnu/libcudart.so.12", "cuda_runtime"),
+            None
+        );
+        let _ = std::fs::remove_dir_all(
+            std::env::temp_dir().join(format!("nt-site-{}", std::process::id())),
+        );
     }
 
     #[test]
@@ -233,11 +293,24 @@ mod tests {
         assert_eq!(e["MIXED_PRECISION"], "bf16");
         assert_eq!(e["NVIDIA_TF32_OVERRIDE"], "0");
         assert_eq!(e["HF_HUB_URL"], "https://u:<redacted>@hub/x");
-        assert!(!e.contains_key("PATH") && !e.contains_key("HOME") && !e.contains_key("WANDB_API_KEY"));
+        assert!(
+            !e.contains_key("PATH") && !e.contains_key("HOME") && !e.contains_key("WANDB_API_KEY")
+        );
         // TensorFlow's variables, not Terraform's.
         let e = job_env(b"TF_CLI_CONFIG_FILE=/home/u/.terraformrc\0TF_VAR_region=eu\0TF_LOG=DEBUG\0TF_CPP_MIN_LOG_LEVEL=2\0TF_FORCE_GPU_ALLOW_GROWTH=true\0TF_ENABLE_AUTO_MIXED_PRECISION=1\0TF_CONFIG={}\0");
-        assert!(!e.contains_key("TF_CLI_CONFIG_FILE") && !e.contains_key("TF_VAR_region") && !e.contains_key("TF_LOG"), "{e:?}");
-        assert!(e.contains_key("TF_CPP_MIN_LOG_LEVEL") && e.contains_key("TF_FORCE_GPU_ALLOW_GROWTH") && e.contains_key("TF_ENABLE_AUTO_MIXED_PRECISION") && e.contains_key("TF_CONFIG"), "{e:?}");
+        assert!(
+            !e.contains_key("TF_CLI_CONFIG_FILE")
+                && !e.contains_key("TF_VAR_region")
+                && !e.contains_key("TF_LOG"),
+            "{e:?}"
+        );
+        assert!(
+            e.contains_key("TF_CPP_MIN_LOG_LEVEL")
+                && e.contains_key("TF_FORCE_GPU_ALLOW_GROWTH")
+                && e.contains_key("TF_ENABLE_AUTO_MIXED_PRECISION")
+                && e.contains_key("TF_CONFIG"),
+            "{e:?}"
+        );
     }
 
     #[test]
@@ -245,6 +318,10 @@ mod tests {
         let s = snapshot(Some(std::process::id()), None);
         assert!(s["kernel"].as_str().unwrap().len() > 3);
         assert!(s["job_cmdline"].as_str().is_some());
-        assert!(s["errors"].as_array().unwrap().is_empty(), "{}", s["errors"]);
+        assert!(
+            s["errors"].as_array().unwrap().is_empty(),
+            "{}",
+            s["errors"]
+        );
     }
 }

@@ -5,7 +5,9 @@
 //! NVML calls take a driver lock: readings are never taken faster than once a second, and the
 //! process list (milliseconds per call) only at the snapshot. Without NVML everything else
 //! works and the bundle says "NVML unavailable: <reason>".
-use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor, TemperatureThreshold};
+use nvml_wrapper::enum_wrappers::device::{
+    Clock, EccCounter, MemoryError, TemperatureSensor, TemperatureThreshold,
+};
 use nvml_wrapper::{Device, Nvml};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -60,7 +62,10 @@ pub fn throttle_names(mask: u64) -> Vec<&'static str> {
         (0x80, "hw_power_brake_slowdown"),
         (0x100, "display_clock_setting"),
     ];
-    BITS.iter().filter(|(b, _)| mask & b != 0).map(|(_, n)| *n).collect()
+    BITS.iter()
+        .filter(|(b, _)| mask & b != 0)
+        .map(|(_, n)| *n)
+        .collect()
 }
 
 /// The fields of a `gpu` sample event.
@@ -75,15 +80,27 @@ pub fn sample_fields(r: &GpuReading) -> Map<String, Value> {
     };
     put("temp_c", json!(r.temp_c));
     put("power_w", json!(r.power_mw.map(|p| f64::from(p) / 1000.0)));
-    put("power_limit_w", json!(r.enforced_limit_mw.map(|p| f64::from(p) / 1000.0)));
+    put(
+        "power_limit_w",
+        json!(r.enforced_limit_mw.map(|p| f64::from(p) / 1000.0)),
+    );
     put("sm_clock_mhz", json!(r.sm_clock_mhz));
     put("mem_clock_mhz", json!(r.mem_clock_mhz));
-    put("throttle", json!(r.throttle_mask.map(|t| throttle_names(t).into_iter().filter(|n| *n != "gpu_idle").collect::<Vec<_>>())));
+    put(
+        "throttle",
+        json!(r.throttle_mask.map(|t| throttle_names(t)
+            .into_iter()
+            .filter(|n| *n != "gpu_idle")
+            .collect::<Vec<_>>())),
+    );
     put("util_gpu_pct", json!(r.util_gpu_pct));
     put("util_mem_pct", json!(r.util_mem_pct));
     put("mem_used_mib", json!(r.mem_used_bytes.map(|b| b >> 20)));
     put("ecc_corrected_volatile", json!(r.ecc_corrected_volatile));
-    put("ecc_uncorrected_volatile", json!(r.ecc_uncorrected_volatile));
+    put(
+        "ecc_uncorrected_volatile",
+        json!(r.ecc_uncorrected_volatile),
+    );
     put("pcie_replay", json!(r.pcie_replay));
     m
 }
@@ -93,7 +110,13 @@ pub fn changes(prev: &GpuReading, cur: &GpuReading) -> Vec<String> {
     let mut out = Vec::new();
     let g = format!("GPU {} ({})", cur.index, cur.pci);
     if let (Some(a), Some(b)) = (prev.throttle_mask, cur.throttle_mask) {
-        for (bit, what) in [(0x8u64, "HW slowdown"), (0x40, "HW thermal slowdown"), (0x20, "SW thermal slowdown"), (0x80, "HW power brake slowdown"), (0x4, "SW power cap throttling")] {
+        for (bit, what) in [
+            (0x8u64, "HW slowdown"),
+            (0x40, "HW thermal slowdown"),
+            (0x20, "SW thermal slowdown"),
+            (0x80, "HW power brake slowdown"),
+            (0x4, "SW power cap throttling"),
+        ] {
             if a & bit == 0 && b & bit != 0 {
                 out.push(format!("{what} started on {g}"));
             } else if a & bit != 0 && b & bit == 0 {
@@ -111,17 +134,26 @@ pub fn changes(prev: &GpuReading, cur: &GpuReading) -> Vec<String> {
     if let Some(d) = up(prev.ecc_corrected_volatile, cur.ecc_corrected_volatile) {
         out.push(format!("corrected ECC +{d} on {g}"));
     }
-    if let Some(d) = up(prev.pcie_replay.map(u64::from), cur.pcie_replay.map(u64::from)) {
+    if let Some(d) = up(
+        prev.pcie_replay.map(u64::from),
+        cur.pcie_replay.map(u64::from),
+    ) {
         out.push(format!("PCIe replay counter +{d} on {g}"));
     }
     // Row remapping and NVLink counters, sampled with the rest (review of issue 13: the
     // snapshot alone saw them only at the trigger).
     if let (Some(a), Some(b)) = (prev.remap, cur.remap) {
         if b.uncorrectable > a.uncorrectable {
-            out.push(format!("row remapping: {} more row(s) remapped for uncorrectable errors on {g}", b.uncorrectable - a.uncorrectable));
+            out.push(format!(
+                "row remapping: {} more row(s) remapped for uncorrectable errors on {g}",
+                b.uncorrectable - a.uncorrectable
+            ));
         }
         if b.correctable > a.correctable {
-            out.push(format!("row remapping: {} more row(s) remapped for correctable errors on {g}", b.correctable - a.correctable));
+            out.push(format!(
+                "row remapping: {} more row(s) remapped for correctable errors on {g}",
+                b.correctable - a.correctable
+            ));
         }
         if b.pending && !a.pending {
             out.push(format!("row remap pending (needs a GPU reset) on {g}"));
@@ -131,7 +163,10 @@ pub fn changes(prev: &GpuReading, cur: &GpuReading) -> Vec<String> {
         }
     }
     if let (Some(a), Some(b)) = (prev.nvlink, cur.nvlink) {
-        for (i, what) in ["NVLink CRC errors", "NVLink replays", "NVLink recoveries"].iter().enumerate() {
+        for (i, what) in ["NVLink CRC errors", "NVLink replays", "NVLink recoveries"]
+            .iter()
+            .enumerate()
+        {
             if b[i] > a[i] {
                 out.push(format!("{what} +{} on {g}", b[i] - a[i]));
             }
@@ -139,7 +174,9 @@ pub fn changes(prev: &GpuReading, cur: &GpuReading) -> Vec<String> {
     }
     if let (Some(t0), Some(t1), Some(slow)) = (prev.temp_c, cur.temp_c, cur.slowdown_temp_c) {
         if t0 + 5 < slow && t1 + 5 >= slow {
-            out.push(format!("temperature {t1} C within 5 C of the slowdown threshold {slow} C on {g}"));
+            out.push(format!(
+                "temperature {t1} C within 5 C of the slowdown threshold {slow} C on {g}"
+            ));
         }
     }
     out
@@ -148,7 +185,10 @@ pub fn changes(prev: &GpuReading, cur: &GpuReading) -> Vec<String> {
 pub fn read(dev: &Device, index: u32) -> GpuReading {
     GpuReading {
         index,
-        pci: dev.pci_info().map(|p| normalize_pci(&p.bus_id)).unwrap_or_default(),
+        pci: dev
+            .pci_info()
+            .map(|p| normalize_pci(&p.bus_id))
+            .unwrap_or_default(),
         temp_c: dev.temperature(TemperatureSensor::Gpu).ok(),
         power_mw: dev.power_usage().ok(),
         enforced_limit_mw: dev.enforced_power_limit().ok(),
@@ -159,10 +199,16 @@ pub fn read(dev: &Device, index: u32) -> GpuReading {
         util_mem_pct: dev.utilization_rates().ok().map(|u| u.memory),
         mem_used_bytes: dev.memory_info().ok().map(|m| m.used),
         mem_total_bytes: dev.memory_info().ok().map(|m| m.total),
-        ecc_corrected_volatile: dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile).ok(),
-        ecc_uncorrected_volatile: dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile).ok(),
+        ecc_corrected_volatile: dev
+            .total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+            .ok(),
+        ecc_uncorrected_volatile: dev
+            .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+            .ok(),
         pcie_replay: dev.pcie_replay_counter().ok(),
-        slowdown_temp_c: dev.temperature_threshold(TemperatureThreshold::Slowdown).ok(),
+        slowdown_temp_c: dev
+            .temperature_threshold(TemperatureThreshold::Slowdown)
+            .ok(),
         remap: remap_of(&remapped_rows(dev)),
         nvlink: nvlink_totals(&nvlink_errors(dev)),
     }
@@ -199,25 +245,39 @@ fn res<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> Value {
     }
 }
 
-type RemapFn = unsafe extern "C" fn(*mut std::ffi::c_void, *mut u32, *mut u32, *mut u32, *mut u32) -> u32;
+type RemapFn =
+    unsafe extern "C" fn(*mut std::ffi::c_void, *mut u32, *mut u32, *mut u32, *mut u32) -> u32;
 
 /// `nvmlDeviceGetRemappedRows` (row remapping, the memory-health record of A100/H100/H200;
 /// Xid 63/64 are its log side). nvml-wrapper 0.11 does not wrap it: the driver's library,
 /// already loaded and initialised by nvml-wrapper, is asked directly.
 fn remapped_rows(dev: &Device) -> Value {
-    static REMAP: std::sync::LazyLock<Option<(libloading::Library, RemapFn)>> = std::sync::LazyLock::new(|| {
-        // SAFETY: the same NVML library nvml-wrapper loaded (a refcounted handle to it).
-        let lib = unsafe { libloading::Library::new("libnvidia-ml.so.1") }.ok()?;
-        // SAFETY: the NVML function of this name has this signature (NVML API reference).
-        let f: RemapFn = *unsafe { lib.get::<RemapFn>(b"nvmlDeviceGetRemappedRows\0") }.ok()?;
-        Some((lib, f))
-    });
-    let Some((_, f)) = REMAP.as_ref() else { return json!({ "unavailable": "nvmlDeviceGetRemappedRows not in this driver's NVML" }) };
+    static REMAP: std::sync::LazyLock<Option<(libloading::Library, RemapFn)>> =
+        std::sync::LazyLock::new(|| {
+            // SAFETY: the same NVML library nvml-wrapper loaded (a refcounted handle to it).
+            let lib = unsafe { libloading::Library::new("libnvidia-ml.so.1") }.ok()?;
+            // SAFETY: the NVML function of this name has this signature (NVML API reference).
+            let f: RemapFn = *unsafe { lib.get::<RemapFn>(b"nvmlDeviceGetRemappedRows\0") }.ok()?;
+            Some((lib, f))
+        });
+    let Some((_, f)) = REMAP.as_ref() else {
+        return json!({ "unavailable": "nvmlDeviceGetRemappedRows not in this driver's NVML" });
+    };
     let (mut corr, mut unc, mut pending, mut failed) = (0u32, 0u32, 0u32, 0u32);
     // SAFETY: a valid device handle of the initialised NVML and four out-parameters.
-    let r = unsafe { f(dev.handle().cast(), &mut corr, &mut unc, &mut pending, &mut failed) };
+    let r = unsafe {
+        f(
+            dev.handle().cast(),
+            &mut corr,
+            &mut unc,
+            &mut pending,
+            &mut failed,
+        )
+    };
     match r {
-        0 => json!({ "correctable": corr, "uncorrectable": unc, "pending": pending != 0, "failure_occurred": failed != 0 }),
+        0 => {
+            json!({ "correctable": corr, "uncorrectable": unc, "pending": pending != 0, "failure_occurred": failed != 0 })
+        }
         3 => json!({ "unavailable": "not supported on this GPU" }),
         e => json!({ "unavailable": format!("NVML error {e}") }),
     }
@@ -281,10 +341,12 @@ pub fn snapshot() -> Value {
     match init() {
         Ok(n) => {
             let count = n.device_count().unwrap_or(0);
-            let devices: Vec<Value> = (0..count).map(|i| match n.device_by_index(i) {
-                Ok(d) => device_snapshot(&d, i),
-                Err(e) => json!({ "index": i, "error": e.to_string() }),
-            }).collect();
+            let devices: Vec<Value> = (0..count)
+                .map(|i| match n.device_by_index(i) {
+                    Ok(d) => device_snapshot(&d, i),
+                    Err(e) => json!({ "index": i, "error": e.to_string() }),
+                })
+                .collect();
             json!({
                 "available": true,
                 "driver_version": res(n.sys_driver_version()),
@@ -300,7 +362,10 @@ pub fn snapshot() -> Value {
 /// Driver and CUDA driver versions, for the software section.
 pub fn driver_versions() -> Option<(String, Option<i32>)> {
     let n = init().ok()?;
-    Some((n.sys_driver_version().ok()?, n.sys_cuda_driver_version().ok()))
+    Some((
+        n.sys_driver_version().ok()?,
+        n.sys_cuda_driver_version().ok(),
+    ))
 }
 
 #[cfg(test)]
@@ -350,7 +415,10 @@ mod tests {
             "NVLink CRC errors +7 on GPU 2 (0000:3b:00.0)".to_string(),
         ]);
         // Not supported / no NVLink: nothing to compare, no event.
-        assert_eq!(remap_of(&json!({ "unavailable": "not supported on this GPU" })), None);
+        assert_eq!(
+            remap_of(&json!({ "unavailable": "not supported on this GPU" })),
+            None
+        );
         assert_eq!(nvlink_totals(&json!({ "active_links": 0 })), None);
     }
 
@@ -377,13 +445,19 @@ mod tests {
             "PCIe replay counter +4 on GPU 2 (0000:3b:00.0)".to_string(),
             "temperature 84 C within 5 C of the slowdown threshold 87 C on GPU 2 (0000:3b:00.0)".to_string(),
         ]);
-        assert_eq!(changes(&b, &a), vec!["HW slowdown ended on GPU 2 (0000:3b:00.0)".to_string()]);
+        assert_eq!(
+            changes(&b, &a),
+            vec!["HW slowdown ended on GPU 2 (0000:3b:00.0)".to_string()]
+        );
         assert!(changes(&a, &a).is_empty());
     }
 
     #[test]
     fn throttle_bits() {
-        assert_eq!(throttle_names(0x4 | 0x40), vec!["sw_power_cap", "hw_thermal_slowdown"]);
+        assert_eq!(
+            throttle_names(0x4 | 0x40),
+            vec!["sw_power_cap", "hw_thermal_slowdown"]
+        );
         assert!(throttle_names(0).is_empty());
     }
 
@@ -392,7 +466,13 @@ mod tests {
         // On machines without libnvidia-ml (CI), this is the path taken; on a GPU node it lists devices.
         let s = snapshot();
         if s["available"] == false {
-            assert!(s["reason"].as_str().unwrap().starts_with("NVML unavailable: "), "{s}");
+            assert!(
+                s["reason"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("NVML unavailable: "),
+                "{s}"
+            );
         } else {
             assert!(s["device_count"].as_u64().is_some());
         }

@@ -18,7 +18,11 @@ pub const SNAPSHOT_SCHEMA: &str = "nantrace.snapshot/1";
 
 /// Start the periodic samplers on their own thread (NVML and /proc reads block). `sink`
 /// returns false when the sample could not be queued; such gaps are counted in `gaps`.
-pub fn spawn_samplers(interval_s: f64, root_pid: Option<u32>, sink: impl Fn(Vec<Event>) -> bool + Send + Sync + 'static) {
+pub fn spawn_samplers(
+    interval_s: f64,
+    root_pid: Option<u32>,
+    sink: impl Fn(Vec<Event>) -> bool + Send + Sync + 'static,
+) {
     let sink = std::sync::Arc::new(sink);
     if interval_s <= 0.0 {
         return;
@@ -47,18 +51,31 @@ pub fn spawn_samplers(interval_s: f64, root_pid: Option<u32>, sink: impl Fn(Vec<
                         last_gpu = now;
                         let count = n.device_count().unwrap_or(0) as usize;
                         prev_gpu.resize(count, None);
-                        #[expect(clippy::needless_range_loop, reason = "i is also the NVML device index")]
+                        #[expect(
+                            clippy::needless_range_loop,
+                            reason = "i is also the NVML device index"
+                        )]
                         for i in 0..count {
-                            let Ok(d) = n.device_by_index(i as u32) else { continue };
+                            let Ok(d) = n.device_by_index(i as u32) else {
+                                continue;
+                            };
                             let r = gpu::read(&d, i as u32);
-                            batch.push(sample_event(now, crate::source::Source::Gpu, gpu::sample_fields(&r)));
+                            batch.push(sample_event(
+                                now,
+                                crate::source::Source::Gpu,
+                                gpu::sample_fields(&r),
+                            ));
                             if let Some(p) = &prev_gpu[i] {
                                 for c in gpu::changes(p, &r) {
                                     let mut f = Map::new();
                                     f.insert("gpu".into(), json!(i));
                                     f.insert("pci".into(), json!(r.pci));
                                     f.insert("change".into(), json!(c));
-                                    batch.push(sample_event(now, crate::source::Source::GpuChange, f));
+                                    batch.push(sample_event(
+                                        now,
+                                        crate::source::Source::GpuChange,
+                                        f,
+                                    ));
                                 }
                             }
                             prev_gpu[i] = Some(r);
@@ -90,14 +107,24 @@ fn spawn_xid_listener(sink: impl Fn(Vec<Event>) -> bool + Send + 'static) {
         .name("nantrace-nvml-xid".into())
         .spawn(move || {
             let Ok(n) = gpu::init() else { return };
-            let Ok(mut set) = n.create_event_set() else { return };
+            let Ok(mut set) = n.create_event_set() else {
+                return;
+            };
             let count = n.device_count().unwrap_or(0);
             for i in 0..count {
-                let Ok(d) = n.device_by_index(i) else { continue };
-                match d.register_events(nvml_wrapper::bitmasks::event::EventTypes::CRITICAL_XID_ERROR, set) {
+                let Ok(d) = n.device_by_index(i) else {
+                    continue;
+                };
+                match d.register_events(
+                    nvml_wrapper::bitmasks::event::EventTypes::CRITICAL_XID_ERROR,
+                    set,
+                ) {
                     Ok(s) => set = s,
                     Err(e) => {
-                        crate::say!("nantrace: NVML Xid events unavailable on GPU {i}: {:?}", e.error);
+                        crate::say!(
+                            "nantrace: NVML Xid events unavailable on GPU {i}: {:?}",
+                            e.error
+                        );
                         return;
                     }
                 }
@@ -111,16 +138,32 @@ fn spawn_xid_listener(sink: impl Fn(Vec<Event>) -> bool + Send + 'static) {
                         };
                         let mut f = Map::new();
                         f.insert("xid".into(), xid);
-                        f.insert("pci".into(), json!(ev.device.pci_info().map(|p| crate::classify::normalize_pci(&p.bus_id)).unwrap_or_default()));
-                        f.insert("gpu_uuid".into(), json!(ev.device.uuid().unwrap_or_default()));
+                        f.insert(
+                            "pci".into(),
+                            json!(ev
+                                .device
+                                .pci_info()
+                                .map(|p| crate::classify::normalize_pci(&p.bus_id))
+                                .unwrap_or_default()),
+                        );
+                        f.insert(
+                            "gpu_uuid".into(),
+                            json!(ev.device.uuid().unwrap_or_default()),
+                        );
                         f.insert("witness".into(), json!("nvml"));
-                        if !sink(vec![sample_event(crate::clock::monotonic_ns(), crate::source::Source::NvmlXid, f)]) {
+                        if !sink(vec![sample_event(
+                            crate::clock::monotonic_ns(),
+                            crate::source::Source::NvmlXid,
+                            f,
+                        )]) {
                             // queue full: the kernel-log witness of the same Xid still arrives
                         }
                     }
                     Err(nvml_wrapper::error::NvmlError::Timeout) => {}
                     Err(e) => {
-                        crate::say!("nantrace: NVML Xid event wait failed, stopping that listener: {e}");
+                        crate::say!(
+                            "nantrace: NVML Xid event wait failed, stopping that listener: {e}"
+                        );
                         return;
                     }
                 }
@@ -147,7 +190,14 @@ pub fn job_context(root_pid: u32) -> Option<Value> {
 }
 
 fn env_map(software: &Value) -> std::collections::BTreeMap<String, String> {
-    software["env"].as_object().map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect()).unwrap_or_default()
+    software["env"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// snapshot.json, with the job's context from `cached` when the job is already gone.
@@ -160,7 +210,10 @@ pub fn snapshot_with(root_pid: Option<u32>, cached: Option<Value>) -> Value {
             s["software"] = c["software"].clone();
             s["software"]["nvml_driver_version"] = drv;
             s["software"]["cuda_driver_version"] = cuda;
-            s["software"]["note"] = json!(format!("job {pid} had exited at the trigger; its context was captured at {}", c["captured_at"].as_str().unwrap_or("?")));
+            s["software"]["note"] = json!(format!(
+                "job {pid} had exited at the trigger; its context was captured at {}",
+                c["captured_at"].as_str().unwrap_or("?")
+            ));
             s["scheduler"] = c["scheduler"].clone();
             s["scheduler"]["note"] = s["software"]["note"].clone();
             s["network"]["job_sockets"] = c["job_sockets"].clone();
@@ -171,9 +224,15 @@ pub fn snapshot_with(root_pid: Option<u32>, cached: Option<Value>) -> Value {
 
 /// snapshot.json: one section per evidence family, each filled or saying why not.
 pub fn snapshot(root_pid: Option<u32>) -> Value {
-    let job = root_pid.map(|p| crate::correlate::descendants(&[p])).unwrap_or_default();
+    let job = root_pid
+        .map(|p| crate::correlate::descendants(&[p]))
+        .unwrap_or_default();
     let gpu = gpu::snapshot();
-    let drv = if gpu["available"] == true { gpu::driver_versions() } else { None };
+    let drv = if gpu["available"] == true {
+        gpu::driver_versions()
+    } else {
+        None
+    };
     let software = env::snapshot(root_pid, drv);
     let env_map = env_map(&software);
     let mut network = net::snapshot();
@@ -193,6 +252,13 @@ pub fn snapshot(root_pid: Option<u32>) -> Value {
 /// A process's command line, redacted (empty when it is gone or a kernel thread).
 pub fn cmdline(pid: u32) -> Vec<String> {
     std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| redact::argv(&b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect::<Vec<_>>()))
+        .map(|b| {
+            redact::argv(
+                &b.split(|&c| c == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect::<Vec<_>>(),
+            )
+        })
         .unwrap_or_default()
 }

@@ -10,15 +10,24 @@ use serde_json::{json, Value};
 
 /// The pod's own cgroup directory: `pod<uid>` (cgroupfs driver) or
 /// `[kubelet-]kubepods[-<qos>]-pod<uid>.slice` (systemd driver), the whole path component.
-static POD_UID: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^(?:(?:kubelet-)?kubepods(?:-[a-z]+)?-)?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?$").unwrap());
-static CONTAINER: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?:cri-containerd-|docker-|crio-|containerd-)?([0-9a-f]{64})(?:\.scope)?$").unwrap());
+static POD_UID: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^(?:(?:kubelet-)?kubepods(?:-[a-z]+)?-)?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?$").unwrap()
+});
+static CONTAINER: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?:cri-containerd-|docker-|crio-|containerd-)?([0-9a-f]{64})(?:\.scope)?$")
+        .unwrap()
+});
 
 /// One line of /proc/PID/cgroup: (hierarchy id, controllers, path).
 pub fn parse_cgroup_file(text: &str) -> Vec<(String, String, String)> {
     text.lines()
         .filter_map(|l| {
             let mut it = l.splitn(3, ':');
-            Some((it.next()?.to_string(), it.next()?.to_string(), it.next()?.to_string()))
+            Some((
+                it.next()?.to_string(),
+                it.next()?.to_string(),
+                it.next()?.to_string(),
+            ))
         })
         .collect()
 }
@@ -32,19 +41,32 @@ pub fn kubernetes_from_cgroup(path: &str) -> Option<Value> {
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let start = match parts.first() {
         Some(p) if p.starts_with("kubepods") => 0,
-        Some(&"kubelet.slice") if parts.get(1).is_some_and(|p| p.starts_with("kubelet-kubepods")) => 1,
+        Some(&"kubelet.slice")
+            if parts
+                .get(1)
+                .is_some_and(|p| p.starts_with("kubelet-kubepods")) =>
+        {
+            1
+        }
         _ => return None,
     };
-    if parts.iter().any(|p| *p == "user.slice" || p.starts_with("user@") || p.starts_with("user-")) {
+    if parts
+        .iter()
+        .any(|p| *p == "user.slice" || p.starts_with("user@") || p.starts_with("user-"))
+    {
         return None;
     }
     let uid = parts[start..].iter().find_map(|p| POD_UID.captures(p))?[1].replace('_', "-");
-    let container = path.rsplit('/').find_map(|seg| CONTAINER.captures(seg).map(|c| c[1].to_string()));
+    let container = path
+        .rsplit('/')
+        .find_map(|seg| CONTAINER.captures(seg).map(|c| c[1].to_string()));
     Some(json!({ "pod_uid": uid, "container_id": container }))
 }
 
 fn read_trim(p: &Path) -> Option<String> {
-    std::fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 fn kv_file(p: &Path) -> BTreeMap<String, u64> {
@@ -64,12 +86,27 @@ pub fn cgroup(pid: u32) -> Value {
         return json!({ "error": format!("/proc/{pid}/cgroup unreadable (process gone?)") });
     };
     let lines = parse_cgroup_file(&text);
-    let v2_path = lines.iter().find(|l| l.0 == "0" && l.1.is_empty()).map(|l| l.2.clone());
-    let v1_mem = lines.iter().find(|l| l.1.split(',').any(|c| c == "memory")).map(|l| l.2.clone());
-    let v1_cpu = lines.iter().find(|l| l.1.split(',').any(|c| c == "cpu")).map(|l| l.2.clone());
+    let v2_path = lines
+        .iter()
+        .find(|l| l.0 == "0" && l.1.is_empty())
+        .map(|l| l.2.clone());
+    let v1_mem = lines
+        .iter()
+        .find(|l| l.1.split(',').any(|c| c == "memory"))
+        .map(|l| l.2.clone());
+    let v1_cpu = lines
+        .iter()
+        .find(|l| l.1.split(',').any(|c| c == "cpu"))
+        .map(|l| l.2.clone());
     let mut out = json!({ "paths": lines.iter().map(|l| format!("{}:{}:{}", l.0, l.1, l.2)).collect::<Vec<_>>() });
     let v2_root = Path::new("/sys/fs/cgroup");
-    let v2_unified = if v2_root.join("cgroup.controllers").exists() { Some(v2_root.to_path_buf()) } else if Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists() { Some(PathBuf::from("/sys/fs/cgroup/unified")) } else { None };
+    let v2_unified = if v2_root.join("cgroup.controllers").exists() {
+        Some(v2_root.to_path_buf())
+    } else if Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists() {
+        Some(PathBuf::from("/sys/fs/cgroup/unified"))
+    } else {
+        None
+    };
     if let Some(mem) = v1_mem {
         let d = Path::new("/sys/fs/cgroup/memory").join(mem.trim_start_matches('/'));
         let oom = kv_file(&d.join("memory.oom_control"));
@@ -111,7 +148,12 @@ pub fn cgroup(pid: u32) -> Value {
 
 pub fn snapshot(pid: Option<u32>, env: &BTreeMap<String, String>) -> Value {
     let slurm = env.get("SLURM_JOB_ID").map(|id| {
-        let scontrol = std::process::Command::new("scontrol").args(["show", "job", id]).output().ok().filter(|o| o.status.success()).map(|o| super::redact::text(&String::from_utf8_lossy(&o.stdout)));
+        let scontrol = std::process::Command::new("scontrol")
+            .args(["show", "job", id])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| super::redact::text(&String::from_utf8_lossy(&o.stdout)));
         json!({
             "job_id": id,
             "step_id": env.get("SLURM_STEP_ID"),
@@ -123,12 +165,17 @@ pub fn snapshot(pid: Option<u32>, env: &BTreeMap<String, String>) -> Value {
             "scontrol_show_job": scontrol.unwrap_or_else(|| "scontrol not available".into()),
         })
     });
-    let cg_text = pid.and_then(|p| std::fs::read_to_string(format!("/proc/{p}/cgroup")).ok()).unwrap_or_default();
-    let k8s = parse_cgroup_file(&cg_text).iter().find_map(|l| kubernetes_from_cgroup(&l.2)).map(|mut k| {
-        k["namespace"] = json!(env.get("POD_NAMESPACE"));
-        k["pod_name"] = json!(env.get("POD_NAME").or(env.get("HOSTNAME")));
-        k
-    });
+    let cg_text = pid
+        .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/cgroup")).ok())
+        .unwrap_or_default();
+    let k8s = parse_cgroup_file(&cg_text)
+        .iter()
+        .find_map(|l| kubernetes_from_cgroup(&l.2))
+        .map(|mut k| {
+            k["namespace"] = json!(env.get("POD_NAMESPACE"));
+            k["pod_name"] = json!(env.get("POD_NAME").or(env.get("HOSTNAME")));
+            k
+        });
     json!({
         "slurm": slurm,
         "kubernetes": k8s,
@@ -141,18 +188,31 @@ pub fn snapshot(pid: Option<u32>, env: &BTreeMap<String, String>) -> Value {
 /// migration), the Slurm step, the cgroup's OOM kill counter.
 pub fn changes(prev: &Value, cur: &Value) -> Vec<String> {
     let mut out = Vec::new();
-    let (a, b) = (&prev["kubernetes"]["container_id"], &cur["kubernetes"]["container_id"]);
+    let (a, b) = (
+        &prev["kubernetes"]["container_id"],
+        &cur["kubernetes"]["container_id"],
+    );
     if !a.is_null() && !b.is_null() && a != b {
-        out.push(format!("container id changed from {} to {} (restart or migration of pod {})", a, b, cur["kubernetes"]["pod_uid"]));
+        out.push(format!(
+            "container id changed from {} to {} (restart or migration of pod {})",
+            a, b, cur["kubernetes"]["pod_uid"]
+        ));
     }
     let (a, b) = (&prev["slurm"]["step_id"], &cur["slurm"]["step_id"]);
     if !a.is_null() && a != b {
         out.push(format!("Slurm step changed from {a} to {b}"));
     }
-    let (a, b) = (prev["cgroup"]["memory"]["oom_kill"].as_u64(), cur["cgroup"]["memory"]["oom_kill"].as_u64());
+    let (a, b) = (
+        prev["cgroup"]["memory"]["oom_kill"].as_u64(),
+        cur["cgroup"]["memory"]["oom_kill"].as_u64(),
+    );
     if let (Some(a), Some(b)) = (a, b) {
         if b > a {
-            out.push(format!("cgroup OOM kill counter +{} (limit {} bytes)", b - a, cur["cgroup"]["memory"]["limit_bytes"]));
+            out.push(format!(
+                "cgroup OOM kill counter +{} (limit {} bytes)",
+                b - a,
+                cur["cgroup"]["memory"]["limit_bytes"]
+            ));
         }
     }
     out
@@ -166,10 +226,14 @@ mod tests {
     fn container_restart_and_cgroup_oom_are_changes() {
         let a = json!({ "kubernetes": { "pod_uid": "p1", "container_id": "aaa" }, "cgroup": { "memory": { "oom_kill": 0, "limit_bytes": 1024 } } });
         let b = json!({ "kubernetes": { "pod_uid": "p1", "container_id": "bbb" }, "cgroup": { "memory": { "oom_kill": 2, "limit_bytes": 1024 } } });
-        assert_eq!(changes(&a, &b), vec![
-            "container id changed from \"aaa\" to \"bbb\" (restart or migration of pod \"p1\")".to_string(),
-            "cgroup OOM kill counter +2 (limit 1024 bytes)".to_string(),
-        ]);
+        assert_eq!(
+            changes(&a, &b),
+            vec![
+                "container id changed from \"aaa\" to \"bbb\" (restart or migration of pod \"p1\")"
+                    .to_string(),
+                "cgroup OOM kill counter +2 (limit 1024 bytes)".to_string(),
+            ]
+        );
         assert!(changes(&b, &b).is_empty());
     }
 
@@ -179,9 +243,15 @@ mod tests {
         let l = parse_cgroup_file(v2);
         let k = kubernetes_from_cgroup(&l[0].2).unwrap();
         assert_eq!(k["pod_uid"], "1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d");
-        assert_eq!(k["container_id"], "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
+        assert_eq!(
+            k["container_id"],
+            "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+        );
         let v1 = "/kubepods/besteffort/pod8f3e1c2a-1b2c-4d5e-9f00-123456789abc/fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210";
-        assert_eq!(kubernetes_from_cgroup(v1).unwrap()["pod_uid"], "8f3e1c2a-1b2c-4d5e-9f00-123456789abc");
+        assert_eq!(
+            kubernetes_from_cgroup(v1).unwrap()["pod_uid"],
+            "8f3e1c2a-1b2c-4d5e-9f00-123456789abc"
+        );
         assert!(kubernetes_from_cgroup("/user.slice/user-0.slice/session-1.scope").is_none());
         // D-2 of the third adversarial test: a user's delegated subtree, or any place but the
         // kubelet's roots, is never a pod, however its directories are named.
@@ -195,7 +265,10 @@ mod tests {
             assert!(kubernetes_from_cgroup(forged).is_none(), "{forged}");
         }
         let rooted = "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod1a2b3c4d_5e6f_7a8b_9c0d_1e2f3a4b5c6d.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope";
-        assert_eq!(kubernetes_from_cgroup(rooted).unwrap()["pod_uid"], "1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d");
+        assert_eq!(
+            kubernetes_from_cgroup(rooted).unwrap()["pod_uid"],
+            "1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d"
+        );
     }
 
     #[test]

@@ -36,8 +36,16 @@ pub fn disk_delta(a: &procfs::DiskStat, b: &procfs::DiskStat, dt_s: f64) -> Valu
     let d = |x: u64, y: u64| y.saturating_sub(x);
     let reads = d(a.reads, b.reads);
     let writes = d(a.writes, b.writes);
-    let r_await = if reads > 0 { d(a.time_reading, b.time_reading) as f64 / reads as f64 } else { 0.0 };
-    let w_await = if writes > 0 { d(a.time_writing, b.time_writing) as f64 / writes as f64 } else { 0.0 };
+    let r_await = if reads > 0 {
+        d(a.time_reading, b.time_reading) as f64 / reads as f64
+    } else {
+        0.0
+    };
+    let w_await = if writes > 0 {
+        d(a.time_writing, b.time_writing) as f64 / writes as f64
+    } else {
+        0.0
+    };
     json!({
         "r_s": reads as f64 / dt_s,
         "w_s": writes as f64 / dt_s,
@@ -53,7 +61,14 @@ fn cpu_ticks() -> Option<(u64, u64, u64)> {
     let k = procfs::KernelStats::current().ok()?;
     let c = k.total;
     let iowait = c.iowait.unwrap_or(0);
-    let total = c.user + c.nice + c.system + c.idle + iowait + c.irq.unwrap_or(0) + c.softirq.unwrap_or(0) + c.steal.unwrap_or(0);
+    let total = c.user
+        + c.nice
+        + c.system
+        + c.idle
+        + iowait
+        + c.irq.unwrap_or(0)
+        + c.softirq.unwrap_or(0)
+        + c.steal.unwrap_or(0);
     let busy = total - c.idle - iowait;
     Some((busy, iowait, total))
 }
@@ -145,7 +160,10 @@ pub fn top(job: &std::collections::BTreeSet<u32>, n: usize) -> Value {
 
 impl Sampler {
     pub fn new(root_pid: Option<u32>) -> Self {
-        Self { root_pid, prev: Prev::default() }
+        Self {
+            root_pid,
+            prev: Prev::default(),
+        }
     }
 
     /// One sample: a `system` event (and `disk` when disks moved, `job_procs` for the job).
@@ -157,7 +175,10 @@ impl Sampler {
         let mut f = Map::new();
         if let Value::Object(m) = free() {
             for (k, v) in m {
-                if matches!(k.as_str(), "mem_available_kb" | "mem_used_kb" | "swap_used_kb" | "mem_total_kb") {
+                if matches!(
+                    k.as_str(),
+                    "mem_available_kb" | "mem_used_kb" | "swap_used_kb" | "mem_total_kb"
+                ) {
                     f.insert(k, v);
                 }
             }
@@ -165,8 +186,14 @@ impl Sampler {
         if let Some(c) = cpu_ticks() {
             if let (true, Some(p)) = (primed, self.prev.cpu) {
                 let tot = (c.2 - p.2).max(1) as f64;
-                f.insert("cpu_busy_pct".into(), json!(((c.0 - p.0) as f64 / tot * 100.0)));
-                f.insert("iowait_pct".into(), json!(((c.1 - p.1) as f64 / tot * 100.0)));
+                f.insert(
+                    "cpu_busy_pct".into(),
+                    json!(((c.0 - p.0) as f64 / tot * 100.0)),
+                );
+                f.insert(
+                    "iowait_pct".into(),
+                    json!(((c.1 - p.1) as f64 / tot * 100.0)),
+                );
             }
             self.prev.cpu = Some(c);
         }
@@ -174,10 +201,19 @@ impl Sampler {
             f.insert("load1".into(), json!(l.one));
         }
         if let Ok(vm) = procfs::vmstat() {
-            let s = (vm.get("pswpin").copied().unwrap_or(0), vm.get("pswpout").copied().unwrap_or(0));
+            let s = (
+                vm.get("pswpin").copied().unwrap_or(0),
+                vm.get("pswpout").copied().unwrap_or(0),
+            );
             if let (true, Some(p)) = (primed, self.prev.swap) {
-                f.insert("swap_in_kb_s".into(), json!(((s.0 - p.0) as f64 * page_kb() as f64 / dt)));
-                f.insert("swap_out_kb_s".into(), json!(((s.1 - p.1) as f64 * page_kb() as f64 / dt)));
+                f.insert(
+                    "swap_in_kb_s".into(),
+                    json!(((s.0 - p.0) as f64 * page_kb() as f64 / dt)),
+                );
+                f.insert(
+                    "swap_out_kb_s".into(),
+                    json!(((s.1 - p.1) as f64 * page_kb() as f64 / dt)),
+                );
             }
             self.prev.swap = Some(s);
         }
@@ -219,7 +255,9 @@ impl Sampler {
             let (mut rss, mut cpu, mut n) = (0u64, 0.0f64, 0);
             let mut next = HashMap::new();
             for pid in &pids {
-                let Ok(p) = procfs::process::Process::new(*pid as i32) else { continue };
+                let Ok(p) = procfs::process::Process::new(*pid as i32) else {
+                    continue;
+                };
                 let Ok(st) = p.stat() else { continue };
                 n += 1;
                 rss += st.rss * page_kb();
@@ -245,28 +283,61 @@ impl Sampler {
     }
 }
 
-pub fn sample_event(mono_ns: u64, source: crate::source::Source, fields: Map<String, Value>) -> Event {
-    Event::new(mono_ns, 0, 0, crate::event::Comm::NONE, false, Detail::Sample { source, fields: Box::new(fields) })
+pub fn sample_event(
+    mono_ns: u64,
+    source: crate::source::Source,
+    fields: Map<String, Value>,
+) -> Event {
+    Event::new(
+        mono_ns,
+        0,
+        0,
+        crate::event::Comm::NONE,
+        false,
+        Detail::Sample {
+            source,
+            fields: Box::new(fields),
+        },
+    )
 }
 
 /// All-CPU time counters from /proc/stat, in top's order: us, sy, ni, id, wa, hi, si, st.
 fn cpu_split() -> Option<[u64; 8]> {
     let c = procfs::KernelStats::current().ok()?.total;
-    Some([c.user, c.system, c.nice, c.idle, c.iowait.unwrap_or(0), c.irq.unwrap_or(0), c.softirq.unwrap_or(0), c.steal.unwrap_or(0)])
+    Some([
+        c.user,
+        c.system,
+        c.nice,
+        c.idle,
+        c.iowait.unwrap_or(0),
+        c.irq.unwrap_or(0),
+        c.softirq.unwrap_or(0),
+        c.steal.unwrap_or(0),
+    ])
 }
 
 /// What `top` shows in its `%Cpu(s)` header, over `interval`: the share of CPU time per state.
 pub fn cpu_breakdown(interval: std::time::Duration) -> Value {
-    let Some(a) = cpu_split() else { return json!({ "error": "/proc/stat unreadable" }) };
+    let Some(a) = cpu_split() else {
+        return json!({ "error": "/proc/stat unreadable" });
+    };
     std::thread::sleep(interval);
-    let Some(b) = cpu_split() else { return json!({ "error": "/proc/stat unreadable" }) };
+    let Some(b) = cpu_split() else {
+        return json!({ "error": "/proc/stat unreadable" });
+    };
     cpu_breakdown_from(a, b, interval.as_secs_f64())
 }
 
 fn cpu_breakdown_from(a: [u64; 8], b: [u64; 8], interval_s: f64) -> Value {
     let d: Vec<u64> = a.iter().zip(b).map(|(x, y)| y.saturating_sub(*x)).collect();
     let total: u64 = d.iter().sum();
-    let pct = |i: usize| if total == 0 { 0.0 } else { (d[i] as f64 / total as f64 * 1000.0).round() / 10.0 };
+    let pct = |i: usize| {
+        if total == 0 {
+            0.0
+        } else {
+            (d[i] as f64 / total as f64 * 1000.0).round() / 10.0
+        }
+    };
     json!({
         "interval_s": interval_s,
         "us": pct(0), "sy": pct(1), "ni": pct(2), "id": pct(3), "wa": pct(4), "hi": pct(5), "si": pct(6), "st": pct(7),
@@ -295,10 +366,26 @@ mod tests {
 
     #[test]
     fn cpu_breakdown_like_tops_header() {
-        let v = cpu_breakdown_from([100, 50, 0, 800, 50, 0, 0, 0], [160, 70, 0, 880, 90, 0, 0, 0], 0.25);
-        assert_eq!((v["us"].as_f64(), v["sy"].as_f64(), v["id"].as_f64(), v["wa"].as_f64(), v["st"].as_f64()), (Some(30.0), Some(10.0), Some(40.0), Some(20.0), Some(0.0)));
+        let v = cpu_breakdown_from(
+            [100, 50, 0, 800, 50, 0, 0, 0],
+            [160, 70, 0, 880, 90, 0, 0, 0],
+            0.25,
+        );
+        assert_eq!(
+            (
+                v["us"].as_f64(),
+                v["sy"].as_f64(),
+                v["id"].as_f64(),
+                v["wa"].as_f64(),
+                v["st"].as_f64()
+            ),
+            (Some(30.0), Some(10.0), Some(40.0), Some(20.0), Some(0.0))
+        );
         let live = cpu_breakdown(std::time::Duration::from_millis(50));
-        let sum: f64 = ["us", "sy", "ni", "id", "wa", "hi", "si", "st"].iter().map(|k| live[k].as_f64().unwrap()).sum();
+        let sum: f64 = ["us", "sy", "ni", "id", "wa", "hi", "si", "st"]
+            .iter()
+            .map(|k| live[k].as_f64().unwrap())
+            .sum();
         assert!(sum == 0.0 || (sum - 100.0).abs() < 1.0, "{live}");
     }
 
@@ -319,7 +406,10 @@ mod tests {
 
     #[test]
     fn a_child_process_appears_with_its_rss_in_the_job_table() {
-        let child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(100));
         let mut job = std::collections::BTreeSet::new();
         job.insert(child.id());
@@ -348,7 +438,11 @@ mod tests {
         let j = sys.to_json(&crate::clock::ClockMap::sample());
         assert!(j["cpu_busy_pct"].as_f64().is_some());
         assert!(j.get("swap_in_kb_s").is_some());
-        let jp = second.iter().find(|e| e.source() == "job_procs").unwrap().to_json(&crate::clock::ClockMap::sample());
+        let jp = second
+            .iter()
+            .find(|e| e.source() == "job_procs")
+            .unwrap()
+            .to_json(&crate::clock::ClockMap::sample());
         assert!(jp["job_rss_kb"].as_u64().unwrap() > 1000);
     }
 }

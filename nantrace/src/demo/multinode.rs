@@ -63,18 +63,35 @@ mod tests {
     /// nodes, none missing.
     #[test]
     fn the_recorded_job_names_n2_and_its_gpu() {
-        let d = std::env::temp_dir().join(format!("nantrace-multinode-demo-{}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("nantrace-multinode-demo-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         let inc = super::write(&d).unwrap();
-        assert!(inc.starts_with(d.join("nantrace-multinode-demo")), "{}", inc.display());
+        assert!(
+            inc.starts_with(d.join("nantrace-multinode-demo")),
+            "{}",
+            inc.display()
+        );
         let (r, _, nodes) = crate::jobreport::from_dir(&inc).unwrap();
         assert_eq!(nodes.len(), 3, "six bundles, three nodes");
         assert_eq!(r.node.as_deref(), Some("n2"), "{}", r.verdict);
-        assert!(r.verdict.starts_with("PROBABLY THE MACHINE (GPU): n2, GPU 0000:3b:00.0: Xid 79"), "{}", r.verdict);
-        assert!(r.verdict.contains("2 other nodes clean (n1, n3)") && r.verdict.contains("Action: drain n2"), "{}", r.verdict);
+        assert!(
+            r.verdict
+                .starts_with("PROBABLY THE MACHINE (GPU): n2, GPU 0000:3b:00.0: Xid 79"),
+            "{}",
+            r.verdict
+        );
+        assert!(
+            r.verdict.contains("2 other nodes clean (n1, n3)")
+                && r.verdict.contains("Action: drain n2"),
+            "{}",
+            r.verdict
+        );
         assert!(r.missing.is_empty(), "{:?}", r.missing);
         // A second run does not write over the first.
-        assert!(super::write(&d).unwrap().starts_with(d.join("nantrace-multinode-demo-2")));
+        assert!(super::write(&d)
+            .unwrap()
+            .starts_with(d.join("nantrace-multinode-demo-2")));
         let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -7,7 +7,10 @@ use crate::report::Analysis;
 use crate::source::Source;
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 const W: f64 = 1100.0;
@@ -56,21 +59,54 @@ fn fmt_val(v: f64, unit: &str) -> String {
     if unit == "KiB" && a >= 1_048_576.0 {
         return format!("{:.2} GiB", v / 1_048_576.0);
     }
-    let n = if a != 0.0 && a < 1e-3 { format!("{v:.2e}") } else if a >= 100.0 || v.fract() == 0.0 { format!("{v:.0}") } else { format!("{v:.3}") };
-    if unit.is_empty() { n } else { format!("{n} {unit}") }
+    let n = if a != 0.0 && a < 1e-3 {
+        format!("{v:.2e}")
+    } else if a >= 100.0 || v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.3}")
+    };
+    if unit.is_empty() {
+        n
+    } else {
+        format!("{n} {unit}")
+    }
 }
 
 /// One series in its own band: the line, its y-axis (min and max labelled, with the unit) and
 /// its name in its colour, so every line's magnitude can be read.
-#[expect(clippy::too_many_arguments, reason = "one series: its points, axis, place, colour, name, unit, scale")]
-fn band(points: &[(f64, f64)], ax: &Axis, y0: f64, h: f64, color: &str, name: &str, unit: &str, log: bool) -> String {
-    let vals: Vec<f64> = points.iter().map(|p| if log { p.1.max(1e-12).log10() } else { p.1 }).collect();
-    let (mn, mx) = vals.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(*v), b.max(*v)));
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one series: its points, axis, place, colour, name, unit, scale"
+)]
+fn band(
+    points: &[(f64, f64)],
+    ax: &Axis,
+    y0: f64,
+    h: f64,
+    color: &str,
+    name: &str,
+    unit: &str,
+    log: bool,
+) -> String {
+    let vals: Vec<f64> = points
+        .iter()
+        .map(|p| if log { p.1.max(1e-12).log10() } else { p.1 })
+        .collect();
+    let (mn, mx) = vals
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+            (a.min(*v), b.max(*v))
+        });
     if !mn.is_finite() {
         return String::new();
     }
     let span = (mx - mn).max(1e-9);
-    let pts: Vec<String> = points.iter().zip(&vals).map(|(p, v)| format!("{:.1},{:.1}", ax.x(p.0), y0 + h - (v - mn) / span * h)).collect();
+    let pts: Vec<String> = points
+        .iter()
+        .zip(&vals)
+        .map(|(p, v)| format!("{:.1},{:.1}", ax.x(p.0), y0 + h - (v - mn) / span * h))
+        .collect();
     let real = |v: f64| if log { 10f64.powf(v) } else { v };
     let (top, bottom) = (fmt_val(real(mx), unit), fmt_val(real(mn), unit));
     format!(
@@ -104,9 +140,13 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
     let ref_off = timeline["first_nan"]["offset_s"].as_f64().unwrap_or(0.0);
     let rel = |e: &Value| e["offset_s"].as_f64().unwrap_or(0.0) - ref_off;
     // One pass: time and source of every event (map lookups are the cost on 100 k events).
-    let mut by_src: std::collections::HashMap<&str, Vec<(f64, &Value)>> = std::collections::HashMap::new();
+    let mut by_src: std::collections::HashMap<&str, Vec<(f64, &Value)>> =
+        std::collections::HashMap::new();
     for e in evs {
-        by_src.entry(e["source"].as_str().unwrap_or("")).or_default().push((rel(e), e));
+        by_src
+            .entry(e["source"].as_str().unwrap_or(""))
+            .or_default()
+            .push((rel(e), e));
     }
     let all = || by_src.values().flatten();
     let lo = all().map(|p| p.0).fold(0.0f64, f64::min);
@@ -125,7 +165,10 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
     // At most ~12 ticks whatever the span (a 1970 clock or an offset of 1e300 s in a hostile
     // bundle once made this loop run for ever: redteam 5.19-5.21).
     let span = hi - lo;
-    let step = [0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0].into_iter().find(|s| span / s <= 12.0).unwrap_or_else(|| 10f64.powf((span / 12.0).log10().ceil()));
+    let step = [0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0]
+        .into_iter()
+        .find(|s| span / s <= 12.0)
+        .unwrap_or_else(|| 10f64.powf((span / 12.0).log10().ceil()));
     if span.is_finite() && step.is_finite() && step > 0.0 {
         let first = (lo / step).ceil();
         for i in 0..=13 {
@@ -145,18 +188,27 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
         // Samples are counters (charts below): they have no lane.
         let Some(l) = lane_of(src) else { continue };
         for (r, e) in list {
-        let e = *e;
-        if src == "log" && e["nonfinite"] != true && e["overflow"] != true && !e["fault"].is_object() {
-            continue;
-        }
-        let x = ax.x(*r);
-        let col = color(e);
-        if !drawn.insert((l, x as i64, col)) {
-            continue;
-        }
-        let y = top + lane_h * l as f64 + lane_h / 2.0;
-        let label = e["text"].as_str().or(e["line"].as_str()).or(e["reason"].as_str()).or(e["change"].as_str()).unwrap_or(src);
-        svg.push_str(&format!(r#"<circle class="ev" cx="{x:.1}" cy="{y:.1}" r="4" fill="{col}"><title>{} {:+.3}s {}</title></circle>"#, esc(src), r, esc(&label.chars().take(200).collect::<String>())));
+            let e = *e;
+            if src == "log"
+                && e["nonfinite"] != true
+                && e["overflow"] != true
+                && !e["fault"].is_object()
+            {
+                continue;
+            }
+            let x = ax.x(*r);
+            let col = color(e);
+            if !drawn.insert((l, x as i64, col)) {
+                continue;
+            }
+            let y = top + lane_h * l as f64 + lane_h / 2.0;
+            let label = e["text"]
+                .as_str()
+                .or(e["line"].as_str())
+                .or(e["reason"].as_str())
+                .or(e["change"].as_str())
+                .unwrap_or(src);
+            svg.push_str(&format!(r#"<circle class="ev" cx="{x:.1}" cy="{y:.1}" r="4" fill="{col}"><title>{} {:+.3}s {}</title></circle>"#, esc(src), r, esc(&label.chars().take(200).collect::<String>())));
         }
     }
     // Time zero (the first NaN, the first non-finite value or the trigger) and suspects.
@@ -170,7 +222,13 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
 
     // Counter charts.
     let series = |src: &str, key: &str| -> Vec<(f64, f64)> {
-        let v: Vec<(f64, f64)> = by_src.get(src).into_iter().flatten().filter_map(|(r, e)| Some((*r, e[key].as_f64()?))).filter(|p| p.1.is_finite()).collect();
+        let v: Vec<(f64, f64)> = by_src
+            .get(src)
+            .into_iter()
+            .flatten()
+            .filter_map(|(r, e)| Some((*r, e[key].as_f64()?)))
+            .filter(|p| p.1.is_finite())
+            .collect();
         // At most ~2 points per pixel column.
         let step = (v.len() / 2000).max(1);
         v.into_iter().step_by(step).collect()
@@ -181,43 +239,159 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
         let bh = 46.0;
         let shown: Vec<&Line> = lines.iter().filter(|l| l.0.len() >= 2).collect();
         let h = (bh + 8.0) * shown.len().max(1) as f64;
-        let mut c = format!(r#"<h3>{}</h3><svg id="{id}" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{}">"#, esc(title), h + 12.0);
-        c.push_str(&format!(r##"<rect x="{LEFT}" y="5" width="{}" height="{h}" fill="#fbfcfc" stroke="#d5d8dc"/>"##, W - LEFT - 20.0));
+        let mut c = format!(
+            r#"<h3>{}</h3><svg id="{id}" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{}">"#,
+            esc(title),
+            h + 12.0
+        );
+        c.push_str(&format!(
+            r##"<rect x="{LEFT}" y="5" width="{}" height="{h}" fill="#fbfcfc" stroke="#d5d8dc"/>"##,
+            W - LEFT - 20.0
+        ));
         for (i, (pts, col, name, unit, log)) in shown.iter().enumerate() {
-            c.push_str(&band(pts, &ax, 9.0 + (bh + 8.0) * i as f64, bh, col, name, unit, *log));
+            c.push_str(&band(
+                pts,
+                &ax,
+                9.0 + (bh + 8.0) * i as f64,
+                bh,
+                col,
+                name,
+                unit,
+                *log,
+            ));
         }
         if shown.is_empty() {
-            c.push_str(&format!(r#"<text x="{}" y="30" class="lane">no data in this window</text>"#, LEFT + 10.0));
+            c.push_str(&format!(
+                r#"<text x="{}" y="30" class="lane">no data in this window</text>"#,
+                LEFT + 10.0
+            ));
         }
-        c.push_str(&format!(r##"<line x1="{x0:.1}" y1="5" x2="{x0:.1}" y2="{}" stroke="#c0392b"/></svg>"##, h + 5.0));
+        c.push_str(&format!(
+            r##"<line x1="{x0:.1}" y1="5" x2="{x0:.1}" y2="{}" stroke="#c0392b"/></svg>"##,
+            h + 5.0
+        ));
         c
     };
-    let loss_chart = chart("loss", "Loss and fp16 loss scale", vec![(series("log", "loss"), "#1f618d", "loss", "", true), (series("log", "loss_scale"), "#d4ac0d", "loss scale", "", true)]);
-    let gpu_note = if snapshot["gpu"]["available"] == true { String::new() } else { format!(" — {}", snapshot["gpu"]["reason"].as_str().unwrap_or("no GPU data")) };
-    let gpu_chart = chart("gpu", &format!("GPU temperature, power, utilization{gpu_note}"), vec![(series("gpu", "temp_c"), "#c0392b", "temperature", "°C", false), (series("gpu", "power_w"), "#e67e22", "power", "W", false), (series("gpu", "util_gpu_pct"), "#27ae60", "utilization", "%", false)]);
-    let sys_chart = chart("system", "Memory available, swap-in, iowait", vec![(series("system", "mem_available_kb"), "#1f618d", "mem available", "KiB", false), (series("system", "swap_in_kb_s"), "#c0392b", "swap-in", "KiB/s", false), (series("system", "iowait_pct"), "#7d3c98", "iowait", "%", false)]);
+    let loss_chart = chart(
+        "loss",
+        "Loss and fp16 loss scale",
+        vec![
+            (series("log", "loss"), "#1f618d", "loss", "", true),
+            (
+                series("log", "loss_scale"),
+                "#d4ac0d",
+                "loss scale",
+                "",
+                true,
+            ),
+        ],
+    );
+    let gpu_note = if snapshot["gpu"]["available"] == true {
+        String::new()
+    } else {
+        format!(
+            " — {}",
+            snapshot["gpu"]["reason"].as_str().unwrap_or("no GPU data")
+        )
+    };
+    let gpu_chart = chart(
+        "gpu",
+        &format!("GPU temperature, power, utilization{gpu_note}"),
+        vec![
+            (
+                series("gpu", "temp_c"),
+                "#c0392b",
+                "temperature",
+                "°C",
+                false,
+            ),
+            (series("gpu", "power_w"), "#e67e22", "power", "W", false),
+            (
+                series("gpu", "util_gpu_pct"),
+                "#27ae60",
+                "utilization",
+                "%",
+                false,
+            ),
+        ],
+    );
+    let sys_chart = chart(
+        "system",
+        "Memory available, swap-in, iowait",
+        vec![
+            (
+                series("system", "mem_available_kb"),
+                "#1f618d",
+                "mem available",
+                "KiB",
+                false,
+            ),
+            (
+                series("system", "swap_in_kb_s"),
+                "#c0392b",
+                "swap-in",
+                "KiB/s",
+                false,
+            ),
+            (
+                series("system", "iowait_pct"),
+                "#7d3c98",
+                "iowait",
+                "%",
+                false,
+            ),
+        ],
+    );
 
     let mut sus = String::new();
     if a.suspects.is_empty() {
         sus.push_str("<li class=\"none\">none: no signal in the table fired</li>");
     }
     for (i, s) in a.suspects.iter().enumerate() {
-        sus.push_str(&format!(r#"<li class="suspect {}"><b>#{}</b> <span class="fam">{}</span> sev {} {}</li>"#, if s.family.is_machine() { "machine" } else { "numerics" }, i + 1, esc(s.family.label()), s.severity, esc(&s.text)));
+        sus.push_str(&format!(
+            r#"<li class="suspect {}"><b>#{}</b> <span class="fam">{}</span> sev {} {}</li>"#,
+            if s.family.is_machine() {
+                "machine"
+            } else {
+                "numerics"
+            },
+            i + 1,
+            esc(s.family.label()),
+            s.severity,
+            esc(&s.text)
+        ));
     }
-    let checked: String = a.checked.iter().map(|c| format!("<li>{}</li>", esc(c))).collect();
+    let checked: String = a
+        .checked
+        .iter()
+        .map(|c| format!("<li>{}</li>", esc(c)))
+        .collect();
     // The facts as the ML team reads them (versions, precision, scheduler, limits, the last
     // losses), the JSON one click away.
     let (fact_lines, losses) = crate::report::facts_lines(&a.facts);
-    let mut facts: String = fact_lines.iter().map(|l| format!("<li>{}</li>", esc(l))).collect();
+    let mut facts: String = fact_lines
+        .iter()
+        .map(|l| format!("<li>{}</li>", esc(l)))
+        .collect();
     facts = format!("<ul id=\"facts\">{facts}</ul>");
     if !losses.is_empty() {
-        facts.push_str("<table id=\"losses\"><tr><th>step</th><th>loss</th><th>t (s, vs trigger)</th></tr>");
+        facts.push_str(
+            "<table id=\"losses\"><tr><th>step</th><th>loss</th><th>t (s, vs trigger)</th></tr>",
+        );
         for (step, loss, t) in &losses {
-            facts.push_str(&format!("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", esc(step), esc(loss), esc(t)));
+            facts.push_str(&format!(
+                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(step),
+                esc(loss),
+                esc(t)
+            ));
         }
         facts.push_str("</table>");
     }
-    facts.push_str(&format!("<details><summary>all facts as JSON</summary><pre id=\"facts-json\">{}</pre></details>", esc(&serde_json::to_string_pretty(&a.facts).unwrap_or_default())));
+    facts.push_str(&format!(
+        "<details><summary>all facts as JSON</summary><pre id=\"facts-json\">{}</pre></details>",
+        esc(&serde_json::to_string_pretty(&a.facts).unwrap_or_default())
+    ));
     format!(
         r#"<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -271,14 +445,30 @@ mod tests {
         let t = json!({ "first_nan": { "offset_s": 0.0 }, "events": evs, "accounting": {} });
         let a = crate::report::analyze(&t, &json!({}));
         let html = super::render(&a, &t, &json!({}));
-        for name in ["loss (log)", "loss scale (log)", "mem available", "swap-in", "iowait"] {
+        for name in [
+            "loss (log)",
+            "loss scale (log)",
+            "mem available",
+            "swap-in",
+            "iowait",
+        ] {
             assert!(html.contains(&format!(">{name}</text>")), "legend {name}");
         }
         // The y-axis labels carry magnitudes and units.
-        assert!(html.contains(">19.07 GiB</text>") && html.contains(">19.06 GiB</text>"), "memory axis");
-        assert!(html.contains(">20.500 %</text>") && html.contains(">1.500 %</text>"), "iowait axis");
+        assert!(
+            html.contains(">19.07 GiB</text>") && html.contains(">19.06 GiB</text>"),
+            "memory axis"
+        );
+        assert!(
+            html.contains(">20.500 %</text>") && html.contains(">1.500 %</text>"),
+            "iowait axis"
+        );
         assert!(html.contains(">65536</text>"), "loss scale axis");
-        assert_eq!(html.matches("class=\"series\"").count(), 5, "one band per series with data (no GPU here)");
+        assert_eq!(
+            html.matches("class=\"series\"").count(),
+            5,
+            "one band per series with data (no GPU here)"
+        );
     }
 
     /// The facts for the ML team are readable facts (versions, precision, scheduler, limits,
@@ -291,10 +481,27 @@ mod tests {
         let a = crate::report::analyze(&t, &snap);
         let html = super::render(&a, &t, &snap);
         let facts = &html[html.find("<ul id=\"facts\">").expect("facts as a list")..];
-        for want in ["<li>command: python train.py (pid 7), exit: code 1</li>", "<li>NVIDIA driver: 550.54.15</li>", "NVIDIA_TF32_OVERRIDE", "<li>scheduler: slurm=42 kubernetes=none cgroup memory limit=unlimited</li>", "<table id=\"losses\">", "<td>1.5</td>", "<details><summary>all facts as JSON</summary><pre id=\"facts-json\">"] {
+        for want in [
+            "<li>command: python train.py (pid 7), exit: code 1</li>",
+            "<li>NVIDIA driver: 550.54.15</li>",
+            "NVIDIA_TF32_OVERRIDE",
+            "<li>scheduler: slurm=42 kubernetes=none cgroup memory limit=unlimited</li>",
+            "<table id=\"losses\">",
+            "<td>1.5</td>",
+            "<details><summary>all facts as JSON</summary><pre id=\"facts-json\">",
+        ] {
             assert!(facts.contains(want), "{want}: {facts}");
         }
-        assert!(facts.find("<details>").unwrap() > facts.find("<table").unwrap(), "the JSON comes after the readable facts");
-        assert!(html.contains("Timeline (seconds relative to the first non-finite value)") && a.reference.starts_with("first non-finite value (grad_norm = inf; no NaN yet)"), "{}", a.reference);
+        assert!(
+            facts.find("<details>").unwrap() > facts.find("<table").unwrap(),
+            "the JSON comes after the readable facts"
+        );
+        assert!(
+            html.contains("Timeline (seconds relative to the first non-finite value)")
+                && a.reference
+                    .starts_with("first non-finite value (grad_norm = inf; no NaN yet)"),
+            "{}",
+            a.reference
+        );
     }
 }

@@ -12,7 +12,10 @@ use crate::clock::rfc3339;
 use crate::event::{Detail, Event};
 
 /// report.md, report.txt, trace.json and report.html from a timeline and a snapshot.
-pub fn derived(t: &serde_json::Value, snapshot: &serde_json::Value) -> (Vec<(String, Vec<u8>)>, crate::report::Analysis) {
+pub fn derived(
+    t: &serde_json::Value,
+    snapshot: &serde_json::Value,
+) -> (Vec<(String, Vec<u8>)>, crate::report::Analysis) {
     // The trace and the report read the same timeline independently: two threads (the dump
     // of 100 k events went from 1.1 s to under 1 s on 2 cores).
     std::thread::scope(|s| {
@@ -33,7 +36,9 @@ pub fn derived(t: &serde_json::Value, snapshot: &serde_json::Value) -> (Vec<(Str
 /// "ended by SIGINT", "exit code 3", "still running".
 pub fn exit_text(code: Option<i32>, signal: Option<i32>, core_dumped: bool) -> String {
     match (code, signal) {
-        (_, Some(s)) if core_dumped => format!("ended by {} (core dumped)", crate::event::signal_name(s)),
+        (_, Some(s)) if core_dumped => {
+            format!("ended by {} (core dumped)", crate::event::signal_name(s))
+        }
         (_, Some(s)) => format!("ended by {}", crate::event::signal_name(s)),
         (Some(c), None) => format!("exit code {c}"),
         _ => "still running".into(),
@@ -51,30 +56,60 @@ pub fn summary(dir: &Path, inc: &Incident, verdict: Option<&str>) -> String {
     let rel = |m: u64| (m as f64 - t0 as f64) / 1e9;
     let ev = inc.events;
     let nan = first_nan(ev).map_or("no non-finite value in the log".to_string(), |e| {
-        let Detail::Log(l) = &e.detail else { unreachable!() };
+        let Detail::Log(l) = &e.detail else {
+            unreachable!()
+        };
         let what = match crate::nanscan::describe(&l.text) {
             Some((w, true)) => format!("first NaN ({})", crate::term::clean(&w)),
-            Some((w, false)) => format!("first non-finite value ({}; no NaN yet)", crate::term::clean(&w)),
+            Some((w, false)) => format!(
+                "first non-finite value ({}; no NaN yet)",
+                crate::term::clean(&w)
+            ),
             None => "first NaN".into(),
         };
-        format!("{what} at {:+.1} s{}: {}", rel(e.mono_ns), l.step.map_or(String::new(), |s| format!(" (step {s})")), crate::term::clean(&l.text.chars().take(80).collect::<String>()))
+        format!(
+            "{what} at {:+.1} s{}: {}",
+            rel(e.mono_ns),
+            l.step.map_or(String::new(), |s| format!(" (step {s})")),
+            crate::term::clean(&l.text.chars().take(80).collect::<String>())
+        )
     });
     let xids: Vec<&Event> = ev.iter().copied().filter(|e| matches!(&e.detail, Detail::Kmsg(k) if matches!(k.class.as_deref(), Some(KmsgClass::Xid { .. }) | Some(KmsgClass::GpuFallenOffBus { .. })))).collect();
-    let worst = xids.iter().max_by_key(|e| match &e.detail { Detail::Kmsg(k) => k.class.as_deref().map(KmsgClass::severity), _ => None }).map(|e| match &e.detail {
-        Detail::Kmsg(k) => match k.class.as_deref() {
-            Some(KmsgClass::Xid { xid, pci, severity, .. }) => format!(" (worst: Xid {xid} {severity:?} on {pci}, {:+.1} s)", rel(e.mono_ns)),
-            Some(KmsgClass::GpuFallenOffBus { pci, .. }) => format!(" (GPU {pci} fell off the bus, {:+.1} s)", rel(e.mono_ns)),
+    let worst = xids
+        .iter()
+        .max_by_key(|e| match &e.detail {
+            Detail::Kmsg(k) => k.class.as_deref().map(KmsgClass::severity),
+            _ => None,
+        })
+        .map(|e| match &e.detail {
+            Detail::Kmsg(k) => match k.class.as_deref() {
+                Some(KmsgClass::Xid {
+                    xid, pci, severity, ..
+                }) => format!(
+                    " (worst: Xid {xid} {severity:?} on {pci}, {:+.1} s)",
+                    rel(e.mono_ns)
+                ),
+                Some(KmsgClass::GpuFallenOffBus { pci, .. }) => {
+                    format!(" (GPU {pci} fell off the bus, {:+.1} s)", rel(e.mono_ns))
+                }
+                _ => String::new(),
+            },
             _ => String::new(),
-        },
-        _ => String::new(),
-    }).unwrap_or_default();
+        })
+        .unwrap_or_default();
     let ooms = count(ev, |e| matches!(e.detail, Detail::Oom(_)));
     let aers = count(ev, |e| e.source() == "aer");
     let sigs = count(ev, |e| e.job() && matches!(e.detail, Detail::Signal { .. }));
     let forks = count(ev, |e| e.job() && matches!(e.detail, Detail::Fork { .. }));
-    let exit = exit_text(inc.job.exit_code, inc.job.exit_signal, inc.job.exit_core_dumped);
+    let exit = exit_text(
+        inc.job.exit_code,
+        inc.job.exit_signal,
+        inc.job.exit_core_dumped,
+    );
     let rs = &inc.accounting["recorder"];
-    let drops: u64 = inc.accounting["kernel_drops"].as_object().map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum());
+    let drops: u64 = inc.accounting["kernel_drops"]
+        .as_object()
+        .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum());
     let span = match (ev.first(), ev.last()) {
         (Some(a), Some(b)) => (b.mono_ns - a.mono_ns) as f64 / 1e9,
         _ => 0.0,
@@ -110,7 +145,10 @@ mod tests {
     fn the_exit_says_how_the_job_ended() {
         assert_eq!(exit_text(Some(1), None, false), "exit code 1");
         assert_eq!(exit_text(None, Some(9), false), "ended by SIGKILL");
-        assert_eq!(exit_text(None, Some(11), true), "ended by SIGSEGV (core dumped)");
+        assert_eq!(
+            exit_text(None, Some(11), true),
+            "ended by SIGSEGV (core dumped)"
+        );
         assert_eq!(exit_text(None, None, false), "still running");
     }
 }

@@ -42,7 +42,6 @@ pub fn rank(ph: &str) -> u8 {
     }
 }
 
-
 fn family(source: &str) -> u64 {
     crate::source::Source::parse(source).map_or(8, |s| s.trace_family().0)
 }
@@ -59,39 +58,90 @@ impl Builder {
     }
     fn thread(&mut self, fam: u64, tid: u64, name: &str) -> (u64, u64) {
         let pid = self.pid(fam);
-        self.threads.entry((pid, tid)).or_insert_with(|| name.to_string());
+        self.threads
+            .entry((pid, tid))
+            .or_insert_with(|| name.to_string());
         (pid, tid)
     }
-    #[expect(clippy::too_many_arguments, reason = "one call shape for every instant kind; a struct would only rename them")]
-    fn instant(&mut self, ts: f64, fam: u64, tid: u64, tname: &str, name: &str, args: Value, global: bool) {
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call shape for every instant kind; a struct would only rename them"
+    )]
+    fn instant(
+        &mut self,
+        ts: f64,
+        fam: u64,
+        tid: u64,
+        tname: &str,
+        name: &str,
+        args: Value,
+        global: bool,
+    ) {
         let pid = self.pid(fam);
-        self.threads.entry((pid, tid)).or_insert_with(|| tname.to_string());
-        self.out.push(Ev { name: name.to_string(), ph: "i", s: Some(if global { "g" } else { "t" }), ts: Some(ts), pid, tid, args });
+        self.threads
+            .entry((pid, tid))
+            .or_insert_with(|| tname.to_string());
+        self.out.push(Ev {
+            name: name.to_string(),
+            ph: "i",
+            s: Some(if global { "g" } else { "t" }),
+            ts: Some(ts),
+            pid,
+            tid,
+            args,
+        });
     }
     fn counter(&mut self, ts: f64, fam: u64, name: &str, values: Value) {
         let pid = self.pid(fam);
-        self.out.push(Ev { name: name.to_string(), ph: "C", s: None, ts: Some(ts), pid, tid: 0, args: values });
+        self.out.push(Ev {
+            name: name.to_string(),
+            ph: "C",
+            s: None,
+            ts: Some(ts),
+            pid,
+            tid: 0,
+            args: values,
+        });
     }
 }
 
 fn hash(s: &str) -> u64 {
-    s.bytes().fold(1469598103934665603u64, |h, b| (h ^ u64::from(b)).wrapping_mul(1099511628211)) % 100_000 + 1000
+    s.bytes().fold(1469598103934665603u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(1099511628211)
+    }) % 100_000
+        + 1000
 }
 
 /// Build the trace events of one timeline; `node` (index, name) separates merged nodes.
 pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) -> Vec<Ev> {
-    let mut b = Builder { out: Vec::new(), threads: BTreeMap::new(), node_base: node.map_or(0, |n| (n.0 + 1) * 100) };
+    let mut b = Builder {
+        out: Vec::new(),
+        threads: BTreeMap::new(),
+        node_base: node.map_or(0, |n| (n.0 + 1) * 100),
+    };
     let empty = Vec::new();
     let evs = timeline["events"].as_array().unwrap_or(&empty);
     // Within one node, mono_ns orders exactly and is cheap; merged timelines (whose mono
     // clocks differ per node) go through the corrected wall time.
     let use_mono = node.is_none() && evs.iter().all(|e| e["mono_ns"].is_u64());
-    let mono0 = evs.iter().filter_map(|e| e["mono_ns"].as_u64()).min().unwrap_or(0);
+    let mono0 = evs
+        .iter()
+        .filter_map(|e| e["mono_ns"].as_u64())
+        .min()
+        .unwrap_or(0);
     let ts_of = |e: &Value| -> f64 {
-        if use_mono { (e["mono_ns"].as_u64().unwrap_or(mono0) - mono0) as f64 / 1000.0 } else { wall_us(e) - base_wall_us }
+        if use_mono {
+            (e["mono_ns"].as_u64().unwrap_or(mono0) - mono0) as f64 / 1000.0
+        } else {
+            wall_us(e) - base_wall_us
+        }
     };
     let end_ts = evs.iter().map(ts_of).fold(0.0, f64::max);
-    let start_ts = evs.iter().map(ts_of).fold(f64::INFINITY, f64::min).min(end_ts);
+    let start_ts = evs
+        .iter()
+        .map(ts_of)
+        .fold(f64::INFINITY, f64::min)
+        .min(end_ts);
     let mut open: BTreeMap<u64, (f64, String)> = BTreeMap::new();
     let root = timeline["job"]["root_pid"].as_u64();
     let mut lifetimes: Vec<(u64, f64, f64, String)> = Vec::new();
@@ -111,25 +161,64 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
                 }
                 if e["fault"].is_object() {
                     let f = &e["fault"];
-                    let name = format!("{}: {}", f["family"].as_str().unwrap_or("?"), f["what"].as_str().unwrap_or("?"));
-                    b.instant(ts, 5, 3, "job errors", &name, json!({ "line": e["line"], "code": f["code"], "rank": f["rank"] }), false);
+                    let name = format!(
+                        "{}: {}",
+                        f["family"].as_str().unwrap_or("?"),
+                        f["what"].as_str().unwrap_or("?")
+                    );
+                    b.instant(
+                        ts,
+                        5,
+                        3,
+                        "job errors",
+                        &name,
+                        json!({ "line": e["line"], "code": f["code"], "rank": f["rank"] }),
+                        false,
+                    );
                 }
                 if e["nonfinite"] == true {
-                    b.instant(ts, 5, 1, "non-finite values", "non-finite loss", json!({ "line": e["line"] }), false);
+                    b.instant(
+                        ts,
+                        5,
+                        1,
+                        "non-finite values",
+                        "non-finite loss",
+                        json!({ "line": e["line"] }),
+                        false,
+                    );
                 } else if e["overflow"] == true {
-                    b.instant(ts, 5, 2, "fp16 overflow", "gradient overflow", json!({ "line": e["line"] }), false);
+                    b.instant(
+                        ts,
+                        5,
+                        2,
+                        "fp16 overflow",
+                        "gradient overflow",
+                        json!({ "line": e["line"] }),
+                        false,
+                    );
                 }
             }
             "gpu" => {
                 let g = e["gpu"].as_u64().unwrap_or(0);
-                for (k, label) in [("temp_c", "temperature C"), ("power_w", "power W"), ("util_gpu_pct", "utilization %"), ("sm_clock_mhz", "SM clock MHz")] {
+                for (k, label) in [
+                    ("temp_c", "temperature C"),
+                    ("power_w", "power W"),
+                    ("util_gpu_pct", "utilization %"),
+                    ("sm_clock_mhz", "SM clock MHz"),
+                ] {
                     if let Some(v) = e[k].as_f64() {
                         b.counter(ts, 2, &format!("GPU{g} {label}"), json!({ k: v }));
                     }
                 }
             }
             "system" => {
-                for (k, label) in [("mem_available_kb", "memory available KiB"), ("swap_used_kb", "swap used KiB"), ("cpu_busy_pct", "CPU busy %"), ("iowait_pct", "iowait %"), ("swap_in_kb_s", "swap-in KiB/s")] {
+                for (k, label) in [
+                    ("mem_available_kb", "memory available KiB"),
+                    ("swap_used_kb", "swap used KiB"),
+                    ("cpu_busy_pct", "CPU busy %"),
+                    ("iowait_pct", "iowait %"),
+                    ("swap_in_kb_s", "swap-in KiB/s"),
+                ] {
                     if let Some(v) = e[k].as_f64() {
                         b.counter(ts, 3, label, json!({ k: v }));
                     }
@@ -143,15 +232,33 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
             "disk" => {
                 if let Some(m) = e["disks"].as_object() {
                     for (d, v) in m {
-                        b.counter(ts, 7, &format!("{d} await ms"), json!({ "r_await_ms": v["r_await_ms"], "w_await_ms": v["w_await_ms"] }));
+                        b.counter(
+                            ts,
+                            7,
+                            &format!("{d} await ms"),
+                            json!({ "r_await_ms": v["r_await_ms"], "w_await_ms": v["w_await_ms"] }),
+                        );
                     }
                 }
             }
             "block" => {
                 let dev = e["dev"].as_str().unwrap_or("?");
-                b.counter(ts, 7, &format!("I/O latency ms {dev}"), json!({ "latency_ms": e["latency_ms"] }));
+                b.counter(
+                    ts,
+                    7,
+                    &format!("I/O latency ms {dev}"),
+                    json!({ "latency_ms": e["latency_ms"] }),
+                );
                 if e["error"].as_i64().is_some_and(|x| x != 0) {
-                    b.instant(ts, 7, hash(dev), &format!("block {dev}"), "I/O error", json!({ "error": e["error"], "sector": e["sector"] }), false);
+                    b.instant(
+                        ts,
+                        7,
+                        hash(dev),
+                        &format!("block {dev}"),
+                        "I/O error",
+                        json!({ "error": e["error"], "sector": e["sector"] }),
+                        false,
+                    );
                 }
             }
             "net" => {
@@ -161,12 +268,31 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
             }
             "tcp_retransmit" => {
                 let peer = format!("{}:{}", e["daddr"].as_str().unwrap_or("?"), e["dport"]);
-                b.instant(ts, 6, hash(&peer), &format!("peer {peer}"), "retransmit", json!({ "saddr": e["saddr"], "sport": e["sport"], "state": e["state"] }), false);
+                b.instant(
+                    ts,
+                    6,
+                    hash(&peer),
+                    &format!("peer {peer}"),
+                    "retransmit",
+                    json!({ "saddr": e["saddr"], "sport": e["sport"], "state": e["state"] }),
+                    false,
+                );
             }
             "fork" => {
                 let child = e["child_pid"].as_u64().unwrap_or(0);
-                open.insert(child, (ts, e["child_comm"].as_str().unwrap_or("").to_string()));
-                b.instant(ts, 4, pid, &format!("{comm} {pid}"), &format!("fork {child}"), json!({ "child_comm": e["child_comm"] }), false);
+                open.insert(
+                    child,
+                    (ts, e["child_comm"].as_str().unwrap_or("").to_string()),
+                );
+                b.instant(
+                    ts,
+                    4,
+                    pid,
+                    &format!("{comm} {pid}"),
+                    &format!("fork {child}"),
+                    json!({ "child_comm": e["child_comm"] }),
+                    false,
+                );
             }
             "exit" => {
                 let (start, name) = open.remove(&pid).unwrap_or((start_ts, comm.to_string()));
@@ -181,12 +307,31 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
             }
             "exec" | "signal" | "oom" => {
                 let name = match src {
-                    "signal" => format!("{} -> {}", e["signal"].as_str().unwrap_or("?"), e["target_pid"]),
+                    "signal" => format!(
+                        "{} -> {}",
+                        e["signal"].as_str().unwrap_or("?"),
+                        e["target_pid"]
+                    ),
                     "oom" => format!("OOM kill {}", e["victim_pid"]),
                     _ => format!("exec {}", e["filename"].as_str().unwrap_or("")),
                 };
-                let tid = if src == "exec" { pid } else { e["target_pid"].as_u64().or(e["victim_pid"].as_u64()).unwrap_or(pid) };
-                b.instant(ts, 4, tid, &format!("process {tid}"), &name, e.clone(), src == "oom");
+                let tid = if src == "exec" {
+                    pid
+                } else {
+                    e["target_pid"]
+                        .as_u64()
+                        .or(e["victim_pid"].as_u64())
+                        .unwrap_or(pid)
+                };
+                b.instant(
+                    ts,
+                    4,
+                    tid,
+                    &format!("process {tid}"),
+                    &name,
+                    e.clone(),
+                    src == "oom",
+                );
             }
             "kmsg" | "xid" | "aer" => {
                 let name = match e["class"].as_str() {
@@ -196,13 +341,36 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
                     None => "kmsg".to_string(),
                 };
                 let global = matches!(e["severity"].as_str(), Some("critical"));
-                b.instant(ts, 1, if src == "kmsg" { 1 } else { 2 }, if src == "kmsg" { "kernel log" } else { "hardware errors" }, &name, json!({ "text": e["text"], "severity": e["severity"] }), global);
+                b.instant(
+                    ts,
+                    1,
+                    if src == "kmsg" { 1 } else { 2 },
+                    if src == "kmsg" {
+                        "kernel log"
+                    } else {
+                        "hardware errors"
+                    },
+                    &name,
+                    json!({ "text": e["text"], "severity": e["severity"] }),
+                    global,
+                );
             }
             "gpu_change" | "nvml_xid" | "net_change" | "scheduler_change" => {
-                let name = e["change"].as_str().map(String::from).unwrap_or_else(|| format!("NVML Xid {}", e["xid"]));
+                let name = e["change"]
+                    .as_str()
+                    .map(String::from)
+                    .unwrap_or_else(|| format!("NVML Xid {}", e["xid"]));
                 b.instant(ts, fam, 1, src, &name, e.clone(), false);
             }
-            "trigger" => b.instant(ts, 8, 1, "triggers", &format!("TRIGGER {}", e["kind"].as_str().unwrap_or("")), json!({ "reason": e["reason"] }), true),
+            "trigger" => b.instant(
+                ts,
+                8,
+                1,
+                "triggers",
+                &format!("TRIGGER {}", e["kind"].as_str().unwrap_or("")),
+                json!({ "reason": e["reason"] }),
+                true,
+            ),
             _ => {}
         }
     }
@@ -217,21 +385,68 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
     }
     for (pid, start, end, name) in lifetimes {
         let (p, t) = b.thread(4, pid, &format!("{name} {pid}"));
-        b.out.push(Ev { name: format!("{name} {pid}"), ph: "B", s: None, ts: Some(start), pid: p, tid: t, args: Value::Null });
-        b.out.push(Ev { name: format!("{name} {pid}"), ph: "E", s: None, ts: Some(end.max(start)), pid: p, tid: t, args: Value::Null });
+        b.out.push(Ev {
+            name: format!("{name} {pid}"),
+            ph: "B",
+            s: None,
+            ts: Some(start),
+            pid: p,
+            tid: t,
+            args: Value::Null,
+        });
+        b.out.push(Ev {
+            name: format!("{name} {pid}"),
+            ph: "E",
+            s: None,
+            ts: Some(end.max(start)),
+            pid: p,
+            tid: t,
+            args: Value::Null,
+        });
     }
     let prefix = node.map_or(String::new(), |n| format!("{}: ", n.1));
     let mut meta = Vec::new();
-    let families: std::collections::BTreeSet<(u64, &str)> = crate::source::Source::ALL.iter().map(|s| s.trace_family()).collect();
+    let families: std::collections::BTreeSet<(u64, &str)> = crate::source::Source::ALL
+        .iter()
+        .map(|s| s.trace_family())
+        .collect();
     for (fam, name) in &families {
-        meta.push(Ev { name: "process_name".into(), ph: "M", s: None, ts: None, pid: b.pid(*fam), tid: 0, args: json!({ "name": format!("{prefix}{name}") }) });
-        meta.push(Ev { name: "process_sort_index".into(), ph: "M", s: None, ts: None, pid: b.pid(*fam), tid: 0, args: json!({ "sort_index": b.pid(*fam) }) });
+        meta.push(Ev {
+            name: "process_name".into(),
+            ph: "M",
+            s: None,
+            ts: None,
+            pid: b.pid(*fam),
+            tid: 0,
+            args: json!({ "name": format!("{prefix}{name}") }),
+        });
+        meta.push(Ev {
+            name: "process_sort_index".into(),
+            ph: "M",
+            s: None,
+            ts: None,
+            pid: b.pid(*fam),
+            tid: 0,
+            args: json!({ "sort_index": b.pid(*fam) }),
+        });
     }
     for ((p, t), n) in &b.threads {
-        meta.push(Ev { name: "thread_name".into(), ph: "M", s: None, ts: None, pid: *p, tid: *t, args: json!({ "name": n }) });
+        meta.push(Ev {
+            name: "thread_name".into(),
+            ph: "M",
+            s: None,
+            ts: None,
+            pid: *p,
+            tid: *t,
+            args: json!({ "name": n }),
+        });
     }
     // Stable order: by time, B before instants before E at the same time (keeps spans matched).
-    b.out.sort_by(|x, y| x.ts.unwrap_or(0.0).total_cmp(&y.ts.unwrap_or(0.0)).then(rank(x.ph).cmp(&rank(y.ph))));
+    b.out.sort_by(|x, y| {
+        x.ts.unwrap_or(0.0)
+            .total_cmp(&y.ts.unwrap_or(0.0))
+            .then(rank(x.ph).cmp(&rank(y.ph)))
+    });
     meta.extend(b.out);
     meta
 }
@@ -240,12 +455,17 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
 pub fn wall_us(e: &Value) -> f64 {
     e["time"]
         .as_str()
-        .and_then(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
+        })
         .map_or(0.0, |t| t.unix_timestamp_nanos() as f64 / 1000.0)
 }
 
 pub fn trace(timeline: &Value) -> Trace {
-    let base = timeline["events"].as_array().and_then(|a| a.first()).map_or(0.0, wall_us);
+    let base = timeline["events"]
+        .as_array()
+        .and_then(|a| a.first())
+        .map_or(0.0, wall_us);
     Trace {
         trace_events: events(timeline, None, base),
         display_time_unit: "ms",
@@ -256,7 +476,9 @@ pub fn trace(timeline: &Value) -> Trace {
 /// Check a trace against the Trace Event Format rules nantrace relies on; returns the problems.
 pub fn validate(trace: &Value) -> Vec<String> {
     let mut errs = Vec::new();
-    let Some(evs) = trace["traceEvents"].as_array() else { return vec!["no traceEvents array".into()] };
+    let Some(evs) = trace["traceEvents"].as_array() else {
+        return vec!["no traceEvents array".into()];
+    };
     let mut last: BTreeMap<(u64, u64), f64> = BTreeMap::new();
     let mut stacks: BTreeMap<(u64, u64), Vec<String>> = BTreeMap::new();
     for (i, e) in evs.iter().enumerate() {
@@ -265,7 +487,10 @@ pub fn validate(trace: &Value) -> Vec<String> {
             errs.push(format!("event {i}: unknown phase {ph:?}"));
             continue;
         }
-        if e["name"].as_str().is_none() || e["pid"].as_u64().is_none() || e["tid"].as_u64().is_none() {
+        if e["name"].as_str().is_none()
+            || e["pid"].as_u64().is_none()
+            || e["tid"].as_u64().is_none()
+        {
             errs.push(format!("event {i}: missing name/pid/tid"));
         }
         if ph == "M" {
@@ -278,10 +503,15 @@ pub fn validate(trace: &Value) -> Vec<String> {
         if ts < 0.0 {
             errs.push(format!("event {i}: negative ts"));
         }
-        let track = (e["pid"].as_u64().unwrap_or(0), e["tid"].as_u64().unwrap_or(0));
+        let track = (
+            e["pid"].as_u64().unwrap_or(0),
+            e["tid"].as_u64().unwrap_or(0),
+        );
         if let Some(p) = last.get(&track) {
             if ts < *p {
-                errs.push(format!("event {i}: ts {ts} goes back on track {track:?} (last {p})"));
+                errs.push(format!(
+                    "event {i}: ts {ts} goes back on track {track:?} (last {p})"
+                ));
             }
         }
         last.insert(track, ts);
@@ -292,11 +522,13 @@ pub fn validate(trace: &Value) -> Vec<String> {
             errs.push(format!("event {i}: counter without args"));
         }
         match ph {
-            "B" => stacks.entry(track).or_default().push(e["name"].as_str().unwrap_or("").to_string()),
-            "E"
-                if stacks.entry(track).or_default().pop().is_none() => {
-                    errs.push(format!("event {i}: E without B on {track:?}"));
-                }
+            "B" => stacks
+                .entry(track)
+                .or_default()
+                .push(e["name"].as_str().unwrap_or("").to_string()),
+            "E" if stacks.entry(track).or_default().pop().is_none() => {
+                errs.push(format!("event {i}: E without B on {track:?}"));
+            }
             _ => {}
         }
     }

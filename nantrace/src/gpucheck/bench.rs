@@ -36,14 +36,21 @@ fn steps(ordinal: i32, seconds: f64, iters: u32) -> Result<Value, String> {
         while Instant::now() < deadline {
             let t = Instant::now();
             let (mut p_out, mut p_n, mut p_it, mut p_seed) = (out, N, iters, 0x5eed_u32);
-            let mut params: [*mut c_void; 4] = [(&mut p_out as *mut u64).cast(), (&mut p_n as *mut u32).cast(), (&mut p_it as *mut u32).cast(), (&mut p_seed as *mut u32).cast()];
+            let mut params: [*mut c_void; 4] = [
+                (&mut p_out as *mut u64).cast(),
+                (&mut p_n as *mut u32).cast(),
+                (&mut p_it as *mut u32).cast(),
+                (&mut p_seed as *mut u32).cast(),
+            ];
             // SAFETY: fma_f32 takes (ptr, u32 n, u32 iters, u32 seed): params point to those.
             unsafe { cu.launch(k[0], N / BLOCK, BLOCK, &mut params)? };
             cu.sync()?;
             ms.push(t.elapsed().as_secs_f64() * 1e3);
         }
         cu.free(out);
-        Ok(json!({ "available": true, "gpu": ordinal, "name": name, "pci": crate::classify::normalize_pci(&pci), "iterations_per_element": iters, "elements": N, "steps": ms.len(), "step_ms": percentiles(&mut ms) }))
+        Ok(
+            json!({ "available": true, "gpu": ordinal, "name": name, "pci": crate::classify::normalize_pci(&pci), "iterations_per_element": iters, "elements": N, "steps": ms.len(), "step_ms": percentiles(&mut ms) }),
+        )
     })();
     cu.leave(dev);
     r
@@ -67,7 +74,9 @@ pub fn nvml_cost(seconds: f64) -> Value {
     while Instant::now() < deadline {
         let (w0, c0) = (Instant::now(), thread_cpu_ns());
         for i in 0..count {
-            let Ok(d) = nvml.device_by_index(i) else { continue };
+            let Ok(d) = nvml.device_by_index(i) else {
+                continue;
+            };
             let r = gpu::read(&d, i);
             std::hint::black_box(gpu::sample_fields(&r));
             if let Some(p) = &prev[i as usize] {
@@ -91,7 +100,10 @@ pub fn nvml_cost(seconds: f64) -> Value {
 
 /// This thread's CPU time, ns.
 fn thread_cpu_ns() -> u64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: a valid out pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut t) };
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
@@ -100,8 +112,18 @@ fn thread_cpu_ns() -> u64 {
 /// Median, p10, p90, p99, mean and max of `v` (sorted in place); all 0 when empty.
 pub fn percentiles(v: &mut [f64]) -> Value {
     v.sort_by(f64::total_cmp);
-    let at = |q: f64| if v.is_empty() { 0.0 } else { v[((v.len() - 1) as f64 * q).round() as usize] };
-    let mean = if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let at = |q: f64| {
+        if v.is_empty() {
+            0.0
+        } else {
+            v[((v.len() - 1) as f64 * q).round() as usize]
+        }
+    };
+    let mean = if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    };
     json!({ "median": at(0.5), "p10": at(0.1), "p90": at(0.9), "p99": at(0.99), "mean": mean, "max": at(1.0) })
 }
 
@@ -113,7 +135,16 @@ mod tests {
     fn percentiles_of_a_known_series() {
         let mut v: Vec<f64> = (1..=101).rev().map(f64::from).collect();
         let p = percentiles(&mut v);
-        assert_eq!((p["median"].as_f64(), p["p10"].as_f64(), p["p99"].as_f64(), p["max"].as_f64(), p["mean"].as_f64()), (Some(51.0), Some(11.0), Some(100.0), Some(101.0), Some(51.0)));
+        assert_eq!(
+            (
+                p["median"].as_f64(),
+                p["p10"].as_f64(),
+                p["p99"].as_f64(),
+                p["max"].as_f64(),
+                p["mean"].as_f64()
+            ),
+            (Some(51.0), Some(11.0), Some(100.0), Some(101.0), Some(51.0))
+        );
         assert_eq!(percentiles(&mut [])["median"].as_f64(), Some(0.0));
     }
 }

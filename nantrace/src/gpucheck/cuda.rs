@@ -22,14 +22,32 @@ pub struct Cuda {
     ctx_release: unsafe extern "C" fn(Device) -> CuResult,
     ctx_set: unsafe extern "C" fn(Ctx) -> CuResult,
     ctx_sync: unsafe extern "C" fn() -> CuResult,
-    module_load: unsafe extern "C" fn(*mut Module, *const c_void, u32, *mut i32, *mut *mut c_void) -> CuResult,
+    module_load: unsafe extern "C" fn(
+        *mut Module,
+        *const c_void,
+        u32,
+        *mut i32,
+        *mut *mut c_void,
+    ) -> CuResult,
     module_function: unsafe extern "C" fn(*mut Function, Module, *const c_char) -> CuResult,
     mem_alloc: unsafe extern "C" fn(*mut DevPtr, usize) -> CuResult,
     mem_free: unsafe extern "C" fn(DevPtr) -> CuResult,
     mem_info: unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult,
     dtoh: unsafe extern "C" fn(*mut c_void, DevPtr, usize) -> CuResult,
     htod: unsafe extern "C" fn(DevPtr, *const c_void, usize) -> CuResult,
-    launch: unsafe extern "C" fn(Function, u32, u32, u32, u32, u32, u32, u32, *mut c_void, *mut *mut c_void, *mut *mut c_void) -> CuResult,
+    launch: unsafe extern "C" fn(
+        Function,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        *mut c_void,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> CuResult,
     error_name: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
 }
 
@@ -42,7 +60,12 @@ macro_rules! sym {
     ($lib:expr, $name:literal) => {
         // SAFETY: the symbol is the driver API function of that name and signature (CUDA
         // driver API reference); the library outlives the pointer (kept in `Cuda`).
-        *unsafe { $lib.get($name) }.map_err(|e| format!("libcuda.so.1 has no {}: {e}", String::from_utf8_lossy(&$name[..$name.len() - 1])))?
+        *unsafe { $lib.get($name) }.map_err(|e| {
+            format!(
+                "libcuda.so.1 has no {}: {e}",
+                String::from_utf8_lossy(&$name[..$name.len() - 1])
+            )
+        })?
     };
 }
 
@@ -50,7 +73,8 @@ impl Cuda {
     /// Load the driver and initialise it. The error says what is missing.
     pub fn load() -> Result<Cuda, String> {
         // SAFETY: loading the NVIDIA driver's library runs its initialisers, as any CUDA program does.
-        let lib = unsafe { libloading::Library::new("libcuda.so.1") }.map_err(|e| format!("no NVIDIA driver: libcuda.so.1 cannot be loaded ({e})"))?;
+        let lib = unsafe { libloading::Library::new("libcuda.so.1") }
+            .map_err(|e| format!("no NVIDIA driver: libcuda.so.1 cannot be loaded ({e})"))?;
         let c = Cuda {
             init: sym!(lib, b"cuInit\0"),
             device_count: sym!(lib, b"cuDeviceGetCount\0"),
@@ -84,7 +108,13 @@ impl Cuda {
         let mut name: *const c_char = std::ptr::null();
         // SAFETY: cuGetErrorName writes a pointer to a static string (or leaves it null).
         unsafe { (self.error_name)(r, &mut name) };
-        let n = if name.is_null() { format!("CUDA error {r}") } else { unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned() };
+        let n = if name.is_null() {
+            format!("CUDA error {r}")
+        } else {
+            unsafe { CStr::from_ptr(name) }
+                .to_string_lossy()
+                .into_owned()
+        };
         Err(format!("{what}: {n} ({r})"))
     }
 
@@ -102,11 +132,21 @@ impl Cuda {
         let mut name = [0 as c_char; 256];
         let mut pci = [0 as c_char; 64];
         // SAFETY: buffers of the lengths given.
-        self.check(unsafe { (self.device_name)(name.as_mut_ptr(), 256, d) }, "cuDeviceGetName")?;
+        self.check(
+            unsafe { (self.device_name)(name.as_mut_ptr(), 256, d) },
+            "cuDeviceGetName",
+        )?;
         // SAFETY: as above.
-        self.check(unsafe { (self.device_pci)(pci.as_mut_ptr(), 64, d) }, "cuDeviceGetPCIBusId")?;
+        self.check(
+            unsafe { (self.device_pci)(pci.as_mut_ptr(), 64, d) },
+            "cuDeviceGetPCIBusId",
+        )?;
         // SAFETY: the driver NUL-terminates both.
-        let s = |b: &[c_char]| unsafe { CStr::from_ptr(b.as_ptr()) }.to_string_lossy().into_owned();
+        let s = |b: &[c_char]| {
+            unsafe { CStr::from_ptr(b.as_ptr()) }
+                .to_string_lossy()
+                .into_owned()
+        };
         Ok((d, s(&name), s(&pci)))
     }
 
@@ -114,7 +154,10 @@ impl Cuda {
     pub fn enter(&self, d: Device) -> Result<(), String> {
         let mut ctx: Ctx = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the context is released in `leave`.
-        self.check(unsafe { (self.ctx_retain)(&mut ctx, d) }, "cuDevicePrimaryCtxRetain")?;
+        self.check(
+            unsafe { (self.ctx_retain)(&mut ctx, d) },
+            "cuDevicePrimaryCtxRetain",
+        )?;
         // SAFETY: a context the driver just gave us.
         self.check(unsafe { (self.ctx_set)(ctx) }, "cuCtxSetCurrent")
     }
@@ -138,10 +181,22 @@ impl Cuda {
         let mut vals: [*mut c_void; 2] = [log.as_mut_ptr().cast(), log.len() as *mut c_void];
         let mut m: Module = std::ptr::null_mut();
         // SAFETY: NUL-terminated PTX; two options with their values; the log buffer outlives the call.
-        let r = unsafe { (self.module_load)(&mut m, src.as_ptr().cast(), 2, opts.as_mut_ptr(), vals.as_mut_ptr()) };
+        let r = unsafe {
+            (self.module_load)(
+                &mut m,
+                src.as_ptr().cast(),
+                2,
+                opts.as_mut_ptr(),
+                vals.as_mut_ptr(),
+            )
+        };
         if r != 0 {
             let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-            return Err(format!("{}; JIT log: {}", self.check(r, "cuModuleLoadDataEx").unwrap_err(), String::from_utf8_lossy(&log[..end])));
+            return Err(format!(
+                "{}; JIT log: {}",
+                self.check(r, "cuModuleLoadDataEx").unwrap_err(),
+                String::from_utf8_lossy(&log[..end])
+            ));
         }
         names
             .iter()
@@ -149,7 +204,8 @@ impl Cuda {
                 let c = CString::new(*n).expect("kernel name");
                 let mut f: Function = std::ptr::null_mut();
                 // SAFETY: a loaded module and a NUL-terminated name.
-                self.check(unsafe { (self.module_function)(&mut f, m, c.as_ptr()) }, n).map(|()| f)
+                self.check(unsafe { (self.module_function)(&mut f, m, c.as_ptr()) }, n)
+                    .map(|()| f)
             })
             .collect()
     }
@@ -157,7 +213,10 @@ impl Cuda {
     pub fn mem_info(&self) -> Result<(usize, usize), String> {
         let (mut free, mut total) = (0, 0);
         // SAFETY: valid out-pointers.
-        self.check(unsafe { (self.mem_info)(&mut free, &mut total) }, "cuMemGetInfo")?;
+        self.check(
+            unsafe { (self.mem_info)(&mut free, &mut total) },
+            "cuMemGetInfo",
+        )?;
         Ok((free, total))
     }
 
@@ -175,12 +234,18 @@ impl Cuda {
 
     pub fn to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<(), String> {
         // SAFETY: dst has the length copied.
-        self.check(unsafe { (self.dtoh)(dst.as_mut_ptr().cast(), src, dst.len()) }, "cuMemcpyDtoH")
+        self.check(
+            unsafe { (self.dtoh)(dst.as_mut_ptr().cast(), src, dst.len()) },
+            "cuMemcpyDtoH",
+        )
     }
 
     pub fn to_device(&self, dst: DevPtr, src: &[u8]) -> Result<(), String> {
         // SAFETY: src has the length copied.
-        self.check(unsafe { (self.htod)(dst, src.as_ptr().cast(), src.len()) }, "cuMemcpyHtoD")
+        self.check(
+            unsafe { (self.htod)(dst, src.as_ptr().cast(), src.len()) },
+            "cuMemcpyHtoD",
+        )
     }
 
     /// Launch `f` on `grid` blocks of `block` threads with the given parameters (each a
@@ -189,8 +254,31 @@ impl Cuda {
     /// # Safety
     /// `f` is a kernel of this module and `params` point to live values of exactly its
     /// parameter types, in order.
-    pub unsafe fn launch(&self, f: Function, grid: u32, block: u32, params: &mut [*mut c_void]) -> Result<(), String> {
+    pub unsafe fn launch(
+        &self,
+        f: Function,
+        grid: u32,
+        block: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<(), String> {
         // SAFETY: the caller's contract above.
-        self.check(unsafe { (self.launch)(f, grid, 1, 1, block, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut()) }, "cuLaunchKernel")
+        self.check(
+            unsafe {
+                (self.launch)(
+                    f,
+                    grid,
+                    1,
+                    1,
+                    block,
+                    1,
+                    1,
+                    0,
+                    std::ptr::null_mut(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuLaunchKernel",
+        )
     }
 }

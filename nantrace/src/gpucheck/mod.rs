@@ -8,8 +8,8 @@
 //! no reductions or atomics the result is bit-exact run to run. Memory: address-in-address,
 //! walking ones and seeded random patterns over a share of free memory, checked on the GPU.
 //! Schema `nantrace.gpucheck/1`, in docs/gpu-check.md.
-pub mod cuda;
 pub mod bench;
+pub mod cuda;
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -41,7 +41,13 @@ pub struct Opts {
 
 impl Default for Opts {
     fn default() -> Self {
-        Opts { gpus: None, reps: 10, iters: 2_000_000, mem_fraction: 0.25, corrupt: None }
+        Opts {
+            gpus: None,
+            reps: 10,
+            iters: 2_000_000,
+            mem_fraction: 0.25,
+            corrupt: None,
+        }
     }
 }
 
@@ -59,22 +65,40 @@ pub fn diff(want: &[u8], got: &[u8], width: usize) -> Option<Diff> {
     let mut out: Option<Diff> = None;
     for (i, (a, b)) in want.chunks(width).zip(got.chunks(width)).enumerate() {
         if a != b {
-            let bits = |x: &[u8]| x.iter().rev().fold(0u32, |acc, v| (acc << 8) | u32::from(*v));
+            let bits = |x: &[u8]| {
+                x.iter()
+                    .rev()
+                    .fold(0u32, |acc, v| (acc << 8) | u32::from(*v))
+            };
             match &mut out {
                 Some(d) => d.differing += 1,
-                None => out = Some(Diff { first_index: i, differing: 1, want_bits: bits(a), got_bits: bits(b) }),
+                None => {
+                    out = Some(Diff {
+                        first_index: i,
+                        differing: 1,
+                        want_bits: bits(a),
+                        got_bits: bits(b),
+                    })
+                }
             }
         }
     }
     if want.len() != got.len() && out.is_none() {
-        out = Some(Diff { first_index: want.len().min(got.len()) / width, differing: 1, want_bits: 0, got_bits: 0 });
+        out = Some(Diff {
+            first_index: want.len().min(got.len()) / width,
+            differing: 1,
+            want_bits: 0,
+            got_bits: 0,
+        });
     }
     out
 }
 
 /// FNV-1a, 64 bits: a short fingerprint of a result buffer.
 pub fn fingerprint(b: &[u8]) -> String {
-    let h = b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| (h ^ u64::from(*x)).wrapping_mul(0x0100_0000_01b3));
+    let h = b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+        (h ^ u64::from(*x)).wrapping_mul(0x0100_0000_01b3)
+    });
     format!("{h:016x}")
 }
 
@@ -85,7 +109,8 @@ fn check_gpu(cu: &cuda::Cuda, ordinal: u32, o: &Opts) -> Value {
         Ok(d) => d,
         Err(e) => return json!({ "index": ordinal, "error": e }),
     };
-    let mut g = json!({ "index": ordinal, "name": name, "pci": crate::classify::normalize_pci(&pci) });
+    let mut g =
+        json!({ "index": ordinal, "name": name, "pci": crate::classify::normalize_pci(&pci) });
     if let Err(e) = cu.enter(dev) {
         g["error"] = json!(e);
         return g;
@@ -93,7 +118,10 @@ fn check_gpu(cu: &cuda::Cuda, ordinal: u32, o: &Opts) -> Value {
     let r = (|| -> Result<(), String> {
         let k = cu.load_ptx(PTX, &KERNELS)?;
         let mut compute = serde_json::Map::new();
-        for (pi, (prec, width)) in [("fp32", 4usize), ("fp16", 2), ("bf16", 2)].into_iter().enumerate() {
+        for (pi, (prec, width)) in [("fp32", 4usize), ("fp16", 2), ("bf16", 2)]
+            .into_iter()
+            .enumerate()
+        {
             let t = Instant::now();
             let bytes = N as usize * width;
             let out = cu.alloc(bytes)?;
@@ -103,7 +131,12 @@ fn check_gpu(cu: &cuda::Cuda, ordinal: u32, o: &Opts) -> Value {
             for rep in 0..o.reps.max(1) {
                 cu.to_device(out, &vec![0u8; bytes])?;
                 let (mut p_out, mut p_n, mut p_it, mut p_seed) = (out, N, o.iters, 0x5eed_u32);
-                let mut params: [*mut c_void; 4] = [(&mut p_out as *mut u64).cast(), (&mut p_n as *mut u32).cast(), (&mut p_it as *mut u32).cast(), (&mut p_seed as *mut u32).cast()];
+                let mut params: [*mut c_void; 4] = [
+                    (&mut p_out as *mut u64).cast(),
+                    (&mut p_n as *mut u32).cast(),
+                    (&mut p_it as *mut u32).cast(),
+                    (&mut p_seed as *mut u32).cast(),
+                ];
                 // SAFETY: fma_* take (ptr, u32 n, u32 iters, u32 seed): params point to those.
                 unsafe { cu.launch(k[pi], N / BLOCK, BLOCK, &mut params)? };
                 cu.sync()?;
@@ -137,15 +170,34 @@ fn check_gpu(cu: &cuda::Cuda, ordinal: u32, o: &Opts) -> Value {
         let counters = cu.alloc(16)?;
         let mut patterns = Vec::new();
         for kind in 0u32..3 {
-            let (mut p_buf, mut p_n, mut p_kind, mut p_seed) = (buf, words as u64, kind, 0x1234_5678u32 ^ kind);
-            let mut fill: [*mut c_void; 4] = [(&mut p_buf as *mut u64).cast(), (&mut p_n as *mut u64).cast(), (&mut p_kind as *mut u32).cast(), (&mut p_seed as *mut u32).cast()];
+            let (mut p_buf, mut p_n, mut p_kind, mut p_seed) =
+                (buf, words as u64, kind, 0x1234_5678u32 ^ kind);
+            let mut fill: [*mut c_void; 4] = [
+                (&mut p_buf as *mut u64).cast(),
+                (&mut p_n as *mut u64).cast(),
+                (&mut p_kind as *mut u32).cast(),
+                (&mut p_seed as *mut u32).cast(),
+            ];
             // SAFETY: mem_fill takes (ptr, u64 n, u32 kind, u32 seed): params point to those.
             unsafe { cu.launch(k[3], 4096, BLOCK, &mut fill)? };
             cu.sync()?;
             let init: [u64; 2] = [0, u64::MAX];
-            cu.to_device(counters, &init.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
+            cu.to_device(
+                counters,
+                &init
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            )?;
             let (mut p_errs, mut p_first) = (counters, counters + 8);
-            let mut check: [*mut c_void; 6] = [(&mut p_buf as *mut u64).cast(), (&mut p_n as *mut u64).cast(), (&mut p_kind as *mut u32).cast(), (&mut p_seed as *mut u32).cast(), (&mut p_errs as *mut u64).cast(), (&mut p_first as *mut u64).cast()];
+            let mut check: [*mut c_void; 6] = [
+                (&mut p_buf as *mut u64).cast(),
+                (&mut p_n as *mut u64).cast(),
+                (&mut p_kind as *mut u32).cast(),
+                (&mut p_seed as *mut u32).cast(),
+                (&mut p_errs as *mut u64).cast(),
+                (&mut p_first as *mut u64).cast(),
+            ];
             // SAFETY: mem_check takes (ptr, u64, u32, u32, ptr errs, ptr first): params point to those.
             unsafe { cu.launch(k[4], 4096, BLOCK, &mut check)? };
             cu.sync()?;
@@ -187,20 +239,32 @@ pub fn skip_reason(s: &GpuState, me: u32, instances: bool) -> Option<String> {
     if s.mig {
         return (!instances).then(|| "MIG mode is on: the check tests whole GPUs; check each instance with CUDA_VISIBLE_DEVICES=MIG-<uuid> nantrace gpucheck".into());
     }
-    let others: Vec<String> = s.holders.iter().filter(|(pid, _)| *pid != me).map(|(pid, name)| format!("{name} {pid}")).collect();
+    let others: Vec<String> = s
+        .holders
+        .iter()
+        .filter(|(pid, _)| *pid != me)
+        .map(|(pid, name)| format!("{name} {pid}"))
+        .collect();
     if others.is_empty() {
         return None;
     }
-    Some(format!("busy: {} compute(s) on it; not checked while another process uses the GPU", others.join(", ")))
+    Some(format!(
+        "busy: {} compute(s) on it; not checked while another process uses the GPU",
+        others.join(", ")
+    ))
 }
 
 /// Each GPU's state from NVML, by normalized PCI address; empty without NVML (the check then
 /// runs on every GPU CUDA shows, as before).
 fn nvml_states() -> BTreeMap<String, GpuState> {
     let mut out = BTreeMap::new();
-    let Ok(nvml) = crate::collect::gpu::init() else { return out };
+    let Ok(nvml) = crate::collect::gpu::init() else {
+        return out;
+    };
     for i in 0..nvml.device_count().unwrap_or(0) {
-        let Ok(d) = nvml.device_by_index(i) else { continue };
+        let Ok(d) = nvml.device_by_index(i) else {
+            continue;
+        };
         let Ok(pci) = d.pci_info() else { continue };
         // NotSupported (a GPU without MIG) reads as off.
         let mig = d.mig_mode().is_ok_and(|m| m.current == 1);
@@ -208,9 +272,18 @@ fn nvml_states() -> BTreeMap<String, GpuState> {
             .running_compute_processes()
             .unwrap_or_default()
             .into_iter()
-            .map(|p| (p.pid, std::fs::read_to_string(format!("/proc/{}/comm", p.pid)).map_or_else(|_| "?".to_string(), |c| c.trim().to_string())))
+            .map(|p| {
+                (
+                    p.pid,
+                    std::fs::read_to_string(format!("/proc/{}/comm", p.pid))
+                        .map_or_else(|_| "?".to_string(), |c| c.trim().to_string()),
+                )
+            })
             .collect();
-        out.insert(crate::classify::normalize_pci(&pci.bus_id), GpuState { mig, holders });
+        out.insert(
+            crate::classify::normalize_pci(&pci.bus_id),
+            GpuState { mig, holders },
+        );
     }
     out
 }
@@ -219,7 +292,11 @@ fn nvml_states() -> BTreeMap<String, GpuState> {
 /// when the check could not run or left a GPU out (busy, MIG, an error); else 0.
 pub fn exit_code(v: &Value) -> i32 {
     let f = findings(v);
-    let unchecked = |x: &String| x.contains(" not checked: ") || x.contains("did not complete") || x.starts_with("the check could not run");
+    let unchecked = |x: &String| {
+        x.contains(" not checked: ")
+            || x.contains("did not complete")
+            || x.starts_with("the check could not run")
+    };
     if f.iter().any(|x| !unchecked(x)) {
         1
     } else if v["error"].is_string() || !f.is_empty() {
@@ -231,7 +308,9 @@ pub fn exit_code(v: &Value) -> i32 {
 
 /// Run the check on every selected GPU in parallel; gpucheck.json's value.
 pub fn run(o: &Opts) -> Value {
-    let started = crate::clock::rfc3339(crate::clock::ClockMap::sample().to_wall(crate::clock::monotonic_ns()));
+    let started = crate::clock::rfc3339(
+        crate::clock::ClockMap::sample().to_wall(crate::clock::monotonic_ns()),
+    );
     let cu = match cuda::Cuda::load() {
         Ok(c) => c,
         Err(e) => return json!({ "schema": SCHEMA, "started": started, "error": e, "gpus": [] }),
@@ -243,7 +322,13 @@ pub fn run(o: &Opts) -> Value {
     if count == 0 {
         return json!({ "schema": SCHEMA, "started": started, "error": "no CUDA device visible", "gpus": [] });
     }
-    let ordinals: Vec<u32> = o.gpus.clone().unwrap_or_else(|| (0..count).collect()).into_iter().filter(|g| *g < count).collect();
+    let ordinals: Vec<u32> = o
+        .gpus
+        .clone()
+        .unwrap_or_else(|| (0..count).collect())
+        .into_iter()
+        .filter(|g| *g < count)
+        .collect();
     let nvml_before = crate::collect::gpu::snapshot();
     // Busy GPUs and MIG are said, not checked (matched to CUDA's devices by PCI address).
     let states = nvml_states();
@@ -255,12 +340,29 @@ pub fn run(o: &Opts) -> Value {
             let (_, name, pci) = cu.device(i32::try_from(g).ok()?).ok()?;
             let pci = crate::classify::normalize_pci(&pci);
             let why = skip_reason(states.get(&pci)?, me, instances)?;
-            Some((g, json!({ "index": g, "name": name, "pci": pci, "skipped": why })))
+            Some((
+                g,
+                json!({ "index": g, "name": name, "pci": pci, "skipped": why }),
+            ))
         })
         .collect();
     let mut gpus: Vec<Value> = std::thread::scope(|s| {
-        let hs: Vec<_> = ordinals.iter().filter(|g| !skipped.contains_key(g)).map(|&g| s.spawn({ let cu = &cu; move || check_gpu(cu, g, o) })).collect();
-        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| json!({ "error": "the check's thread panicked" }))).collect()
+        let hs: Vec<_> = ordinals
+            .iter()
+            .filter(|g| !skipped.contains_key(g))
+            .map(|&g| {
+                s.spawn({
+                    let cu = &cu;
+                    move || check_gpu(cu, g, o)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| json!({ "error": "the check's thread panicked" }))
+            })
+            .collect()
     });
     gpus.extend(skipped.into_values());
     gpus.sort_by_key(|g| g["index"].as_u64().unwrap_or(u64::MAX));
@@ -303,7 +405,12 @@ pub fn findings(v: &Value) -> Vec<String> {
         }
         for p in g["memory"]["patterns"].as_array().into_iter().flatten() {
             if p["errors"].as_u64().unwrap_or(0) > 0 {
-                out.push(format!("{id}: {} memory errors with the {} pattern (first bad word {})", p["errors"], p["pattern"].as_str().unwrap_or("?"), p["first_bad_word"]));
+                out.push(format!(
+                    "{id}: {} memory errors with the {} pattern (first bad word {})",
+                    p["errors"],
+                    p["pattern"].as_str().unwrap_or("?"),
+                    p["first_bad_word"]
+                ));
             }
         }
     }
@@ -311,7 +418,13 @@ pub fn findings(v: &Value) -> Vec<String> {
     let mut by_model: BTreeMap<(String, String), Vec<(String, String)>> = BTreeMap::new();
     for g in &gpus {
         for (prec, c) in g["compute"].as_object().into_iter().flatten() {
-            by_model.entry((g["name"].as_str().unwrap_or("?").to_string(), prec.clone())).or_default().push((format!("GPU {}", g["index"]), c["fingerprint"].as_str().unwrap_or("").to_string()));
+            by_model
+                .entry((g["name"].as_str().unwrap_or("?").to_string(), prec.clone()))
+                .or_default()
+                .push((
+                    format!("GPU {}", g["index"]),
+                    c["fingerprint"].as_str().unwrap_or("").to_string(),
+                ));
         }
     }
     for ((model, prec), list) in by_model {
@@ -322,11 +435,24 @@ pub fn findings(v: &Value) -> Vec<String> {
         for (_, f) in &list {
             *counts.entry(f.as_str()).or_default() += 1;
         }
-        let (majority, n) = counts.iter().max_by_key(|(_, n)| **n).map(|(f, n)| (*f, *n)).unwrap_or(("", 0));
+        let (majority, n) = counts
+            .iter()
+            .max_by_key(|(_, n)| **n)
+            .map(|(f, n)| (*f, *n))
+            .unwrap_or(("", 0));
         for (gpu, f) in &list {
             if f != majority {
-                let peers: Vec<&str> = list.iter().filter(|(_, x)| x == majority).map(|(g, _)| g.as_str()).collect();
-                out.push(format!("{gpu} gave different {} results than its {model} peers ({}) [{n} of {} agree]", prec.to_uppercase(), peers.join(", "), list.len()));
+                let peers: Vec<&str> = list
+                    .iter()
+                    .filter(|(_, x)| x == majority)
+                    .map(|(g, _)| g.as_str())
+                    .collect();
+                out.push(format!(
+                    "{gpu} gave different {} results than its {model} peers ({}) [{n} of {} agree]",
+                    prec.to_uppercase(),
+                    peers.join(", "),
+                    list.len()
+                ));
             }
         }
     }
@@ -338,10 +464,12 @@ pub fn findings(v: &Value) -> Vec<String> {
 pub fn into_bundle(dir: &std::path::Path, v: &Value) -> anyhow::Result<()> {
     use anyhow::Context as _;
     let d = crate::safefs::Dir::open_private(dir).with_context(|| format!("{}", dir.display()))?;
-    d.replace("gpucheck.json", &serde_json::to_vec_pretty(v)?).context("writing gpucheck.json")?;
+    d.replace("gpucheck.json", &serde_json::to_vec_pretty(v)?)
+        .context("writing gpucheck.json")?;
     let (a, t, snap) = crate::report::for_bundle(dir)?;
     for (name, data) in crate::export::derived(&t, &snap).0 {
-        d.replace(&name, &data).with_context(|| format!("writing {name}"))?;
+        d.replace(&name, &data)
+            .with_context(|| format!("writing {name}"))?;
     }
     let _ = a;
     Ok(())
@@ -351,16 +479,42 @@ pub fn into_bundle(dir: &std::path::Path, v: &Value) -> anyhow::Result<()> {
 pub fn summary(v: &Value) -> String {
     let mut s = String::new();
     for g in v["gpus"].as_array().into_iter().flatten() {
-        s.push_str(&format!("GPU {} {} ({}): ", g["index"], g["name"].as_str().unwrap_or("?"), g["pci"].as_str().unwrap_or("?")));
+        s.push_str(&format!(
+            "GPU {} {} ({}): ",
+            g["index"],
+            g["name"].as_str().unwrap_or("?"),
+            g["pci"].as_str().unwrap_or("?")
+        ));
         let c = &g["compute"];
         for p in ["fp32", "fp16", "bf16"] {
             if c[p].is_object() {
-                s.push_str(&format!("{p} {} runs {} ({:.1} s), ", c[p]["reps"], if c[p]["mismatching_reps"].as_array().is_some_and(Vec::is_empty) { "identical" } else { "DIFFER" }, c[p]["seconds"].as_f64().unwrap_or(0.0)));
+                s.push_str(&format!(
+                    "{p} {} runs {} ({:.1} s), ",
+                    c[p]["reps"],
+                    if c[p]["mismatching_reps"]
+                        .as_array()
+                        .is_some_and(Vec::is_empty)
+                    {
+                        "identical"
+                    } else {
+                        "DIFFER"
+                    },
+                    c[p]["seconds"].as_f64().unwrap_or(0.0)
+                ));
             }
         }
         if let Some(m) = g["memory"].as_object() {
-            let errs: u64 = m["patterns"].as_array().into_iter().flatten().filter_map(|p| p["errors"].as_u64()).sum();
-            s.push_str(&format!("memory {:.1} GiB x 3 patterns: {errs} errors ({:.1} s)", m["bytes_tested"].as_f64().unwrap_or(0.0) / f64::from(1u32 << 30), m["seconds"].as_f64().unwrap_or(0.0)));
+            let errs: u64 = m["patterns"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["errors"].as_u64())
+                .sum();
+            s.push_str(&format!(
+                "memory {:.1} GiB x 3 patterns: {errs} errors ({:.1} s)",
+                m["bytes_tested"].as_f64().unwrap_or(0.0) / f64::from(1u32 << 30),
+                m["seconds"].as_f64().unwrap_or(0.0)
+            ));
         }
         s.push('\n');
     }
@@ -381,7 +535,9 @@ pub fn summary(v: &Value) -> String {
 pub fn after_nan(bundles: &[std::path::PathBuf]) {
     let mut result: Option<serde_json::Value> = None;
     for b in bundles {
-        let Ok((a, t, _)) = crate::report::for_bundle(b) else { continue };
+        let Ok((a, t, _)) = crate::report::for_bundle(b) else {
+            continue;
+        };
         if t["first_nan"].is_null() || a.machine {
             continue;
         }
@@ -392,7 +548,10 @@ pub fn after_nan(bundles: &[std::path::PathBuf]) {
         crate::say!("{}", crate::term::clean_lines(summary(v).trim_end()));
         match into_bundle(b, v) {
             Ok(()) => crate::say!("nantrace: gpucheck.json added to {}", b.display()),
-            Err(e) => crate::say!("nantrace: WARNING: could not add gpucheck.json to {}: {e:#}", b.display()),
+            Err(e) => crate::say!(
+                "nantrace: WARNING: could not add gpucheck.json to {}: {e:#}",
+                b.display()
+            ),
         }
     }
 }
@@ -445,12 +604,39 @@ mod tests {
     fn busy_and_mig_gpus_are_not_checked() {
         let me = 100;
         assert_eq!(skip_reason(&GpuState::default(), me, false), None);
-        assert_eq!(skip_reason(&GpuState { mig: false, holders: vec![(me, "nantrace".into())] }, me, false), None);
-        let busy = skip_reason(&GpuState { mig: false, holders: vec![(me, "nantrace".into()), (4242, "python3".into())] }, me, false).unwrap();
-        assert!(busy.starts_with("busy: python3 4242 compute(s) on it"), "{busy}");
-        let mig = GpuState { mig: true, holders: vec![(4242, "python3".into())] };
+        assert_eq!(
+            skip_reason(
+                &GpuState {
+                    mig: false,
+                    holders: vec![(me, "nantrace".into())]
+                },
+                me,
+                false
+            ),
+            None
+        );
+        let busy = skip_reason(
+            &GpuState {
+                mig: false,
+                holders: vec![(me, "nantrace".into()), (4242, "python3".into())],
+            },
+            me,
+            false,
+        )
+        .unwrap();
+        assert!(
+            busy.starts_with("busy: python3 4242 compute(s) on it"),
+            "{busy}"
+        );
+        let mig = GpuState {
+            mig: true,
+            holders: vec![(4242, "python3".into())],
+        };
         let why = skip_reason(&mig, me, false).unwrap();
-        assert!(why.starts_with("MIG mode is on") && why.contains("CUDA_VISIBLE_DEVICES=MIG-"), "{why}");
+        assert!(
+            why.starts_with("MIG mode is on") && why.contains("CUDA_VISIBLE_DEVICES=MIG-"),
+            "{why}"
+        );
         // Instances named in CUDA_VISIBLE_DEVICES are checked, whatever runs on the others.
         assert_eq!(skip_reason(&mig, me, true), None);
     }
@@ -463,23 +649,48 @@ mod tests {
         let v = json!({ "gpus": [gpu(0, "aa", json!([]), 0), skipped.clone()] });
         assert_eq!(findings(&v), vec!["GPU 1 (0000:01:00.0) not checked: busy: python3 4242 compute(s) on it; not checked while another process uses the GPU".to_string()]);
         assert_eq!(exit_code(&v), 2);
-        assert!(summary(&v).contains("gpucheck: GPU 1 (0000:01:00.0) not checked: busy"), "{}", summary(&v));
+        assert!(
+            summary(&v).contains("gpucheck: GPU 1 (0000:01:00.0) not checked: busy"),
+            "{}",
+            summary(&v)
+        );
         let bad = json!({ "gpus": [gpu(0, "aa", json!([]), 3), skipped] });
         assert_eq!(exit_code(&bad), 1);
-        assert_eq!(exit_code(&json!({ "gpus": [gpu(0, "aa", json!([]), 0)] })), 0);
-        assert_eq!(exit_code(&json!({ "error": "no NVIDIA driver", "gpus": [] })), 2);
+        assert_eq!(
+            exit_code(&json!({ "gpus": [gpu(0, "aa", json!([]), 0)] })),
+            0
+        );
+        assert_eq!(
+            exit_code(&json!({ "error": "no NVIDIA driver", "gpus": [] })),
+            2
+        );
     }
 
     #[test]
     fn without_a_driver_the_check_says_so() {
         if std::path::Path::new("/proc/driver/nvidia/version").exists() {
-            eprintln!("NOTE: an NVIDIA driver is present here: the no-driver path is not exercised");
+            eprintln!(
+                "NOTE: an NVIDIA driver is present here: the no-driver path is not exercised"
+            );
             return;
         }
-        let v = run(&Opts { reps: 1, iters: 10, ..Opts::default() });
+        let v = run(&Opts {
+            reps: 1,
+            iters: 10,
+            ..Opts::default()
+        });
         assert_eq!(v["schema"], SCHEMA);
-        assert!(v["error"].as_str().unwrap().starts_with("no NVIDIA driver: libcuda.so.1 cannot be loaded"), "{v}");
-        assert_eq!(findings(&v)[0], format!("the check could not run: {}", v["error"].as_str().unwrap()));
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("no NVIDIA driver: libcuda.so.1 cannot be loaded"),
+            "{v}"
+        );
+        assert_eq!(
+            findings(&v)[0],
+            format!("the check could not run: {}", v["error"].as_str().unwrap())
+        );
     }
 
     #[test]
@@ -487,6 +698,8 @@ mod tests {
         for k in KERNELS {
             assert!(PTX.contains(&format!(".visible .entry {k}(")), "{k}");
         }
-        assert!(PTX.contains("fma.rn.f32") && PTX.contains("fma.rn.f16") && PTX.contains("fma.rn.bf16"));
+        assert!(
+            PTX.contains("fma.rn.f32") && PTX.contains("fma.rn.f16") && PTX.contains("fma.rn.bf16")
+        );
     }
 }

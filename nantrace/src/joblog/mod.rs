@@ -102,7 +102,15 @@ struct Rule {
 }
 
 const fn r(kind: &'static str, family: JobFamily, what: &'static str, re: &'static str) -> Rule {
-    Rule { kind, family: Some(family), what, re, canonical: None, generic: false, fatal: true }
+    Rule {
+        kind,
+        family: Some(family),
+        what,
+        re,
+        canonical: None,
+        generic: false,
+        fatal: true,
+    }
 }
 
 impl Rule {
@@ -122,7 +130,15 @@ impl Rule {
 
 /// Lines that are never evidence, whatever else they contain.
 const fn ignore(kind: &'static str, re: &'static str) -> Rule {
-    Rule { kind, family: None, what: "not evidence", re, canonical: None, generic: false, fatal: false }
+    Rule {
+        kind,
+        family: None,
+        what: "not evidence",
+        re,
+        canonical: None,
+        generic: false,
+        fatal: false,
+    }
 }
 
 use JobFamily::{GpuAmbiguous, GpuHw, GpuOom, Hang, HostMemory, Network, Software, Storage};
@@ -233,10 +249,17 @@ const RULES: &[Rule] = &[
 /// lazy DFA at tens of MB/s instead of falling back to the PikeVM on the first non-ASCII byte
 /// of a progress bar. Non-ASCII literals (`Getötet`) still match their UTF-8 bytes.
 static COMPILED: LazyLock<regex::bytes::RegexSet> = LazyLock::new(|| {
-    regex::bytes::RegexSetBuilder::new(RULES.iter().map(|r| r.re)).unicode(false).dfa_size_limit(32 << 20).size_limit(64 << 20).build().expect("joblog rules compile")
+    regex::bytes::RegexSetBuilder::new(RULES.iter().map(|r| r.re))
+        .unicode(false)
+        .dfa_size_limit(32 << 20)
+        .size_limit(64 << 20)
+        .build()
+        .expect("joblog rules compile")
 });
 
-static ANSI: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])").unwrap());
+static ANSI: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])").unwrap()
+});
 /// Rank prefixes: `[rank3]:`, `[default3]:`, `3: ` (srun -l), `[1,3]<stderr>:` (Open MPI),
 /// `[Rank 3]`, `rank3:` and torch's `[PG 0 Rank 3]`.
 static RANK: LazyLock<Regex> = LazyLock::new(|| {
@@ -245,18 +268,26 @@ static RANK: LazyLock<Regex> = LazyLock::new(|| {
 static CODE_NAME: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"\b(cudaError\w+|CUDA_ERROR_\w+|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|CUFFT_\w+|CUSOLVER_STATUS_\w+|nccl(?:Unhandled\w+|System|Internal|InvalidArgument|InvalidUsage|Remote)(?:Error)?|NVML_ERROR_\w+|IBV_WC_\w+|UCS_ERR_\w+|RESOURCE_EXHAUSTED)\b").unwrap()
 });
-static CUDA_NUM: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?i)(?:cuda runtime error|CUDA error|cuda error code|error code)\s*[:=]?\s*\(?(\d{1,3})\)?").unwrap());
-static ERRNO: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\[Errno (\d+)\]|errno[ =:]+(\d+)").unwrap());
-static IB_STATUS: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?i)(?:with (?:error|status)|wc[._]status|status)\s*[=:]?\s*(\d{1,2})\b").unwrap());
-static VENDOR: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)vendor[ _]err(?:or)?\s*[=:]?\s*(\d+|0x[0-9a-f]+)").unwrap());
+static CUDA_NUM: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)(?:cuda runtime error|CUDA error|cuda error code|error code)\s*[:=]?\s*\(?(\d{1,3})\)?").unwrap()
+});
+static ERRNO: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"\[Errno (\d+)\]|errno[ =:]+(\d+)").unwrap());
+static IB_STATUS: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)(?:with (?:error|status)|wc[._]status|status)\s*[=:]?\s*(\d{1,2})\b").unwrap()
+});
+static VENDOR: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?i)vendor[ _]err(?:or)?\s*[=:]?\s*(\d+|0x[0-9a-f]+)").unwrap());
 static WATCHDOG: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"SeqNum=(\d+),\s*OpType=(\w+)(?:[^)]*?Timeout\(ms\)=(\d+))?(?:[^\n]*?ran for (\d+) milliseconds)?").unwrap()
 });
-static SIGNAL: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"killed by signal: ([A-Za-z ]+?)\.?\s*$|signal: ([A-Za-z ]+)").unwrap());
-static TRACEBACK: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^(?:Original )?Traceback \(most recent call last\):").unwrap());
-static FRAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r#"^\s+File "[^"]*", line \d+|^\s{2,}\S|^\s*[~^]+\s*$"#).unwrap());
+static SIGNAL: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"killed by signal: ([A-Za-z ]+?)\.?\s*$|signal: ([A-Za-z ]+)").unwrap()
+});
+static TRACEBACK: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^(?:Original )?Traceback \(most recent call last\):").unwrap());
+static FRAME: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r#"^\s+File "[^"]*", line \d+|^\s{2,}\S|^\s*[~^]+\s*$"#).unwrap());
 static CHAIN: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^(?:The above exception was the direct cause of the following exception:|During handling of the above exception, another exception occurred:)").unwrap()
 });
@@ -292,20 +323,34 @@ pub fn strip_ansi(line: &str) -> std::borrow::Cow<'_, str> {
 
 /// The rank printed in the line's prefix, if any, and the line without that prefix.
 pub fn rank_of(line: &str) -> (Option<u32>, &str) {
-    let Some(c) = RANK.captures(line) else { return (None, line) };
-    let rank = (1..c.len()).find_map(|i| c.get(i)).and_then(|m| m.as_str().parse().ok());
+    let Some(c) = RANK.captures(line) else {
+        return (None, line);
+    };
+    let rank = (1..c.len())
+        .find_map(|i| c.get(i))
+        .and_then(|m| m.as_str().parse().ok());
     let whole = c.get(0).expect("match");
     // Only a prefix is removed; a rank named inside the message stays in the text.
-    let rest = if whole.start() == 0 { &line[whole.end()..] } else { line };
+    let rest = if whole.start() == 0 {
+        &line[whole.end()..]
+    } else {
+        line
+    };
     (rank, rest)
 }
 
 fn code_of(rule: &Rule, line: &str) -> Option<String> {
     if rule.kind == "ib_completion" {
-        let status = IB_STATUS.captures(line).and_then(|c| c[1].parse::<u32>().ok());
+        let status = IB_STATUS
+            .captures(line)
+            .and_then(|c| c[1].parse::<u32>().ok());
         let vendor = VENDOR.captures(line).map(|c| c[1].to_string());
         return match (status, vendor) {
-            (Some(s), v) => Some(format!("ibv status {s} ({}){}", ib_status(s), v.map_or(String::new(), |v| format!(", vendor err {v}")))),
+            (Some(s), v) => Some(format!(
+                "ibv status {s} ({}){}",
+                ib_status(s),
+                v.map_or(String::new(), |v| format!(", vendor err {v}"))
+            )),
             (None, Some(v)) => Some(format!("vendor err {v}")),
             (None, None) => CODE_NAME.find(line).map(|m| m.as_str().to_string()),
         };
@@ -324,17 +369,26 @@ fn code_of(rule: &Rule, line: &str) -> Option<String> {
     }
     if rule.kind == "dataloader_killed" {
         if let Some(c) = SIGNAL.captures(line) {
-            return c.get(1).or(c.get(2)).map(|m| format!("signal {}", m.as_str().trim()));
+            return c
+                .get(1)
+                .or(c.get(2))
+                .map(|m| format!("signal {}", m.as_str().trim()));
         }
     }
     if let Some(m) = CODE_NAME.find(line) {
-        let n = CUDA_NUM.captures(line).map(|c| format!(" ({})", &c[1])).unwrap_or_default();
+        let n = CUDA_NUM
+            .captures(line)
+            .map(|c| format!(" ({})", &c[1]))
+            .unwrap_or_default();
         return Some(format!("{}{n}", m.as_str()));
     }
     if rule.family == Some(Storage) || rule.kind == "host_memory_error" {
         if let Some(c) = ERRNO.captures(line) {
             let n = c.get(1).or(c.get(2)).map_or("", |m| m.as_str());
-            if let Some(canon) = rule.canonical.filter(|c| c.contains(&format!("errno {n})"))) {
+            if let Some(canon) = rule
+                .canonical
+                .filter(|c| c.contains(&format!("errno {n})")))
+            {
                 return Some(canon.to_string());
             }
             return Some(format!("errno {n}"));
@@ -364,7 +418,16 @@ fn classify_clean(rest: &str, rank: Option<u32>, group: u32) -> Option<JobFault>
     let idx = COMPILED.matches(rest.as_bytes()).into_iter().next()?;
     let rule = &RULES[idx];
     let family = rule.family?;
-    Some(JobFault { family, kind: rule.kind, what: rule.what, code: code_of(rule, rest), generic: rule.generic, fatal: rule.fatal, rank, group })
+    Some(JobFault {
+        family,
+        kind: rule.kind,
+        what: rule.what,
+        code: code_of(rule, rest),
+        generic: rule.generic,
+        fatal: rule.fatal,
+        rank,
+        group,
+    })
 }
 
 /// Every rule id with its family and meaning (docs and the corpus test read this).

@@ -22,12 +22,18 @@ fn rules_compile_and_ids_are_unique() {
 fn innermost_cause_wins() {
     // A watchdog that died of a CUDA error is a GPU fault, not a hang.
     let f = classify("[rank2]: terminate called after throwing an instance of 'c10::DistBackendError' what():  [PG 0 Rank 2] Process group watchdog thread terminated with exception: CUDA error: unspecified launch failure").unwrap();
-    assert_eq!((f.family, f.kind, f.rank), (GpuHw, "cuda_launch_failure", Some(2)));
+    assert_eq!(
+        (f.family, f.kind, f.rank),
+        (GpuHw, "cuda_launch_failure", Some(2))
+    );
     // NCCL's system error about /dev/shm is host shared memory, not storage or network.
     let f = classify("misc/shmutils.cc:72 NCCL WARN Error: failed to extend /dev/shm/nccl-03Xa3b to 9637892 bytes, error: No space left on device").unwrap();
     assert_eq!(f.family, HostMemory);
     // ibv_reg_mr failing for memlock is configuration.
-    assert_eq!(fam("NCCL WARN Call to ibv_reg_mr failed with error Cannot allocate memory"), Some(Software));
+    assert_eq!(
+        fam("NCCL WARN Call to ibv_reg_mr failed with error Cannot allocate memory"),
+        Some(Software)
+    );
 }
 
 #[test]
@@ -37,15 +43,28 @@ fn codes_are_extracted() {
     assert_eq!(f.code.as_deref(), Some("ibv status 12 (transport retry counter exceeded (link, peer or fabric trouble)), vendor err 129"));
     let f = classify("[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2315, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600041 milliseconds before timing out.").unwrap();
     assert_eq!((f.family, f.rank), (Hang, Some(0)));
-    assert_eq!(f.code.as_deref(), Some("ALLREDUCE SeqNum=2315 timeout 600000 ms ran 600041 ms"));
+    assert_eq!(
+        f.code.as_deref(),
+        Some("ALLREDUCE SeqNum=2315 timeout 600000 ms ran 600041 ms")
+    );
     let f = classify("RuntimeError: CUDA error: uncorrectable ECC error encountered").unwrap();
-    assert_eq!((f.family, f.code.as_deref()), (GpuHw, Some("cudaErrorECCUncorrectable (214)")));
+    assert_eq!(
+        (f.family, f.code.as_deref()),
+        (GpuHw, Some("cudaErrorECCUncorrectable (214)"))
+    );
     let f = classify("RuntimeError: cuda runtime error (39) : uncorrectable ECC error encountered at /pytorch/aten/src/THC/THCCachingHostAllocator.cpp:265").unwrap();
     assert_eq!(f.family, GpuHw);
     let f = classify("OSError: [Errno 116] Stale file handle: '/mnt/nfs/ckpt/step_1000'").unwrap();
-    assert_eq!((f.family, f.code.as_deref()), (Storage, Some("ESTALE (errno 116)")));
-    let f = classify("RuntimeError: DataLoader worker (pid 21423) is killed by signal: Killed. ").unwrap();
-    assert_eq!((f.family, f.code.as_deref()), (HostMemory, Some("signal Killed")));
+    assert_eq!(
+        (f.family, f.code.as_deref()),
+        (Storage, Some("ESTALE (errno 116)"))
+    );
+    let f = classify("RuntimeError: DataLoader worker (pid 21423) is killed by signal: Killed. ")
+        .unwrap();
+    assert_eq!(
+        (f.family, f.code.as_deref()),
+        (HostMemory, Some("signal Killed"))
+    );
 }
 
 #[test]
@@ -94,7 +113,10 @@ fn everyday_lines_are_not_evidence() {
     assert_eq!(fam("Killed"), Some(HostMemory));
     assert_eq!(fam("slurmstepd: error: Detected 1 oom_kill event in StepId=123.0. Some of the step tasks have been OOM Killed."), Some(HostMemory));
     assert_eq!(fam("UserWarning: CUDA initialization: CUDA unknown error - this may be due to an incorrectly set up environment"), Some(GpuHw));
-    assert_eq!(fam("UserWarning: [Errno 28] No space left on device.  joblib will operate in serial mode"), None);
+    assert_eq!(
+        fam("UserWarning: [Errno 28] No space left on device.  joblib will operate in serial mode"),
+        None
+    );
 }
 
 #[test]
@@ -130,12 +152,18 @@ fn traceback_is_one_error_and_frames_are_skipped() {
     .iter()
     .filter_map(|l| r.line(l))
     .collect();
-    assert_eq!(got.iter().map(|f| (f.family, f.rank)).collect::<Vec<_>>(), vec![(GpuOom, Some(0)), (GpuAmbiguous, Some(1))]);
+    assert_eq!(
+        got.iter().map(|f| (f.family, f.rank)).collect::<Vec<_>>(),
+        vec![(GpuOom, Some(0)), (GpuAmbiguous, Some(1))]
+    );
 }
 
 #[test]
 fn ansi_and_localized_killed() {
-    assert_eq!(fam("\x1b[31mRuntimeError: CUDA error: unspecified launch failure\x1b[0m"), Some(GpuHw));
+    assert_eq!(
+        fam("\x1b[31mRuntimeError: CUDA error: unspecified launch failure\x1b[0m"),
+        Some(GpuHw)
+    );
     assert_eq!(fam("Killed"), Some(HostMemory));
     assert_eq!(fam("/var/spool/slurmd/job01/slurm_script: line 12: 48213 Killed                  python train.py"), Some(HostMemory));
     assert_eq!(fam("Getötet"), Some(HostMemory));

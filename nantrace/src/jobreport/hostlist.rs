@@ -24,10 +24,14 @@ pub fn expand_hostlist(s: &str) -> Vec<String> {
             out.push(p.to_string());
             continue;
         };
-        let Some((ranges, suffix)) = rest.split_once(']') else { continue };
+        let Some((ranges, suffix)) = rest.split_once(']') else {
+            continue;
+        };
         for r in ranges.split(',') {
             let (a, b) = r.split_once('-').unwrap_or((r, r));
-            let (Ok(x), Ok(y)) = (a.parse::<u64>(), b.parse::<u64>()) else { continue };
+            let (Ok(x), Ok(y)) = (a.parse::<u64>(), b.parse::<u64>()) else {
+                continue;
+            };
             for k in x..=y.min(x + MAX_NODES as u64) {
                 out.push(format!("{prefix}{k:0width$}{suffix}", width = a.len()));
                 if out.len() >= MAX_NODES {
@@ -38,4 +42,3 @@ pub fn expand_hostlist(s: &str) -> Vec<String> {
     }
     out
 }
-

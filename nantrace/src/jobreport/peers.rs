@@ -13,24 +13,61 @@ pub(super) fn measures(view: &Value) -> BTreeMap<&'static str, f64> {
     // Near the incident only: from PEER_BEFORE_S before the job's reference to PEER_AFTER_S
     // after it (what a node did ten minutes earlier is not this incident).
     let reference = view["first_nan"]["offset_s"].as_f64().unwrap_or(0.0);
-    let near = |e: &&Value| e["offset_s"].as_f64().is_none_or(|o| (-PEER_BEFORE_S..=PEER_AFTER_S).contains(&(o - reference)));
-    let evs: Vec<&Value> = view["events"].as_array().map_or(&[][..], Vec::as_slice).iter().filter(near).collect();
+    let near = |e: &&Value| {
+        e["offset_s"]
+            .as_f64()
+            .is_none_or(|o| (-PEER_BEFORE_S..=PEER_AFTER_S).contains(&(o - reference)))
+    };
+    let evs: Vec<&Value> = view["events"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .filter(near)
+        .collect();
     let count = |src: &str| evs.iter().filter(|e| e["source"] == src).count() as f64;
     // Loopback is never the fabric (another user's local sockets are not the job's network).
     let lo = crate::report::detect::loopback;
-    m.insert("tcp_retransmits", evs.iter().filter(|e| e["source"] == "tcp_retransmit" && !lo(e["daddr"].as_str()) && !lo(e["saddr"].as_str())).count() as f64);
+    m.insert(
+        "tcp_retransmits",
+        evs.iter()
+            .filter(|e| {
+                e["source"] == "tcp_retransmit"
+                    && !lo(e["daddr"].as_str())
+                    && !lo(e["saddr"].as_str())
+            })
+            .count() as f64,
+    );
     m.insert("block_errors_or_slow_io", count("block"));
     m.insert("pcie_aer", count("aer"));
-    let gpu: Vec<&Value> = evs.iter().copied().filter(|e| e["source"] == "gpu").collect();
-    let series = |k: &str| gpu.iter().filter_map(|e| e[k].as_f64()).collect::<Vec<f64>>();
+    let gpu: Vec<&Value> = evs
+        .iter()
+        .copied()
+        .filter(|e| e["source"] == "gpu")
+        .collect();
+    let series = |k: &str| {
+        gpu.iter()
+            .filter_map(|e| e[k].as_f64())
+            .collect::<Vec<f64>>()
+    };
     let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
-    let spread = |v: &[f64]| (!v.is_empty()).then(|| v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min));
-    for (name, k) in [("gpu_power_w_mean", "power_w"), ("gpu_sm_clock_mhz_mean", "sm_clock_mhz"), ("gpu_temp_c_mean", "temp_c")] {
+    let spread = |v: &[f64]| {
+        (!v.is_empty()).then(|| {
+            v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min)
+        })
+    };
+    for (name, k) in [
+        ("gpu_power_w_mean", "power_w"),
+        ("gpu_sm_clock_mhz_mean", "sm_clock_mhz"),
+        ("gpu_temp_c_mean", "temp_c"),
+    ] {
         if let Some(x) = mean(&series(k)) {
             m.insert(name, x);
         }
     }
-    for (name, k) in [("gpu_ecc_corrected_increase", "ecc_corrected_volatile"), ("gpu_pcie_replay_increase", "pcie_replay")] {
+    for (name, k) in [
+        ("gpu_ecc_corrected_increase", "ecc_corrected_volatile"),
+        ("gpu_pcie_replay_increase", "pcie_replay"),
+    ] {
         if let Some(x) = spread(&series(k)) {
             m.insert(name, x);
         }
@@ -80,7 +117,12 @@ pub fn outliers(nodes: &[(String, BTreeMap<&'static str, f64>)]) -> Vec<Outlier>
     for &(measure, family, higher_worse, floor) in MEASURES {
         for (i, (name, m)) in nodes.iter().enumerate() {
             let Some(&v) = m.get(measure) else { continue };
-            let peers: Vec<f64> = nodes.iter().enumerate().filter(|(j, _)| *j != i).filter_map(|(_, (_, p))| p.get(measure).copied()).collect();
+            let peers: Vec<f64> = nodes
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .filter_map(|(_, (_, p))| p.get(measure).copied())
+                .collect();
             if peers.len() < 2 {
                 continue;
             }
@@ -95,16 +137,31 @@ pub fn outliers(nodes: &[(String, BTreeMap<&'static str, f64>)]) -> Vec<Outlier>
             }
             let label = measure.replace('_', " ");
             let text = if med > 0.0 {
-                format!("{name}: {label} {v:.0}, {:.1}x the median of {} peers ({med:.0})", v / med, peers.len())
+                format!(
+                    "{name}: {label} {v:.0}, {:.1}x the median of {} peers ({med:.0})",
+                    v / med,
+                    peers.len()
+                )
             } else {
-                format!("{name}: {label} {v:.0}, the median of {} peers is 0", peers.len())
+                format!(
+                    "{name}: {label} {v:.0}, the median of {} peers is 0",
+                    peers.len()
+                )
             };
-            out.push(Outlier { node: name.clone(), measure, family, value: v, peers_median: med, peers: peers.len(), text, other_ends: Vec::new() });
+            out.push(Outlier {
+                node: name.clone(),
+                measure,
+                family,
+                value: v,
+                peers_median: med,
+                peers: peers.len(),
+                text,
+                other_ends: Vec::new(),
+            });
         }
     }
     out
 }
-
 
 /// A node's TCP links in the window: its own addresses on the job's network (the local ends of
 /// the job's connections), the peers the job talks to, and the retransmits to each peer.
@@ -130,26 +187,57 @@ fn ip(endpoint: &str) -> String {
 pub(super) fn links(view: &Value, snapshot: &Value) -> Links {
     let lo = |s: &str| crate::report::detect::loopback(Some(s));
     let mut l = Links::default();
-    for s in snapshot["network"]["job_sockets"].as_array().map_or(&[][..], Vec::as_slice).iter().take(4096) {
-        let (local, remote) = (ip(s["local"].as_str().unwrap_or("")), ip(s["remote"].as_str().unwrap_or("")));
-        if local.is_empty() || remote.is_empty() || lo(&local) || lo(&remote) || remote == "0.0.0.0" || remote == "::" {
+    for s in snapshot["network"]["job_sockets"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .take(4096)
+    {
+        let (local, remote) = (
+            ip(s["local"].as_str().unwrap_or("")),
+            ip(s["remote"].as_str().unwrap_or("")),
+        );
+        if local.is_empty()
+            || remote.is_empty()
+            || lo(&local)
+            || lo(&remote)
+            || remote == "0.0.0.0"
+            || remote == "::"
+        {
             continue;
         }
         l.own.insert(local);
         l.peers.insert(remote);
-        l.sockets.insert((s["local"].as_str().unwrap_or("").to_string(), s["remote"].as_str().unwrap_or("").to_string()));
+        l.sockets.insert((
+            s["local"].as_str().unwrap_or("").to_string(),
+            s["remote"].as_str().unwrap_or("").to_string(),
+        ));
     }
     let reference = view["first_nan"]["offset_s"].as_f64().unwrap_or(0.0);
     for e in view["events"].as_array().map_or(&[][..], Vec::as_slice) {
-        if e["source"] != "tcp_retransmit" || !e["offset_s"].as_f64().is_none_or(|o| (-PEER_BEFORE_S..=PEER_AFTER_S).contains(&(o - reference))) {
+        if e["source"] != "tcp_retransmit"
+            || !e["offset_s"]
+                .as_f64()
+                .is_none_or(|o| (-PEER_BEFORE_S..=PEER_AFTER_S).contains(&(o - reference)))
+        {
             continue;
         }
-        let (Some(d), Some(sa)) = (e["daddr"].as_str(), e["saddr"].as_str()) else { continue };
+        let (Some(d), Some(sa)) = (e["daddr"].as_str(), e["saddr"].as_str()) else {
+            continue;
+        };
         if lo(d) || lo(sa) || l.retransmits.len() >= 4096 {
             continue;
         }
-        let endpoint = |a: &str, p: &Value| if a.contains(':') { format!("[{a}]:{p}") } else { format!("{a}:{p}") };
-        *l.retransmits.entry((endpoint(sa, &e["sport"]), endpoint(d, &e["dport"]))).or_default() += 1;
+        let endpoint = |a: &str, p: &Value| {
+            if a.contains(':') {
+                format!("[{a}]:{p}")
+            } else {
+                format!("{a}:{p}")
+            }
+        };
+        *l.retransmits
+            .entry((endpoint(sa, &e["sport"]), endpoint(d, &e["dport"])))
+            .or_default() += 1;
     }
     l
 }
@@ -167,16 +255,32 @@ const LINK_LOSSY: usize = 5;
 /// the one with no clean link while the other end has one (a NIC or cable fault shows on all
 /// of its node's links; rank 0's link to a third node stayed clean). None when it cannot tell.
 pub(super) fn bad_end(nodes: &[(String, Links)]) -> Option<Outlier> {
-    let owner: BTreeMap<&str, &str> = nodes.iter().flat_map(|(n, l)| l.own.iter().map(move |a| (a.as_str(), n.as_str()))).collect();
+    let owner: BTreeMap<&str, &str> = nodes
+        .iter()
+        .flat_map(|(n, l)| l.own.iter().map(move |a| (a.as_str(), n.as_str())))
+        .collect();
     // Per unordered pair of nodes: retransmits from each end, and whether the job uses it.
     let mut pairs: BTreeMap<(&str, &str), (usize, usize)> = BTreeMap::new();
-    let key = |a: &'_ str, b: &'_ str| -> (String, String) { if a < b { (a.into(), b.into()) } else { (b.into(), a.into()) } };
+    let key = |a: &'_ str, b: &'_ str| -> (String, String) {
+        if a < b {
+            (a.into(), b.into())
+        } else {
+            (b.into(), a.into())
+        }
+    };
     let mut used: BTreeSet<(String, String)> = BTreeSet::new();
     // The job's connections as either end listed them at its dump: a retransmit counts only
     // on one of them (not another program's between the same nodes, as slurmd's, nor an
     // earlier job's), and a rank that had already exited (rank 0 after its NaN) still has
     // its connections in its peers' lists.
-    let conns: BTreeSet<(&str, &str)> = nodes.iter().flat_map(|(_, l)| l.sockets.iter().flat_map(|(a, b)| [(a.as_str(), b.as_str()), (b.as_str(), a.as_str())])).collect();
+    let conns: BTreeSet<(&str, &str)> = nodes
+        .iter()
+        .flat_map(|(_, l)| {
+            l.sockets
+                .iter()
+                .flat_map(|(a, b)| [(a.as_str(), b.as_str()), (b.as_str(), a.as_str())])
+        })
+        .collect();
     for (n, l) in nodes {
         for p in &l.peers {
             if let Some(&m) = owner.get(p.as_str()).filter(|m| **m != n.as_str()) {
@@ -188,7 +292,11 @@ pub(super) fn bad_end(nodes: &[(String, Links)]) -> Option<Outlier> {
                 continue;
             }
             if let Some(&m) = owner.get(ip(dst).as_str()).filter(|m| **m != n.as_str()) {
-                let k = if n.as_str() < m { (n.as_str(), m) } else { (m, n.as_str()) };
+                let k = if n.as_str() < m {
+                    (n.as_str(), m)
+                } else {
+                    (m, n.as_str())
+                };
                 let e = pairs.entry(k).or_default();
                 if n.as_str() == k.0 {
                     e.0 += c;
@@ -199,7 +307,10 @@ pub(super) fn bad_end(nodes: &[(String, Links)]) -> Option<Outlier> {
         }
     }
     let pairs_seen: Vec<(&str, &str)> = pairs.keys().copied().collect();
-    let lossy: Vec<(Pair, (usize, usize))> = pairs.into_iter().filter(|(_, (a, b))| a + b >= LINK_LOSSY).collect();
+    let lossy: Vec<(Pair, (usize, usize))> = pairs
+        .into_iter()
+        .filter(|(_, (a, b))| a + b >= LINK_LOSSY)
+        .collect();
     if lossy.is_empty() {
         return None;
     }
@@ -209,7 +320,11 @@ pub(super) fn bad_end(nodes: &[(String, Links)]) -> Option<Outlier> {
     }
     // Clean: a link of the job with no retransmit at all (one with a few is neither).
     let any_retx: BTreeSet<(String, String)> = pairs_seen.iter().map(|(a, b)| key(a, b)).collect();
-    let clean = |n: &str| used.iter().filter(|(a, b)| (a == n || b == n) && !any_retx.contains(&(a.clone(), b.clone()))).count();
+    let clean = |n: &str| {
+        used.iter()
+            .filter(|(a, b)| (a == n || b == n) && !any_retx.contains(&(a.clone(), b.clone())))
+            .count()
+    };
     let culprit = match candidates.len() {
         1 => *candidates.iter().next()?,
         2 => {
@@ -223,13 +338,45 @@ pub(super) fn bad_end(nodes: &[(String, Links)]) -> Option<Outlier> {
         _ => return None,
     };
     let total: usize = lossy.iter().map(|(_, (a, b))| a + b).sum();
-    let desc: Vec<String> = lossy.iter().map(|((a, b), (x, y))| format!("{a}–{b}: {a} {x}, {b} {y} retransmits")).collect();
-    let clean_others: Vec<String> = used.iter().filter(|k| !any_retx.contains(*k) && k.0 != culprit && k.1 != culprit).map(|(a, b)| format!("{a}–{b}")).collect();
-    let other_ends: Vec<String> = lossy.iter().map(|((a, b), _)| if *a == culprit { (*b).to_string() } else { (*a).to_string() }).collect();
+    let desc: Vec<String> = lossy
+        .iter()
+        .map(|((a, b), (x, y))| format!("{a}–{b}: {a} {x}, {b} {y} retransmits"))
+        .collect();
+    let clean_others: Vec<String> = used
+        .iter()
+        .filter(|k| !any_retx.contains(*k) && k.0 != culprit && k.1 != culprit)
+        .map(|(a, b)| format!("{a}–{b}"))
+        .collect();
+    let other_ends: Vec<String> = lossy
+        .iter()
+        .map(|((a, b), _)| {
+            if *a == culprit {
+                (*b).to_string()
+            } else {
+                (*a).to_string()
+            }
+        })
+        .collect();
     let text = format!(
         "{culprit}: every lossy link of the job ends at {culprit} ({}){}",
         desc.join("; "),
-        if clean_others.is_empty() { String::new() } else { format!(", while the other nodes' links stayed clean ({})", clean_others.join(", ")) }
+        if clean_others.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", while the other nodes' links stayed clean ({})",
+                clean_others.join(", ")
+            )
+        }
     );
-    Some(Outlier { node: culprit.to_string(), measure: "tcp_lossy_links", family: "network", value: total as f64, peers_median: 0.0, peers: nodes.len().saturating_sub(1), text, other_ends })
+    Some(Outlier {
+        node: culprit.to_string(),
+        measure: "tcp_lossy_links",
+        family: "network",
+        value: total as f64,
+        peers_median: 0.0,
+        peers: nodes.len().saturating_sub(1),
+        text,
+        other_ends,
+    })
 }

@@ -31,7 +31,11 @@ fn nan_line() -> Value {
 
 fn node(name: &str, mut events: Vec<Value>, trigger_s: f64, nan: bool, node_list: &str) -> Node {
     events.sort_by_key(|e| e["time"].as_str().unwrap_or("").to_string());
-    let first_nan = if nan { json!({ "time": at(0.0), "line": "step 300 | loss nan", "step": 300 }) } else { Value::Null };
+    let first_nan = if nan {
+        json!({ "time": at(0.0), "line": "step 300 | loss nan", "step": 300 })
+    } else {
+        Value::Null
+    };
     let timeline = json!({
         "schema": crate::bundle::SCHEMA,
         "host": { "hostname": name, "boot_id": format!("boot-{name}") },
@@ -47,7 +51,14 @@ fn node(name: &str, mut events: Vec<Value>, trigger_s: f64, nan: bool, node_list
         "gpu": { "available": true, "device_count": 1, "devices": [{ "index": 0, "pci": "0000:3b:00.0", "uuid": format!("GPU-{name}-0000"), "compute_processes": [{ "pid": 100 }] }] },
         "scheduler": { "slurm": { "job_id": "4711", "node_list": node_list, "procid": if name.ends_with('1') { "0" } else { "1" } } },
     });
-    Node { name: name.into(), dir: PathBuf::from(format!("/jobs/4711/inc/{name}")), timeline, snapshot, correction_s: 0.0, uncertainty_s: Some(0.001) }
+    Node {
+        name: name.into(),
+        dir: PathBuf::from(format!("/jobs/4711/inc/{name}")),
+        timeline,
+        snapshot,
+        correction_s: 0.0,
+        uncertainty_s: Some(0.001),
+    }
 }
 
 fn xid(t: f64, text: &str) -> Value {
@@ -70,16 +81,38 @@ fn report(mut nodes: Vec<Node>) -> JobReport {
 
 #[test]
 fn an_xid_on_node_2_before_rank_0s_nan_names_node_2_and_its_gpu() {
-    let n1 = node("n1", [healthy("n1", true), vec![nan_line()]].concat(), 0.0, true, "n[1-3]");
+    let n1 = node(
+        "n1",
+        [healthy("n1", true), vec![nan_line()]].concat(),
+        0.0,
+        true,
+        "n[1-3]",
+    );
     let mut e2 = healthy("n2", false);
-    e2.push(xid(-0.4, "NVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python, GPU has fallen off the bus."));
+    e2.push(xid(
+        -0.4,
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python, GPU has fallen off the bus.",
+    ));
     let n2 = node("n2", e2, 1.2, false, "n[1-3]");
     let n3 = node("n3", healthy("n3", false), 1.3, false, "n[1-3]");
     let r = report(vec![n1, n2, n3]);
-    assert!(r.verdict.starts_with("PROBABLY THE MACHINE (GPU): n2, GPU 0000:3b:00.0 (GPU-n2-0000): "), "{}", r.verdict);
+    assert!(
+        r.verdict
+            .starts_with("PROBABLY THE MACHINE (GPU): n2, GPU 0000:3b:00.0 (GPU-n2-0000): "),
+        "{}",
+        r.verdict
+    );
     assert!(r.verdict.contains("Xid 79"), "{}", r.verdict);
-    assert!(r.verdict.contains("400 ms before the first NaN"), "on the job's clock, against rank 0's NaN on n1: {}", r.verdict);
-    assert!(r.verdict.contains("2 other nodes clean (n1, n3)"), "{}", r.verdict);
+    assert!(
+        r.verdict.contains("400 ms before the first NaN"),
+        "on the job's clock, against rank 0's NaN on n1: {}",
+        r.verdict
+    );
+    assert!(
+        r.verdict.contains("2 other nodes clean (n1, n3)"),
+        "{}",
+        r.verdict
+    );
     assert!(r.verdict.contains("Action: drain n2"), "{}", r.verdict);
     assert_eq!(r.node.as_deref(), Some("n2"));
     assert_eq!(r.family, "GPU");
@@ -102,19 +135,49 @@ fn retransmits_on_one_node_name_it_against_its_peers() {
     for i in 0..60 {
         e3.push(json!({ "time": at(-30.0 + f64::from(i) * 0.5), "source": "tcp_retransmit", "saddr": "127.0.0.1", "sport": 5000, "daddr": "127.0.0.1", "dport": 6000, "job": false, "pid": 0 }));
     }
-    let r = report(vec![n1, node("n2", e2, 0.1, false, "n[1-3]"), node("n3", e3, 0.2, false, "n[1-3]")]);
+    let r = report(vec![
+        n1,
+        node("n2", e2, 0.1, false, "n[1-3]"),
+        node("n3", e3, 0.2, false, "n[1-3]"),
+    ]);
     assert_eq!(r.node.as_deref(), Some("n2"), "{}", r.verdict);
     assert_eq!(r.family, "network", "{}", r.verdict);
-    assert!(r.verdict.contains("n2: tcp retransmits 60, the median of 2 peers is 0"), "the peers' comparison supports it: {}", r.verdict);
+    assert!(
+        r.verdict
+            .contains("n2: tcp retransmits 60, the median of 2 peers is 0"),
+        "the peers' comparison supports it: {}",
+        r.verdict
+    );
     assert_eq!(r.outliers.len(), 1, "{:?}", r.outliers);
-    assert!(r.verdict.starts_with("PROBABLY THE MACHINE (network): n2: ") || r.verdict.starts_with("POSSIBLY THE MACHINE (network): n2"), "{}", r.verdict);
+    assert!(
+        r.verdict
+            .starts_with("PROBABLY THE MACHINE (network): n2: ")
+            || r.verdict.starts_with("POSSIBLY THE MACHINE (network): n2"),
+        "{}",
+        r.verdict
+    );
 }
 
 #[test]
 fn a_numeric_divergence_with_every_node_clean_is_not_the_machine() {
-    let n1 = node("n1", [healthy("n1", true), vec![nan_line()]].concat(), 0.0, true, "n[1-3]");
-    let r = report(vec![n1, node("n2", healthy("n2", false), 0.5, false, "n[1-3]"), node("n3", healthy("n3", false), 0.6, false, "n[1-3]")]);
-    assert!(r.verdict.starts_with("NOT THE MACHINE, as far as nantrace can see: 3 nodes alike"), "{}", r.verdict);
+    let n1 = node(
+        "n1",
+        [healthy("n1", true), vec![nan_line()]].concat(),
+        0.0,
+        true,
+        "n[1-3]",
+    );
+    let r = report(vec![
+        n1,
+        node("n2", healthy("n2", false), 0.5, false, "n[1-3]"),
+        node("n3", healthy("n3", false), 0.6, false, "n[1-3]"),
+    ]);
+    assert!(
+        r.verdict
+            .starts_with("NOT THE MACHINE, as far as nantrace can see: 3 nodes alike"),
+        "{}",
+        r.verdict
+    );
     assert_eq!(r.node, None);
     assert_eq!(r.family, "none");
     assert!(r.outliers.is_empty(), "{:?}", r.outliers);
@@ -124,32 +187,75 @@ fn a_numeric_divergence_with_every_node_clean_is_not_the_machine() {
 /// those are consequences, after the cause, and never name a node.
 #[test]
 fn the_other_ranks_broken_connections_after_the_nan_are_consequences() {
-    let n1 = node("n1", [healthy("n1", true), vec![nan_line()]].concat(), 0.0, true, "n[1-3]");
+    let n1 = node(
+        "n1",
+        [healthy("n1", true), vec![nan_line()]].concat(),
+        0.0,
+        true,
+        "n[1-3]",
+    );
     let mut e2 = healthy("n2", false);
     let line = "rank 1 step 16 | connection to rank 0 lost: ConnectionResetError(104, 'Connection reset by peer')";
     let mut l = json!({ "time": at(0.3), "source": "log", "pid": 100, "job": true, "line": line });
     let f = crate::joblog::classify(line).expect("a network failure line of the job");
     l["fault"] = serde_json::to_value(f).unwrap();
     e2.push(l);
-    let r = report(vec![n1, node("n2", e2, 0.5, false, "n[1-3]"), node("n3", healthy("n3", false), 0.6, false, "n[1-3]")]);
-    assert!(r.verdict.starts_with("NOT THE MACHINE, as far as nantrace can see: 3 nodes alike"), "{}", r.verdict);
-    assert!(r.verdict.contains("After the first NaN, consequences, not the cause: n2: "), "{}", r.verdict);
+    let r = report(vec![
+        n1,
+        node("n2", e2, 0.5, false, "n[1-3]"),
+        node("n3", healthy("n3", false), 0.6, false, "n[1-3]"),
+    ]);
+    assert!(
+        r.verdict
+            .starts_with("NOT THE MACHINE, as far as nantrace can see: 3 nodes alike"),
+        "{}",
+        r.verdict
+    );
+    assert!(
+        r.verdict
+            .contains("After the first NaN, consequences, not the cause: n2: "),
+        "{}",
+        r.verdict
+    );
     assert_eq!(r.node, None);
 }
 
 #[test]
 fn a_node_without_a_bundle_is_named_and_the_verdict_is_incomplete() {
-    let n1 = node("n1", [healthy("n1", true), vec![nan_line()]].concat(), 0.0, true, "n[1-3]");
-    let r = report(vec![n1, node("n2", healthy("n2", false), 0.5, false, "n[1-3]")]);
+    let n1 = node(
+        "n1",
+        [healthy("n1", true), vec![nan_line()]].concat(),
+        0.0,
+        true,
+        "n[1-3]",
+    );
+    let r = report(vec![
+        n1,
+        node("n2", healthy("n2", false), 0.5, false, "n[1-3]"),
+    ]);
     assert_eq!(r.missing, ["n3"]);
-    assert!(r.verdict.contains("INCOMPLETE: no bundle from n3"), "{}", r.verdict);
-    assert!(r.verdict.contains("on the 2 nodes seen"), "never a plain NOT THE MACHINE with a node missing: {}", r.verdict);
+    assert!(
+        r.verdict.contains("INCOMPLETE: no bundle from n3"),
+        "{}",
+        r.verdict
+    );
+    assert!(
+        r.verdict.contains("on the 2 nodes seen"),
+        "never a plain NOT THE MACHINE with a node missing: {}",
+        r.verdict
+    );
     assert!(markdown(&r).contains("| n3 | | MISSING: no bundle | |"));
 }
 
 #[test]
 fn the_job_words_of_one_node_are_at_most_possibly() {
-    let n1 = node("n1", [healthy("n1", true), vec![nan_line()]].concat(), 0.0, true, "n[1-2]");
+    let n1 = node(
+        "n1",
+        [healthy("n1", true), vec![nan_line()]].concat(),
+        0.0,
+        true,
+        "n[1-2]",
+    );
     let mut e2 = healthy("n2", false);
     let line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python, GPU has fallen off the bus.";
     let mut l = json!({ "time": at(-1.0), "source": "log", "pid": 100, "job": true, "line": line });
@@ -158,13 +264,25 @@ fn the_job_words_of_one_node_are_at_most_possibly() {
     }
     e2.push(l);
     let r = report(vec![n1, node("n2", e2, 0.5, false, "n[1-2]")]);
-    assert!(r.verdict.starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: n2: "), "a job printing a kernel-like line is not the kernel: {}", r.verdict);
-    assert_eq!(r.action, None, "nothing to drain on the job's words: {}", r.verdict);
+    assert!(
+        r.verdict
+            .starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: n2: "),
+        "a job printing a kernel-like line is not the kernel: {}",
+        r.verdict
+    );
+    assert_eq!(
+        r.action, None,
+        "nothing to drain on the job's words: {}",
+        r.verdict
+    );
 }
 
 #[test]
 fn host_lists_expand_as_slurm_writes_them() {
-    assert_eq!(expand_hostlist("gpu[01-03,07],login1"), ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]);
+    assert_eq!(
+        expand_hostlist("gpu[01-03,07],login1"),
+        ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
+    );
     assert_eq!(expand_hostlist("n[1-2]-ib"), ["n1-ib", "n2-ib"]);
     assert_eq!(expand_hostlist("a[9-11]"), ["a9", "a10", "a11"]);
     assert_eq!(expand_hostlist("x[0-99999999]").len(), MAX_NODES, "bounded");
@@ -198,7 +316,10 @@ fn bundles_are_found_below_a_job_directory_without_following_links() {
     let found = find_bundles(&d.join("4711")).unwrap();
     assert_eq!(found, [d.join("4711/inc-1/n1"), d.join("4711/inc-1/n2")]);
     assert!(is_job_dir(&d.join("4711")));
-    assert!(!is_job_dir(&d.join("4711/inc-1/n1")), "a bundle is not a job directory");
+    assert!(
+        !is_job_dir(&d.join("4711/inc-1/n1")),
+        "a bundle is not a job directory"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -207,31 +328,68 @@ fn bundles_are_found_below_a_job_directory_without_following_links() {
 #[test]
 fn two_bundles_of_one_node_in_an_incident_are_one_node() {
     let early = node("n1", healthy("n1", true), -3.0, false, "n[1-2]");
-    let late = node("n1", [healthy("n1", true), vec![nan_line()]].concat(), 0.0, true, "n[1-2]");
+    let late = node(
+        "n1",
+        [healthy("n1", true), vec![nan_line()]].concat(),
+        0.0,
+        true,
+        "n[1-2]",
+    );
     let mut e2 = healthy("n2", false);
-    e2.push(xid(-3.4, "NVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python, GPU has fallen off the bus."));
+    e2.push(xid(
+        -3.4,
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python, GPU has fallen off the bus.",
+    ));
     let mut nodes = one_per_host(vec![early, late, node("n2", e2, -3.2, false, "n[1-2]")]);
     assert_eq!(nodes.len(), 2);
     let merged = crate::merge::merge(&mut nodes);
     let r = build(&merged, &nodes);
-    assert_eq!(r.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n1", "n2"]);
+    assert_eq!(
+        r.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+        ["n1", "n2"]
+    );
     assert!(r.reference.contains("first NaN, on n1"), "{}", r.reference);
-    assert!(r.verdict.starts_with("PROBABLY THE MACHINE (GPU): n2, GPU 0000:3b:00.0"), "{}", r.verdict);
-    assert!(r.verdict.contains("3.4 s before the first NaN"), "{}", r.verdict);
+    assert!(
+        r.verdict
+            .starts_with("PROBABLY THE MACHINE (GPU): n2, GPU 0000:3b:00.0"),
+        "{}",
+        r.verdict
+    );
+    assert!(
+        r.verdict.contains("3.4 s before the first NaN"),
+        "{}",
+        r.verdict
+    );
 }
 
 /// A GPU fault in the job's words after the NaN is not explained away as a consequence: the
 /// job report never says NOT THE MACHINE while a node's own output names a GPU fault.
 #[test]
 fn a_gpu_fault_in_the_jobs_words_after_the_nan_is_still_machine_evidence() {
-    let n1 = node("n1", [healthy("n1", true), vec![nan_line()]].concat(), 0.0, true, "n[1-3]");
+    let n1 = node(
+        "n1",
+        [healthy("n1", true), vec![nan_line()]].concat(),
+        0.0,
+        true,
+        "n[1-3]",
+    );
     let mut e2 = healthy("n2", false);
     let line = "RuntimeError: CUDA error: uncorrectable ECC error encountered";
     let mut l = json!({ "time": at(1.0), "source": "log", "pid": 100, "job": true, "line": line });
-    l["fault"] = serde_json::to_value(crate::joblog::classify(line).expect("a GPU fault line")).unwrap();
+    l["fault"] =
+        serde_json::to_value(crate::joblog::classify(line).expect("a GPU fault line")).unwrap();
     e2.push(l);
-    let r = report(vec![n1, node("n2", e2, 0.5, false, "n[1-3]"), node("n3", healthy("n3", false), 0.6, false, "n[1-3]")]);
-    assert!(r.verdict.starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: n2: "), "{}", r.verdict);
+    let r = report(vec![
+        n1,
+        node("n2", e2, 0.5, false, "n[1-3]"),
+        node("n3", healthy("n3", false), 0.6, false, "n[1-3]"),
+    ]);
+    assert!(
+        r.verdict
+            .starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: n2: "),
+        "{}",
+        r.verdict
+    );
 }
 
 /// Node N's port on the job's connections (rank 0, n1, listens on 29500).
@@ -286,7 +444,11 @@ fn packet_loss_on_one_nodes_link_names_that_node_not_the_busier_end() {
     // Without the job's sockets there is no telling the ends apart: the count decides, as before.
     let mut e1 = [healthy("n1", true), vec![nan_line()]].concat();
     e1.extend((0..60).map(|i| retx(-50.0 + f64::from(i) * 0.5, 1, 2)));
-    let r = report(vec![node("n1", e1, 0.0, true, "n[1-3]"), node("n2", healthy("n2", false), 0.4, false, "n[1-3]"), node("n3", healthy("n3", false), 0.4, false, "n[1-3]")]);
+    let r = report(vec![
+        node("n1", e1, 0.0, true, "n[1-3]"),
+        node("n2", healthy("n2", false), 0.4, false, "n[1-3]"),
+        node("n3", healthy("n3", false), 0.4, false, "n[1-3]"),
+    ]);
     assert!(!r.verdict.contains("lossy link"), "{}", r.verdict);
     // A ring: n2's two links lossy, n1–n3 clean: n2 is at the end of every lossy link.
     let mut e1 = [healthy("n1", true), vec![nan_line()]].concat();
@@ -295,7 +457,11 @@ fn packet_loss_on_one_nodes_link_names_that_node_not_the_busier_end() {
         e1.push(retx(-50.0 + f64::from(i), 1, 2));
         e3.push(retx(-50.0 + f64::from(i), 3, 2));
     }
-    let (mut n1, mut n2, mut n3) = (node("n1", e1, 0.0, true, "n[1-3]"), node("n2", healthy("n2", false), 0.4, false, "n[1-3]"), node("n3", e3, 0.4, false, "n[1-3]"));
+    let (mut n1, mut n2, mut n3) = (
+        node("n1", e1, 0.0, true, "n[1-3]"),
+        node("n2", healthy("n2", false), 0.4, false, "n[1-3]"),
+        node("n3", e3, 0.4, false, "n[1-3]"),
+    );
     sockets(&mut n1, 1, &[2, 3]);
     sockets(&mut n2, 2, &[1, 3]);
     sockets(&mut n3, 3, &[1, 2]);
@@ -306,7 +472,14 @@ fn packet_loss_on_one_nodes_link_names_that_node_not_the_busier_end() {
 #[test]
 fn a_nodes_ranks_are_said_as_its_bundle_says() {
     let d = json!({ "launcher": "torch", "world_size": 16, "node_rank": 1, "ranks": [{ "pid": 9, "rank": 9 }, { "pid": 8, "rank": 8 }, { "pid": 10, "rank": 10 }] });
-    assert_eq!(super::ranks_text(&d).as_deref(), Some("ranks 8-10 of 16 (torch, node rank 1)"));
-    assert_eq!(super::ranks_text(&json!({ "launcher": "mpi", "ranks": [{ "rank": 0 }, { "rank": 4 }] })).as_deref(), Some("ranks 0,4 (mpi)"));
+    assert_eq!(
+        super::ranks_text(&d).as_deref(),
+        Some("ranks 8-10 of 16 (torch, node rank 1)")
+    );
+    assert_eq!(
+        super::ranks_text(&json!({ "launcher": "mpi", "ranks": [{ "rank": 0 }, { "rank": 4 }] }))
+            .as_deref(),
+        Some("ranks 0,4 (mpi)")
+    );
     assert_eq!(super::ranks_text(&Value::Null), None);
 }

@@ -53,11 +53,24 @@ struct Member {
 #[derive(Clone, Debug)]
 enum Ty {
     /// int, enum, float: a name (ints) and a size.
-    Scalar { name: u32, size: u32 },
+    Scalar {
+        name: u32,
+        size: u32,
+    },
     Ptr(u32),
-    Array { elem: u32, n: u32 },
-    Aggregate { union: bool, name: u32, size: u32 },
-    Typedef { name: u32, t: u32 },
+    Array {
+        elem: u32,
+        n: u32,
+    },
+    Aggregate {
+        union: bool,
+        name: u32,
+        size: u32,
+    },
+    Typedef {
+        name: u32,
+        t: u32,
+    },
     /// const / volatile / restrict / type tag: what it qualifies.
     Qual(u32),
     /// A function prototype: its parameters' types.
@@ -82,11 +95,15 @@ pub struct Btf {
 }
 
 fn u16_at(d: &[u8], o: usize) -> Result<u16, BtfError> {
-    d.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]])).ok_or(BtfError::Truncated)
+    d.get(o..o + 2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .ok_or(BtfError::Truncated)
 }
 
 fn u32_at(d: &[u8], o: usize) -> Result<u32, BtfError> {
-    d.get(o..o + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).ok_or(BtfError::Truncated)
+    d.get(o..o + 4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .ok_or(BtfError::Truncated)
 }
 
 impl Btf {
@@ -101,8 +118,13 @@ impl Btf {
         let hdr_len = u32_at(d, 4)? as usize;
         let (type_off, type_len) = (u32_at(d, 8)? as usize, u32_at(d, 12)? as usize);
         let (str_off, str_len) = (u32_at(d, 16)? as usize, u32_at(d, 20)? as usize);
-        let tys = d.get(hdr_len + type_off..hdr_len + type_off + type_len).ok_or(BtfError::Truncated)?;
-        let strings = d.get(hdr_len + str_off..hdr_len + str_off + str_len).ok_or(BtfError::Truncated)?.to_vec();
+        let tys = d
+            .get(hdr_len + type_off..hdr_len + type_off + type_len)
+            .ok_or(BtfError::Truncated)?;
+        let strings = d
+            .get(hdr_len + str_off..hdr_len + str_off + str_len)
+            .ok_or(BtfError::Truncated)?
+            .to_vec();
         // Type id 0 is void.
         let mut types = vec![Ty::Other];
         let mut structs = HashMap::new();
@@ -120,11 +142,17 @@ impl Btf {
             let ty = match kind {
                 KIND_INT => {
                     o += 4;
-                    Ty::Scalar { name, size: size_or_type }
+                    Ty::Scalar {
+                        name,
+                        size: size_or_type,
+                    }
                 }
                 KIND_PTR => Ty::Ptr(size_or_type),
                 KIND_ARRAY => {
-                    let t = Ty::Array { elem: u32_at(tys, o)?, n: u32_at(tys, o + 8)? };
+                    let t = Ty::Array {
+                        elem: u32_at(tys, o)?,
+                        n: u32_at(tys, o + 8)?,
+                    };
                     o += 12;
                     t
                 }
@@ -133,36 +161,64 @@ impl Btf {
                     for i in 0..vlen {
                         let m = o + i * 12;
                         let off = u32_at(tys, m + 8)?;
-                        let (bit_offset, bitfield) = if kind_flag { (off & 0x00ff_ffff, off >> 24 != 0) } else { (off, false) };
-                        members.push(Member { name: u32_at(tys, m)?, ty: u32_at(tys, m + 4)?, bit_offset, bitfield });
+                        let (bit_offset, bitfield) = if kind_flag {
+                            (off & 0x00ff_ffff, off >> 24 != 0)
+                        } else {
+                            (off, false)
+                        };
+                        members.push(Member {
+                            name: u32_at(tys, m)?,
+                            ty: u32_at(tys, m + 4)?,
+                            bit_offset,
+                            bitfield,
+                        });
                     }
                     o += vlen * 12;
                     let id = types.len() as u32;
                     if kind == KIND_STRUCT && name != 0 {
                         // The first definition wins (vmlinux has one per name).
-                        structs.entry(cstr(&strings, name).to_string()).or_insert(id);
+                        structs
+                            .entry(cstr(&strings, name).to_string())
+                            .or_insert(id);
                     }
                     all_members.insert(id, members);
-                    Ty::Aggregate { union: kind == KIND_UNION, name, size: size_or_type }
+                    Ty::Aggregate {
+                        union: kind == KIND_UNION,
+                        name,
+                        size: size_or_type,
+                    }
                 }
                 KIND_ENUM => {
                     o += vlen * 8;
-                    Ty::Scalar { name, size: size_or_type }
+                    Ty::Scalar {
+                        name,
+                        size: size_or_type,
+                    }
                 }
                 KIND_ENUM64 => {
                     o += vlen * 12;
-                    Ty::Scalar { name, size: size_or_type }
+                    Ty::Scalar {
+                        name,
+                        size: size_or_type,
+                    }
                 }
                 KIND_TYPEDEF => {
                     let n = cstr(&strings, name);
                     if let Some(tp) = n.strip_prefix("btf_trace_") {
                         tracepoints.insert(tp.to_string(), types.len() as u32);
                     }
-                    Ty::Typedef { name, t: size_or_type }
+                    Ty::Typedef {
+                        name,
+                        t: size_or_type,
+                    }
                 }
-                KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => Ty::Qual(size_or_type),
+                KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
+                    Ty::Qual(size_or_type)
+                }
                 KIND_FUNC_PROTO => {
-                    let params = (0..vlen).map(|i| u32_at(tys, o + i * 8 + 4)).collect::<Result<Vec<_>, _>>()?;
+                    let params = (0..vlen)
+                        .map(|i| u32_at(tys, o + i * 8 + 4))
+                        .collect::<Result<Vec<_>, _>>()?;
                     o += vlen * 8;
                     Ty::Proto(params)
                 }
@@ -176,12 +232,21 @@ impl Btf {
                 }
                 // FWD (7), FUNC (12): nothing trailing.
                 7 | 12 => Ty::Other,
-                16 => Ty::Scalar { name, size: size_or_type },
+                16 => Ty::Scalar {
+                    name,
+                    size: size_or_type,
+                },
                 k => return Err(BtfError::UnknownKind(k)),
             };
             types.push(ty);
         }
-        Ok(Self { types, members: all_members, structs, tracepoints, strings })
+        Ok(Self {
+            types,
+            members: all_members,
+            structs,
+            tracepoints,
+            strings,
+        })
     }
 
     fn size_of(&self, id: u32, depth: u32) -> u32 {
@@ -203,8 +268,14 @@ impl Btf {
             return "?".into();
         }
         match self.types.get(id as usize) {
-            Some(Ty::Scalar { name, .. } | Ty::Typedef { name, .. }) => cstr(&self.strings, *name).to_string(),
-            Some(Ty::Aggregate { union, name, .. }) => format!("{} {}", if *union { "union" } else { "struct" }, cstr(&self.strings, *name)),
+            Some(Ty::Scalar { name, .. } | Ty::Typedef { name, .. }) => {
+                cstr(&self.strings, *name).to_string()
+            }
+            Some(Ty::Aggregate { union, name, .. }) => format!(
+                "{} {}",
+                if *union { "union" } else { "struct" },
+                cstr(&self.strings, *name)
+            ),
             Some(Ty::Ptr(t)) => format!("{} *", self.describe(*t, depth + 1)),
             Some(Ty::Qual(t)) => self.describe(*t, depth + 1),
             None if id == 0 => "void".into(),
@@ -219,7 +290,15 @@ impl Btf {
         for _ in 0..MAX_DEPTH {
             match self.types.get(id as usize)? {
                 Ty::Typedef { t, .. } | Ty::Ptr(t) | Ty::Qual(t) => id = *t,
-                Ty::Proto(params) => return Some(params.iter().skip(1).map(|p| self.describe(*p, 0)).collect()),
+                Ty::Proto(params) => {
+                    return Some(
+                        params
+                            .iter()
+                            .skip(1)
+                            .map(|p| self.describe(*p, 0))
+                            .collect(),
+                    )
+                }
                 _ => return None,
             }
         }
@@ -229,19 +308,31 @@ impl Btf {
     /// `Ok` when `tracepoint`'s arguments start with `want` (what the program reads), else
     /// what the kernel has: a different prototype means other arguments in other places.
     pub fn check_args(&self, tracepoint: &str, want: &[&str]) -> Result<(), String> {
-        let got = self.tracepoint_args(tracepoint).ok_or_else(|| format!("no btf_trace_{tracepoint} in the kernel's BTF"))?;
+        let got = self
+            .tracepoint_args(tracepoint)
+            .ok_or_else(|| format!("no btf_trace_{tracepoint} in the kernel's BTF"))?;
         if got.len() >= want.len() && got.iter().zip(want).all(|(g, w)| g == w) {
             Ok(())
         } else {
-            Err(format!("{tracepoint} passes ({}), the BTF program reads ({})", got.join(", "), want.join(", ")))
+            Err(format!(
+                "{tracepoint} passes ({}), the BTF program reads ({})",
+                got.join(", "),
+                want.join(", ")
+            ))
         }
     }
 
     /// Byte offset of `strukt.member`, checked to be `size` bytes wide and not a bitfield.
     /// A member inside an anonymous struct or union is found too.
     pub fn offset(&self, strukt: &str, member: &str, size: u32) -> Result<u32, BtfError> {
-        let members = self.structs.get(strukt).and_then(|id| self.members.get(id)).ok_or_else(|| BtfError::NoStruct(strukt.into()))?;
-        let (bits, ty) = self.find(members, member, 0, 0).ok_or_else(|| BtfError::NoMember(strukt.into(), member.into()))?;
+        let members = self
+            .structs
+            .get(strukt)
+            .and_then(|id| self.members.get(id))
+            .ok_or_else(|| BtfError::NoStruct(strukt.into()))?;
+        let (bits, ty) = self
+            .find(members, member, 0, 0)
+            .ok_or_else(|| BtfError::NoMember(strukt.into(), member.into()))?;
         let got = self.size_of(ty, 0);
         if got != size || bits % 8 != 0 {
             return Err(BtfError::Size(strukt.into(), member.into(), got, size));
@@ -279,7 +370,6 @@ impl Btf {
         }
         None
     }
-
 }
 
 fn cstr(strings: &[u8], off: u32) -> &str {
@@ -302,7 +392,11 @@ mod tests {
         let strings = b"\0int\0u64\0pid_t\0task\0pid\0start\0p\0bits\0inner\0btf_trace_demo\0loop\0loop2\0cyc\0x\0e64\0tag\0.data\0".to_vec();
         let s = |name: &str| -> u32 {
             let pat = format!("\0{name}\0");
-            strings.windows(pat.len()).position(|w| w == pat.as_bytes()).unwrap() as u32 + 1
+            strings
+                .windows(pat.len())
+                .position(|w| w == pat.as_bytes())
+                .unwrap() as u32
+                + 1
         };
         let mut t: Vec<u8> = Vec::new();
         let mut push = |v: &[u32]| {
@@ -340,7 +434,13 @@ mod tests {
         let mut d = Vec::new();
         d.extend_from_slice(&MAGIC.to_le_bytes());
         d.extend_from_slice(&[1, 0]);
-        for x in [24u32, 0, t.len() as u32, t.len() as u32, strings.len() as u32] {
+        for x in [
+            24u32,
+            0,
+            t.len() as u32,
+            t.len() as u32,
+            strings.len() as u32,
+        ] {
             d.extend_from_slice(&x.to_le_bytes());
         }
         d.extend_from_slice(&t);
@@ -351,17 +451,31 @@ mod tests {
     #[test]
     fn tracepoint_prototypes_are_read_and_checked() {
         let b = Btf::parse(&blob()).unwrap();
-        assert_eq!(b.tracepoint_args("demo"), Some(vec!["struct task *".to_string(), "int".to_string()]));
+        assert_eq!(
+            b.tracepoint_args("demo"),
+            Some(vec!["struct task *".to_string(), "int".to_string()])
+        );
         assert_eq!(b.check_args("demo", &["struct task *"]), Ok(()));
-        assert!(b.check_args("demo", &["struct request *"]).unwrap_err().contains("passes (struct task *, int)"));
-        assert!(b.check_args("demo", &["struct task *", "int", "int"]).is_err());
-        assert!(b.check_args("absent", &["int"]).unwrap_err().contains("no btf_trace_absent"));
+        assert!(b
+            .check_args("demo", &["struct request *"])
+            .unwrap_err()
+            .contains("passes (struct task *, int)"));
+        assert!(b
+            .check_args("demo", &["struct task *", "int", "int"])
+            .is_err());
+        assert!(b
+            .check_args("absent", &["int"])
+            .unwrap_err()
+            .contains("no btf_trace_absent"));
     }
 
     #[test]
     fn a_typedef_cycle_is_a_refusal_not_a_hang() {
         let b = Btf::parse(&blob()).unwrap();
-        assert_eq!(b.offset("cyc", "x", 4), Err(BtfError::Size("cyc".into(), "x".into(), 0, 4)));
+        assert_eq!(
+            b.offset("cyc", "x", 4),
+            Err(BtfError::Size("cyc".into(), "x".into(), 0, 4))
+        );
     }
 
     #[test]
@@ -371,10 +485,22 @@ mod tests {
         assert_eq!(b.offset("task", "start", 8), Ok(8));
         assert_eq!(b.offset("task", "p", 8), Ok(16));
         assert_eq!(b.offset("task", "inner", 8), Ok(32));
-        assert_eq!(b.offset("task", "pid", 8), Err(BtfError::Size("task".into(), "pid".into(), 4, 8)));
-        assert_eq!(b.offset("task", "bits", 4), Err(BtfError::NoMember("task".into(), "bits".into())));
-        assert_eq!(b.offset("task", "nope", 4), Err(BtfError::NoMember("task".into(), "nope".into())));
-        assert_eq!(b.offset("request", "q", 8), Err(BtfError::NoStruct("request".into())));
+        assert_eq!(
+            b.offset("task", "pid", 8),
+            Err(BtfError::Size("task".into(), "pid".into(), 4, 8))
+        );
+        assert_eq!(
+            b.offset("task", "bits", 4),
+            Err(BtfError::NoMember("task".into(), "bits".into()))
+        );
+        assert_eq!(
+            b.offset("task", "nope", 4),
+            Err(BtfError::NoMember("task".into(), "nope".into()))
+        );
+        assert_eq!(
+            b.offset("request", "q", 8),
+            Err(BtfError::NoStruct("request".into()))
+        );
     }
 
     #[test]
@@ -383,7 +509,10 @@ mod tests {
         for cut in [0, 1, 3, 10, 24, 30, d.len() - 1] {
             assert!(Btf::parse(&d[..cut]).is_err(), "cut at {cut}");
         }
-        assert_eq!(Btf::parse(b"\x7fELF............................").err(), Some(BtfError::BadHeader));
+        assert_eq!(
+            Btf::parse(b"\x7fELF............................").err(),
+            Some(BtfError::BadHeader)
+        );
     }
 
     /// The running kernel's BTF, where there is one: the members the probes read exist.

@@ -27,26 +27,52 @@ unsafe impl Sync for JobMap {}
 
 impl JobMap {
     pub fn new(map: MapData) -> Result<Self, ProbeError> {
-        let info = map.info().map_err(|e| ProbeError::Map("JOB_MAP", e.to_string()))?;
+        let info = map
+            .info()
+            .map_err(|e| ProbeError::Map("JOB_MAP", e.to_string()))?;
         let len = info.max_entries() as usize * info.value_size() as usize;
         if info.max_entries() != JOB_MAP_WORDS || len != JOB_MAP_PIDS as usize {
-            return Err(ProbeError::Map("JOB_MAP", format!("{} entries of {} bytes, expected {JOB_MAP_WORDS} of 8", info.max_entries(), info.value_size())));
+            return Err(ProbeError::Map(
+                "JOB_MAP",
+                format!(
+                    "{} entries of {} bytes, expected {JOB_MAP_WORDS} of 8",
+                    info.max_entries(),
+                    info.value_size()
+                ),
+            ));
         }
         // SAFETY: a shared read-write mapping of the map's fd over exactly its value area; the
         // kernel refuses it unless the map is an mmapable array. The pointer is checked below.
         let ptr = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, map.fd().as_fd().as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.fd().as_fd().as_raw_fd(),
+                0,
+            )
         };
         if ptr == libc::MAP_FAILED {
-            return Err(ProbeError::Map("JOB_MAP", format!("mmap: {}", std::io::Error::last_os_error())));
+            return Err(ProbeError::Map(
+                "JOB_MAP",
+                format!("mmap: {}", std::io::Error::last_os_error()),
+            ));
         }
-        Ok(Self { _map: map, ptr: ptr.cast(), len })
+        Ok(Self {
+            _map: map,
+            ptr: ptr.cast(),
+            len,
+        })
     }
 
     fn byte(&self, pid: u32) -> Result<&AtomicU8, ProbeError> {
         let i = pid as usize;
         if i >= self.len {
-            return Err(ProbeError::Map("JOB_MAP", format!("pid {pid} above PID_MAX_LIMIT")));
+            return Err(ProbeError::Map(
+                "JOB_MAP",
+                format!("pid {pid} above PID_MAX_LIMIT"),
+            ));
         }
         // SAFETY: `i` is inside the live mapping; AtomicU8 has the alignment and size of u8.
         Ok(unsafe { AtomicU8::from_ptr(self.ptr.add(i)) })
@@ -64,7 +90,11 @@ impl JobMap {
     /// Pids and tids marked now (a scan of 4 MiB; byte loads, as the bytes are written).
     pub fn count(&self) -> usize {
         // SAFETY: every index is inside the live mapping.
-        (0..self.len).filter(|&i| unsafe { AtomicU8::from_ptr(self.ptr.add(i)) }.load(Ordering::Relaxed) != 0).count()
+        (0..self.len)
+            .filter(|&i| {
+                unsafe { AtomicU8::from_ptr(self.ptr.add(i)) }.load(Ordering::Relaxed) != 0
+            })
+            .count()
     }
 }
 

@@ -12,17 +12,28 @@ impl Probes {
     /// no line twice) and a `/dev/kmsg` row joins the status.
     pub(super) fn choose_klog(&mut self) {
         use crate::klog::{self, Check, KlogSource};
-        let printk = self.status.iter().position(|s| s.program == "printk_console" && s.attached);
+        let printk = self
+            .status
+            .iter()
+            .position(|s| s.program == "printk_console" && s.attached);
         let forced = std::env::var("NANTRACE_KLOG").ok();
         let missed = std::sync::atomic::AtomicU64::new(0);
         let mut kmsg = klog::KmsgFile::open_at_end();
         let nonce = (u64::from(std::process::id()) << 32) ^ crate::clock::monotonic_ns();
         let written = klog::write_marker(nonce);
         let seen_by_probe = printk.is_some() && written.is_ok() && self.marker_in_ring(nonce);
-        let check = Check { console_loglevel: klog::console_loglevel(), ignore_loglevel: klog::ignore_loglevel(), seen_by_probe, written: written.is_ok() };
+        let check = Check {
+            console_loglevel: klog::console_loglevel(),
+            ignore_loglevel: klog::ignore_loglevel(),
+            seen_by_probe,
+            written: written.is_ok(),
+        };
         let mut src = match printk {
             Some(_) => klog::decide(&check, forced.as_deref()),
-            None => KlogSource { source: KlogSource::DEV_KMSG, why: "printk:console is not attached".into() },
+            None => KlogSource {
+                source: KlogSource::DEV_KMSG,
+                why: "printk:console is not attached".into(),
+            },
         };
         if src.is_kmsg() {
             match &mut kmsg {
@@ -33,11 +44,18 @@ impl Probes {
                     };
                     self.pending.extend(before);
                     if let Some(i) = printk {
-                        if let Some(Ok(tp)) = self.ebpf.program_mut("printk_console").map(<&mut TracePoint>::try_from) {
+                        if let Some(Ok(tp)) = self
+                            .ebpf
+                            .program_mut("printk_console")
+                            .map(<&mut TracePoint>::try_from)
+                        {
                             let _ = tp.unload();
                         }
                         self.status[i].attached = false;
-                        self.status[i].reason = Some(format!("not used, the kernel log is read from /dev/kmsg: {}", src.why));
+                        self.status[i].reason = Some(format!(
+                            "not used, the kernel log is read from /dev/kmsg: {}",
+                            src.why
+                        ));
                     }
                     self.status.push(ProbeStatus {
                         program: "kmsg_reader",
@@ -54,8 +72,15 @@ impl Probes {
                 }
                 Err(e) => {
                     src = KlogSource {
-                        source: if printk.is_some() { KlogSource::TRACEPOINT } else { "none" },
-                        why: format!("{}; but /dev/kmsg cannot be opened ({e}), so the probe is kept", src.why),
+                        source: if printk.is_some() {
+                            KlogSource::TRACEPOINT
+                        } else {
+                            "none"
+                        },
+                        why: format!(
+                            "{}; but /dev/kmsg cannot be opened ({e}), so the probe is kept",
+                            src.why
+                        ),
                     };
                 }
             }
@@ -67,14 +92,20 @@ impl Probes {
     /// arrives meanwhile is kept for the reader.
     fn marker_in_ring(&mut self, nonce: u64) -> bool {
         let want = format!("{} {nonce:016x}", crate::klog::MARKER);
-        let Some(m) = self.ebpf.map_mut("EVENTS") else { return false };
-        let Ok(mut ring) = RingBuf::try_from(m) else { return false };
+        let Some(m) = self.ebpf.map_mut("EVENTS") else {
+            return false;
+        };
+        let Ok(mut ring) = RingBuf::try_from(m) else {
+            return false;
+        };
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
         while std::time::Instant::now() < deadline {
             let mut any = false;
             while let Some(item) = ring.next() {
                 any = true;
-                let Ok(e) = crate::decode::decode(&item) else { continue };
+                let Ok(e) = crate::decode::decode(&item) else {
+                    continue;
+                };
                 if let crate::event::Detail::Kmsg(k) = &e.detail {
                     if k.text.contains(&want) {
                         return true;
@@ -103,7 +134,10 @@ impl Probes {
 
     /// The ring reader, and the `/dev/kmsg` reader when the kernel log comes from it: every
     /// event into `tx`, the ones read during the startup check first.
-    pub fn start_readers(&mut self, tx: tokio::sync::mpsc::Sender<Vec<crate::event::Event>>) -> Result<std::sync::Arc<crate::stream::ReaderStats>, ProbeError> {
+    pub fn start_readers(
+        &mut self,
+        tx: tokio::sync::mpsc::Sender<Vec<crate::event::Event>>,
+    ) -> Result<std::sync::Arc<crate::stream::ReaderStats>, ProbeError> {
         let ring = self.take_ring()?;
         let pending = self.take_pending();
         if !pending.is_empty() {

@@ -78,11 +78,29 @@ const BLOCK_BTF: BtfNeeds = BtfNeeds::Block;
 /// run on the tracefs path.
 pub const BTF_ARGS: &[(&str, &[&str])] = &[
     ("block_rq_issue", &["struct request *"]),
-    ("block_rq_complete", &["struct request *", "blk_status_t", "unsigned int"]),
-    ("sched_process_fork", &["struct task_struct *", "struct task_struct *"]),
-    ("sched_process_exec", &["struct task_struct *", "pid_t", "struct linux_binprm *"]),
+    (
+        "block_rq_complete",
+        &["struct request *", "blk_status_t", "unsigned int"],
+    ),
+    (
+        "sched_process_fork",
+        &["struct task_struct *", "struct task_struct *"],
+    ),
+    (
+        "sched_process_exec",
+        &["struct task_struct *", "pid_t", "struct linux_binprm *"],
+    ),
     ("sched_process_exit", &["struct task_struct *", "bool"]),
-    ("signal_generate", &["int", "struct kernel_siginfo *", "struct task_struct *", "int", "int"]),
+    (
+        "signal_generate",
+        &[
+            "int",
+            "struct kernel_siginfo *",
+            "struct task_struct *",
+            "int",
+            "int",
+        ],
+    ),
 ];
 
 /// Bytes waiting in a ring of `ring_bytes` (rounded up to a power of two, as loaded) at
@@ -93,21 +111,136 @@ pub fn wake_bytes(ring_bytes: u32) -> u64 {
 }
 
 pub const PROBES: &[ProbeSpec] = &[
-    ProbeSpec { program: "printk_console", floor: "floor_printk", group: "printk", name: "console", what: "kernel log lines (Xid, AER text, OOM, link, MCE)", btf: None },
-    ProbeSpec { program: "ras_aer_event", floor: "floor_aer", group: "ras", name: "aer_event", what: "decoded PCIe AER errors", btf: None },
-    ProbeSpec { program: "oom_mark_victim", floor: "floor_oom", group: "oom", name: "mark_victim", what: "OOM killer victims", btf: None },
+    ProbeSpec {
+        program: "printk_console",
+        floor: "floor_printk",
+        group: "printk",
+        name: "console",
+        what: "kernel log lines (Xid, AER text, OOM, link, MCE)",
+        btf: None,
+    },
+    ProbeSpec {
+        program: "ras_aer_event",
+        floor: "floor_aer",
+        group: "ras",
+        name: "aer_event",
+        what: "decoded PCIe AER errors",
+        btf: None,
+    },
+    ProbeSpec {
+        program: "oom_mark_victim",
+        floor: "floor_oom",
+        group: "oom",
+        name: "mark_victim",
+        what: "OOM killer victims",
+        btf: None,
+    },
     // Who made a block request that a kworker (kblockd) may dispatch: the job's new requests,
     // in the submitter's context, by device and sector, for both issue programs.
-    ProbeSpec { program: "block_getrq", floor: "floor_blk_getrq", group: "block", name: "block_getrq", what: "the job's new block requests (their dispatch may run in a kworker)", btf: None },
-    ProbeSpec { program: "block_rq_issue", floor: "floor_blk_issue", group: "block", name: "block_rq_issue", what: "block request start", btf: Some(BtfSpec { program: "blk_issue_btf", floor: "floor_issue_btf", needs: BLOCK_BTF }) },
-    ProbeSpec { program: "block_rq_done", floor: "floor_blk_done", group: "block", name: "block_rq_complete", what: "block latency, errors, slow requests", btf: Some(BtfSpec { program: "blk_done_btf", floor: "floor_done_btf", needs: BLOCK_BTF }) },
-    ProbeSpec { program: "tcp_retransmit", floor: "floor_tcp", group: "tcp", name: "tcp_retransmit_skb", what: "TCP retransmits", btf: None },
-    ProbeSpec { program: "sched_fork", floor: "floor_fork", group: "sched", name: "sched_process_fork", what: "job process tree (fork)", btf: Some(BtfSpec { program: "fork_btf", floor: "floor_fork_btf", needs: BtfNeeds::Task }) },
-    ProbeSpec { program: "task_newtask", floor: "floor_newtask", group: "task", name: "task_newtask", what: "thread vs process creation", btf: None },
-    ProbeSpec { program: "sched_exec", floor: "floor_exec", group: "sched", name: "sched_process_exec", what: "job process exec", btf: Some(BtfSpec { program: "exec_btf", floor: "floor_exec_btf", needs: BtfNeeds::Exec }) },
-    ProbeSpec { program: "sched_exit", floor: "floor_exit", group: "sched", name: "sched_process_exit", what: "process exits", btf: Some(BtfSpec { program: "exit_btf", floor: "floor_exit_btf", needs: BtfNeeds::Exit }) },
-    ProbeSpec { program: "exit_group", floor: "floor_exit_grp", group: "syscalls", name: "sys_enter_exit_group", what: "exit codes", btf: None },
-    ProbeSpec { program: "signal_generate", floor: "floor_signal", group: "signal", name: "signal_generate", what: "fatal signals", btf: Some(BtfSpec { program: "signal_btf", floor: "floor_sig_btf", needs: BtfNeeds::Signal }) },
+    ProbeSpec {
+        program: "block_getrq",
+        floor: "floor_blk_getrq",
+        group: "block",
+        name: "block_getrq",
+        what: "the job's new block requests (their dispatch may run in a kworker)",
+        btf: None,
+    },
+    ProbeSpec {
+        program: "block_rq_issue",
+        floor: "floor_blk_issue",
+        group: "block",
+        name: "block_rq_issue",
+        what: "block request start",
+        btf: Some(BtfSpec {
+            program: "blk_issue_btf",
+            floor: "floor_issue_btf",
+            needs: BLOCK_BTF,
+        }),
+    },
+    ProbeSpec {
+        program: "block_rq_done",
+        floor: "floor_blk_done",
+        group: "block",
+        name: "block_rq_complete",
+        what: "block latency, errors, slow requests",
+        btf: Some(BtfSpec {
+            program: "blk_done_btf",
+            floor: "floor_done_btf",
+            needs: BLOCK_BTF,
+        }),
+    },
+    ProbeSpec {
+        program: "tcp_retransmit",
+        floor: "floor_tcp",
+        group: "tcp",
+        name: "tcp_retransmit_skb",
+        what: "TCP retransmits",
+        btf: None,
+    },
+    ProbeSpec {
+        program: "sched_fork",
+        floor: "floor_fork",
+        group: "sched",
+        name: "sched_process_fork",
+        what: "job process tree (fork)",
+        btf: Some(BtfSpec {
+            program: "fork_btf",
+            floor: "floor_fork_btf",
+            needs: BtfNeeds::Task,
+        }),
+    },
+    ProbeSpec {
+        program: "task_newtask",
+        floor: "floor_newtask",
+        group: "task",
+        name: "task_newtask",
+        what: "thread vs process creation",
+        btf: None,
+    },
+    ProbeSpec {
+        program: "sched_exec",
+        floor: "floor_exec",
+        group: "sched",
+        name: "sched_process_exec",
+        what: "job process exec",
+        btf: Some(BtfSpec {
+            program: "exec_btf",
+            floor: "floor_exec_btf",
+            needs: BtfNeeds::Exec,
+        }),
+    },
+    ProbeSpec {
+        program: "sched_exit",
+        floor: "floor_exit",
+        group: "sched",
+        name: "sched_process_exit",
+        what: "process exits",
+        btf: Some(BtfSpec {
+            program: "exit_btf",
+            floor: "floor_exit_btf",
+            needs: BtfNeeds::Exit,
+        }),
+    },
+    ProbeSpec {
+        program: "exit_group",
+        floor: "floor_exit_grp",
+        group: "syscalls",
+        name: "sys_enter_exit_group",
+        what: "exit codes",
+        btf: None,
+    },
+    ProbeSpec {
+        program: "signal_generate",
+        floor: "floor_signal",
+        group: "signal",
+        name: "signal_generate",
+        what: "fatal signals",
+        btf: Some(BtfSpec {
+            program: "signal_btf",
+            floor: "floor_sig_btf",
+            needs: BtfNeeds::Signal,
+        }),
+    },
 ];
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -169,9 +302,18 @@ pub enum BenchPrograms {
 impl Default for Options {
     fn default() -> Self {
         // NANTRACE_RING_BYTES: a smaller ring for the benchmark's overload run.
-        let ring_bytes = std::env::var("NANTRACE_RING_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(8 << 20);
+        let ring_bytes = std::env::var("NANTRACE_RING_BYTES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8 << 20);
         let btf = std::env::var("NANTRACE_PROBE_PATH").map_or(true, |v| v != "tracefs");
-        Self { slow_io_ns: 50_000_000, whole_machine: true, ring_bytes, bench: BenchPrograms::None, btf }
+        Self {
+            slow_io_ns: 50_000_000,
+            whole_machine: true,
+            ring_bytes,
+            bench: BenchPrograms::None,
+            btf,
+        }
     }
 }
 
@@ -203,12 +345,18 @@ impl Probes {
         if BPF_OBJ.is_empty() {
             return Err(ProbeError::NotBuilt);
         }
-        let root = tracefs::root().ok_or_else(|| ProbeError::NoTracefs(tracefs::why_unavailable()))?;
+        let root =
+            tracefs::root().ok_or_else(|| ProbeError::NoTracefs(tracefs::why_unavailable()))?;
         // The kernel's own answer (a probe map is created), not its version: distributions
         // backport the ring buffer. An error of the probe itself (no permission) is left to
         // the load below, which says it.
         if let Ok(false) = aya::sys::is_map_supported(aya::maps::MapType::RingBuf) {
-            return Err(ProbeError::NoRingBuf(std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string()));
+            return Err(ProbeError::NoRingBuf(
+                std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string(),
+            ));
         }
         let (off, missing) = offsets(&root);
         // The BTF path: struct offsets for the `tp_btf` programs, per need, or why not.
@@ -218,9 +366,21 @@ impl Probes {
                     let (o, ok) = btf_offsets(&b);
                     (o, ok, Some(kb))
                 }
-                (Err(e), _) => (BtfOffsets::missing(), all_needs(&format!("no kernel BTF: /sys/kernel/btf/vmlinux: {e}")), None),
-                (Ok(Err(e)), _) => (BtfOffsets::missing(), all_needs(&format!("kernel BTF unreadable: {e}")), None),
-                (_, Err(e)) => (BtfOffsets::missing(), all_needs(&format!("kernel BTF unreadable by the loader: {e}")), None),
+                (Err(e), _) => (
+                    BtfOffsets::missing(),
+                    all_needs(&format!("no kernel BTF: /sys/kernel/btf/vmlinux: {e}")),
+                    None,
+                ),
+                (Ok(Err(e)), _) => (
+                    BtfOffsets::missing(),
+                    all_needs(&format!("kernel BTF unreadable: {e}")),
+                    None,
+                ),
+                (_, Err(e)) => (
+                    BtfOffsets::missing(),
+                    all_needs(&format!("kernel BTF unreadable by the loader: {e}")),
+                    None,
+                ),
             }
         } else {
             // The tracefs programs still read the group's live count at BTF offsets where the
@@ -228,7 +388,11 @@ impl Probes {
             let o = match btf::Btf::from_sys_fs() {
                 Ok(Ok(b)) => {
                     let (full, _) = btf_offsets(&b);
-                    BtfOffsets { task_signal: full.task_signal, signal_live: full.signal_live, ..BtfOffsets::missing() }
+                    BtfOffsets {
+                        task_signal: full.task_signal,
+                        signal_live: full.signal_live,
+                        ..BtfOffsets::missing()
+                    }
                 }
                 _ => BtfOffsets::missing(),
             };
@@ -244,7 +408,10 @@ impl Probes {
             btf: btf_off,
         };
         // RLIMIT_MEMLOCK: not needed on 6.x (memcg accounting); raising it may fail unprivileged.
-        let rl = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+        let rl = libc::rlimit {
+            rlim_cur: libc::RLIM_INFINITY,
+            rlim_max: libc::RLIM_INFINITY,
+        };
         // SAFETY: plain setrlimit call with a valid pointer; failure is harmless here.
         let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rl) };
         let mut ebpf = EbpfLoader::new()
@@ -256,40 +423,52 @@ impl Probes {
             .map_max_entries("MC_HASH", 1)
             .load(BPF_OBJ)?;
         let mut status = Vec::new();
-        let attach = |ebpf: &mut Ebpf, program: &str, group: &str, name: &str| -> Result<(), String> {
-            let prog: &mut TracePoint = ebpf
-                .program_mut(program)
-                .ok_or_else(|| format!("program {program} not in the object"))?
-                .try_into()
-                .map_err(|e| format!("{e}"))?;
-            prog.load().map_err(|e| verifier_msg(&e))?;
-            prog.attach(group, name).map_err(|e| format!("attach: {e}"))?;
-            Ok(())
-        };
-        let load_btf = |ebpf: &mut Ebpf, program: &str, name: &str, kb: &aya::Btf| -> Result<(), String> {
-            let prog: &mut BtfTracePoint = ebpf
-                .program_mut(program)
-                .ok_or_else(|| format!("program {program} not in the object"))?
-                .try_into()
-                .map_err(|e| format!("{e}"))?;
-            if prog.fd().is_err() {
-                prog.load(name, kb).map_err(|e| verifier_msg(&e))?;
-            }
-            Ok(())
-        };
-        let attach_btf = |ebpf: &mut Ebpf, program: &str, name: &str, kb: &aya::Btf| -> Result<(), String> {
-            load_btf(ebpf, program, name, kb)?;
-            let prog: &mut BtfTracePoint = ebpf.program_mut(program).ok_or("gone")?.try_into().map_err(|e| format!("{e}"))?;
-            prog.attach().map_err(|e| format!("attach: {e}"))?;
-            Ok(())
-        };
+        let attach =
+            |ebpf: &mut Ebpf, program: &str, group: &str, name: &str| -> Result<(), String> {
+                let prog: &mut TracePoint = ebpf
+                    .program_mut(program)
+                    .ok_or_else(|| format!("program {program} not in the object"))?
+                    .try_into()
+                    .map_err(|e| format!("{e}"))?;
+                prog.load().map_err(|e| verifier_msg(&e))?;
+                prog.attach(group, name)
+                    .map_err(|e| format!("attach: {e}"))?;
+                Ok(())
+            };
+        let load_btf =
+            |ebpf: &mut Ebpf, program: &str, name: &str, kb: &aya::Btf| -> Result<(), String> {
+                let prog: &mut BtfTracePoint = ebpf
+                    .program_mut(program)
+                    .ok_or_else(|| format!("program {program} not in the object"))?
+                    .try_into()
+                    .map_err(|e| format!("{e}"))?;
+                if prog.fd().is_err() {
+                    prog.load(name, kb).map_err(|e| verifier_msg(&e))?;
+                }
+                Ok(())
+            };
+        let attach_btf =
+            |ebpf: &mut Ebpf, program: &str, name: &str, kb: &aya::Btf| -> Result<(), String> {
+                load_btf(ebpf, program, name, kb)?;
+                let prog: &mut BtfTracePoint = ebpf
+                    .program_mut(program)
+                    .ok_or("gone")?
+                    .try_into()
+                    .map_err(|e| format!("{e}"))?;
+                prog.attach().map_err(|e| format!("attach: {e}"))?;
+                Ok(())
+            };
         let floors = opts.bench == BenchPrograms::FloorOnly;
         // The block pair works as a pair: the BTF completion measures what the BTF issue
         // remembered, and the tracefs one what the tracefs issue did. Both BTF programs must
         // load before either is used, or both run on tracefs.
         let mut btf_ok = btf_ok;
         if let (Some(Ok(())), Some(kb)) = (btf_ok.get(&BtfNeeds::Block), &kernel_btf) {
-            let pair = PROBES.iter().filter_map(|p| p.btf.filter(|b| b.needs == BtfNeeds::Block).map(|b| (if floors { b.floor } else { b.program }, p.name)));
+            let pair = PROBES.iter().filter_map(|p| {
+                p.btf
+                    .filter(|b| b.needs == BtfNeeds::Block)
+                    .map(|b| (if floors { b.floor } else { b.program }, p.name))
+            });
             for (program, name) in pair.collect::<Vec<_>>() {
                 if let Err(e) = load_btf(&mut ebpf, program, name, kb) {
                     btf_ok.insert(BtfNeeds::Block, Err(format!("BTF program {program} refused, so the block pair stays on tracefs: {e}")));
@@ -301,7 +480,10 @@ impl Probes {
         for spec in PROBES {
             // The BTF fork program tells threads from processes by itself, and the BTF exit
             // program reads the exit status from the task: their helpers are not attached.
-            if (spec.program == "task_newtask" && fork_on_btf || spec.program == "exit_group" && exit_on_btf) && !floors {
+            if (spec.program == "task_newtask" && fork_on_btf
+                || spec.program == "exit_group" && exit_on_btf)
+                && !floors
+            {
                 continue;
             }
             let tp = format!("{}:{}", spec.group, spec.name);
@@ -310,8 +492,20 @@ impl Probes {
             if let Some(b) = spec.btf {
                 // Before 6.x sched_process_exit passes no `group_dead`: the program that
                 // reads the group's live count instead.
-                let program = if floors { b.floor } else if b.needs == BtfNeeds::Exit && exit_live { "exit_live_btf" } else { b.program };
-                match (btf_ok.get(&b.needs).cloned().unwrap_or_else(|| Err("?".into())), &kernel_btf) {
+                let program = if floors {
+                    b.floor
+                } else if b.needs == BtfNeeds::Exit && exit_live {
+                    "exit_live_btf"
+                } else {
+                    b.program
+                };
+                match (
+                    btf_ok
+                        .get(&b.needs)
+                        .cloned()
+                        .unwrap_or_else(|| Err("?".into())),
+                    &kernel_btf,
+                ) {
                     (Ok(()), Some(kb)) => match attach_btf(&mut ebpf, program, spec.name, kb) {
                         Ok(()) => done = Some((program, ProbePath::Btf, Ok(()))),
                         Err(e) => btf_fallback = Some(format!("BTF program refused: {e}")),
@@ -336,14 +530,26 @@ impl Probes {
             // programs stop remembering exit causes for the tracefs exit program (set before
             // they attach, so none is remembered and left behind).
             if spec.program == "sched_exit" && path == ProbePath::Btf && res.is_ok() && !floors {
-                let m = ebpf.map_mut("SETTINGS").ok_or_else(|| ProbeError::Map("SETTINGS", "missing from the object".into()))?;
-                let mut a: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(m).map_err(|e| ProbeError::Map("SETTINGS", e.to_string()))?;
-                a.set(0, 1, 0).map_err(|e| ProbeError::Map("SETTINGS", e.to_string()))?;
+                let m = ebpf
+                    .map_mut("SETTINGS")
+                    .ok_or_else(|| ProbeError::Map("SETTINGS", "missing from the object".into()))?;
+                let mut a: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(m)
+                    .map_err(|e| ProbeError::Map("SETTINGS", e.to_string()))?;
+                a.set(0, 1, 0)
+                    .map_err(|e| ProbeError::Map("SETTINGS", e.to_string()))?;
             }
             // The benchmark's floor run measures both paths' floors.
             if floors && path == ProbePath::Btf {
                 let res = attach(&mut ebpf, spec.floor, spec.group, spec.name);
-                status.push(ProbeStatus { program: spec.floor, tracepoint: tp.clone(), path: ProbePath::Tracefs, btf_fallback: None, attached: res.is_ok(), reason: res.err(), what: spec.what });
+                status.push(ProbeStatus {
+                    program: spec.floor,
+                    tracepoint: tp.clone(),
+                    path: ProbePath::Tracefs,
+                    btf_fallback: None,
+                    attached: res.is_ok(),
+                    reason: res.err(),
+                    what: spec.what,
+                });
             }
             status.push(ProbeStatus {
                 program,
@@ -357,17 +563,43 @@ impl Probes {
         }
         if opts.bench == BenchPrograms::Synthetic {
             let res = attach(&mut ebpf, "bench_emit", "syscalls", "sys_enter_getppid");
-            status.push(ProbeStatus { program: "bench_emit", tracepoint: "syscalls:sys_enter_getppid".into(), path: ProbePath::Tracefs, btf_fallback: None, attached: res.is_ok(), reason: res.err(), what: "benchmark: synthetic records" });
+            status.push(ProbeStatus {
+                program: "bench_emit",
+                tracepoint: "syscalls:sys_enter_getppid".into(),
+                path: ProbePath::Tracefs,
+                btf_fallback: None,
+                attached: res.is_ok(),
+                reason: res.err(),
+                what: "benchmark: synthetic records",
+            });
         }
-        let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or_else(|| ProbeError::Map(name, "missing from the object".into()));
+        let take = |ebpf: &mut Ebpf, name: &'static str| {
+            ebpf.take_map(name)
+                .ok_or_else(|| ProbeError::Map(name, "missing from the object".into()))
+        };
         let job_map = match take(&mut ebpf, "JOB_MAP")? {
             aya::maps::Map::Array(m) => jobmap::JobMap::new(m)?,
             _ => return Err(ProbeError::Map("JOB_MAP", "not an array".into())),
         };
-        let drops = PerCpuArray::try_from(take(&mut ebpf, "DROPS")?).map_err(|e| ProbeError::Map("DROPS", e.to_string()))?;
-        let bio_hist = PerCpuArray::try_from(take(&mut ebpf, "BIO_HIST")?).map_err(|e| ProbeError::Map("BIO_HIST", e.to_string()))?;
-        let block_stats = PerCpuArray::try_from(take(&mut ebpf, "BLOCK_STATS_MAP")?).map_err(|e| ProbeError::Map("BLOCK_STATS_MAP", e.to_string()))?;
-        let mut p = Self { ebpf, status, job_map, drops, bio_hist, block_stats, tracefs: root, klog: None, kmsg: None, pending: Vec::new(), queued_swept: Default::default() };
+        let drops = PerCpuArray::try_from(take(&mut ebpf, "DROPS")?)
+            .map_err(|e| ProbeError::Map("DROPS", e.to_string()))?;
+        let bio_hist = PerCpuArray::try_from(take(&mut ebpf, "BIO_HIST")?)
+            .map_err(|e| ProbeError::Map("BIO_HIST", e.to_string()))?;
+        let block_stats = PerCpuArray::try_from(take(&mut ebpf, "BLOCK_STATS_MAP")?)
+            .map_err(|e| ProbeError::Map("BLOCK_STATS_MAP", e.to_string()))?;
+        let mut p = Self {
+            ebpf,
+            status,
+            job_map,
+            drops,
+            bio_hist,
+            block_stats,
+            tracefs: root,
+            klog: None,
+            kmsg: None,
+            pending: Vec::new(),
+            queued_swept: Default::default(),
+        };
         if opts.bench == BenchPrograms::None {
             p.choose_klog();
         }
@@ -376,15 +608,24 @@ impl Probes {
 
     /// The synthetic generator (`BenchPrograms::Synthetic`): records per getppid from `tgid`.
     pub fn set_bench(&mut self, tgid: u32, burst: u32) -> Result<(), ProbeError> {
-        let m = self.ebpf.map_mut("BENCH").ok_or_else(|| ProbeError::Map("BENCH", "missing from the object".into()))?;
-        let mut a: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(m).map_err(|e| ProbeError::Map("BENCH", e.to_string()))?;
-        a.set(1, burst, 0).map_err(|e| ProbeError::Map("BENCH", e.to_string()))?;
-        a.set(0, tgid, 0).map_err(|e| ProbeError::Map("BENCH", e.to_string()))
+        let m = self
+            .ebpf
+            .map_mut("BENCH")
+            .ok_or_else(|| ProbeError::Map("BENCH", "missing from the object".into()))?;
+        let mut a: aya::maps::Array<&mut MapData, u32> =
+            aya::maps::Array::try_from(m).map_err(|e| ProbeError::Map("BENCH", e.to_string()))?;
+        a.set(1, burst, 0)
+            .map_err(|e| ProbeError::Map("BENCH", e.to_string()))?;
+        a.set(0, tgid, 0)
+            .map_err(|e| ProbeError::Map("BENCH", e.to_string()))
     }
 
     /// The ring buffer, for the reader task (can be taken once).
     pub fn take_ring(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
-        let m = self.ebpf.take_map("EVENTS").ok_or_else(|| ProbeError::Map("EVENTS", "already taken".into()))?;
+        let m = self
+            .ebpf
+            .take_map("EVENTS")
+            .ok_or_else(|| ProbeError::Map("EVENTS", "already taken".into()))?;
         RingBuf::try_from(m).map_err(|e| ProbeError::Map("EVENTS", e.to_string()))
     }
 
@@ -422,8 +663,16 @@ impl Probes {
     /// Per-device block latency histograms (log2 µs buckets), summed over CPUs, by
     /// `major:minor`.
     pub fn io_histograms(&self) -> BTreeMap<String, Vec<u64>> {
-        let by_dev = sum_histograms(self.bio_hist.iter().flatten().flat_map(|per_cpu| per_cpu.iter().copied().collect::<Vec<_>>()));
-        by_dev.into_iter().map(|(d, h)| (format!("{}:{}", d >> 20, d & 0xfffff), h)).collect()
+        let by_dev = sum_histograms(
+            self.bio_hist
+                .iter()
+                .flatten()
+                .flat_map(|per_cpu| per_cpu.iter().copied().collect::<Vec<_>>()),
+        );
+        by_dev
+            .into_iter()
+            .map(|(d, h)| (format!("{}:{}", d >> 20, d & 0xfffff), h))
+            .collect()
     }
 
     /// What the block probes could not keep, summed over CPUs: a job's in-flight request
@@ -432,12 +681,38 @@ impl Probes {
     /// the kernel skipped because the same program was already running on that CPU (a
     /// completion in hard irq interrupting one in soft irq: `recursion_misses`).
     pub fn block_losses(&self) -> BTreeMap<&'static str, u64> {
-        let mut out: BTreeMap<&'static str, u64> = [(BlockStat::IssuerEvicted, "job_requests_not_attributed"), (BlockStat::HistFull, "completions_not_in_histograms"), (BlockStat::QueuedFull, "job_requests_not_remembered_for_dispatch")]
-            .into_iter()
-            .map(|(s, name)| (name, self.block_stats.get(&(s as u32), 0).map_or(0, |v| v.iter().sum())))
-            .collect();
-        out.insert("job_requests_never_dispatched", self.queued_swept.load(std::sync::atomic::Ordering::Relaxed));
-        let nested = ["blk_issue_btf", "blk_done_btf", "block_getrq", "block_rq_issue", "block_rq_done"].iter().filter_map(|p| self.recursion_misses(p)).sum();
+        let mut out: BTreeMap<&'static str, u64> = [
+            (BlockStat::IssuerEvicted, "job_requests_not_attributed"),
+            (BlockStat::HistFull, "completions_not_in_histograms"),
+            (
+                BlockStat::QueuedFull,
+                "job_requests_not_remembered_for_dispatch",
+            ),
+        ]
+        .into_iter()
+        .map(|(s, name)| {
+            (
+                name,
+                self.block_stats
+                    .get(&(s as u32), 0)
+                    .map_or(0, |v| v.iter().sum()),
+            )
+        })
+        .collect();
+        out.insert(
+            "job_requests_never_dispatched",
+            self.queued_swept.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        let nested = [
+            "blk_issue_btf",
+            "blk_done_btf",
+            "block_getrq",
+            "block_rq_issue",
+            "block_rq_done",
+        ]
+        .iter()
+        .filter_map(|p| self.recursion_misses(p))
+        .sum();
         out.insert("runs_skipped_nested", nested);
         out
     }
@@ -449,7 +724,9 @@ impl Probes {
         use std::os::fd::{AsFd as _, AsRawFd as _};
         let fd = self.ebpf.program(program)?.fd().ok()?.as_fd().as_raw_fd();
         let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
-        info.lines().find_map(|l| l.strip_prefix("recursion_misses:")).and_then(|v| v.trim().parse().ok())
+        info.lines()
+            .find_map(|l| l.strip_prefix("recursion_misses:"))
+            .and_then(|v| v.trim().parse().ok())
     }
 
     pub fn attached(&self) -> usize {
@@ -462,7 +739,9 @@ impl Probes {
 fn sum_histograms(slots: impl Iterator<Item = BioHistSlot>) -> BTreeMap<u32, Vec<u64>> {
     let mut out: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     for slot in slots.filter(|s| s.dev != 0) {
-        let row = out.entry(slot.dev).or_insert_with(|| vec![0; nantrace_common::BIO_HIST_BUCKETS as usize]);
+        let row = out
+            .entry(slot.dev)
+            .or_insert_with(|| vec![0; nantrace_common::BIO_HIST_BUCKETS as usize]);
         for (r, c) in row.iter_mut().zip(slot.counts) {
             *r += c;
         }
@@ -479,7 +758,11 @@ pub(crate) fn verifier_msg(e: &aya::programs::ProgramError) -> String {
 /// `R1 invalid mem access 'scalar'`), wherever they are, and the last lines. Newer kernels end
 /// the log with per-subprogram statistics, so the tail alone can miss the error (7.x).
 pub(crate) fn excerpt_verifier_log(s: &str) -> String {
-    let lines: Vec<&str> = s.lines().map(str::trim_end).filter(|l| !l.trim().is_empty()).collect();
+    let lines: Vec<&str> = s
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.trim().is_empty())
+        .collect();
     if lines.len() <= 12 {
         return lines.join("\n");
     }
@@ -503,7 +786,11 @@ pub(crate) fn excerpt_verifier_log(s: &str) -> String {
     let mut prev = None;
     for i in keep {
         if !out.is_empty() {
-            out.push_str(if prev.is_some_and(|p| p + 1 == i) { " | " } else { " ... " });
+            out.push_str(if prev.is_some_and(|p| p + 1 == i) {
+                " | "
+            } else {
+                " ... "
+            });
         }
         out.push_str(lines[i]);
         prev = Some(i);
@@ -520,7 +807,9 @@ mod tests {
     /// after it (the 7.3 refusal of the signal program once lost its error line that way).
     #[test]
     fn the_verifier_error_line_is_kept_before_trailing_statistics() {
-        let mut log = String::from("load: the BPF_PROG_LOAD syscall failed. Verifier output: 0: R1=ctx() R10=fp0\n");
+        let mut log = String::from(
+            "load: the BPF_PROG_LOAD syscall failed. Verifier output: 0: R1=ctx() R10=fp0\n",
+        );
         for i in 0..30 {
             log.push_str(&format!("{i}: (bf) r6 = r1 ; R1=ctx() R6_w=ctx()\n"));
         }
@@ -530,7 +819,10 @@ mod tests {
             log.push_str(&format!("func#{i} stack depth 0 ... arithmetic, helper calls, or other operations that can invalidate it.\n"));
         }
         let m = excerpt_verifier_log(&log);
-        assert!(m.contains("41: (61) r9 = *(u32 *)(r1 +0) | R1 invalid mem access 'scalar'"), "{m}");
+        assert!(
+            m.contains("41: (61) r9 = *(u32 *)(r1 +0) | R1 invalid mem access 'scalar'"),
+            "{m}"
+        );
         assert!(m.starts_with("load: the BPF_PROG_LOAD"), "{m}");
         assert!(m.contains("func#7"), "{m}");
         assert!(m.len() < 1500, "{m}");
@@ -539,7 +831,11 @@ mod tests {
     }
 
     fn slot(dev: u32, counts: &[(usize, u64)]) -> BioHistSlot {
-        let mut s = BioHistSlot { dev, _pad: 0, counts: [0; BIO_HIST_BUCKETS as usize] };
+        let mut s = BioHistSlot {
+            dev,
+            _pad: 0,
+            counts: [0; BIO_HIST_BUCKETS as usize],
+        };
         for &(b, n) in counts {
             s.counts[b] = n;
         }
@@ -551,7 +847,12 @@ mod tests {
     #[test]
     fn histogram_slots_are_summed_by_device_across_cpus() {
         let dev = (7 << 20) | 3;
-        let slots = vec![slot(dev, &[(0, 2), (5, 1)]), slot(0, &[(1, 9)]), slot(8 << 20, &[(3, 4)]), slot(dev, &[(5, 10), (23, 1)])];
+        let slots = vec![
+            slot(dev, &[(0, 2), (5, 1)]),
+            slot(0, &[(1, 9)]),
+            slot(8 << 20, &[(3, 4)]),
+            slot(dev, &[(5, 10), (23, 1)]),
+        ];
         let h = sum_histograms(slots.into_iter());
         assert_eq!(h.len(), 2);
         let mut want = vec![0; BIO_HIST_BUCKETS as usize];

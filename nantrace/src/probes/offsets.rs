@@ -35,7 +35,10 @@ pub fn offsets(root: &Path) -> (TpOffsets, BTreeMap<String, String>) {
     let o = TpOffsets {
         printk_msg: printk.offset("msg"),
         oom_pid: oom.offset("pid"),
-        oom_comm: oom.field("comm").filter(|f| f.data_loc).map_or(nantrace_common::MISSING, |f| f.offset),
+        oom_comm: oom
+            .field("comm")
+            .filter(|f| f.data_loc)
+            .map_or(nantrace_common::MISSING, |f| f.offset),
         oom_total_vm: oom.offset("total_vm"),
         oom_anon_rss: oom.offset("anon_rss"),
         oom_file_rss: oom.offset("file_rss"),
@@ -87,7 +90,16 @@ pub fn offsets(root: &Path) -> (TpOffsets, BTreeMap<String, String>) {
 pub type NeedResult = BTreeMap<BtfNeeds, Result<(), String>>;
 
 pub(super) fn all_needs(why: &str) -> NeedResult {
-    [BtfNeeds::Block, BtfNeeds::Task, BtfNeeds::Exec, BtfNeeds::Exit, BtfNeeds::Signal].into_iter().map(|n| (n, Err(why.to_string()))).collect()
+    [
+        BtfNeeds::Block,
+        BtfNeeds::Task,
+        BtfNeeds::Exec,
+        BtfNeeds::Exit,
+        BtfNeeds::Signal,
+    ]
+    .into_iter()
+    .map(|n| (n, Err(why.to_string())))
+    .collect()
 }
 
 /// The struct members the `tp_btf` programs read, from the kernel's BTF; per group of
@@ -95,7 +107,12 @@ pub(super) fn all_needs(why: &str) -> NeedResult {
 pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
     let mut o = BtfOffsets::missing();
     let get = |s: &str, m: &str, size: u32| b.offset(s, m, size).map_err(|e| e.to_string());
-    let task = (|| -> Result<(u32, u32), String> { Ok((get("task_struct", "pid", 4)?, get("task_struct", "tgid", 4)?)) })();
+    let task = (|| -> Result<(u32, u32), String> {
+        Ok((
+            get("task_struct", "pid", 4)?,
+            get("task_struct", "tgid", 4)?,
+        ))
+    })();
     if let Ok((pid, tgid)) = task {
         o.task_pid = pid;
         o.task_tgid = tgid;
@@ -107,11 +124,16 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
     if let Ok(c) = comm {
         o.task_comm = c;
     }
-    let fork = task.clone().and_then(|_| comm.clone()).and_then(|_| get("task_struct", "start_time", 8));
+    let fork = task
+        .clone()
+        .and_then(|_| comm.clone())
+        .and_then(|_| get("task_struct", "start_time", 8));
     if let Ok(start) = fork {
         o.task_start_time = start;
     }
-    let exec = comm.clone().and_then(|_| get("linux_binprm", "filename", 8));
+    let exec = comm
+        .clone()
+        .and_then(|_| get("linux_binprm", "filename", 8));
     if let Ok(f) = exec {
         o.binprm_filename = f;
     }
@@ -130,7 +152,9 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
             get("gendisk", "first_minor", 4)?,
         ])
     })();
-    if let Ok([hctx, queue_num, q, tag, internal_tag, sector, start, flags, disk, major, minor]) = block {
+    if let Ok([hctx, queue_num, q, tag, internal_tag, sector, start, flags, disk, major, minor]) =
+        block
+    {
         o.rq_mq_hctx = hctx;
         o.hctx_queue_num = queue_num;
         o.rq_q = q;
@@ -163,41 +187,71 @@ pub fn btf_offsets(b: &btf::Btf) -> (BtfOffsets, NeedResult) {
     }
     // For the group's death where the exit tracepoint does not pass it (the BTF program on
     // kernels before 6.x, and the tracefs program where the record lacks `group_dead`).
-    if let (Ok(sig), Ok(live)) = (get("task_struct", "signal", 8), get("signal_struct", "live", 4)) {
+    if let (Ok(sig), Ok(live)) = (
+        get("task_struct", "signal", 8),
+        get("signal_struct", "live", 4),
+    ) {
         o.task_signal = sig;
         o.signal_live = live;
     }
-    let signal = task.clone().and_then(|_| comm.clone()).and_then(|_| get("kernel_siginfo", "si_code", 4));
+    let signal = task
+        .clone()
+        .and_then(|_| comm.clone())
+        .and_then(|_| get("kernel_siginfo", "si_code", 4));
     if let Ok(code) = signal {
         o.siginfo_code = code;
     }
     let args = |tps: &[&str]| -> Result<(), String> {
         for tp in tps {
-            let want = BTF_ARGS.iter().find(|a| a.0 == *tp).map_or(&[][..], |a| a.1);
+            let want = BTF_ARGS
+                .iter()
+                .find(|a| a.0 == *tp)
+                .map_or(&[][..], |a| a.1);
             b.check_args(tp, want)?;
         }
         Ok(())
     };
     let ok = [
-        (BtfNeeds::Task, fork.map(|_| ()).and_then(|()| args(&["sched_process_fork"]))),
-        (BtfNeeds::Exec, exec.map(|_| ()).and_then(|()| args(&["sched_process_exec"]))),
+        (
+            BtfNeeds::Task,
+            fork.map(|_| ())
+                .and_then(|()| args(&["sched_process_fork"])),
+        ),
+        (
+            BtfNeeds::Exec,
+            exec.map(|_| ())
+                .and_then(|()| args(&["sched_process_exec"])),
+        ),
         (
             BtfNeeds::Exit,
-            exit.map(|_| ()).and_then(|()| match args(&["sched_process_exit"]) {
-                Ok(()) => {
-                    o.exit_group_dead_arg = 1;
-                    Ok(())
-                }
-                // (task) alone, before 6.x: exit_live_btf reads the group's live count.
-                Err(e) if o.signal_live != MISSING && b.check_args("sched_process_exit", &["struct task_struct *"]).is_ok() => {
-                    let _ = e;
-                    Ok(())
-                }
-                Err(e) => Err(e),
-            }),
+            exit.map(|_| ())
+                .and_then(|()| match args(&["sched_process_exit"]) {
+                    Ok(()) => {
+                        o.exit_group_dead_arg = 1;
+                        Ok(())
+                    }
+                    // (task) alone, before 6.x: exit_live_btf reads the group's live count.
+                    Err(e)
+                        if o.signal_live != MISSING
+                            && b.check_args("sched_process_exit", &["struct task_struct *"])
+                                .is_ok() =>
+                    {
+                        let _ = e;
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }),
         ),
-        (BtfNeeds::Block, block.map(|_| ()).and_then(|()| args(&["block_rq_issue", "block_rq_complete"]))),
-        (BtfNeeds::Signal, signal.map(|_| ()).and_then(|()| args(&["signal_generate"]))),
+        (
+            BtfNeeds::Block,
+            block
+                .map(|_| ())
+                .and_then(|()| args(&["block_rq_issue", "block_rq_complete"])),
+        ),
+        (
+            BtfNeeds::Signal,
+            signal.map(|_| ()).and_then(|()| args(&["signal_generate"])),
+        ),
     ]
     .into_iter()
     .collect();

@@ -31,13 +31,22 @@ pub(super) fn sweep(map: &mut HashMap<MapData, BioKey, BioStart>, now: u64) -> u
 }
 
 /// Sweep every few seconds while `alive()`; the count of removed entries in `removed`.
-fn spawn(mut map: HashMap<MapData, BioKey, BioStart>, removed: Arc<AtomicU64>, alive: impl Fn() -> bool + Send + 'static) {
-    let r = std::thread::Builder::new().name("nantrace-sweep".into()).spawn(move || {
-        while alive() {
-            std::thread::sleep(EVERY);
-            removed.fetch_add(sweep(&mut map, crate::clock::monotonic_ns()), Ordering::Relaxed);
-        }
-    });
+fn spawn(
+    mut map: HashMap<MapData, BioKey, BioStart>,
+    removed: Arc<AtomicU64>,
+    alive: impl Fn() -> bool + Send + 'static,
+) {
+    let r = std::thread::Builder::new()
+        .name("nantrace-sweep".into())
+        .spawn(move || {
+            while alive() {
+                std::thread::sleep(EVERY);
+                removed.fetch_add(
+                    sweep(&mut map, crate::clock::monotonic_ns()),
+                    Ordering::Relaxed,
+                );
+            }
+        });
     if let Err(e) = r {
         crate::say!("nantrace: WARNING: no thread to sweep the block probes' dispatch table ({e}); a job's requests merged before dispatch stay in it until it is full (then counted)");
     }

@@ -2,8 +2,8 @@
 //! Ranked suspects come from the signal table in [`rules`]; when nothing fires, the report says
 //! so plainly and lists what was checked.
 pub(crate) mod detect;
-pub mod rules;
 mod render;
+pub mod rules;
 
 pub use render::{facts_lines, for_bundle, markdown, md};
 
@@ -51,8 +51,18 @@ fn f(v: &Value) -> Option<f64> {
 
 fn when(rel: f64, reference: &str) -> String {
     let a = rel.abs();
-    let t = if a < 1.0 { format!("{:.0} ms", a * 1000.0) } else if a < 120.0 { format!("{a:.1} s") } else { format!("{:.1} min", a / 60.0) };
-    if rel <= 0.0 { format!("{t} before {reference}") } else { format!("{t} after {reference}") }
+    let t = if a < 1.0 {
+        format!("{:.0} ms", a * 1000.0)
+    } else if a < 120.0 {
+        format!("{a:.1} s")
+    } else {
+        format!("{:.1} min", a / 60.0)
+    };
+    if rel <= 0.0 {
+        format!("{t} before {reference}")
+    } else {
+        format!("{t} after {reference}")
+    }
 }
 
 struct Ctx<'a> {
@@ -69,7 +79,11 @@ impl Ctx<'_> {
     /// happened before the reference (with 0.2 s of slack for the log line's own delivery
     /// through the job's pipe).
     fn src(&self, s: Source) -> impl Iterator<Item = &(f64, &Value)> + '_ {
-        self.by_src.get(s.as_str()).into_iter().flatten().filter(|(r, _)| *r <= 0.2)
+        self.by_src
+            .get(s.as_str())
+            .into_iter()
+            .flatten()
+            .filter(|(r, _)| *r <= 0.2)
     }
 
     /// Every event of one source in the window, before and after the reference.
@@ -83,7 +97,14 @@ struct Acc {
 }
 
 impl Acc {
-    fn add(&mut self, sig: &'static Signal, key: &str, rel: f64, touches: bool, text: impl FnOnce() -> String) {
+    fn add(
+        &mut self,
+        sig: &'static Signal,
+        key: &str,
+        rel: f64,
+        touches: bool,
+        text: impl FnOnce() -> String,
+    ) {
         let k = format!("{}/{key}", sig.id);
         match self.out.get_mut(&k) {
             Some(x) => {
@@ -94,7 +115,20 @@ impl Acc {
                 }
             }
             None => {
-                self.out.insert(k, Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: rel, text: text(), touches_job: touches, count: 1, score: 0.0, action: None });
+                self.out.insert(
+                    k,
+                    Finding {
+                        signal: sig.id,
+                        family: sig.family,
+                        severity: sig.severity,
+                        rel_s: rel,
+                        text: text(),
+                        touches_job: touches,
+                        count: 1,
+                        score: 0.0,
+                        action: None,
+                    },
+                );
             }
         }
     }
@@ -108,10 +142,16 @@ impl Acc {
 
 fn job_gpus(snapshot: &Value, job_pids: &BTreeSet<u64>) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    let devs = snapshot["gpu"]["devices"].as_array().cloned().unwrap_or_default();
+    let devs = snapshot["gpu"]["devices"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     for d in &devs {
         if let Some(ps) = d["compute_processes"].as_array() {
-            if ps.iter().any(|p| p["pid"].as_u64().is_some_and(|x| job_pids.contains(&x))) {
+            if ps
+                .iter()
+                .any(|p| p["pid"].as_u64().is_some_and(|x| job_pids.contains(&x)))
+            {
                 out.insert(d["pci"].as_str().unwrap_or("").to_string());
             }
         }
@@ -131,18 +171,34 @@ fn p99(mut v: Vec<f64>) -> Option<f64> {
         return None;
     }
     v.sort_by(f64::total_cmp);
-    Some(v[((v.len() as f64 * 0.99).ceil() as usize).saturating_sub(1).min(v.len() - 1)])
+    Some(
+        v[((v.len() as f64 * 0.99).ceil() as usize)
+            .saturating_sub(1)
+            .min(v.len() - 1)],
+    )
 }
 
 /// The analysis of a bundle's files as bytes (timeline.json, and snapshot.json when there is
 /// one): the pure part of `nantrace report`, also the fuzzing entry point. Bad input is an
 /// error, never a panic.
-pub fn from_bytes(timeline: &[u8], snapshot: Option<&[u8]>) -> anyhow::Result<(Analysis, Value, Value)> {
+pub fn from_bytes(
+    timeline: &[u8],
+    snapshot: Option<&[u8]>,
+) -> anyhow::Result<(Analysis, Value, Value)> {
     use anyhow::Context as _;
     let t: Value = serde_json::from_slice(timeline).context("timeline.json is not valid JSON")?;
-    anyhow::ensure!(t["schema"] == crate::bundle::SCHEMA || t["schema"] == crate::merge::SCHEMA, "unknown schema {}", t["schema"]);
-    anyhow::ensure!(t["events"].is_array() || t["events"].is_null(), "timeline.json: `events` is not a list");
-    let snap: Value = snapshot.and_then(|b| serde_json::from_slice(b).ok()).unwrap_or_else(|| json!({ "gpu": { "reason": "no snapshot.json in the bundle" } }));
+    anyhow::ensure!(
+        t["schema"] == crate::bundle::SCHEMA || t["schema"] == crate::merge::SCHEMA,
+        "unknown schema {}",
+        t["schema"]
+    );
+    anyhow::ensure!(
+        t["events"].is_array() || t["events"].is_null(),
+        "timeline.json: `events` is not a list"
+    );
+    let snap: Value = snapshot
+        .and_then(|b| serde_json::from_slice(b).ok())
+        .unwrap_or_else(|| json!({ "gpu": { "reason": "no snapshot.json in the bundle" } }));
     Ok((analyze(&t, &snap), t, snap))
 }
 
@@ -155,24 +211,47 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     let root = timeline["job"]["root_pid"].as_u64();
     // The job's processes: events they caused. A signal event's `job` flag is about its target
     // (the sender can be anyone), so it does not make its sender a job process.
-    let mut job_pids: BTreeSet<u64> = evs.iter().filter(|e| e["job"] == true && e["source"] != "signal").filter_map(|e| e["pid"].as_u64()).collect();
+    let mut job_pids: BTreeSet<u64> = evs
+        .iter()
+        .filter(|e| e["job"] == true && e["source"] != "signal")
+        .filter_map(|e| e["pid"].as_u64())
+        .collect();
     job_pids.extend(root);
-    for e in evs.iter().filter(|e| e["source"] == "fork" && e["job"] == true) {
+    for e in evs
+        .iter()
+        .filter(|e| e["source"] == "fork" && e["job"] == true)
+    {
         job_pids.extend(e["child_pid"].as_u64());
     }
-    let events: Vec<(f64, &Value)> = evs.iter().map(|e| (f(&e["offset_s"]).unwrap_or(0.0) - ref_off, e)).collect();
-    let mut by_src: std::collections::HashMap<&str, Vec<(f64, &Value)>> = std::collections::HashMap::new();
+    let events: Vec<(f64, &Value)> = evs
+        .iter()
+        .map(|e| (f(&e["offset_s"]).unwrap_or(0.0) - ref_off, e))
+        .collect();
+    let mut by_src: std::collections::HashMap<&str, Vec<(f64, &Value)>> =
+        std::collections::HashMap::new();
     for (r, e) in &events {
-        by_src.entry(e["source"].as_str().unwrap_or("")).or_default().push((*r, *e));
+        by_src
+            .entry(e["source"].as_str().unwrap_or(""))
+            .or_default()
+            .push((*r, *e));
     }
     let ctx = Ctx {
         by_src,
         job_gpus: job_gpus(snapshot, &job_pids),
-        job_peers: snapshot["network"]["job_sockets"].as_array().into_iter().flatten().flat_map(|s| [s["remote"].as_str(), s["local"].as_str()]).flatten().map(String::from).collect(),
+        job_peers: snapshot["network"]["job_sockets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| [s["remote"].as_str(), s["local"].as_str()])
+            .flatten()
+            .map(String::from)
+            .collect(),
         job_pids,
         root,
     };
-    let mut acc = Acc { out: BTreeMap::new() };
+    let mut acc = Acc {
+        out: BTreeMap::new(),
+    };
 
     detect::all(&ctx, &mut acc);
     // Row remapping state at the trigger (NVML): a failed remap, or rows waiting for a reset.
@@ -180,7 +259,18 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         let (rr, pci) = (&d["remapped_rows"], d["pci"].as_str().unwrap_or("?"));
         let touches = ctx.job_gpus.contains(pci);
         if rr["failure_occurred"] == true {
-            acc.add(rules::signal("gpu_remap_failure"), pci, 0.0, touches, || format!("row remapping failed on {pci} (NVML: {} uncorrectable remapped rows)", rr["uncorrectable"]));
+            acc.add(
+                rules::signal("gpu_remap_failure"),
+                pci,
+                0.0,
+                touches,
+                || {
+                    format!(
+                        "row remapping failed on {pci} (NVML: {} uncorrectable remapped rows)",
+                        rr["uncorrectable"]
+                    )
+                },
+            );
         } else if rr["pending"] == true {
             acc.add(rules::signal("gpu_remap_pending"), pci, 0.0, touches, || format!("rows of {pci} wait for a GPU reset to be remapped (NVML: {} uncorrectable, {} correctable remapped rows)", rr["uncorrectable"], rr["correctable"]));
         }
@@ -189,7 +279,10 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     // What the first non-finite line holds: a NaN, or an Inf with a finite loss (the demo's
     // `loss 4.98e36 | grad_norm inf` is not a NaN); from the bundle, else read again.
     let first = &timeline["first_nan"];
-    let what = first["what"].as_str().map(|w| (w.to_string(), first["is_nan"] != false)).or_else(|| first["line"].as_str().and_then(crate::nanscan::describe));
+    let what = first["what"]
+        .as_str()
+        .map(|w| (w.to_string(), first["is_nan"] != false))
+        .or_else(|| first["line"].as_str().and_then(crate::nanscan::describe));
     let ref_name = match (nan_off, &what) {
         (None, _) => "the trigger",
         (Some(_), Some((_, false))) => "the first non-finite value",
@@ -197,7 +290,14 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     };
     // Training steps the job logged, by time against the reference: a warning the job ran on
     // long after (a transport it then did without) is context, not the cause.
-    let steps: Vec<f64> = ctx.by_src.get("log").map_or(&[][..], Vec::as_slice).iter().filter(|(_, e)| !e["loss"].is_null() || !e["step"].is_null()).map(|(r, _)| *r).collect();
+    let steps: Vec<f64> = ctx
+        .by_src
+        .get("log")
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .filter(|(_, e)| !e["loss"].is_null() || !e["step"].is_null())
+        .map(|(r, _)| *r)
+        .collect();
     let mut suspects: Vec<Finding> = acc.out.into_values().collect();
     let mut context = Vec::new();
     suspects.retain(|s| {
@@ -211,15 +311,27 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     drop(steps);
     for s in &mut suspects {
         let closeness = 1.0 / (1.0 + s.rel_s.abs() / 60.0);
-        s.score = f64::from(s.severity) * (0.5 + 0.5 * closeness) * if s.touches_job { 1.25 } else { 1.0 };
+        s.score = f64::from(s.severity)
+            * (0.5 + 0.5 * closeness)
+            * if s.touches_job { 1.25 } else { 1.0 };
         if s.count > 1 && !s.text.ends_with(" since") {
             s.text.push_str(&format!(" (×{})", s.count));
         }
-        let sep = if s.text.ends_with(" since") { " " } else { ", " };
+        let sep = if s.text.ends_with(" since") {
+            " "
+        } else {
+            ", "
+        };
         s.text = format!("{}{sep}{}", s.text, when(s.rel_s, ref_name));
         // The job's broken connections and hangs after its NaN are what the NaN did (a rank
         // stopped, its peers lost it), not its cause: they never outrank what came before.
-        if nan_off.is_some() && s.rel_s > 0.2 && matches!(s.signal, "joblog_network" | "joblog_network_generic" | "joblog_hang") {
+        if nan_off.is_some()
+            && s.rel_s > 0.2
+            && matches!(
+                s.signal,
+                "joblog_network" | "joblog_network_generic" | "joblog_hang"
+            )
+        {
             s.score *= 0.2;
             s.text.push_str(" (after it: a consequence, not its cause)");
         }
@@ -228,7 +340,10 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     // GPU that disagrees with itself or its peers is the strongest GPU evidence there is.
     if snapshot["gpucheck"].is_object() && snapshot["gpucheck"]["error"].is_null() {
         let sig = rules::signal("gpucheck_mismatch");
-        for f in crate::gpucheck::findings(&snapshot["gpucheck"]).into_iter().filter(|f| !f.contains("did not complete") && !f.contains(" not checked: ")) {
+        for f in crate::gpucheck::findings(&snapshot["gpucheck"])
+            .into_iter()
+            .filter(|f| !f.contains("did not complete") && !f.contains(" not checked: "))
+        {
             let score = f64::from(sig.severity) * 1.25;
             suspects.push(Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: 0.0, text: format!("nantrace gpucheck after the incident: {f}"), touches_job: true, count: 1, score, action: Some("take the GPU out of service and run the vendor's diagnostics (dcgmi diag -r 3)") });
         }
@@ -239,7 +354,10 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     // (a user's bundle with 1e300, redteam3 D-14) is not printed as a number of minutes.
     let window_min = match &timeline["window"]["pre_s"] {
         Value::Null => 10.0,
-        v => v.as_f64().filter(|v| v.is_finite() && *v > 0.0 && *v <= WINDOW_MAX_S).map_or(f64::NAN, |v| v / 60.0),
+        v => v
+            .as_f64()
+            .filter(|v| v.is_finite() && *v > 0.0 && *v <= WINDOW_MAX_S)
+            .map_or(f64::NAN, |v| v / 60.0),
     };
     let (verdict, family) = verdict(&suspects, timeline, snapshot, window_min, ref_name);
     let machine: Vec<&Finding> = suspects.iter().filter(|s| s.family.is_machine()).collect();
@@ -255,11 +373,23 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             local_time(first["time"].as_str()),
             first["line"].as_str().unwrap_or("")
         ),
-        None => format!("no NaN in the log; times are relative to the trigger ({} at {})", timeline["trigger"]["kind"].as_str().unwrap_or("?"), timeline["trigger"]["time"].as_str().unwrap_or("?")),
+        None => format!(
+            "no NaN in the log; times are relative to the trigger ({} at {})",
+            timeline["trigger"]["kind"].as_str().unwrap_or("?"),
+            timeline["trigger"]["time"].as_str().unwrap_or("?")
+        ),
     };
     let mut checked = checked(timeline, snapshot);
     checked.extend(context);
-    Analysis { verdict, family, machine: !machine.is_empty(), reference, suspects, checked, facts: facts(timeline, snapshot) }
+    Analysis {
+        verdict,
+        family,
+        machine: !machine.is_empty(),
+        reference,
+        suspects,
+        checked,
+        facts: facts(timeline, snapshot),
+    }
 }
 
 /// The longest window a bundle can say it kept (`run --window` allows a week).
@@ -275,14 +405,30 @@ pub const OUTLIVED_STEPS: usize = 20;
 /// The GPUs an analysis implicates on the kernel's or NVML's evidence (never the job's words):
 /// (PCI address, UUID from NVML when known), at most 16, for the agent's incident history.
 pub fn implicated_gpus(a: &Analysis, snapshot: &Value) -> Vec<(String, Option<String>)> {
-    static PCI: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| regex::Regex::new(r"(?i)\b([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])\b").unwrap());
-    let devs = snapshot["gpu"]["devices"].as_array().map_or(&[][..], Vec::as_slice);
+    static PCI: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"(?i)\b([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])\b").unwrap()
+    });
+    let devs = snapshot["gpu"]["devices"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
     let mut out: Vec<(String, Option<String>)> = Vec::new();
-    for f in a.suspects.iter().filter(|f| f.family == Family::Gpu && !rules::is_job_words(f.signal)) {
+    for f in a
+        .suspects
+        .iter()
+        .filter(|f| f.family == Family::Gpu && !rules::is_job_words(f.signal))
+    {
         for c in PCI.captures_iter(&f.text) {
             let pci = c[1].to_ascii_lowercase();
             if out.len() < 16 && !out.iter().any(|(p, _)| *p == pci) {
-                let uuid = devs.iter().find(|d| d["pci"].as_str().is_some_and(|p| p.eq_ignore_ascii_case(&pci))).and_then(|d| d["uuid"].as_str()).map(String::from);
+                let uuid = devs
+                    .iter()
+                    .find(|d| {
+                        d["pci"]
+                            .as_str()
+                            .is_some_and(|p| p.eq_ignore_ascii_case(&pci))
+                    })
+                    .and_then(|d| d["uuid"].as_str())
+                    .map(String::from);
                 out.push((pci, uuid));
             }
         }
@@ -295,29 +441,64 @@ pub fn implicated_gpus(a: &Analysis, snapshot: &Value) -> Vec<(String, Option<St
 /// THE MACHINE: nantrace never says "not the machine" while the machine spoke. Without one,
 /// the job's own software or GPU-memory-limit error is named, then an unexplained hang; only
 /// with none of these, and with eyes (probes or NVML), "NOT THE MACHINE as far as nantrace can see".
-fn verdict(suspects: &[Finding], timeline: &Value, snapshot: &Value, window_min: f64, ref_name: &str) -> (String, String) {
+fn verdict(
+    suspects: &[Finding],
+    timeline: &Value,
+    snapshot: &Value,
+    window_min: f64,
+    ref_name: &str,
+) -> (String, String) {
     let first = |pred: &dyn Fn(&Finding) -> bool| suspects.iter().find(|s| pred(s));
     let label = |f: &Finding| f.family.label().to_string();
     // A GPU fault of the kind the job's own code can cause (Xid 13/31/43, illegal address),
     // next to the job's own software error (a device-side assert): the error explains it.
-    let ambiguous_gpu = |f: &Finding| matches!(f.signal, "xid_app_possible" | "joblog_gpu_ambiguous");
+    let ambiguous_gpu =
+        |f: &Finding| matches!(f.signal, "xid_app_possible" | "joblog_gpu_ambiguous");
     // Only a cause explains (a device-side assert, an invalid CUDA call): the abort or the
     // segfault that follows a GPU fault is its consequence, not its explanation.
     if let Some(sw) = first(&|s| s.signal == "joblog_software_bug") {
         let machine: Vec<&Finding> = suspects.iter().filter(|s| s.family.is_machine()).collect();
-        if !machine.is_empty() && machine.iter().all(|m| ambiguous_gpu(m) && (m.rel_s - sw.rel_s).abs() <= rules::signal("joblog_software_bug").threshold) {
-            return (format!("NOT THE MACHINE ({}): {}; the GPU fault next to it follows from it: {}", sw.family.label(), sw.text, machine[0].text), label(sw));
+        if !machine.is_empty()
+            && machine.iter().all(|m| {
+                ambiguous_gpu(m)
+                    && (m.rel_s - sw.rel_s).abs() <= rules::signal("joblog_software_bug").threshold
+            })
+        {
+            return (
+                format!(
+                    "NOT THE MACHINE ({}): {}; the GPU fault next to it follows from it: {}",
+                    sw.family.label(),
+                    sw.text,
+                    machine[0].text
+                ),
+                label(sw),
+            );
         }
     }
     if let Some(top) = first(&|s| s.family.is_machine()) {
-        let job_sw = first(&|s| matches!(s.family, Family::Software | Family::GpuMemoryLimit)).map_or(String::new(), |s| format!(" (the job also reported: {})", s.text));
+        let job_sw = first(&|s| matches!(s.family, Family::Software | Family::GpuMemoryLimit))
+            .map_or(String::new(), |s| {
+                format!(" (the job also reported: {})", s.text)
+            });
         // The GPU faulted, but NVIDIA's catalog (or CUDA) says the job's own code can cause it.
         let ambiguous = matches!(top.signal, "xid_app_possible" | "joblog_gpu_ambiguous");
         // The job's words alone (any user can print a kernel's or a driver's line): at most
         // POSSIBLY, and the family says so. Where the kernel log was watched and shows no such
         // fault, that is evidence against them, and the verdict says it.
-        if suspects.iter().filter(|s| s.family.is_machine()).all(|s| rules::is_job_words(s.signal)) {
-            let watched = timeline["accounting"]["probes_attached"].as_array().is_some_and(|a| a.iter().any(|p| p.as_str().is_some_and(|p| p.starts_with("printk:") || p == "kmsg" || p.ends_with("/dev/kmsg"))));
+        if suspects
+            .iter()
+            .filter(|s| s.family.is_machine())
+            .all(|s| rules::is_job_words(s.signal))
+        {
+            let watched = timeline["accounting"]["probes_attached"]
+                .as_array()
+                .is_some_and(|a| {
+                    a.iter().any(|p| {
+                        p.as_str().is_some_and(|p| {
+                            p.starts_with("printk:") || p == "kmsg" || p.ends_with("/dev/kmsg")
+                        })
+                    })
+                });
             let nvml = snapshot["gpu"]["available"].as_bool() == Some(true);
             let against = match (watched, nvml) {
                 (true, true) => "; the kernel log, watched, and NVML show no such fault",
@@ -325,26 +506,64 @@ fn verdict(suspects: &[Finding], timeline: &Value, snapshot: &Value, window_min:
                 (false, true) => "; NVML shows no such fault, and the kernel log was not watched",
                 (false, false) => "; neither the kernel log nor NVML was watched to confirm it",
             };
-            let or_code = if ambiguous { ", or the job's own code" } else { "" };
+            let or_code = if ambiguous {
+                ", or the job's own code"
+            } else {
+                ""
+            };
             return (format!("POSSIBLY THE MACHINE ({}{or_code}), in the job's own words only: {}{against}{job_sw}", top.family.label(), top.text), format!("{}{}", top.family.label(), rules::JOB_WORDS_SUFFIX));
         }
         return if top.severity >= 60 {
-            (format!("PROBABLY THE MACHINE ({}): {}{job_sw}", top.family.label(), top.text), label(top))
+            (
+                format!(
+                    "PROBABLY THE MACHINE ({}): {}{job_sw}",
+                    top.family.label(),
+                    top.text
+                ),
+                label(top),
+            )
         } else if ambiguous {
-            (format!("POSSIBLY THE MACHINE ({}, or the job's own code): {}{job_sw}", top.family.label(), top.text), label(top))
+            (
+                format!(
+                    "POSSIBLY THE MACHINE ({}, or the job's own code): {}{job_sw}",
+                    top.family.label(),
+                    top.text
+                ),
+                label(top),
+            )
         } else {
-            (format!("POSSIBLY THE MACHINE ({}, weak signals only): {}{job_sw}", top.family.label(), top.text), label(top))
+            (
+                format!(
+                    "POSSIBLY THE MACHINE ({}, weak signals only): {}{job_sw}",
+                    top.family.label(),
+                    top.text
+                ),
+                label(top),
+            )
         };
     }
     if let Some(top) = first(&|s| matches!(s.family, Family::Software | Family::GpuMemoryLimit)) {
-        let why = if top.family == Family::GpuMemoryLimit { "a resource limit, not a fault: reduce the batch or sequence length, or use more GPUs" } else { "a bug or a configuration problem in the job, not a machine fault" };
-        return (format!("NOT THE MACHINE ({}): {}; {why}", top.family.label(), top.text), label(top));
+        let why = if top.family == Family::GpuMemoryLimit {
+            "a resource limit, not a fault: reduce the batch or sequence length, or use more GPUs"
+        } else {
+            "a bug or a configuration problem in the job, not a machine fault"
+        };
+        return (
+            format!(
+                "NOT THE MACHINE ({}): {}; {why}",
+                top.family.label(),
+                top.text
+            ),
+            label(top),
+        );
     }
     if let Some(top) = first(&|s| s.family == Family::Hang) {
         return (format!("UNDECIDED ({}): {}. No GPU, network or host fault on this node in the window: the rank that stopped is elsewhere; merge the other nodes' bundles (nantrace merge)", top.family.label(), top.text), label(top));
     }
     let acc = &timeline["accounting"];
-    let probes = acc["probes_attached"].as_array().is_some_and(|a| !a.is_empty());
+    let probes = acc["probes_attached"]
+        .as_array()
+        .is_some_and(|a| !a.is_empty());
     let nvml = snapshot["gpu"]["available"].as_bool() == Some(true);
     if !probes && !nvml {
         return (
@@ -364,19 +583,43 @@ fn verdict(suspects: &[Finding], timeline: &Value, snapshot: &Value, window_min:
             format!("in the window before {ref_name} (its length in the bundle is not a valid one)")
         }
     } else {
-        format!("in what the window kept before {ref_name} (INCOMPLETE: {} evicted for memory)", incomplete.join(", "))
+        format!(
+            "in what the window kept before {ref_name} (INCOMPLETE: {} evicted for memory)",
+            incomplete.join(", ")
+        )
     };
     let g = &snapshot["gpucheck"];
     let advice = "(Silent data corruption, ~1 faulty device in 1000, logs nothing: run `nantrace gpucheck --bundle BUNDLE` once the GPUs are free.)";
-    let found = if g.is_object() { crate::gpucheck::findings(g) } else { Vec::new() };
-    let (skipped, other): (Vec<&String>, Vec<&String>) = found.iter().partition(|f| f.contains(" not checked: "));
-    let checked = g["gpus"].as_array().map_or(0, |a| a.iter().filter(|x| x["skipped"].is_null()).count());
+    let found = if g.is_object() {
+        crate::gpucheck::findings(g)
+    } else {
+        Vec::new()
+    };
+    let (skipped, other): (Vec<&String>, Vec<&String>) =
+        found.iter().partition(|f| f.contains(" not checked: "));
+    let checked = g["gpus"]
+        .as_array()
+        .map_or(0, |a| a.iter().filter(|x| x["skipped"].is_null()).count());
     let sdc = if g.is_object() && g["error"].is_null() && other.is_empty() {
         let clean = format!("nantrace gpucheck after the incident: {checked} GPU(s) computed bit-identical FP32/FP16/BF16 results run to run and to their peers, no memory errors");
         match (skipped.is_empty(), checked) {
             (true, _) => format!("{clean}."),
-            (false, 0) => format!("nantrace gpucheck after the incident tested no GPU: {}. {advice}", skipped.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; ")),
-            (false, _) => format!("{clean}; {}. {advice}", skipped.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; ")),
+            (false, 0) => format!(
+                "nantrace gpucheck after the incident tested no GPU: {}. {advice}",
+                skipped
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+            (false, _) => format!(
+                "{clean}; {}. {advice}",
+                skipped
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
         }
     } else {
         advice.to_string()
@@ -391,12 +634,21 @@ fn verdict(suspects: &[Finding], timeline: &Value, snapshot: &Value, window_min:
 fn incomplete_classes(acc: &Value) -> Vec<String> {
     let ev = &acc["recorder"]["evicted_by_memory_per_source"];
     ev.as_object()
-        .map(|m| m.iter().filter(|(k, v)| k.as_str() != "log" && v.as_u64().unwrap_or(0) > 0).map(|(k, v)| format!("{k} ×{v}")).collect())
+        .map(|m| {
+            m.iter()
+                .filter(|(k, v)| k.as_str() != "log" && v.as_u64().unwrap_or(0) > 0)
+                .map(|(k, v)| format!("{k} ×{v}"))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 fn local_time(utc: Option<&str>) -> String {
-    let Some(t) = utc.and_then(|s| time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()) else { return "local time unknown".into() };
+    let Some(t) = utc.and_then(|s| {
+        time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()
+    }) else {
+        return "local time unknown".into();
+    };
     // SAFETY: localtime_r with valid pointers; only reads the TZ database.
     let off = unsafe {
         let secs = t.unix_timestamp() as libc::time_t;
@@ -404,8 +656,18 @@ fn local_time(utc: Option<&str>) -> String {
         libc::localtime_r(&secs, &mut tm);
         tm.tm_gmtoff
     };
-    let lt = t.to_offset(time::UtcOffset::from_whole_seconds(off as i32).unwrap_or(time::UtcOffset::UTC));
-    format!("{:04}-{:02}-{:02} {:02}:{:02}:{:02} local, UTC{:+}", lt.year(), u8::from(lt.month()), lt.day(), lt.hour(), lt.minute(), lt.second(), off as f64 / 3600.0)
+    let lt = t
+        .to_offset(time::UtcOffset::from_whole_seconds(off as i32).unwrap_or(time::UtcOffset::UTC));
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02} local, UTC{:+}",
+        lt.year(),
+        u8::from(lt.month()),
+        lt.day(),
+        lt.hour(),
+        lt.minute(),
+        lt.second(),
+        off as f64 / 3600.0
+    )
 }
 
 fn checked(timeline: &Value, snapshot: &Value) -> Vec<String> {
@@ -417,9 +679,19 @@ fn checked(timeline: &Value, snapshot: &Value) -> Vec<String> {
             out.push(format!("INCOMPLETE BUNDLE: {t}"));
         }
     }
-    let probes: Vec<String> = acc["probes_attached"].as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect()).unwrap_or_default();
+    let probes: Vec<String> = acc["probes_attached"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
     if probes.is_empty() {
-        out.push(format!("kernel probes: NOT loaded ({})", acc["probes_error"].as_str().unwrap_or("unknown reason")));
+        out.push(format!(
+            "kernel probes: NOT loaded ({})",
+            acc["probes_error"].as_str().unwrap_or("unknown reason")
+        ));
     } else {
         out.push(format!("kernel events through eBPF: {}", probes.join(", ")));
     }
@@ -429,8 +701,14 @@ fn checked(timeline: &Value, snapshot: &Value) -> Vec<String> {
         }
     }
     match snapshot["gpu"]["available"].as_bool() {
-        Some(true) => out.push(format!("GPU health through NVML: {} GPU(s)", snapshot["gpu"]["device_count"])),
-        _ => out.push(format!("GPU health: {}", snapshot["gpu"]["reason"].as_str().unwrap_or("no snapshot"))),
+        Some(true) => out.push(format!(
+            "GPU health through NVML: {} GPU(s)",
+            snapshot["gpu"]["device_count"]
+        )),
+        _ => out.push(format!(
+            "GPU health: {}",
+            snapshot["gpu"]["reason"].as_str().unwrap_or("no snapshot")
+        )),
     }
     let n = |s: &str| acc["events"][s].as_u64().unwrap_or(0);
     out.push(format!("system samples: {} (memory, swap, CPU, PSI), disk samples: {}, network samples: {}, GPU samples: {}", n("system"), n("disk"), n("net"), n("gpu")));
@@ -445,9 +723,14 @@ fn checked(timeline: &Value, snapshot: &Value) -> Vec<String> {
             d["analysed"], d["events"], d["plain_log_lines_not_analysed"], d["over_the_cap_not_analysed"]
         ));
     }
-    let drops: u64 = acc["kernel_drops"].as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
+    let drops: u64 = acc["kernel_drops"]
+        .as_object()
+        .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
     let ev = &acc["recorder"];
-    out.push(format!("losses: {drops} kernel events dropped, {} evicted by time, {} by memory", ev["evicted_by_time"], ev["evicted_by_memory"]));
+    out.push(format!(
+        "losses: {drops} kernel events dropped, {} evicted by time, {} by memory",
+        ev["evicted_by_time"], ev["evicted_by_memory"]
+    ));
     out
 }
 
@@ -455,11 +738,38 @@ fn facts(timeline: &Value, snapshot: &Value) -> Value {
     let sw = &snapshot["software"];
     let precision: BTreeMap<String, Value> = sw["env"]
         .as_object()
-        .map(|m| m.iter().filter(|(k, _)| ["AMP", "FP16", "BF16", "FP8", "TF32", "PRECISION", "MIXED", "CUBLAS", "CUDNN", "DTYPE", "HALF", "ALLOW_TF32"].iter().any(|w| k.to_ascii_uppercase().contains(w))).map(|(k, v)| (k.clone(), v.clone())).collect())
+        .map(|m| {
+            m.iter()
+                .filter(|(k, _)| {
+                    [
+                        "AMP",
+                        "FP16",
+                        "BF16",
+                        "FP8",
+                        "TF32",
+                        "PRECISION",
+                        "MIXED",
+                        "CUBLAS",
+                        "CUDNN",
+                        "DTYPE",
+                        "HALF",
+                        "ALLOW_TF32",
+                    ]
+                    .iter()
+                    .any(|w| k.to_ascii_uppercase().contains(w))
+                })
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
         .unwrap_or_default();
     let losses: Vec<Value> = timeline["events"]
         .as_array()
-        .map(|a| a.iter().filter(|e| e["source"] == "log" && !e["loss"].is_null()).map(|e| json!({ "step": e["step"], "loss": e["loss"], "offset_s": e["offset_s"] })).collect())
+        .map(|a| {
+            a.iter()
+                .filter(|e| e["source"] == "log" && !e["loss"].is_null())
+                .map(|e| json!({ "step": e["step"], "loss": e["loss"], "offset_s": e["offset_s"] }))
+                .collect()
+        })
         .unwrap_or_default();
     let last: Vec<Value> = losses[losses.len().saturating_sub(12)..].to_vec();
     json!({

@@ -29,28 +29,57 @@ pub fn md(s: &str) -> String {
 /// The agent's record of which job this is, in words (Slurm job/step/user, pod, process tree).
 pub fn job_identity(id: &Value) -> Option<String> {
     let sch = &id["scheduler"];
-    let s = |k: &str| sch[k].as_str().map(str::to_string).or_else(|| sch[k].as_u64().map(|v| v.to_string()));
+    let s = |k: &str| {
+        sch[k]
+            .as_str()
+            .map(str::to_string)
+            .or_else(|| sch[k].as_u64().map(|v| v.to_string()))
+    };
     let text = match sch["kind"].as_str()? {
-        "slurm" => format!("Slurm job {}{}{}", s("job_id")?, s("step_id").map_or(String::new(), |x| format!(", step {x}")), s("user").map_or(String::new(), |u| format!(", user {u}"))),
+        "slurm" => format!(
+            "Slurm job {}{}{}",
+            s("job_id")?,
+            s("step_id").map_or(String::new(), |x| format!(", step {x}")),
+            s("user").map_or(String::new(), |u| format!(", user {u}"))
+        ),
         "kubernetes" => format!(
             "Kubernetes pod {}{} (uid {}){}",
             s("namespace").map_or(String::new(), |n| format!("{n}/")),
             s("pod").unwrap_or_else(|| "?".into()),
             s("pod_uid")?,
-            s("container_id").map_or(String::new(), |c| format!(", container {}", &c[..c.len().min(12)]))
+            s("container_id").map_or(String::new(), |c| format!(
+                ", container {}",
+                &c[..c.len().min(12)]
+            ))
         ),
-        _ => format!("process tree of pid {}{}", s("root_pid")?, s("user").map_or(String::new(), |u| format!(", user {u}"))),
+        _ => format!(
+            "process tree of pid {}{}",
+            s("root_pid")?,
+            s("user").map_or(String::new(), |u| format!(", user {u}"))
+        ),
     };
-    Some(format!("{text} (watched by the agent, found by {})", id["found_by"].as_str().unwrap_or("?")))
+    Some(format!(
+        "{text} (watched by the agent, found by {})",
+        id["found_by"].as_str().unwrap_or("?")
+    ))
 }
 
 pub fn markdown(a: &Analysis, timeline: &Value) -> String {
     let mut s = String::new();
     s.push_str("# nantrace incident report\n\n");
     s.push_str(&format!("**{}**\n\n", md(&a.verdict)));
-    s.push_str(&format!("- trigger: {} at {} — {}\n", md(timeline["trigger"]["kind"].as_str().unwrap_or("?")), md(timeline["trigger"]["time"].as_str().unwrap_or("?")), md(timeline["trigger"]["reason"].as_str().unwrap_or(""))));
+    s.push_str(&format!(
+        "- trigger: {} at {} — {}\n",
+        md(timeline["trigger"]["kind"].as_str().unwrap_or("?")),
+        md(timeline["trigger"]["time"].as_str().unwrap_or("?")),
+        md(timeline["trigger"]["reason"].as_str().unwrap_or(""))
+    ));
     s.push_str(&format!("- {}\n", md(&a.reference)));
-    s.push_str(&format!("- host {} (kernel {})\n", md(timeline["host"]["hostname"].as_str().unwrap_or("?")), md(timeline["host"]["kernel"].as_str().unwrap_or("?"))));
+    s.push_str(&format!(
+        "- host {} (kernel {})\n",
+        md(timeline["host"]["hostname"].as_str().unwrap_or("?")),
+        md(timeline["host"]["kernel"].as_str().unwrap_or("?"))
+    ));
     if let Some(line) = job_identity(&timeline["job"]["identity"]) {
         s.push_str(&format!("- job: {}\n", md(&line)));
     }
@@ -62,7 +91,18 @@ pub fn markdown(a: &Analysis, timeline: &Value) -> String {
         s.push_str("None: no signal in the table fired.\n");
     }
     for (i, f) in a.suspects.iter().enumerate() {
-        s.push_str(&format!("{}. [{}, severity {}{}] {}\n", i + 1, f.family.label(), f.severity, if f.touches_job { ", touches the job" } else { "" }, md(&f.text)));
+        s.push_str(&format!(
+            "{}. [{}, severity {}{}] {}\n",
+            i + 1,
+            f.family.label(),
+            f.severity,
+            if f.touches_job {
+                ", touches the job"
+            } else {
+                ""
+            },
+            md(&f.text)
+        ));
         if let Some(act) = f.action {
             s.push_str(&format!("   - NVIDIA's recommended action: {act}\n"));
         }
@@ -88,19 +128,45 @@ pub fn markdown(a: &Analysis, timeline: &Value) -> String {
 /// report.html say the same.
 pub fn facts_lines(fa: &Value) -> (Vec<String>, Vec<(String, String, String)>) {
     let mut out = Vec::new();
-    let exit = match (fa["job"]["exit_code"].as_i64(), fa["job"]["exit_signal"].as_i64()) {
-        (_, Some(sg)) if fa["job"]["exit_core_dumped"] == true => format!("signal {sg} (core dumped)"),
+    let exit = match (
+        fa["job"]["exit_code"].as_i64(),
+        fa["job"]["exit_signal"].as_i64(),
+    ) {
+        (_, Some(sg)) if fa["job"]["exit_core_dumped"] == true => {
+            format!("signal {sg} (core dumped)")
+        }
         (_, Some(sg)) => format!("signal {sg}"),
         (Some(c), _) => format!("code {c}"),
         _ => "still running".into(),
     };
-    out.push(format!("command: {} (pid {}), exit: {exit}", fa["job"]["command"].as_array().map(|c| c.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" ")).unwrap_or_default(), fa["job"]["root_pid"]));
-    out.push(format!("NVIDIA driver: {}", fa["nvidia_driver"].as_str().unwrap_or("none").lines().next().unwrap_or("")));
+    out.push(format!(
+        "command: {} (pid {}), exit: {exit}",
+        fa["job"]["command"]
+            .as_array()
+            .map(|c| c
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(" "))
+            .unwrap_or_default(),
+        fa["job"]["root_pid"]
+    ));
+    out.push(format!(
+        "NVIDIA driver: {}",
+        fa["nvidia_driver"]
+            .as_str()
+            .unwrap_or("none")
+            .lines()
+            .next()
+            .unwrap_or("")
+    ));
     out.push(format!("CUDA driver: {}", or_none(&fa["cuda_driver"])));
     out.push(format!("nvcc: {}", fa["nvcc"].as_str().unwrap_or("none")));
     if let Some(l) = fa["libraries"].as_object() {
         for (k, v) in l {
-            let pkg = v["package"].as_str().map_or(String::new(), |p| format!(" ({p})"));
+            let pkg = v["package"]
+                .as_str()
+                .map_or(String::new(), |p| format!(" ({p})"));
             out.push(format!("{k}: {}{pkg}", v["versions"]));
         }
     }
@@ -109,9 +175,35 @@ pub fn facts_lines(fa: &Value) -> (Vec<String>, Vec<(String, String, String)>) {
             out.push(format!("{k} {v}"));
         }
     }
-    out.push(format!("precision-related environment: {}", if fa["precision_env"].as_object().is_some_and(|m| !m.is_empty()) { fa["precision_env"].to_string() } else { "none set".into() }));
-    out.push(format!("scheduler: slurm={} kubernetes={} cgroup memory limit={}", or_none(&fa["scheduler"]["slurm"]["job_id"]), or_none(&fa["scheduler"]["kubernetes"]["pod_uid"]), memory_limit(&fa["scheduler"]["cgroup"]["memory"]["limit_bytes"])));
-    let losses = fa["last_losses"].as_array().map_or(&[][..], Vec::as_slice).iter().map(|l| (l["step"].to_string(), l["loss"].to_string(), format!("{:.2}", l["offset_s"].as_f64().unwrap_or(0.0)))).collect();
+    out.push(format!(
+        "precision-related environment: {}",
+        if fa["precision_env"]
+            .as_object()
+            .is_some_and(|m| !m.is_empty())
+        {
+            fa["precision_env"].to_string()
+        } else {
+            "none set".into()
+        }
+    ));
+    out.push(format!(
+        "scheduler: slurm={} kubernetes={} cgroup memory limit={}",
+        or_none(&fa["scheduler"]["slurm"]["job_id"]),
+        or_none(&fa["scheduler"]["kubernetes"]["pod_uid"]),
+        memory_limit(&fa["scheduler"]["cgroup"]["memory"]["limit_bytes"])
+    ));
+    let losses = fa["last_losses"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .map(|l| {
+            (
+                l["step"].to_string(),
+                l["loss"].to_string(),
+                format!("{:.2}", l["offset_s"].as_f64().unwrap_or(0.0)),
+            )
+        })
+        .collect();
     (out, losses)
 }
 
@@ -129,7 +221,9 @@ fn or_none(v: &Value) -> String {
 /// cgroup v1 reports (9223372036854771712).
 fn memory_limit(v: &Value) -> String {
     match v.as_u64() {
-        Some(b) if b < 1 << 60 => format!("{:.1} GiB ({b} bytes)", b as f64 / f64::from(1u32 << 30)),
+        Some(b) if b < 1 << 60 => {
+            format!("{:.1} GiB ({b} bytes)", b as f64 / f64::from(1u32 << 30))
+        }
         Some(_) => "unlimited".into(),
         None => match v.as_str() {
             Some("max") | None => "unlimited".into(),
@@ -142,18 +236,29 @@ fn memory_limit(v: &Value) -> String {
 pub fn for_bundle(dir: &std::path::Path) -> anyhow::Result<(Analysis, Value, Value)> {
     let (t, mut snap) = crate::bundle::load(dir)?;
     // A silent-data-corruption check added to the bundle (`nantrace gpucheck --bundle`).
-    if let Some(g) = std::fs::read(dir.join("gpucheck.json")).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok()) {
+    if let Some(g) = std::fs::read(dir.join("gpucheck.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+    {
         if snap.is_object() {
             snap["gpucheck"] = g;
         } else {
             snap = json!({ "gpucheck": g });
         }
     }
-    anyhow::ensure!(t["schema"] == crate::bundle::SCHEMA || t["schema"] == crate::merge::SCHEMA, "{}: unknown schema {}", dir.display(), t["schema"]);
-    let snap = if snap.is_null() { json!({ "gpu": { "reason": "no snapshot.json in the bundle" } }) } else { snap };
+    anyhow::ensure!(
+        t["schema"] == crate::bundle::SCHEMA || t["schema"] == crate::merge::SCHEMA,
+        "{}: unknown schema {}",
+        dir.display(),
+        t["schema"]
+    );
+    let snap = if snap.is_null() {
+        json!({ "gpu": { "reason": "no snapshot.json in the bundle" } })
+    } else {
+        snap
+    };
     Ok((analyze(&t, &snap), t, snap))
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -163,9 +268,15 @@ mod tests {
     fn nulls_and_unlimited_limits_read_as_words() {
         assert_eq!(or_none(&Value::Null), "none");
         assert_eq!(or_none(&json!("12345")), "12345");
-        assert_eq!(memory_limit(&json!(9_223_372_036_854_771_712u64)), "unlimited");
+        assert_eq!(
+            memory_limit(&json!(9_223_372_036_854_771_712u64)),
+            "unlimited"
+        );
         assert_eq!(memory_limit(&json!("max")), "unlimited");
         assert_eq!(memory_limit(&Value::Null), "unlimited");
-        assert_eq!(memory_limit(&json!(1u64 << 30)), "1.0 GiB (1073741824 bytes)");
+        assert_eq!(
+            memory_limit(&json!(1u64 << 30)),
+            "1.0 GiB (1073741824 bytes)"
+        );
     }
 }

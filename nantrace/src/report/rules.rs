@@ -24,7 +24,15 @@ pub enum Family {
 
 impl Family {
     pub fn is_machine(self) -> bool {
-        matches!(self, Family::Gpu | Family::Pcie | Family::Memory | Family::Kernel | Family::Storage | Family::Network)
+        matches!(
+            self,
+            Family::Gpu
+                | Family::Pcie
+                | Family::Memory
+                | Family::Kernel
+                | Family::Storage
+                | Family::Network
+        )
     }
 
     /// The family's name in the verdict.
@@ -127,7 +135,10 @@ pub const SIGNALS: &[Signal] = &[
 ];
 
 pub fn signal(id: &str) -> &'static Signal {
-    SIGNALS.iter().find(|s| s.id == id).unwrap_or_else(|| panic!("unknown signal {id}"))
+    SIGNALS
+        .iter()
+        .find(|s| s.id == id)
+        .unwrap_or_else(|| panic!("unknown signal {id}"))
 }
 
 #[cfg(test)]
@@ -140,17 +151,35 @@ mod tests {
         ids.sort_unstable();
         ids.dedup();
         assert_eq!(ids.len(), SIGNALS.len());
-        assert!(SIGNALS.iter().all(|s| s.severity <= 100 && s.threshold > 0.0));
+        assert!(SIGNALS
+            .iter()
+            .all(|s| s.severity <= 100 && s.threshold > 0.0));
     }
 
     #[test]
     fn docs_report_md_lists_every_signal_as_in_the_table() {
         let doc = include_str!("../../../docs/report.md");
-        let rows: Vec<&str> = doc.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| signal")).collect();
+        let rows: Vec<&str> = doc
+            .lines()
+            .filter(|l| l.starts_with("| ") && !l.starts_with("| signal"))
+            .collect();
         for s in SIGNALS {
-            let want = format!("| {} | {} | {} | {} |", s.id, s.family.label(), s.severity, s.threshold);
-            assert!(rows.iter().any(|r| r.starts_with(&want)), "docs/report.md has no row starting {want:?}");
+            let want = format!(
+                "| {} | {} | {} | {} |",
+                s.id,
+                s.family.label(),
+                s.severity,
+                s.threshold
+            );
+            assert!(
+                rows.iter().any(|r| r.starts_with(&want)),
+                "docs/report.md has no row starting {want:?}"
+            );
         }
-        assert_eq!(rows.len(), SIGNALS.len(), "docs/report.md lists signals the table does not have");
+        assert_eq!(
+            rows.len(),
+            SIGNALS.len(),
+            "docs/report.md lists signals the table does not have"
+        );
     }
 }

@@ -28,7 +28,11 @@ impl Scenario {
             { "index": 0, "pci": "0000:3b:00.0", "compute_processes": [{ "pid": ROOT }] },
             { "index": 1, "pci": "0000:5e:00.0", "compute_processes": [] },
         ] }, "software": { "env": { "CUDA_VISIBLE_DEVICES": "0" } } });
-        Scenario { events, snapshot, probes: json!(["printk:console"]) }
+        Scenario {
+            events,
+            snapshot,
+            probes: json!(["printk:console"]),
+        }
     }
 
     pub(super) fn with(mut self, e: Value) -> Self {
@@ -43,7 +47,12 @@ impl Scenario {
     /// As `analyze`, with the bundle's `window.pre_s` as given (a user's bundle may say anything).
     pub(super) fn analyze_window(&self, pre_s: Value) -> Analysis {
         let mut evs = self.events.clone();
-        evs.sort_by(|a, b| a["offset_s"].as_f64().unwrap().total_cmp(&b["offset_s"].as_f64().unwrap()));
+        evs.sort_by(|a, b| {
+            a["offset_s"]
+                .as_f64()
+                .unwrap()
+                .total_cmp(&b["offset_s"].as_f64().unwrap())
+        });
         let t = json!({
             "schema": crate::bundle::SCHEMA,
             "first_nan": { "offset_s": 0.0, "time": "2026-11-30T10:00:00Z", "line": "step 600 | loss nan", "step": 600 },
@@ -77,7 +86,9 @@ pub(super) fn kmsg(t: f64, text: &str) -> Value {
 }
 
 fn top(a: &Analysis) -> &Finding {
-    a.suspects.first().unwrap_or_else(|| panic!("no suspects; verdict {}", a.verdict))
+    a.suspects
+        .first()
+        .unwrap_or_else(|| panic!("no suspects; verdict {}", a.verdict))
 }
 
 #[test]
@@ -104,7 +115,13 @@ fn xid_79_on_the_jobs_gpu_is_the_top_suspect() {
 fn xid_48_is_the_top_suspect() {
     let a = Scenario::healthy().with(kmsg(-20.0, "NVRM: Xid (PCI:0000:5e:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.")).analyze();
     assert_eq!(top(&a).signal, "xid_critical");
-    assert!(top(&a).text.starts_with("Xid 48 (Double Bit ECC Error) on 0000:5e:00.0"), "{}", top(&a).text);
+    assert!(
+        top(&a)
+            .text
+            .starts_with("Xid 48 (Double Bit ECC Error) on 0000:5e:00.0"),
+        "{}",
+        top(&a).text
+    );
 }
 
 #[test]
@@ -124,7 +141,13 @@ fn oom_kill_of_a_worker_is_the_top_suspect() {
         .with(json!({ "offset_s": -12.0, "source": "oom", "victim_pid": 4711, "victim_comm": "pt_data_worker", "victim_job": true, "anon_rss_kb": 8_000_000, "pid": 1, "job": false }))
         .analyze();
     assert_eq!(top(&a).signal, "oom_kill_job");
-    assert!(top(&a).text.starts_with("OOM kill of pt_data_worker 4711 (job)"), "{}", top(&a).text);
+    assert!(
+        top(&a)
+            .text
+            .starts_with("OOM kill of pt_data_worker 4711 (job)"),
+        "{}",
+        top(&a).text
+    );
     assert!(top(&a).text.ends_with("12.0 s before the first NaN"));
 }
 
@@ -147,13 +170,20 @@ fn retransmit_storm_is_the_top_suspect() {
     }
     let a = s.analyze();
     assert_eq!(top(&a).signal, "retransmit_storm");
-    assert!(top(&a).text.starts_with("TCP retransmits to 10.0.0.7:29500 up 40×"), "{}", top(&a).text);
+    assert!(
+        top(&a)
+            .text
+            .starts_with("TCP retransmits to 10.0.0.7:29500 up 40×"),
+        "{}",
+        top(&a).text
+    );
 }
-
 
 #[test]
 fn swap_thrash_is_the_top_suspect() {
-    let a = Scenario::healthy().with(json!({ "offset_s": -8.0, "source": "system", "swap_in_kb_s": 300.0 * 1024.0 })).analyze();
+    let a = Scenario::healthy()
+        .with(json!({ "offset_s": -8.0, "source": "system", "swap_in_kb_s": 300.0 * 1024.0 }))
+        .analyze();
     assert_eq!(top(&a).signal, "swap_thrash");
     assert!(top(&a).text.starts_with("swap-in 300 MB/s"));
 }
@@ -167,7 +197,12 @@ fn thermal_throttling_is_the_top_suspect() {
         .with(json!({ "offset_s": -20.0, "source": "gpu_change", "gpu": 0, "pci": "0000:3b:00.0", "change": "NVLink CRC errors +7 on GPU 0 (0000:3b:00.0)" }))
         .analyze();
     let sigs: Vec<&str> = r.suspects.iter().map(|f| f.signal).collect();
-    assert!(sigs.contains(&"ecc_uncorrected") && sigs.contains(&"gpu_remap_pending") && sigs.contains(&"nvlink_errors"), "{sigs:?}");
+    assert!(
+        sigs.contains(&"ecc_uncorrected")
+            && sigs.contains(&"gpu_remap_pending")
+            && sigs.contains(&"nvlink_errors"),
+        "{sigs:?}"
+    );
     assert!(r.machine, "{}", r.verdict);
     let a = Scenario::healthy().with(json!({ "offset_s": -40.0, "source": "gpu_change", "gpu": 0, "pci": "0000:3b:00.0", "change": "HW slowdown started on GPU 0 (0000:3b:00.0)" })).analyze();
     assert_eq!(top(&a).signal, "gpu_hw_slowdown");
@@ -184,7 +219,13 @@ fn loss_scale_collapse_with_nothing_else_wrong() {
     }
     let a = s.analyze();
     assert_eq!(top(&a).signal, "loss_scale_collapse");
-    assert!(top(&a).text.starts_with("loss scale fell from 65536 to 0.5"), "{}", top(&a).text);
+    assert!(
+        top(&a)
+            .text
+            .starts_with("loss scale fell from 65536 to 0.5"),
+        "{}",
+        top(&a).text
+    );
     assert!(!a.machine);
     assert!(a.verdict.starts_with("NOT THE MACHINE"));
 }
@@ -204,12 +245,27 @@ fn an_xid_seen_by_the_kernel_log_and_nvml_is_one_suspect_with_two_witnesses() {
         .with(kmsg(-6.0, "NVRM: Xid (PCI:0000:3b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0."))
         .with(json!({ "offset_s": -5.9, "source": "nvml_xid", "xid": 48, "pci": "0000:3b:00.0", "witness": "nvml" }))
         .analyze();
-    let xids: Vec<&Finding> = a.suspects.iter().filter(|f| f.text.contains("Xid 48")).collect();
+    let xids: Vec<&Finding> = a
+        .suspects
+        .iter()
+        .filter(|f| f.text.contains("Xid 48"))
+        .collect();
     assert_eq!(xids.len(), 1, "{:?}", a.suspects);
-    assert!(xids[0].text.contains("[two witnesses: kernel log and NVML]"), "{}", xids[0].text);
-    assert!(xids[0].touches_job, "0000:3b:00.0 is the job's GPU (CUDA_VISIBLE_DEVICES=0)");
+    assert!(
+        xids[0]
+            .text
+            .contains("[two witnesses: kernel log and NVML]"),
+        "{}",
+        xids[0].text
+    );
+    assert!(
+        xids[0].touches_job,
+        "0000:3b:00.0 is the job's GPU (CUDA_VISIBLE_DEVICES=0)"
+    );
     // NVML alone still names it.
-    let b = Scenario::healthy().with(json!({ "offset_s": -5.9, "source": "nvml_xid", "xid": 79, "pci": "0000:3b:00.0" })).analyze();
+    let b = Scenario::healthy()
+        .with(json!({ "offset_s": -5.9, "source": "nvml_xid", "xid": 79, "pci": "0000:3b:00.0" }))
+        .analyze();
     assert_eq!(top(&b).signal, "gpu_fallen_off_bus");
     assert!(top(&b).text.contains("(NVML event)"));
 }
@@ -238,10 +294,27 @@ fn the_issue_9_job_gets_a_gpu_verdict_not_not_the_machine() {
     assert!(a.verdict.starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: job output: uncorrectable ECC error (cudaErrorECCUncorrectable (214))"), "{}", a.verdict);
     assert_eq!(top(&a).signal, "joblog_gpu_hw");
     assert!(top(&a).text.contains("rank 1"), "{}", top(&a).text);
-    let net = a.suspects.iter().find(|s| s.signal == "joblog_network").expect("the IB error is a suspect");
-    assert!(net.text.contains("ibv status 12 (transport retry counter exceeded"), "{}", net.text);
-    let hang = a.suspects.iter().find(|s| s.signal == "joblog_hang").expect("the hang is listed");
-    assert!(hang.text.contains("ALLREDUCE SeqNum=812") && hang.text.contains("points at the network"), "{}", hang.text);
+    let net = a
+        .suspects
+        .iter()
+        .find(|s| s.signal == "joblog_network")
+        .expect("the IB error is a suspect");
+    assert!(
+        net.text
+            .contains("ibv status 12 (transport retry counter exceeded"),
+        "{}",
+        net.text
+    );
+    let hang = a
+        .suspects
+        .iter()
+        .find(|s| s.signal == "joblog_hang")
+        .expect("the hang is listed");
+    assert!(
+        hang.text.contains("ALLREDUCE SeqNum=812") && hang.text.contains("points at the network"),
+        "{}",
+        hang.text
+    );
 }
 
 #[test]
@@ -257,7 +330,6 @@ fn each_machine_family_of_job_output_names_its_family() {
         assert!(a.verdict.starts_with(&format!("POSSIBLY THE MACHINE ({family}), in the job's own words only: ")), "{}", a.verdict);
     }
 }
-
 
 #[test]
 fn software_and_gpu_memory_limits_never_blame_the_machine() {
@@ -279,14 +351,33 @@ fn an_ambiguous_gpu_fault_with_a_hardware_xid_is_hardware_and_with_xid_13_stays_
         .with(kmsg(-3.0, "NVRM: Xid (PCI:0000:3b:00): 95, pid=4242, name=python3, Uncontained: FBHUB. RST: Yes, D-RST: No"))
         .with(job_line(-1.0, "RuntimeError: CUDA error: an illegal memory access was encountered"))
         .analyze();
-    assert_eq!(top(&hw).signal, "joblog_gpu_corroborated", "{:?}", hw.suspects);
-    assert!(top(&hw).text.contains("with Xid 95") && top(&hw).text.ends_with("1.0 s before the first NaN"), "{}", top(&hw).text);
+    assert_eq!(
+        top(&hw).signal,
+        "joblog_gpu_corroborated",
+        "{:?}",
+        hw.suspects
+    );
+    assert!(
+        top(&hw).text.contains("with Xid 95")
+            && top(&hw).text.ends_with("1.0 s before the first NaN"),
+        "{}",
+        top(&hw).text
+    );
     let app = Scenario::healthy()
         .with(kmsg(-3.0, "NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address"))
         .with(job_line(-1.0, "RuntimeError: CUDA error: an illegal memory access was encountered"))
         .analyze();
-    let amb = app.suspects.iter().find(|s| s.signal == "joblog_gpu_ambiguous").expect("ambiguous GPU finding");
-    assert!(amb.text.contains("Xid 13 on 0000:3b:00.0 confirms a GPU fault"), "{}", amb.text);
+    let amb = app
+        .suspects
+        .iter()
+        .find(|s| s.signal == "joblog_gpu_ambiguous")
+        .expect("ambiguous GPU finding");
+    assert!(
+        amb.text
+            .contains("Xid 13 on 0000:3b:00.0 confirms a GPU fault"),
+        "{}",
+        amb.text
+    );
 }
 
 #[test]
@@ -294,13 +385,23 @@ fn a_hang_alone_is_undecided_and_generic_lines_give_way_to_specific_ones() {
     let a = Scenario::healthy()
         .with(job_line(-1.0, "[rank3]:[E ProcessGroupNCCL.cpp:1316] [PG 0 Rank 3] Heartbeat monitor timed out! Process will be terminated after dumping debug info."))
         .analyze();
-    assert!(a.verdict.starts_with("UNDECIDED (collective hang)"), "{}", a.verdict);
+    assert!(
+        a.verdict.starts_with("UNDECIDED (collective hang)"),
+        "{}",
+        a.verdict
+    );
     let b = Scenario::healthy()
         .with(job_line(-2.0, "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5"))
         .with(job_line(-2.0, "node1:88:88 [0] misc/shmutils.cc:72 NCCL WARN Error: failed to extend /dev/shm/nccl-Gx1T to 9637892 bytes"))
         .analyze();
     assert_eq!(top(&b).signal, "joblog_host_memory", "{:?}", b.suspects);
-    assert!(!b.suspects.iter().any(|s| s.signal == "joblog_network_generic"), "{:?}", b.suspects);
+    assert!(
+        !b.suspects
+            .iter()
+            .any(|s| s.signal == "joblog_network_generic"),
+        "{:?}",
+        b.suspects
+    );
 }
 
 #[test]
@@ -345,7 +446,12 @@ fn without_probes_or_nvml_the_report_cannot_tell() {
     let mut s = Scenario::healthy();
     s.snapshot = json!({ "gpu": { "available": false, "reason": "NVML not found" } });
     let mut evs = s.events.clone();
-    evs.sort_by(|a, b| a["offset_s"].as_f64().unwrap().total_cmp(&b["offset_s"].as_f64().unwrap()));
+    evs.sort_by(|a, b| {
+        a["offset_s"]
+            .as_f64()
+            .unwrap()
+            .total_cmp(&b["offset_s"].as_f64().unwrap())
+    });
     let t = json!({ "first_nan": { "offset_s": 0.0 }, "trigger": { "kind": "nan" }, "window": { "pre_s": 600.0 }, "accounting": { "probes_attached": [], "probes_error": "not root" }, "events": evs });
     let a = analyze(&t, &s.snapshot);
     assert!(a.verdict.starts_with("CANNOT TELL"), "{}", a.verdict);
@@ -354,12 +460,22 @@ fn without_probes_or_nvml_the_report_cannot_tell() {
 #[test]
 fn an_evicted_class_makes_the_window_incomplete() {
     let mut s = Scenario::healthy();
-    s.events.push(json!({ "offset_s": -1.0, "source": "system" }));
+    s.events
+        .push(json!({ "offset_s": -1.0, "source": "system" }));
     let mut evs = s.events.clone();
-    evs.sort_by(|a, b| a["offset_s"].as_f64().unwrap().total_cmp(&b["offset_s"].as_f64().unwrap()));
+    evs.sort_by(|a, b| {
+        a["offset_s"]
+            .as_f64()
+            .unwrap()
+            .total_cmp(&b["offset_s"].as_f64().unwrap())
+    });
     let t = json!({ "first_nan": { "offset_s": 0.0 }, "trigger": { "kind": "nan" }, "window": { "pre_s": 600.0 }, "accounting": { "probes_attached": ["printk:console"], "recorder": { "evicted_by_memory_per_source": { "xid": 3, "log": 100 } } }, "events": evs });
     let a = analyze(&t, &s.snapshot);
-    assert!(a.verdict.contains("INCOMPLETE: xid ×3 evicted"), "{}", a.verdict);
+    assert!(
+        a.verdict.contains("INCOMPLETE: xid ×3 evicted"),
+        "{}",
+        a.verdict
+    );
     assert!(!a.verdict.contains("10 minutes"), "{}", a.verdict);
 }
 
@@ -367,10 +483,19 @@ fn an_evicted_class_makes_the_window_incomplete() {
 fn an_xid_nvidia_lists_as_possibly_the_applications_says_so() {
     let a = Scenario::healthy().with(kmsg(-2.0, "NVRM: Xid (PCI:0000:3b:00): 31, pid=4242, name=python3, Ch 00000010, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f2d_1a000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ")).analyze();
     assert_eq!(top(&a).signal, "xid_app_possible");
-    assert!(a.verdict.starts_with("POSSIBLY THE MACHINE (GPU, or the job's own code): Xid 31"), "{}", a.verdict);
+    assert!(
+        a.verdict
+            .starts_with("POSSIBLY THE MACHINE (GPU, or the job's own code): Xid 31"),
+        "{}",
+        a.verdict
+    );
     // A hardware Xid stays PROBABLY.
     let b = Scenario::healthy().with(kmsg(-2.0, "NVRM: Xid (PCI:0000:3b:00): 94, pid=4242, name=python3, Contained: SM (0x1). RST: No, D-RST: No")).analyze();
-    assert!(b.verdict.starts_with("PROBABLY THE MACHINE (GPU): Xid 94"), "{}", b.verdict);
+    assert!(
+        b.verdict.starts_with("PROBABLY THE MACHINE (GPU): Xid 94"),
+        "{}",
+        b.verdict
+    );
 }
 
 #[test]
@@ -382,31 +507,65 @@ fn a_device_side_assert_explains_the_xid_43_that_follows_it() {
         .with(json!({ "offset_s": -0.466, "source": "nvml_xid", "xid": 43, "pci": "0000:00:06.0", "witness": "nvml" }))
         .with(job_line(-0.2, "torch.AcceleratorError: CUDA error: device-side assert triggered"))
         .analyze();
-    assert!(!a.machine || a.verdict.starts_with("NOT THE MACHINE (software/configuration)"), "{}", a.verdict);
-    assert!(a.verdict.starts_with("NOT THE MACHINE (software/configuration): job output: device-side assert"), "{}", a.verdict);
+    assert!(
+        !a.machine
+            || a.verdict
+                .starts_with("NOT THE MACHINE (software/configuration)"),
+        "{}",
+        a.verdict
+    );
+    assert!(
+        a.verdict.starts_with(
+            "NOT THE MACHINE (software/configuration): job output: device-side assert"
+        ),
+        "{}",
+        a.verdict
+    );
     // The same assert next to an Xid 31 (possibly the application's): still the job's bug.
     let b = Scenario::healthy()
         .with(kmsg(-1.0, "NVRM: Xid (PCI:0000:3b:00): 31, pid=4242, name=python3, channel 0x0000000a, intr 00000000. MMU Fault: ENGINE GRAPHICS"))
         .with(job_line(-0.5, "RuntimeError: CUDA error: device-side assert triggered"))
         .analyze();
-    assert!(b.verdict.starts_with("NOT THE MACHINE (software/configuration)"), "{}", b.verdict);
-    assert!(b.verdict.contains("the GPU fault next to it follows from it: Xid 31"), "{}", b.verdict);
+    assert!(
+        b.verdict
+            .starts_with("NOT THE MACHINE (software/configuration)"),
+        "{}",
+        b.verdict
+    );
+    assert!(
+        b.verdict
+            .contains("the GPU fault next to it follows from it: Xid 31"),
+        "{}",
+        b.verdict
+    );
     // But a hardware Xid is not explained away.
     let c = Scenario::healthy()
         .with(kmsg(-1.0, "NVRM: Xid (PCI:0000:3b:00): 48, pid=4242, name=python3, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0."))
         .with(job_line(-0.5, "RuntimeError: CUDA error: device-side assert triggered"))
         .analyze();
-    assert!(c.verdict.starts_with("PROBABLY THE MACHINE (GPU)"), "{}", c.verdict);
+    assert!(
+        c.verdict.starts_with("PROBABLY THE MACHINE (GPU)"),
+        "{}",
+        c.verdict
+    );
 }
 
 #[test]
 fn a_crash_after_a_gpu_fault_does_not_explain_it_and_outside_kills_are_outside() {
     // The abort that follows an illegal address is its consequence.
     let a = Scenario::healthy()
-        .with(job_line(-1.0, "[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered"))
+        .with(job_line(
+            -1.0,
+            "[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered",
+        ))
         .with(job_line(-0.9, "Fatal Python error: Aborted"))
         .analyze();
-    assert!(a.verdict.starts_with("POSSIBLY THE MACHINE (GPU, or the job's own code)"), "{}", a.verdict);
+    assert!(
+        a.verdict
+            .starts_with("POSSIBLY THE MACHINE (GPU, or the job's own code)"),
+        "{}",
+        a.verdict
+    );
     // kill -SEGV from outside the job (si_code 0, sender not a job process, though the event's
     // `job` flag says the target is one): a fatal signal from outside, not the job's crash.
     let b = Scenario::healthy()
@@ -418,7 +577,11 @@ fn a_crash_after_a_gpu_fault_does_not_explain_it_and_outside_kills_are_outside()
         .with(json!({ "offset_s": -0.5, "source": "signal", "signal": "SIGKILL", "si_code": 0, "target_pid": ROOT, "target_comm": "python3", "pid": 999_998, "comm": "kill", "job": true }))
         .with(job_line(-0.2, "    exitcode  : -9 (pid: 4242)"))
         .analyze();
-    assert!(!c.suspects.iter().any(|s| s.signal == "joblog_host_memory"), "{:?}", c.suspects);
+    assert!(
+        !c.suspects.iter().any(|s| s.signal == "joblog_host_memory"),
+        "{:?}",
+        c.suspects
+    );
     assert_eq!(top(&c).signal, "job_fatal_signal");
     // A real fault (si_code > 0) in a job process is its own crash.
     let d = Scenario::healthy().with(json!({ "offset_s": -0.5, "source": "signal", "signal": "SIGSEGV", "si_code": 1, "target_pid": ROOT, "target_comm": "python3", "pid": ROOT, "comm": "python3", "job": true })).analyze();
@@ -427,39 +590,76 @@ fn a_crash_after_a_gpu_fault_does_not_explain_it_and_outside_kills_are_outside()
 
 #[test]
 fn a_gpucheck_disagreement_is_the_top_suspect_and_a_clean_one_is_said() {
-    let gpu = |i: u32, fp: &str, mism: Value| json!({ "index": i, "name": "NVIDIA H200", "pci": format!("0000:{:02x}:00.0", i),
+    let gpu = |i: u32, fp: &str, mism: Value| {
+        json!({ "index": i, "name": "NVIDIA H200", "pci": format!("0000:{:02x}:00.0", i),
         "compute": { "fp16": { "reps": 20, "fingerprint": fp, "mismatching_reps": mism, "seconds": 1.0 } },
-        "memory": { "bytes_tested": 1u64 << 30, "patterns": [{ "pattern": "address", "errors": 0 }], "seconds": 1.0 } });
+        "memory": { "bytes_tested": 1u64 << 30, "patterns": [{ "pattern": "address", "errors": 0 }], "seconds": 1.0 } })
+    };
     let mut s = Scenario::healthy();
     s.snapshot["gpucheck"] = json!({ "schema": crate::gpucheck::SCHEMA, "gpus": [gpu(0, "aa", json!([])), gpu(1, "aa", json!([])), gpu(2, "bb", json!([{ "rep": 3, "first_index": 7, "want_bits": "0x3c00", "got_bits": "0x3c01" }]))] });
     let a = s.analyze();
     assert_eq!(top(&a).signal, "gpucheck_mismatch");
-    assert!(a.verdict.starts_with("PROBABLY THE MACHINE (GPU): nantrace gpucheck after the incident: GPU 2"), "{}", a.verdict);
+    assert!(
+        a.verdict
+            .starts_with("PROBABLY THE MACHINE (GPU): nantrace gpucheck after the incident: GPU 2"),
+        "{}",
+        a.verdict
+    );
     let mut c = Scenario::healthy();
     c.snapshot["gpucheck"] = json!({ "schema": crate::gpucheck::SCHEMA, "gpus": [gpu(0, "aa", json!([])), gpu(1, "aa", json!([]))] });
     let b = c.analyze();
-    assert!(b.verdict.starts_with("NOT THE MACHINE") && b.verdict.contains("2 GPU(s) computed bit-identical"), "{}", b.verdict);
+    assert!(
+        b.verdict.starts_with("NOT THE MACHINE")
+            && b.verdict.contains("2 GPU(s) computed bit-identical"),
+        "{}",
+        b.verdict
+    );
     // A GPU another process still used was not checked: said, not a suspect, not "clean".
     let mut d = Scenario::healthy();
     d.snapshot["gpucheck"] = json!({ "schema": crate::gpucheck::SCHEMA, "gpus": [gpu(0, "aa", json!([])), { "index": 1, "name": "NVIDIA H200", "pci": "0000:01:00.0", "skipped": "busy: python3 4242 compute(s) on it; not checked while another process uses the GPU" }] });
     let e = d.analyze();
-    assert!(e.suspects.iter().all(|s| s.signal != "gpucheck_mismatch"), "{:?}", e.suspects);
-    assert!(e.verdict.contains("1 GPU(s) computed bit-identical") && e.verdict.contains("GPU 1 (0000:01:00.0) not checked: busy"), "{}", e.verdict);
+    assert!(
+        e.suspects.iter().all(|s| s.signal != "gpucheck_mismatch"),
+        "{:?}",
+        e.suspects
+    );
+    assert!(
+        e.verdict.contains("1 GPU(s) computed bit-identical")
+            && e.verdict.contains("GPU 1 (0000:01:00.0) not checked: busy"),
+        "{}",
+        e.verdict
+    );
     let mut m = Scenario::healthy();
     m.snapshot["gpucheck"] = json!({ "schema": crate::gpucheck::SCHEMA, "gpus": [{ "index": 0, "name": "NVIDIA H200", "pci": "0000:00:00.0", "skipped": "MIG mode is on: the check tests whole GPUs" }] });
     let n = m.analyze();
-    assert!(n.verdict.contains("tested no GPU: GPU 0 (0000:00:00.0) not checked: MIG mode is on") && n.verdict.contains("run `nantrace gpucheck --bundle BUNDLE`"), "{}", n.verdict);
+    assert!(
+        n.verdict
+            .contains("tested no GPU: GPU 0 (0000:00:00.0) not checked: MIG mode is on")
+            && n.verdict
+                .contains("run `nantrace gpucheck --bundle BUNDLE`"),
+        "{}",
+        n.verdict
+    );
 }
 
 #[test]
 fn nvml_remapped_rows_pending_or_failed_are_suspects() {
     let mut s = Scenario::healthy();
-    s.snapshot["gpu"]["devices"][0]["remapped_rows"] = json!({ "correctable": 0, "uncorrectable": 2, "pending": true, "failure_occurred": false });
+    s.snapshot["gpu"]["devices"][0]["remapped_rows"] =
+        json!({ "correctable": 0, "uncorrectable": 2, "pending": true, "failure_occurred": false });
     let a = s.analyze();
     assert_eq!(top(&a).signal, "gpu_remap_pending");
-    assert!(top(&a).touches_job && top(&a).text.starts_with("rows of 0000:3b:00.0 wait for a GPU reset"), "{}", top(&a).text);
+    assert!(
+        top(&a).touches_job
+            && top(&a)
+                .text
+                .starts_with("rows of 0000:3b:00.0 wait for a GPU reset"),
+        "{}",
+        top(&a).text
+    );
     let mut f = Scenario::healthy();
-    f.snapshot["gpu"]["devices"][1]["remapped_rows"] = json!({ "correctable": 0, "uncorrectable": 9, "pending": false, "failure_occurred": true });
+    f.snapshot["gpu"]["devices"][1]["remapped_rows"] =
+        json!({ "correctable": 0, "uncorrectable": 9, "pending": false, "failure_occurred": true });
     assert_eq!(top(&f.analyze()).signal, "gpu_remap_failure");
     // An H200 as recorded: nothing pending.
     let mut ok = Scenario::healthy();

@@ -9,16 +9,33 @@ use super::tests::{job_line, kmsg, Scenario, ROOT};
 /// fabric, whoever's sockets they are; the same storm to a real peer still is.
 #[test]
 fn loopback_retransmits_are_never_network_evidence() {
-    for (daddr, saddr) in [("127.0.0.1", "127.0.0.1"), ("::1", "::1"), ("::ffff:127.0.0.1", "::ffff:127.0.0.1"), ("10.0.0.7", "127.0.0.1")] {
+    for (daddr, saddr) in [
+        ("127.0.0.1", "127.0.0.1"),
+        ("::1", "::1"),
+        ("::ffff:127.0.0.1", "::ffff:127.0.0.1"),
+        ("10.0.0.7", "127.0.0.1"),
+    ] {
         let mut s = Scenario::healthy();
         for i in 0..300 {
             s = s.with(json!({ "offset_s": -59.0 + f64::from(i) / 10.0, "source": "tcp_retransmit", "daddr": daddr, "dport": 39571, "saddr": saddr, "sport": 40000 + i, "job": i % 2 == 0 }));
         }
         let a = s.analyze();
-        assert!(a.suspects.iter().all(|f| f.signal != "retransmit_storm"), "{daddr}: {}", a.verdict);
-        assert!(a.verdict.starts_with("NOT THE MACHINE"), "{daddr}: {}", a.verdict);
+        assert!(
+            a.suspects.iter().all(|f| f.signal != "retransmit_storm"),
+            "{daddr}: {}",
+            a.verdict
+        );
+        assert!(
+            a.verdict.starts_with("NOT THE MACHINE"),
+            "{daddr}: {}",
+            a.verdict
+        );
     }
-    assert!(!crate::report::detect::loopback(Some("10.0.0.7")) && !crate::report::detect::loopback(Some("fe80::1")) && !crate::report::detect::loopback(None));
+    assert!(
+        !crate::report::detect::loopback(Some("10.0.0.7"))
+            && !crate::report::detect::loopback(Some("fe80::1"))
+            && !crate::report::detect::loopback(None)
+    );
 }
 
 /// D-4 of the third adversarial test: a job that prints the kernel's own Xid line (any user
@@ -28,22 +45,57 @@ fn loopback_retransmits_are_never_network_evidence() {
 fn the_jobs_words_alone_are_at_most_possibly_and_say_so() {
     let fake = "[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.";
     let ecc = "RuntimeError: CUDA error: uncorrectable ECC error encountered";
-    let words = Scenario::healthy().with(job_line(-3.0, fake)).with(job_line(-2.0, ecc)).analyze();
+    let words = Scenario::healthy()
+        .with(job_line(-3.0, fake))
+        .with(job_line(-2.0, ecc))
+        .analyze();
     assert!(words.machine, "{}", words.verdict);
     assert_eq!(words.family, "GPU (job's words only)", "{}", words.verdict);
-    assert!(words.verdict.starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: "), "{}", words.verdict);
-    assert!(words.verdict.contains("the kernel log, watched, and NVML show no such fault"), "{}", words.verdict);
-    assert!(words.suspects.iter().all(|s| s.signal != "gpu_fallen_off_bus" && s.signal != "xid_critical"), "the job's imitation became kernel evidence: {:?}", words.suspects.iter().map(|s| s.signal).collect::<Vec<_>>());
+    assert!(
+        words
+            .verdict
+            .starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: "),
+        "{}",
+        words.verdict
+    );
+    assert!(
+        words
+            .verdict
+            .contains("the kernel log, watched, and NVML show no such fault"),
+        "{}",
+        words.verdict
+    );
+    assert!(
+        words
+            .suspects
+            .iter()
+            .all(|s| s.signal != "gpu_fallen_off_bus" && s.signal != "xid_critical"),
+        "the job's imitation became kernel evidence: {:?}",
+        words.suspects.iter().map(|s| s.signal).collect::<Vec<_>>()
+    );
     // Nothing watched the kernel: the verdict says that nothing could confirm them.
     let mut blind = Scenario::healthy().with(job_line(-2.0, ecc));
     blind.probes = json!([]);
     blind.snapshot["gpu"] = json!({ "available": false, "reason": "no NVML" });
     let blind = blind.analyze();
-    assert!(blind.verdict.starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: ") && blind.verdict.contains("neither the kernel log nor NVML was watched"), "{}", blind.verdict);
+    assert!(
+        blind
+            .verdict
+            .starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only: ")
+            && blind
+                .verdict
+                .contains("neither the kernel log nor NVML was watched"),
+        "{}",
+        blind.verdict
+    );
     // The kernel's own Xid on the job's GPU beside the same words: the machine, probably.
     let kernel = Scenario::healthy().with(job_line(-2.0, ecc)).with(kmsg(-2.5, &format!("NVRM: Xid (PCI:0000:3b:00): 79, pid={ROOT}, name=python3, GPU has fallen off the bus."))).analyze();
     assert_eq!(kernel.family, "GPU", "{}", kernel.verdict);
-    assert!(kernel.verdict.starts_with("PROBABLY THE MACHINE (GPU): "), "{}", kernel.verdict);
+    assert!(
+        kernel.verdict.starts_with("PROBABLY THE MACHINE (GPU): "),
+        "{}",
+        kernel.verdict
+    );
 }
 
 /// D-14 of the third adversarial test: a bundle (anyone's, read by root's `report`) whose
@@ -52,13 +104,37 @@ fn the_jobs_words_alone_are_at_most_possibly_and_say_so() {
 fn an_absurd_window_is_not_printed_as_a_number() {
     for bad in [json!(1e300), json!(-5.0), json!("600"), json!(1e9)] {
         let a = Scenario::healthy().analyze_window(bad.clone());
-        let longest = a.verdict.split(|c: char| !c.is_ascii_digit()).map(str::len).max().unwrap_or(0);
+        let longest = a
+            .verdict
+            .split(|c: char| !c.is_ascii_digit())
+            .map(str::len)
+            .max()
+            .unwrap_or(0);
         assert!(longest < 8, "{bad}: {}", a.verdict);
-        assert!(a.verdict.contains("in the window before") && a.verdict.contains("not a valid one"), "{bad}: {}", a.verdict);
+        assert!(
+            a.verdict.contains("in the window before") && a.verdict.contains("not a valid one"),
+            "{bad}: {}",
+            a.verdict
+        );
     }
-    assert!(Scenario::healthy().analyze_window(json!(1800.0)).verdict.contains("in the 30 minutes before"));
-    assert!(Scenario::healthy().analyze_window(json!(172_800.0)).verdict.contains("in the 2880 minutes before"), "run --window allows a week");
-    assert!(Scenario::healthy().analyze_window(json!(null)).verdict.contains("in the 10 minutes before"), "an old bundle without a window: the default");
+    assert!(Scenario::healthy()
+        .analyze_window(json!(1800.0))
+        .verdict
+        .contains("in the 30 minutes before"));
+    assert!(
+        Scenario::healthy()
+            .analyze_window(json!(172_800.0))
+            .verdict
+            .contains("in the 2880 minutes before"),
+        "run --window allows a week"
+    );
+    assert!(
+        Scenario::healthy()
+            .analyze_window(json!(null))
+            .verdict
+            .contains("in the 10 minutes before"),
+        "an old bundle without a window: the default"
+    );
 }
 
 /// The VM cluster's xid-on-n2 case, on n2's own report: the Xid 79 5.5 s before the NaN, then
@@ -72,12 +148,32 @@ fn a_broken_connection_after_the_nan_never_outranks_what_came_before() {
         .with(job_line(1.1, "rank 1 step 26 | connection to rank 0 lost: ConnectionResetError(104, 'Connection reset by peer')"))
         .analyze();
     assert_eq!(a.family, "GPU", "{}", a.verdict);
-    assert!(a.verdict.starts_with("PROBABLY THE MACHINE (GPU)"), "{}", a.verdict);
-    let net = a.suspects.iter().find(|s| s.signal.starts_with("joblog_network")).expect("the broken connection is listed");
-    assert!(net.text.ends_with("(after it: a consequence, not its cause)"), "{}", net.text);
+    assert!(
+        a.verdict.starts_with("PROBABLY THE MACHINE (GPU)"),
+        "{}",
+        a.verdict
+    );
+    let net = a
+        .suspects
+        .iter()
+        .find(|s| s.signal.starts_with("joblog_network"))
+        .expect("the broken connection is listed");
+    assert!(
+        net.text
+            .ends_with("(after it: a consequence, not its cause)"),
+        "{}",
+        net.text
+    );
     // Before the NaN, the same line is a cause like any other.
     let before = Scenario::healthy().with(job_line(-1.1, "rank 1 step 26 | connection to rank 0 lost: ConnectionResetError(104, 'Connection reset by peer')")).analyze();
-    assert!(before.suspects.iter().any(|s| s.signal.starts_with("joblog_network") && !s.text.contains("consequence")), "{:?}", before.suspects);
+    assert!(
+        before
+            .suspects
+            .iter()
+            .any(|s| s.signal.starts_with("joblog_network") && !s.text.contains("consequence")),
+        "{:?}",
+        before.suspects
+    );
 }
 
 /// Issue 24's start-up warning: a transport the job then did without (NCCL found no IB device
@@ -87,11 +183,40 @@ fn a_broken_connection_after_the_nan_never_outranks_what_came_before() {
 fn a_warning_the_job_ran_on_after_is_context_not_evidence() {
     let warn = "NCCL WARN NET/IB : Got completion from peer 10.0.0.2<54321> with status=12 opcode=0 len=0 vendor err 129 (Recv)";
     let early = Scenario::healthy().with(job_line(-500.0, warn)).analyze();
-    assert!(early.verdict.starts_with("NOT THE MACHINE"), "{}", early.verdict);
-    assert!(early.suspects.iter().all(|s| !s.signal.starts_with("joblog_network")), "{:?}", early.suspects);
-    let said = early.checked.iter().find(|c| c.starts_with("context, not evidence: job output")).unwrap_or_else(|| panic!("{:?}", early.checked));
-    assert!(said.contains("500 s before the first NaN; the job ran on after it: ") && said.contains("training steps logged"), "{said}");
+    assert!(
+        early.verdict.starts_with("NOT THE MACHINE"),
+        "{}",
+        early.verdict
+    );
+    assert!(
+        early
+            .suspects
+            .iter()
+            .all(|s| !s.signal.starts_with("joblog_network")),
+        "{:?}",
+        early.suspects
+    );
+    let said = early
+        .checked
+        .iter()
+        .find(|c| c.starts_with("context, not evidence: job output"))
+        .unwrap_or_else(|| panic!("{:?}", early.checked));
+    assert!(
+        said.contains("500 s before the first NaN; the job ran on after it: ")
+            && said.contains("training steps logged"),
+        "{said}"
+    );
     let late = Scenario::healthy().with(job_line(-3.0, warn)).analyze();
-    assert!(late.suspects.iter().any(|s| s.signal.starts_with("joblog_network")), "{}", late.verdict);
-    assert!(late.verdict.starts_with("POSSIBLY THE MACHINE (network)"), "{}", late.verdict);
+    assert!(
+        late.suspects
+            .iter()
+            .any(|s| s.signal.starts_with("joblog_network")),
+        "{}",
+        late.verdict
+    );
+    assert!(
+        late.verdict.starts_with("POSSIBLY THE MACHINE (network)"),
+        "{}",
+        late.verdict
+    );
 }

@@ -28,12 +28,19 @@ pub fn parse(line: &str) -> Option<(u8, bool, String)> {
         };
         // json-file keeps the newline in `log`; a record without one is a partial line.
         let partial = !text.ends_with('\n');
-        return Some((stream, partial, text.trim_end_matches(['\n', '\r']).to_string()));
+        return Some((
+            stream,
+            partial,
+            text.trim_end_matches(['\n', '\r']).to_string(),
+        ));
     }
     let mut it = line.splitn(4, ' ');
     let (ts, stream, tag) = (it.next()?, it.next()?, it.next()?);
     // The timestamp: a date, then `T`: enough to tell a CRI record from a plain line.
-    if ts.len() < 20 || ts.as_bytes().get(10) != Some(&b'T') || !ts.as_bytes()[..4].iter().all(u8::is_ascii_digit) {
+    if ts.len() < 20
+        || ts.as_bytes().get(10) != Some(&b'T')
+        || !ts.as_bytes()[..4].iter().all(u8::is_ascii_digit)
+    {
         return None;
     }
     let stream = match stream {
@@ -102,14 +109,37 @@ mod tests {
     fn cri_records_and_partials() {
         // As containerd writes them (kubelet's /var/log/pods/<ns>_<pod>_<uid>/<container>/0.log).
         let mut j = CriJoiner::default();
-        assert_eq!(j.push("2024-05-02T10:11:12.123456789Z stdout F step 10 loss 2.31"), Some((1, "step 10 loss 2.31".into())));
-        assert_eq!(j.push("2024-05-02T10:11:13.000000001Z stderr P RuntimeError: CUDA error: uncorrectable "), None);
-        assert_eq!(j.push("2024-05-02T10:11:13.000000002Z stderr F ECC error encountered"), Some((2, "RuntimeError: CUDA error: uncorrectable ECC error encountered".into())));
+        assert_eq!(
+            j.push("2024-05-02T10:11:12.123456789Z stdout F step 10 loss 2.31"),
+            Some((1, "step 10 loss 2.31".into()))
+        );
+        assert_eq!(
+            j.push(
+                "2024-05-02T10:11:13.000000001Z stderr P RuntimeError: CUDA error: uncorrectable "
+            ),
+            None
+        );
+        assert_eq!(
+            j.push("2024-05-02T10:11:13.000000002Z stderr F ECC error encountered"),
+            Some((
+                2,
+                "RuntimeError: CUDA error: uncorrectable ECC error encountered".into()
+            ))
+        );
         // An empty line is a record with no text.
-        assert_eq!(j.push("2024-05-02T10:11:14.5Z stdout F "), Some((1, String::new())));
-        assert_eq!(j.push("2024-05-02T10:11:14.5+02:00 stdout F x"), Some((1, "x".into())));
+        assert_eq!(
+            j.push("2024-05-02T10:11:14.5Z stdout F "),
+            Some((1, String::new()))
+        );
+        assert_eq!(
+            j.push("2024-05-02T10:11:14.5+02:00 stdout F x"),
+            Some((1, "x".into()))
+        );
         // Not CRI: passed through as it is.
-        assert_eq!(j.push("step 11 loss nan"), Some((0, "step 11 loss nan".into())));
+        assert_eq!(
+            j.push("step 11 loss nan"),
+            Some((0, "step 11 loss nan".into()))
+        );
         assert_eq!(parse("2024-05-02 10:11:12 stdout F x"), None);
         assert_eq!(parse("2024-05-02T10:11:12.1Z stdin F x"), None);
     }
@@ -117,9 +147,19 @@ mod tests {
     #[test]
     fn docker_json_file_records() {
         let mut j = CriJoiner::default();
-        assert_eq!(j.push(r#"{"log":"epoch 1 loss nan\n","stream":"stdout","time":"2024-05-02T10:11:12.1Z"}"#), Some((1, "epoch 1 loss nan".into())));
+        assert_eq!(
+            j.push(
+                r#"{"log":"epoch 1 loss nan\n","stream":"stdout","time":"2024-05-02T10:11:12.1Z"}"#
+            ),
+            Some((1, "epoch 1 loss nan".into()))
+        );
         assert_eq!(j.push(r#"{"log":"NCCL WARN NET/IB : Got completion ","stream":"stderr","time":"2024-05-02T10:11:12.1Z"}"#), None);
-        assert_eq!(j.push(r#"{"log":"with error 12\n","stream":"stderr","time":"2024-05-02T10:11:12.2Z"}"#), Some((2, "NCCL WARN NET/IB : Got completion with error 12".into())));
+        assert_eq!(
+            j.push(
+                r#"{"log":"with error 12\n","stream":"stderr","time":"2024-05-02T10:11:12.2Z"}"#
+            ),
+            Some((2, "NCCL WARN NET/IB : Got completion with error 12".into()))
+        );
     }
 
     #[test]
@@ -129,9 +169,19 @@ mod tests {
         for _ in 0..100 {
             assert_eq!(j.push(&rec), None);
         }
-        let (_, line) = j.push("2024-05-02T10:11:12.1Z stdout F step 6 loss nan").unwrap();
-        assert!(line.len() < super::super::LineSplitter::MAX + 64, "{}", line.len());
+        let (_, line) = j
+            .push("2024-05-02T10:11:12.1Z stdout F step 6 loss nan")
+            .unwrap();
+        assert!(
+            line.len() < super::super::LineSplitter::MAX + 64,
+            "{}",
+            line.len()
+        );
         // The end of the long line is kept: the NaN printed there is seen (review 13).
-        assert!(line.contains("bytes not kept") && line.ends_with("step 6 loss nan"), "{}", &line[line.len() - 100..]);
+        assert!(
+            line.contains("bytes not kept") && line.ends_with("step 6 loss nan"),
+            "{}",
+            &line[line.len() - 100..]
+        );
     }
 }

@@ -40,14 +40,29 @@ pub(super) struct DumpDone {
 
 impl DumpDone {
     pub(super) fn failed(line: String) -> Self {
-        Self { lines: vec![line], result: Dumped { dir: None, verdict: None, family: None, top_suspect: None, top_signal: None, top_action: None, gpus: Vec::new(), trigger: String::new() }, lanes: None }
+        Self {
+            lines: vec![line],
+            result: Dumped {
+                dir: None,
+                verdict: None,
+                family: None,
+                top_suspect: None,
+                top_signal: None,
+                top_action: None,
+                gpus: Vec::new(),
+                trigger: String::new(),
+            },
+            lanes: None,
+        }
     }
 }
 
 impl OwnedDump {
     pub(super) fn write(mut self) -> DumpDone {
         let snapshot = match self.snapshot.take() {
-            Some(t) => tokio::runtime::Handle::current().block_on(t).unwrap_or_else(|e| json!({ "error": format!("snapshot collector failed: {e}") })),
+            Some(t) => tokio::runtime::Handle::current()
+                .block_on(t)
+                .unwrap_or_else(|e| json!({ "error": format!("snapshot collector failed: {e}") })),
             None => json!({ "error": "no snapshot taken" }),
         };
         let mut order = Recorder::by_time(&self.lanes);
@@ -66,7 +81,20 @@ impl OwnedDump {
             post_s: self.post_s,
         };
         let mut lines = Vec::new();
-        let mut result = Dumped { dir: None, verdict: None, family: None, top_suspect: None, top_signal: None, top_action: None, gpus: Vec::new(), trigger: self.triggers.first().map(|t| t.kind.name().to_string()).unwrap_or_default() };
+        let mut result = Dumped {
+            dir: None,
+            verdict: None,
+            family: None,
+            top_suspect: None,
+            top_signal: None,
+            top_action: None,
+            gpus: Vec::new(),
+            trigger: self
+                .triggers
+                .first()
+                .map(|t| t.kind.name().to_string())
+                .unwrap_or_default(),
+        };
         match self.write_making_room(&inc, &snapshot, &mut lines) {
             Ok(w) => {
                 for f in &w.failures {
@@ -75,7 +103,11 @@ impl OwnedDump {
                 if !w.failures.is_empty() {
                     lines.push(format!("nantrace: WARNING: {} is incomplete ({} file(s) missing; its INCOMPLETE.txt lists them)", w.dir.display(), w.failures.len()));
                 }
-                lines.push(crate::export::summary(&w.dir, &inc, Some(&w.analysis.verdict)));
+                lines.push(crate::export::summary(
+                    &w.dir,
+                    &inc,
+                    Some(&w.analysis.verdict),
+                ));
                 result.verdict = Some(w.analysis.verdict.clone());
                 result.family = Some(w.analysis.family.clone());
                 result.top_suspect = w.analysis.suspects.first().map(|f| f.text.clone());
@@ -84,26 +116,42 @@ impl OwnedDump {
                 result.gpus = crate::report::implicated_gpus(&w.analysis, &snapshot);
                 result.dir = Some(w.dir);
             }
-            Err(e) => lines.push(format!("nantrace: ERROR: could not write the bundle under {}: {e}", self.out.display())),
+            Err(e) => lines.push(format!(
+                "nantrace: ERROR: could not write the bundle under {}: {e}",
+                self.out.display()
+            )),
         }
         drop(inc);
         drop(order);
-        DumpDone { lines, result, lanes: Some(self.lanes) }
+        DumpDone {
+            lines,
+            result,
+            lanes: Some(self.lanes),
+        }
     }
 
     /// `bundle::write`; when the disk was full and the hook freed room (older bundles
     /// evicted, redteam3 D-12), once more, keeping whichever attempt wrote more.
-    fn write_making_room(&self, inc: &Incident, snapshot: &serde_json::Value, lines: &mut Vec<String>) -> std::io::Result<bundle::Written> {
+    fn write_making_room(
+        &self,
+        inc: &Incident,
+        snapshot: &serde_json::Value,
+        lines: &mut Vec<String>,
+    ) -> std::io::Result<bundle::Written> {
         let first = bundle::write(&self.out, inc, snapshot);
         let full = match &first {
             Err(e) => e.kind() == std::io::ErrorKind::StorageFull,
             Ok(w) => w.failures.iter().any(|f| f.contains("No space left")),
         };
-        let Some(make_room) = self.make_room.as_ref().filter(|_| full) else { return first };
+        let Some(make_room) = self.make_room.as_ref().filter(|_| full) else {
+            return first;
+        };
         // One dump at a time makes room and tries again: two sessions dumping on the same full
         // disk must not evict each other's first attempts.
         static ROOM: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _one = ROOM.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _one = ROOM
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let freed = make_room(first.as_ref().ok().map(|w| w.dir.as_path()));
         if freed.is_empty() {
             lines.push("nantrace: WARNING: the disk is full and no older bundle could be removed to make room".into());
@@ -124,4 +172,3 @@ impl OwnedDump {
         }
     }
 }
-

@@ -26,14 +26,26 @@ pub enum LogFormat {
 /// (the agent follows paths a job chose: a link to a root-only file is not read as root).
 /// `behind`: how many followers of the session have not yet read their file to its end (the
 /// job's end waits for them, so the last lines of a flood are not lost).
-pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32>, scanner: Scanner, tx: mpsc::Sender<Input>, behind: std::sync::Arc<std::sync::atomic::AtomicU64>) {
+pub fn follow_file(
+    path: PathBuf,
+    pid: u32,
+    format: LogFormat,
+    owner: Option<u32>,
+    scanner: Scanner,
+    tx: mpsc::Sender<Input>,
+    behind: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
     use std::sync::atomic::Ordering;
     std::thread::spawn(move || {
         let mut am_behind = false;
         let mut set_behind = |b: bool| {
             if b != am_behind {
                 am_behind = b;
-                if b { behind.fetch_add(1, Ordering::SeqCst) } else { behind.fetch_sub(1, Ordering::SeqCst) };
+                if b {
+                    behind.fetch_add(1, Ordering::SeqCst)
+                } else {
+                    behind.fetch_sub(1, Ordering::SeqCst)
+                };
             }
         };
         let comm = comm_of(pid);
@@ -60,7 +72,10 @@ pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32
                         None => continue,
                     },
                 };
-                if tx.blocking_send(Input::Log(log_event(&mut reader, text, stream, pid, comm))).is_err() {
+                if tx
+                    .blocking_send(Input::Log(log_event(&mut reader, text, stream, pid, comm)))
+                    .is_err()
+                {
                     return false;
                 }
             }
@@ -76,10 +91,16 @@ pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32
             // What was refused is known by device, inode, type and change time (an inode number
             // is reused at once: a FIFO then a regular file at the same number, re-review D3),
             // and tried again every 5 s anyway.
-            let id = std::fs::symlink_metadata(&path).ok().map(|m| (m.dev(), m.ino(), m.mode(), m.ctime(), m.ctime_nsec()));
+            let id = std::fs::symlink_metadata(&path)
+                .ok()
+                .map(|m| (m.dev(), m.ino(), m.mode(), m.ctime(), m.ctime_nsec()));
             let rotated = match (&file, &meta) {
                 (Some((_, ino)), Some(m)) => m.ino() != *ino,
-                (None, Some(_)) => refused_id.is_none() || refused_id != id || refused_at.elapsed() > Duration::from_secs(5),
+                (None, Some(_)) => {
+                    refused_id.is_none()
+                        || refused_id != id
+                        || refused_at.elapsed() > Duration::from_secs(5)
+                }
                 _ => false,
             };
             if rotated {
@@ -104,7 +125,11 @@ pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32
                         // On attach, start up to 256 KiB back so the bundle has the recent
                         // history; a new file that is already long (a 1 TiB sparse file put
                         // in the log's place, review 7) likewise.
-                        pos = if first || m.len() > 256 * 1024 { m.len().saturating_sub(256 * 1024) } else { 0 };
+                        pos = if first || m.len() > 256 * 1024 {
+                            m.len().saturating_sub(256 * 1024)
+                        } else {
+                            0
+                        };
                         let _ = f.seek(SeekFrom::Start(pos));
                         // The first line read from there may be a fragment: it is kept (its
                         // end can be the line that matters, after a sparse run of zeros).
@@ -116,7 +141,10 @@ pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32
                         refused = true;
                         refused_id = id;
                         refused_at = std::time::Instant::now();
-                        crate::say!("nantrace: WARNING: not reading {}: {e}", crate::term::clean(&path.display().to_string()));
+                        crate::say!(
+                            "nantrace: WARNING: not reading {}: {e}",
+                            crate::term::clean(&path.display().to_string())
+                        );
                     }
                     Err(_) => {
                         refused_id = id;
@@ -170,7 +198,10 @@ pub fn follow_file(path: PathBuf, pid: u32, format: LogFormat, owner: Option<u32
 
 /// Open a log to follow; with `owner`, only a regular file (not a link) owned by that uid,
 /// opened without following a link.
-fn open_log(path: &std::path::Path, owner: Option<u32>) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
+fn open_log(
+    path: &std::path::Path,
+    owner: Option<u32>,
+) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let Some(uid) = owner else {
         let f = std::fs::File::open(path)?;
@@ -183,7 +214,10 @@ fn open_log(path: &std::path::Path, owner: Option<u32>) -> std::io::Result<(std:
     if !lm.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
-    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
     let m = f.metadata()?;
     if !m.is_file() {
         return Err(std::io::Error::other("not a regular file"));
@@ -191,7 +225,10 @@ fn open_log(path: &std::path::Path, owner: Option<u32>) -> std::io::Result<(std:
     // Exactly the job's user: a root-owned file reached through a directory link the user
     // planted (`~/logs -> /etc`) is not read as root.
     if m.uid() != uid {
-        return Err(std::io::Error::other(format!("owned by uid {}, not by the job's user {uid}", m.uid())));
+        return Err(std::io::Error::other(format!(
+            "owned by uid {}, not by the job's user {uid}",
+            m.uid()
+        )));
     }
     Ok((f, m))
 }
@@ -203,7 +240,10 @@ impl DirWatch {
     fn new(path: &std::path::Path) -> Option<Self> {
         use std::os::fd::FromRawFd as _;
         use std::os::unix::ffi::OsStrExt as _;
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
         let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
         // SAFETY: inotify_init1 returns a new descriptor we own (or -1).
         let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
@@ -212,7 +252,13 @@ impl DirWatch {
         }
         // SAFETY: fd is fresh and owned here.
         let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        let mask = libc::IN_MODIFY | libc::IN_CREATE | libc::IN_MOVED_TO | libc::IN_MOVED_FROM | libc::IN_DELETE | libc::IN_ATTRIB | libc::IN_CLOSE_WRITE;
+        let mask = libc::IN_MODIFY
+            | libc::IN_CREATE
+            | libc::IN_MOVED_TO
+            | libc::IN_MOVED_FROM
+            | libc::IN_DELETE
+            | libc::IN_ATTRIB
+            | libc::IN_CLOSE_WRITE;
         // SAFETY: valid inotify fd and NUL-terminated path.
         (unsafe { libc::inotify_add_watch(fd, c.as_ptr(), mask) } >= 0).then_some(DirWatch(owned))
     }
@@ -221,7 +267,11 @@ impl DirWatch {
     fn wait(&self, timeout: Duration) {
         use std::os::fd::AsRawFd as _;
         let fd = self.0.as_raw_fd();
-        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut p, 1, i32::try_from(timeout.as_millis()).unwrap_or(100)) };
         let mut b = [0u8; 4096];
@@ -231,6 +281,9 @@ impl DirWatch {
 }
 
 pub(super) fn comm_of(pid: u32) -> crate::event::Comm {
-    comm_from(std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim())
+    comm_from(
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .unwrap_or_default()
+            .trim(),
+    )
 }
-

@@ -88,14 +88,30 @@ fn table_header(line: &str) -> Option<(Vec<String>, Vec<usize>)> {
     if cols.len() < 3 || cols.len() > 40 {
         return None;
     }
-    let wordy = cols.iter().all(|c| c.chars().next().is_some_and(char::is_alphabetic) && c.chars().all(|ch| ch.is_alphanumeric() || "_/.-()%".contains(ch)));
-    let loss: Vec<usize> = cols.iter().enumerate().filter(|(_, c)| c.to_ascii_lowercase().contains("loss")).map(|(i, _)| i).collect();
+    let wordy = cols.iter().all(|c| {
+        c.chars().next().is_some_and(char::is_alphabetic)
+            && c.chars()
+                .all(|ch| ch.is_alphanumeric() || "_/.-()%".contains(ch))
+    });
+    let loss: Vec<usize> = cols
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.to_ascii_lowercase().contains("loss"))
+        .map(|(i, _)| i)
+        .collect();
     (wordy && !loss.is_empty()).then(|| (cols.iter().map(|c| (*c).to_string()).collect(), loss))
 }
 
 impl LineReader {
     pub fn new(scanner: Scanner) -> Self {
-        Self { scanner, faults: crate::joblog::Reader::default(), header: None, lines: 0, last_overflow: None, last_scale: None }
+        Self {
+            scanner,
+            faults: crate::joblog::Reader::default(),
+            header: None,
+            lines: 0,
+            last_overflow: None,
+            last_scale: None,
+        }
     }
 
     /// A row under the last table header whose loss column is non-finite (YOLO-style logs).
@@ -106,8 +122,11 @@ impl LineReader {
             return None;
         }
         loss.iter().find_map(|&i| {
-            let v = cells[i].trim_end_matches([',', ':', ';']).to_ascii_lowercase();
-            matches!(v.trim_start_matches(['-', '+']), "nan" | "inf" | "infinity").then(|| cols[i].clone())
+            let v = cells[i]
+                .trim_end_matches([',', ':', ';'])
+                .to_ascii_lowercase();
+            matches!(v.trim_start_matches(['-', '+']), "nan" | "inf" | "infinity")
+                .then(|| cols[i].clone())
         })
     }
 
@@ -160,10 +179,23 @@ impl LineReader {
     }
 }
 
-pub(super) fn log_event(reader: &mut LineReader, line: String, stream: u8, pid: u32, comm: crate::event::Comm) -> Event {
+pub(super) fn log_event(
+    reader: &mut LineReader,
+    line: String,
+    stream: u8,
+    pid: u32,
+    comm: crate::event::Comm,
+) -> Event {
     let mut l = reader.read(&line);
     l.stream = stream;
-    Event::new(monotonic_ns(), pid, pid, comm, true, Detail::Log(Box::new(l)))
+    Event::new(
+        monotonic_ns(),
+        pid,
+        pid,
+        comm,
+        true,
+        Detail::Log(Box::new(l)),
+    )
 }
 
 /// Bytes of output waiting to be scanned, per stream, at most.
@@ -178,7 +210,8 @@ static HINT: std::sync::LazyLock<regex::bytes::Regex> = std::sync::LazyLock::new
 });
 
 /// A line could be the NaN: these go first, with a reserve of their own.
-static NAN_HINT: std::sync::LazyLock<regex::bytes::Regex> = std::sync::LazyLock::new(|| regex::bytes::Regex::new(r"(?i-u)nan|inf").unwrap());
+static NAN_HINT: std::sync::LazyLock<regex::bytes::Regex> =
+    std::sync::LazyLock::new(|| regex::bytes::Regex::new(r"(?i-u)nan|inf").unwrap());
 
 /// The complete lines of `chunk` (its first and last, possibly cut, included) that contain a
 /// hint word, each ending with a newline: (lines that could be a NaN, the other hint lines),
@@ -191,15 +224,25 @@ fn hint_lines(chunk: &[u8]) -> (Vec<u8>, Vec<u8>) {
         if m.start() < last_end {
             continue;
         }
-        let start = chunk[..m.start()].iter().rposition(|&b| b == b'\n' || b == b'\r').map_or(0, |i| i + 1);
-        let end = chunk[m.end()..].iter().position(|&b| b == b'\n' || b == b'\r').map_or(chunk.len(), |i| m.end() + i);
+        let start = chunk[..m.start()]
+            .iter()
+            .rposition(|&b| b == b'\n' || b == b'\r')
+            .map_or(0, |i| i + 1);
+        let end = chunk[m.end()..]
+            .iter()
+            .position(|&b| b == b'\n' || b == b'\r')
+            .map_or(chunk.len(), |i| m.end() + i);
         ranges.push((start, end));
         last_end = end;
     }
     let pick = |nan: bool| {
         let mut keep: Vec<(usize, usize)> = Vec::new();
         let mut size = 0;
-        for &(s, e) in ranges.iter().rev().filter(|(s, e)| NAN_HINT.is_match(&chunk[*s..*e]) == nan) {
+        for &(s, e) in ranges
+            .iter()
+            .rev()
+            .filter(|(s, e)| NAN_HINT.is_match(&chunk[*s..*e]) == nan)
+        {
             if size + (e - s) + 1 > 32 << 10 {
                 break;
             }
@@ -223,7 +266,10 @@ fn hint_lines(chunk: &[u8]) -> (Vec<u8>, Vec<u8>) {
 /// scanner is behind by more than `SCAN_QUEUE_BYTES` (a sustained flood faster than the
 /// classifiers), the chunk is still passed through but not scanned, and counted in
 /// `not_scanned` (bytes), which the bundle's accounting and the report show.
-#[allow(clippy::too_many_arguments, reason = "the stream's identity, its ends and its accounting")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the stream's identity, its ends and its accounting"
+)]
 pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     mut from: R,
     mut to: W,
@@ -239,53 +285,55 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     let (chunks, rx) = std::sync::mpsc::channel::<Option<(u64, Vec<u8>)>>();
     let queued = std::sync::Arc::new(AtomicUsize::new(0));
     let queued2 = queued.clone();
-    let scan = std::thread::Builder::new().name("nantrace-scan".into()).spawn(move || {
-        let mut split = LineSplitter::default();
-        let mut reader = LineReader::new(scanner);
-        let mut last_t = 0;
-        loop {
-            // A line the job left without its newline for a second (`print(..., end="")`, then a
-            // hang) is read as a line: a NaN in it triggers now, not at the job's end.
-            let item = match rx.recv_timeout(Duration::from_secs(1)) {
-                Ok(item) => item,
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    let mut last = None;
-                    split.finish(|l| last = Some(l));
-                    if let Some(l) = last {
-                        let mut e = log_event(&mut reader, l, stream, pid, comm);
-                        e.mono_ns = last_t.max(1);
-                        if tx.blocking_send(Input::Log(e)).is_err() {
-                            return;
+    let scan = std::thread::Builder::new()
+        .name("nantrace-scan".into())
+        .spawn(move || {
+            let mut split = LineSplitter::default();
+            let mut reader = LineReader::new(scanner);
+            let mut last_t = 0;
+            loop {
+                // A line the job left without its newline for a second (`print(..., end="")`, then a
+                // hang) is read as a line: a NaN in it triggers now, not at the job's end.
+                let item = match rx.recv_timeout(Duration::from_secs(1)) {
+                    Ok(item) => item,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        let mut last = None;
+                        split.finish(|l| last = Some(l));
+                        if let Some(l) = last {
+                            let mut e = log_event(&mut reader, l, stream, pid, comm);
+                            e.mono_ns = last_t.max(1);
+                            if tx.blocking_send(Input::Log(e)).is_err() {
+                                return;
+                            }
                         }
+                        continue;
                     }
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                };
+                let Some((t, chunk)) = item else {
+                    split = LineSplitter::default();
                     continue;
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-            };
-            let Some((t, chunk)) = item else {
-                split = LineSplitter::default();
-                continue;
-            };
-            queued2.fetch_sub(chunk.len(), Ordering::Relaxed);
-            last_t = t;
-            let mut lines = Vec::new();
-            split.push(&chunk, |l| lines.push(l));
-            for l in lines {
-                let mut e = log_event(&mut reader, l, stream, pid, comm);
-                e.mono_ns = t;
-                if tx.blocking_send(Input::Log(e)).is_err() {
-                    return;
+                };
+                queued2.fetch_sub(chunk.len(), Ordering::Relaxed);
+                last_t = t;
+                let mut lines = Vec::new();
+                split.push(&chunk, |l| lines.push(l));
+                for l in lines {
+                    let mut e = log_event(&mut reader, l, stream, pid, comm);
+                    e.mono_ns = t;
+                    if tx.blocking_send(Input::Log(e)).is_err() {
+                        return;
+                    }
                 }
             }
-        }
-        let mut last = None;
-        split.finish(|l| last = Some(l));
-        if let Some(l) = last {
-            let mut e = log_event(&mut reader, l, stream, pid, comm);
-            e.mono_ns = last_t.max(1);
-            let _ = tx.blocking_send(Input::Log(e));
-        }
-    });
+            let mut last = None;
+            split.finish(|l| last = Some(l));
+            if let Some(l) = last {
+                let mut e = log_event(&mut reader, l, stream, pid, comm);
+                e.mono_ns = last_t.max(1);
+                let _ = tx.blocking_send(Input::Log(e));
+            }
+        });
     let mut buf = vec![0u8; 64 * 1024];
     let mut skipping = false;
     loop {
@@ -307,7 +355,10 @@ pub(super) async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             // Lines that could be the NaN have a reserve of their own beyond the other hints'.
             let (nan, other) = hint_lines(&buf[..n]);
             let mut sent = 0;
-            for (part, limit) in [(nan, SCAN_QUEUE_BYTES + 2 * HINT_EXTRA_BYTES), (other, SCAN_QUEUE_BYTES + HINT_EXTRA_BYTES)] {
+            for (part, limit) in [
+                (nan, SCAN_QUEUE_BYTES + 2 * HINT_EXTRA_BYTES),
+                (other, SCAN_QUEUE_BYTES + HINT_EXTRA_BYTES),
+            ] {
                 if !part.is_empty() && queued.load(Ordering::Relaxed) + part.len() <= limit {
                     queued.fetch_add(part.len(), Ordering::Relaxed);
                     sent += part.len();
@@ -335,11 +386,23 @@ mod tests {
     fn splits_on_newline_and_carriage_return() {
         let mut s = LineSplitter::default();
         let mut out = Vec::new();
-        s.push(b"step 1 loss 2.0\nprogress 10%\rprogress 20%\r\nstep 2 lo", |l| out.push(l));
+        s.push(
+            b"step 1 loss 2.0\nprogress 10%\rprogress 20%\r\nstep 2 lo",
+            |l| out.push(l),
+        );
         s.push(b"ss nan\n", |l| out.push(l));
         s.push(b"tail without newline", |l| out.push(l));
         s.finish(|l| out.push(l));
-        assert_eq!(out, ["step 1 loss 2.0", "progress 10%", "progress 20%", "step 2 loss nan", "tail without newline"]);
+        assert_eq!(
+            out,
+            [
+                "step 1 loss 2.0",
+                "progress 10%",
+                "progress 20%",
+                "step 2 loss nan",
+                "tail without newline"
+            ]
+        );
     }
 
     #[test]
@@ -356,7 +419,11 @@ mod tests {
         out.clear();
         s.push(&big, |l| out.push(l));
         assert_eq!(out.len(), 1);
-        assert!(out[0].ends_with("step 9 loss: nan") && out[0].contains("bytes not kept"), "{}", &out[0][out[0].len() - 80..]);
+        assert!(
+            out[0].ends_with("step 9 loss: nan") && out[0].contains("bytes not kept"),
+            "{}",
+            &out[0][out[0].len() - 80..]
+        );
         let mut r = super::LineReader::new(crate::nanscan::Scanner::default());
         assert!(r.read(&out[0]).nonfinite);
         // Colour codes inside the value do not hide the NaN (redteam 2.5).
@@ -366,7 +433,12 @@ mod tests {
     #[test]
     fn table_rows_under_a_header_are_read_by_column() {
         let mut r = super::LineReader::new(crate::nanscan::Scanner::default());
-        assert!(!r.read("      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size").nonfinite);
+        assert!(
+            !r.read(
+                "      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size"
+            )
+            .nonfinite
+        );
         assert!(!r.read("      1/100      3.15G      1.234      2.345      1.111         22        640: 100%|##########| 8/8 [00:02<00:00,  3.09it/s]").nonfinite);
         let l = r.read("      2/100      3.15G        nan        nan        nan         22        640: 100%|##########| 8/8 [00:02<00:00,  3.09it/s]");
         assert!(l.nonfinite);
@@ -389,11 +461,18 @@ mod tests {
         assert!(!r.read(" iteration 10/100 | lm loss: 2.1E+00 | loss scale: 32768.0 | grad norm: nan | number of skipped iterations:   1 |").nonfinite);
         // bf16: no scaler, no skip message: the incident.
         let mut r = super::LineReader::new(Scanner::default());
-        assert!(r.read("{'loss': 2.31, 'grad_norm': nan, 'learning_rate': 1e-4}").nonfinite);
+        assert!(
+            r.read("{'loss': 2.31, 'grad_norm': nan, 'learning_rate': 1e-4}")
+                .nonfinite
+        );
         // The option changes the rule.
         let mut sc = Scanner::default();
         sc.grad_rule = GradRule::Precursor;
-        assert!(!super::LineReader::new(sc).read("{'loss': 2.31, 'grad_norm': nan}").nonfinite);
+        assert!(
+            !super::LineReader::new(sc)
+                .read("{'loss': 2.31, 'grad_norm': nan}")
+                .nonfinite
+        );
         let mut sc = Scanner::default();
         sc.grad_rule = GradRule::Incident;
         let mut r = super::LineReader::new(sc);
@@ -408,12 +487,17 @@ mod hints {
     fn a_flood_chunk_gives_up_its_nan_and_failure_lines() {
         let mut chunk = Vec::new();
         for i in 0..2000 {
-            chunk.extend_from_slice(format!("step {i} | loss 2.0 | lr 3e-4 | tokens/s 123456\n").as_bytes());
+            chunk.extend_from_slice(
+                format!("step {i} | loss 2.0 | lr 3e-4 | tokens/s 123456\n").as_bytes(),
+            );
         }
         chunk.extend_from_slice(b"step 2001 | loss nan\nRuntimeError: CUDA error: an illegal memory access was encountered\nstep 2002 | lo");
         let (nan, other) = super::hint_lines(&chunk);
         assert_eq!(String::from_utf8(nan).unwrap(), "step 2001 | loss nan\n");
-        assert_eq!(String::from_utf8(other).unwrap(), "RuntimeError: CUDA error: an illegal memory access was encountered\n");
+        assert_eq!(
+            String::from_utf8(other).unwrap(),
+            "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+        );
         // A flood whose every line holds a hint word: the newest lines are kept, so the NaN
         // after it is among them.
         let mut chunk = Vec::new();
@@ -423,7 +507,12 @@ mod hints {
         chunk.extend_from_slice(b"step 3001 loss: nan\n");
         let (nan, other) = super::hint_lines(&chunk);
         assert_eq!(String::from_utf8(nan).unwrap(), "step 3001 loss: nan\n");
-        assert!(other.len() <= 32 << 10 && String::from_utf8(other).unwrap().ends_with("step 2999 error loss 0.5 lr 1e-4\n"));
+        assert!(
+            other.len() <= 32 << 10
+                && String::from_utf8(other)
+                    .unwrap()
+                    .ends_with("step 2999 error loss 0.5 lr 1e-4\n")
+        );
     }
 
     #[test]
@@ -432,7 +521,13 @@ mod hints {
         // corpus (nantrace/tests/corpus) that the readers flag contains a hint word.
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
         let (mut checked, mut missed) = (0, Vec::new());
-        let files: Vec<std::path::PathBuf> = std::fs::read_dir(&dir).unwrap().chain(std::fs::read_dir(dir.join("heldout")).unwrap()).flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "tsv")).collect();
+        let files: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .chain(std::fs::read_dir(dir.join("heldout")).unwrap())
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "tsv"))
+            .collect();
         for f in files {
             let text = std::fs::read_to_string(&f).unwrap_or_default();
             for line in text.lines().filter(|l| !l.starts_with('#')) {
@@ -452,7 +547,12 @@ mod hints {
                 }
             }
         }
-        assert!(missed.is_empty(), "no hint word in {} lines the readers flag:\n{}", missed.len(), missed.join("\n"));
+        assert!(
+            missed.is_empty(),
+            "no hint word in {} lines the readers flag:\n{}",
+            missed.len(),
+            missed.join("\n")
+        );
         assert!(checked > 300, "only {checked} corpus lines checked");
     }
 }

@@ -86,7 +86,11 @@ pub enum Input {
     Kernel(Vec<Event>),
     Log(Event),
     Samples(Vec<Event>),
-    JobExit { code: Option<i32>, signal: Option<i32>, core_dumped: bool },
+    JobExit {
+        code: Option<i32>,
+        signal: Option<i32>,
+        core_dumped: bool,
+    },
     /// A trigger from outside, with the time it was received.
     Fire(TriggerKind, String, u64),
     /// The recorder's share of the agent's budget changed (bytes).
@@ -186,7 +190,10 @@ pub struct Session {
 
 impl Session {
     pub fn new(opts: SessionOpts, info: JobInfo, mode: Mode) -> Self {
-        let rec = Recorder::new((opts.window_s * 1e9) as u64, opts.mem_cap_mb.saturating_mul(1 << 20));
+        let rec = Recorder::new(
+            (opts.window_s * 1e9) as u64,
+            opts.mem_cap_mb.saturating_mul(1 << 20),
+        );
         Self {
             enabled: Enabled::all_but(&opts.no_trigger),
             host: Host::read(),
@@ -262,7 +269,11 @@ impl Session {
         if self.label.is_empty() {
             crate::say!("{line}");
         } else {
-            crate::say!("nantrace: {}{}", self.label, line.strip_prefix("nantrace: ").unwrap_or(line));
+            crate::say!(
+                "nantrace: {}{}",
+                self.label,
+                line.strip_prefix("nantrace: ").unwrap_or(line)
+            );
         }
     }
 
@@ -270,8 +281,22 @@ impl Session {
         if !self.enabled.on(f.kind) {
             return;
         }
-        self.say(&format!("nantrace: trigger {}: {}", f.kind.name(), crate::term::clean(&f.reason.chars().take(160).collect::<String>())));
-        self.rec.push(Event::new(f.mono_ns, 0, 0, crate::event::Comm::NONE, false, Detail::Trigger { kind: f.kind.name(), reason: Box::new(f.reason.clone()) }));
+        self.say(&format!(
+            "nantrace: trigger {}: {}",
+            f.kind.name(),
+            crate::term::clean(&f.reason.chars().take(160).collect::<String>())
+        ));
+        self.rec.push(Event::new(
+            f.mono_ns,
+            0,
+            0,
+            crate::event::Comm::NONE,
+            false,
+            Detail::Trigger {
+                kind: f.kind.name(),
+                reason: Box::new(f.reason.clone()),
+            },
+        ));
         if self.incident.is_empty() {
             self.deadline = Some(monotonic_ns() + (self.opts.post_s * 1e9) as u64);
             if let Some(h) = &self.on_open {
@@ -288,7 +313,16 @@ impl Session {
             self.fire(f);
         }
         if self.mode == Mode::Follow {
-            if let (Detail::Exit { code, signal, core_dumped, .. }, Some(root)) = (&e.detail, self.info.root_pid) {
+            if let (
+                Detail::Exit {
+                    code,
+                    signal,
+                    core_dumped,
+                    ..
+                },
+                Some(root),
+            ) = (&e.detail, self.info.root_pid)
+            {
                 if e.pid == root {
                     self.info.exit_code = (*code >= 0).then_some(*code);
                     self.info.exit_signal = (*signal > 0).then_some(*signal);
@@ -331,11 +365,22 @@ impl Session {
         let (code, signal) = (self.info.exit_code, self.info.exit_signal);
         let root = self.info.root_pid.unwrap_or(0);
         if self.quiet_exit && self.incident.is_empty() {
-            self.say(&format!("nantrace: the job ended ({}) after the signal that the last bundle answered", crate::export::exit_text(code, signal, self.info.exit_core_dumped)));
+            self.say(&format!(
+                "nantrace: the job ended ({}) after the signal that the last bundle answered",
+                crate::export::exit_text(code, signal, self.info.exit_core_dumped)
+            ));
         } else if let Some(s) = signal {
-            self.fire(Fired { kind: TriggerKind::Signal, mono_ns: now, reason: format!("job {root} ended by {}", crate::event::signal_name(s)) });
+            self.fire(Fired {
+                kind: TriggerKind::Signal,
+                mono_ns: now,
+                reason: format!("job {root} ended by {}", crate::event::signal_name(s)),
+            });
         } else if let Some(c) = code.filter(|c| *c != 0) {
-            self.fire(Fired { kind: TriggerKind::Exit, mono_ns: now, reason: format!("job {root} exited with code {c}") });
+            self.fire(Fired {
+                kind: TriggerKind::Exit,
+                mono_ns: now,
+                reason: format!("job {root} exited with code {c}"),
+            });
         }
         if self.incident.is_empty() {
             self.finish = true;
@@ -350,7 +395,11 @@ impl Session {
         let now = monotonic_ns();
         let during_dump = at <= self.last_dump_end || self.dumping_since.is_some_and(|s| at >= s);
         if !during_dump {
-            self.fire(Fired { kind, mono_ns: now, reason });
+            self.fire(Fired {
+                kind,
+                mono_ns: now,
+                reason,
+            });
         }
         if kind == TriggerKind::Manual {
             if self.mode == Mode::Spawn && !self.job_done {
@@ -368,9 +417,15 @@ impl Session {
 
     pub fn on_input(&mut self, input: Input) {
         match input {
-            Input::Kernel(batch) | Input::Samples(batch) => batch.into_iter().for_each(|e| self.on_event(e)),
+            Input::Kernel(batch) | Input::Samples(batch) => {
+                batch.into_iter().for_each(|e| self.on_event(e))
+            }
             Input::Log(e) => self.on_log(e),
-            Input::JobExit { code, signal, core_dumped } => self.on_exit(code, signal, core_dumped),
+            Input::JobExit {
+                code,
+                signal,
+                core_dumped,
+            } => self.on_exit(code, signal, core_dumped),
             Input::Fire(kind, reason, at) => self.on_fire(kind, reason, at),
             Input::Budget(bytes) => self.rec.set_cap(bytes),
         }
@@ -382,8 +437,16 @@ impl Session {
     pub async fn step(&mut self, kernel: &Kernel, node: Option<&Mutex<Recorder>>) -> bool {
         if !self.incident.is_empty() && self.snapshot_task.is_none() {
             // The state at the trigger (not at the dump, when the job may be gone).
-            let (root, cached) = (self.info.root_pid, self.job_ctx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone());
-            self.snapshot_task = Some(tokio::task::spawn_blocking(move || crate::collect::snapshot_with(root, cached)));
+            let (root, cached) = (
+                self.info.root_pid,
+                self.job_ctx
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone(),
+            );
+            self.snapshot_task = Some(tokio::task::spawn_blocking(move || {
+                crate::collect::snapshot_with(root, cached)
+            }));
         }
         let now = monotonic_ns();
         if now - self.last_clock > 10_000_000_000 {
@@ -393,17 +456,35 @@ impl Session {
         self.rec.expire(now);
         // Once its incident is written, a later failure line can open the next one (at most
         // one a minute: a job that prints an error per step does not write a bundle per step).
-        if self.seen_job_error && self.incident.is_empty() && self.dump_task.is_none() && now.saturating_sub(self.last_job_error) > 60_000_000_000 {
+        if self.seen_job_error
+            && self.incident.is_empty()
+            && self.dump_task.is_none()
+            && now.saturating_sub(self.last_job_error) > 60_000_000_000
+        {
             self.seen_job_error = false;
         }
-        if self.dump_task.as_ref().is_some_and(tokio::task::JoinHandle::is_finished) {
-            let done = self.dump_task.take().expect("checked").await.unwrap_or_else(|e| DumpDone::failed(format!("nantrace: ERROR: the dump failed: {e}")));
+        if self
+            .dump_task
+            .as_ref()
+            .is_some_and(tokio::task::JoinHandle::is_finished)
+        {
+            let done = self
+                .dump_task
+                .take()
+                .expect("checked")
+                .await
+                .unwrap_or_else(|e| {
+                    DumpDone::failed(format!("nantrace: ERROR: the dump failed: {e}"))
+                });
             self.collect_dump(done);
             if self.job_done && self.incident.is_empty() {
                 self.finish = true;
             }
         }
-        if self.deadline.is_some_and(|d| now >= d) && !self.incident.is_empty() && self.dump_task.is_none() {
+        if self.deadline.is_some_and(|d| now >= d)
+            && !self.incident.is_empty()
+            && self.dump_task.is_none()
+        {
             self.start_dump(kernel, node);
         }
         self.finish && self.incident.is_empty() && self.dump_task.is_none()
@@ -458,7 +539,12 @@ impl Session {
     }
 
     /// Feed and advance the session until it is over; then wait for a dump still running.
-    pub async fn drive(mut self, mut rx: mpsc::Receiver<Input>, kernel: Arc<Kernel>, node: Option<Arc<Mutex<Recorder>>>) -> Outcome {
+    pub async fn drive(
+        mut self,
+        mut rx: mpsc::Receiver<Input>,
+        kernel: Arc<Kernel>,
+        node: Option<Arc<Mutex<Recorder>>>,
+    ) -> Outcome {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         loop {
             tokio::select! {
@@ -487,6 +573,10 @@ impl Session {
             (Some(c), None) => c,
             (None, None) => 0,
         };
-        Outcome { exit_code, bundles: self.bundles, dumped: self.dumped_any }
+        Outcome {
+            exit_code,
+            bundles: self.bundles,
+            dumped: self.dumped_any,
+        }
     }
 }

@@ -22,7 +22,11 @@ use crate::trigger::TriggerKind;
 
 /// Refresh the job's context while it is alive (every 5 s); a changed container id (restart,
 /// migration) or a rising cgroup OOM counter is an event.
-pub fn spawn_context_refresh(root: u32, ctx: Arc<Mutex<Option<serde_json::Value>>>, tx: mpsc::Sender<Input>) {
+pub fn spawn_context_refresh(
+    root: u32,
+    ctx: Arc<Mutex<Option<serde_json::Value>>>,
+    tx: mpsc::Sender<Input>,
+) {
     tokio::spawn(async move {
         let mut wait = Duration::from_millis(500);
         loop {
@@ -33,15 +37,26 @@ pub fn spawn_context_refresh(root: u32, ctx: Arc<Mutex<Option<serde_json::Value>
             }
             match tokio::task::spawn_blocking(move || crate::collect::job_context(root)).await {
                 Ok(Some(c)) => {
-                    let prev = ctx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).replace(c.clone());
-                    let changes = prev.map(|p| crate::collect::scheduler::changes(&p["scheduler"], &c["scheduler"])).unwrap_or_default();
+                    let prev = ctx
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .replace(c.clone());
+                    let changes = prev
+                        .map(|p| {
+                            crate::collect::scheduler::changes(&p["scheduler"], &c["scheduler"])
+                        })
+                        .unwrap_or_default();
                     if !changes.is_empty() {
                         let batch = changes
                             .into_iter()
                             .map(|change| {
                                 let mut f = serde_json::Map::new();
                                 f.insert("change".into(), json!(change));
-                                crate::collect::system::sample_event(monotonic_ns(), crate::source::Source::SchedulerChange, f)
+                                crate::collect::system::sample_event(
+                                    monotonic_ns(),
+                                    crate::source::Source::SchedulerChange,
+                                    f,
+                                )
                             })
                             .collect();
                         let _ = tx.send(Input::Samples(batch)).await;
@@ -95,7 +110,11 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         });
     }
 
-    let mode = if matches!(job, Job::Spawn(_)) { Mode::Spawn } else { Mode::Follow };
+    let mode = if matches!(job, Job::Spawn(_)) {
+        Mode::Spawn
+    } else {
+        Mode::Follow
+    };
     let session = Session::new(opts.clone(), JobInfo::default(), mode);
     let not_scanned = session.not_scanned.clone();
     let mut session = session;
@@ -123,9 +142,14 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             cmd.args(&argv[1..]).stdin(std::process::Stdio::inherit());
             // When nantrace's stdout and stderr go to the same place (`2>&1`, one terminal),
             // the job gets one pipe for both, so their order survives (redteam 2.7).
-            let merged = if same_destination() { one_pipe_for_both(&mut cmd) } else { None };
+            let merged = if same_destination() {
+                one_pipe_for_both(&mut cmd)
+            } else {
+                None
+            };
             if merged.is_none() {
-                cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+                cmd.stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped());
             }
             // nantrace's own pid is in the job map while it forks the child, so the kernel map
             // holds the child from its first instruction (no race with early worker forks).
@@ -138,15 +162,47 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             let pid = child.id().unwrap_or(0);
             session.info.root_pid = Some(pid);
             session.info.command = crate::collect::redact::argv(argv);
-            let comm = comm_from(std::path::Path::new(&argv[0]).file_name().and_then(|s| s.to_str()).unwrap_or("job"));
+            let comm = comm_from(
+                std::path::Path::new(&argv[0])
+                    .file_name()
+                    .and_then(|s| s.to_str())
+                    .unwrap_or("job"),
+            );
             let (out, err) = match merged {
                 Some(rx) => (
-                    tokio::spawn(pump(rx, tokio::io::stdout(), 3, pid, comm, scanner.clone(), tx.clone(), not_scanned.clone())),
+                    tokio::spawn(pump(
+                        rx,
+                        tokio::io::stdout(),
+                        3,
+                        pid,
+                        comm,
+                        scanner.clone(),
+                        tx.clone(),
+                        not_scanned.clone(),
+                    )),
                     tokio::spawn(async { None }),
                 ),
                 None => (
-                    tokio::spawn(pump(child.stdout.take().unwrap(), tokio::io::stdout(), 1, pid, comm, scanner.clone(), tx.clone(), not_scanned.clone())),
-                    tokio::spawn(pump(child.stderr.take().unwrap(), tokio::io::stderr(), 2, pid, comm, scanner.clone(), tx.clone(), not_scanned.clone())),
+                    tokio::spawn(pump(
+                        child.stdout.take().unwrap(),
+                        tokio::io::stdout(),
+                        1,
+                        pid,
+                        comm,
+                        scanner.clone(),
+                        tx.clone(),
+                        not_scanned.clone(),
+                    )),
+                    tokio::spawn(pump(
+                        child.stderr.take().unwrap(),
+                        tokio::io::stderr(),
+                        2,
+                        pid,
+                        comm,
+                        scanner.clone(),
+                        tx.clone(),
+                        not_scanned.clone(),
+                    )),
                 ),
             };
             let tx2 = tx.clone();
@@ -155,15 +211,29 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                 // Let the last lines arrive before the exit is processed (bounded: a grandchild
                 // may hold the pipes open), then let the scanners finish their backlog (at
                 // most 64 MiB per stream: seconds).
-                let scanners = tokio::time::timeout(Duration::from_secs(2), async { (out.await.ok().flatten(), err.await.ok().flatten()) }).await.unwrap_or((None, None));
+                let scanners = tokio::time::timeout(Duration::from_secs(2), async {
+                    (out.await.ok().flatten(), err.await.ok().flatten())
+                })
+                .await
+                .unwrap_or((None, None));
                 for h in [scanners.0, scanners.1].into_iter().flatten() {
-                    let _ = tokio::time::timeout(Duration::from_secs(120), tokio::task::spawn_blocking(move || h.join())).await;
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(120),
+                        tokio::task::spawn_blocking(move || h.join()),
+                    )
+                    .await;
                 }
                 let (code, signal, core_dumped) = match st {
                     Ok(s) => (s.code(), s.signal(), s.core_dumped()),
                     Err(_) => (None, None, false),
                 };
-                let _ = tx2.send(Input::JobExit { code, signal, core_dumped }).await;
+                let _ = tx2
+                    .send(Input::JobExit {
+                        code,
+                        signal,
+                        core_dumped,
+                    })
+                    .await;
             });
         }
         Job::Attach { pid, logs } => {
@@ -174,7 +244,15 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
             }
             for l in logs {
                 check_log(l)?;
-                follow_file(l.clone(), *pid, LogFormat::Plain, None, scanner.clone(), tx.clone(), session.logs_behind.clone());
+                follow_file(
+                    l.clone(),
+                    *pid,
+                    LogFormat::Plain,
+                    None,
+                    scanner.clone(),
+                    tx.clone(),
+                    session.logs_behind.clone(),
+                );
             }
             watch_root_alive(*pid, tx.clone(), session.logs_behind.clone());
         }
@@ -188,7 +266,10 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         let mut int = signal(SignalKind::interrupt())?;
         let mut term = signal(SignalKind::terminate())?;
         let mut hup = signal(SignalKind::hangup())?;
-        let child = session.info.root_pid.filter(|_| matches!(job, Job::Spawn(_)));
+        let child = session
+            .info
+            .root_pid
+            .filter(|_| matches!(job, Job::Spawn(_)));
         // Run mode: SIGINT, SIGHUP and SIGTERM go on to the job at once (6.1, 6.3, 6.6); the
         // bundle is written when the job has ended (or the post-window is over), and nantrace
         // exits with the job's status. A terminal's Ctrl-C or hangup already reached the job
@@ -209,7 +290,11 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                     _ = term.recv() => { forward(libc::SIGTERM); (TriggerKind::Manual, "SIGTERM to nantrace") }
                     _ = hup.recv() => { forward(libc::SIGHUP); (TriggerKind::Manual, "SIGHUP to nantrace") }
                 };
-                if tx2.send(Input::Fire(kind, why.into(), monotonic_ns())).await.is_err() {
+                if tx2
+                    .send(Input::Fire(kind, why.into(), monotonic_ns()))
+                    .await
+                    .is_err()
+                {
                     break;
                 }
             }
@@ -224,7 +309,13 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 let now = tf.exists();
                 if now && !was {
-                    let _ = tx2.send(Input::Fire(TriggerKind::File, format!("trigger file {} appeared", tf.display()), monotonic_ns())).await;
+                    let _ = tx2
+                        .send(Input::Fire(
+                            TriggerKind::File,
+                            format!("trigger file {} appeared", tf.display()),
+                            monotonic_ns(),
+                        ))
+                        .await;
                 }
                 was = now;
             }
@@ -257,6 +348,12 @@ pub fn watch_root_alive(pid: u32, tx: mpsc::Sender<Input>, logs_behind: Arc<Atom
         while logs_behind.load(Ordering::SeqCst) > 0 && t0.elapsed() < Duration::from_secs(120) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let _ = tx.send(Input::JobExit { code: None, signal: None, core_dumped: false }).await;
+        let _ = tx
+            .send(Input::JobExit {
+                code: None,
+                signal: None,
+                core_dumped: false,
+            })
+            .await;
     });
 }

@@ -11,7 +11,13 @@ use serde_json::Value;
 use super::{bundles, BIN};
 
 /// The PCI devices of the tests' node (see `Agent::spawn`).
-pub const PCI_DEVICES: &[&str] = &["0000:3b:00.0", "0000:5e:00.0", "0000:b1:00.0", "0000:00:1c.5", "0000:81:00.0"];
+pub const PCI_DEVICES: &[&str] = &[
+    "0000:3b:00.0",
+    "0000:5e:00.0",
+    "0000:b1:00.0",
+    "0000:00:1c.5",
+    "0000:81:00.0",
+];
 
 /// A running agent with its own spool, socket and metrics port; its stderr collected.
 pub struct Agent {
@@ -41,21 +47,35 @@ impl Agent {
     }
 
     /// As `start_env`, with `prepare(dir)` run before the agent starts (a spool made ahead).
-    pub fn start_prepared(tag: &str, port: u16, extra: &[&str], env: &[(&str, &str)], prepare: impl FnOnce(&Path)) -> Self {
+    pub fn start_prepared(
+        tag: &str,
+        port: u16,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        prepare: impl FnOnce(&Path),
+    ) -> Self {
         let dir = Self::dir_for(tag);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         prepare(&dir);
         let extra: Vec<String> = extra.iter().map(|s| (*s).to_string()).collect();
-        let env: Vec<(String, String)> = env.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect();
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect();
         Self::spawn(dir, format!("127.0.0.1:{port}"), extra, env)
     }
 
     /// Stop it (SIGTERM, as systemd would) and start it again on the same spool and socket.
     pub fn restart(mut self) -> Self {
         self.terminate();
-        let (dir, metrics, extra, env) = (self.dir.clone(), self.metrics.clone(), std::mem::take(&mut self.extra), std::mem::take(&mut self.env));
+        let (dir, metrics, extra, env) = (
+            self.dir.clone(),
+            self.metrics.clone(),
+            std::mem::take(&mut self.extra),
+            std::mem::take(&mut self.env),
+        );
         drop(self);
         Self::spawn(dir, metrics, extra, env)
     }
@@ -65,12 +85,22 @@ impl Agent {
     pub fn crash_and_restart(mut self) -> Self {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let (dir, metrics, extra, env) = (self.dir.clone(), self.metrics.clone(), std::mem::take(&mut self.extra), std::mem::take(&mut self.env));
+        let (dir, metrics, extra, env) = (
+            self.dir.clone(),
+            self.metrics.clone(),
+            std::mem::take(&mut self.extra),
+            std::mem::take(&mut self.env),
+        );
         drop(self);
         Self::spawn(dir, metrics, extra, env)
     }
 
-    fn spawn(dir: PathBuf, metrics: String, extra: Vec<String>, env: Vec<(String, String)>) -> Self {
+    fn spawn(
+        dir: PathBuf,
+        metrics: String,
+        extra: Vec<String>,
+        env: Vec<(String, String)>,
+    ) -> Self {
         let (spool, socket) = (dir.join("spool"), dir.join("run/agent.sock"));
         // No GPU here: the PCI devices the tests' Xid and AER lines name stand in a
         // /sys/bus/pci/devices of their own (metric labels take only the node's devices).
@@ -79,7 +109,19 @@ impl Agent {
             std::fs::create_dir_all(pci.join(d)).unwrap();
         }
         let mut child = Command::new(BIN)
-            .args(["agent", "--spool", spool.to_str().unwrap(), "--socket", socket.to_str().unwrap(), "--metrics-addr", &metrics, "--post", "1.5", "--pci-devices", pci.to_str().unwrap()])
+            .args([
+                "agent",
+                "--spool",
+                spool.to_str().unwrap(),
+                "--socket",
+                socket.to_str().unwrap(),
+                "--metrics-addr",
+                &metrics,
+                "--post",
+                "1.5",
+                "--pci-devices",
+                pci.to_str().unwrap(),
+            ])
             .args(&extra)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
@@ -95,8 +137,19 @@ impl Agent {
                 l2.lock().unwrap().push(line);
             }
         });
-        let a = Agent { child, dir, spool, socket, metrics, lines, extra, env };
-        a.wait_line("agent started", Duration::from_secs(30), |l| l.contains("nantrace: agent ") && l.contains("probes attached"));
+        let a = Agent {
+            child,
+            dir,
+            spool,
+            socket,
+            metrics,
+            lines,
+            extra,
+            env,
+        };
+        a.wait_line("agent started", Duration::from_secs(30), |l| {
+            l.contains("nantrace: agent ") && l.contains("probes attached")
+        });
         a
     }
 
@@ -112,9 +165,19 @@ impl Agent {
     }
 
     pub fn ctl(&self, args: &[&str]) -> Value {
-        let o = Command::new(BIN).args(["ctl"]).args(args).args(["--json", "--socket", self.socket.to_str().unwrap()]).output().unwrap();
-        assert!(o.status.success(), "ctl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("ctl {args:?}: {e}: {}", String::from_utf8_lossy(&o.stdout)))
+        let o = Command::new(BIN)
+            .args(["ctl"])
+            .args(args)
+            .args(["--json", "--socket", self.socket.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "ctl {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("ctl {args:?}: {e}: {}", String::from_utf8_lossy(&o.stdout)))
     }
 
     /// Wait until `ctl jobs` lists a job whose root is `root`; returns its entry and the time.
@@ -122,12 +185,20 @@ impl Agent {
         let t0 = Instant::now();
         while t0.elapsed() < timeout {
             let v = self.ctl(&["jobs"]);
-            if let Some(j) = v["jobs"].as_array().unwrap().iter().find(|j| j["root"] == root) {
+            if let Some(j) = v["jobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|j| j["root"] == root)
+            {
                 return (j.clone(), t0.elapsed());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("job with root pid {root} not listed within {timeout:?}: {}", self.ctl(&["jobs"]));
+        panic!(
+            "job with root pid {root} not listed within {timeout:?}: {}",
+            self.ctl(&["jobs"])
+        );
     }
 
     pub fn wait_bundles(&self, n: usize, timeout: Duration) -> Vec<PathBuf> {
@@ -144,7 +215,8 @@ impl Agent {
     pub fn metrics_text(&self) -> String {
         use std::io::{Read as _, Write as _};
         let mut c = std::net::TcpStream::connect(&self.metrics).expect("connect to /metrics");
-        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
         let mut s = String::new();
         c.read_to_string(&mut s).unwrap();
         assert!(s.starts_with("HTTP/1.1 200 OK"), "{s}");
@@ -178,7 +250,10 @@ impl Agent {
             if let Some(s) = self.child.try_wait().unwrap() {
                 break s;
             }
-            assert!(t0.elapsed() < Duration::from_secs(70), "agent did not stop within 70 s of SIGTERM");
+            assert!(
+                t0.elapsed() < Duration::from_secs(70),
+                "agent did not stop within 70 s of SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(50));
         };
         assert!(st.success(), "agent exit status {st:?}");
@@ -193,7 +268,6 @@ impl Drop for Agent {
     }
 }
 
-
 /// A job script under `dir`, started with its output in `<name>.log` (as a batch system does).
 pub fn start_job(dir: &Path, name: &str, body: &str) -> (Child, PathBuf) {
     let script = dir.join(format!("{name}.sh"));
@@ -201,7 +275,12 @@ pub fn start_job(dir: &Path, name: &str, body: &str) -> (Child, PathBuf) {
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     let log = dir.join(format!("{name}.log"));
     let f = std::fs::File::create(&log).unwrap();
-    let child = Command::new(&script).stdout(f.try_clone().unwrap()).stderr(f).stdin(Stdio::null()).spawn().unwrap();
+    let child = Command::new(&script)
+        .stdout(f.try_clone().unwrap())
+        .stderr(f)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
     (child, log)
 }
 

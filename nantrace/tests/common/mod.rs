@@ -3,8 +3,8 @@
 #![allow(dead_code, reason = "each test file uses a subset")]
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,7 +39,11 @@ pub fn chown_nobody(p: &Path) {
 
 pub fn sh_ok(cmd: &str) {
     let o = sh(cmd);
-    assert!(o.status.success(), "`{cmd}` failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "`{cmd}` failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// A running `nantrace watch --json`, its events collected by a thread.
@@ -83,28 +87,50 @@ impl Watch {
                 }
             }
         });
-        rx.recv_timeout(Duration::from_secs(30)).expect("nantrace watch did not report that its probes are attached");
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("nantrace watch did not report that its probes are attached");
         Watch { child, events }
     }
 
     /// Wait until an event satisfies `pred`; returns it and how long it took.
-    pub fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> (Value, Duration) {
+    pub fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> (Value, Duration) {
         let t0 = Instant::now();
         loop {
-            if let Some(v) = self.events.lock().unwrap().iter().find(|v| pred(v)).cloned() {
+            if let Some(v) = self
+                .events
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|v| pred(v))
+                .cloned()
+            {
                 return (v, t0.elapsed());
             }
             if t0.elapsed() > timeout {
                 let all = self.events.lock().unwrap();
                 let tail: Vec<String> = all.iter().rev().take(20).map(|v| v.to_string()).collect();
-                panic!("no {what} within {timeout:?}; last events:\n{}", tail.join("\n"));
+                panic!(
+                    "no {what} within {timeout:?}; last events:\n{}",
+                    tail.join("\n")
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
 
     pub fn all(&self, pred: impl Fn(&Value) -> bool) -> Vec<Value> {
-        self.events.lock().unwrap().iter().filter(|v| pred(v)).cloned().collect()
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|v| pred(v))
+            .cloned()
+            .collect()
     }
 
     /// Stop with SIGINT and return the accounting line.
@@ -113,7 +139,13 @@ impl Watch {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         let _ = self.child.wait();
         std::thread::sleep(Duration::from_millis(100));
-        self.events.lock().unwrap().iter().find(|v| v.get("accounting").is_some()).cloned().expect("accounting line at the end")
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|v| v.get("accounting").is_some())
+            .cloned()
+            .expect("accounting line at the end")
     }
 }
 
@@ -133,8 +165,13 @@ pub struct MemCgroup {
 impl MemCgroup {
     pub fn new(name: &str, limit: u64) -> Self {
         let v2root = Path::new("/sys/fs/cgroup");
-        let v2 = std::fs::read_to_string(v2root.join("cgroup.controllers")).is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
-        let path = if v2 { v2root.join(name) } else { PathBuf::from("/sys/fs/cgroup/memory").join(name) };
+        let v2 = std::fs::read_to_string(v2root.join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
+        let path = if v2 {
+            v2root.join(name)
+        } else {
+            PathBuf::from("/sys/fs/cgroup/memory").join(name)
+        };
         let _ = std::fs::remove_dir(&path);
         std::fs::create_dir_all(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
         if v2 {
@@ -180,7 +217,9 @@ impl NetPair {
     pub fn new(tag: &str) -> Self {
         let a = format!("nta-{tag}");
         let b = format!("ntb-{tag}");
-        let _ = sh(&format!("ip netns del {a} 2>/dev/null; ip netns del {b} 2>/dev/null"));
+        let _ = sh(&format!(
+            "ip netns del {a} 2>/dev/null; ip netns del {b} 2>/dev/null"
+        ));
         sh_ok(&format!(
             "ip netns add {a} && ip netns add {b} && \
              ip link add va-{tag} netns {a} type veth peer name vb-{tag} netns {b} && \
@@ -192,7 +231,10 @@ impl NetPair {
     }
 
     /// Run `f` in a thread that has entered namespace `ns`.
-    pub fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
+    pub fn in_ns<T: Send + 'static>(
+        ns: &str,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
         let path = format!("/var/run/netns/{ns}");
         std::thread::spawn(move || {
             let f_ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -207,7 +249,10 @@ impl NetPair {
 
 impl Drop for NetPair {
     fn drop(&mut self) {
-        let _ = sh(&format!("ip netns del {} ; ip netns del {}", self.a, self.b));
+        let _ = sh(&format!(
+            "ip netns del {} ; ip netns del {}",
+            self.a, self.b
+        ));
     }
 }
 
@@ -216,9 +261,11 @@ pub struct ConsoleLevel(String);
 
 impl ConsoleLevel {
     pub fn set(level: u32) -> Self {
-        let old = std::fs::read_to_string("/proc/sys/kernel/printk").expect("read /proc/sys/kernel/printk");
+        let old = std::fs::read_to_string("/proc/sys/kernel/printk")
+            .expect("read /proc/sys/kernel/printk");
         let first = old.split_whitespace().next().unwrap_or("4").to_string();
-        std::fs::write("/proc/sys/kernel/printk", level.to_string()).expect("set the console loglevel");
+        std::fs::write("/proc/sys/kernel/printk", level.to_string())
+            .expect("set the console loglevel");
         ConsoleLevel(first)
     }
 }
@@ -244,11 +291,26 @@ pub fn out_dir(tag: &str) -> PathBuf {
 
 /// The one bundle a test expects under `out`.
 pub fn only_bundle(out: &Path) -> PathBuf {
-    let b: Vec<PathBuf> = std::fs::read_dir(out).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("nantrace-")).collect();
-    assert_eq!(b.len(), 1, "expected exactly one bundle in {}: {b:?}", out.display());
+    let b: Vec<PathBuf> = std::fs::read_dir(out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("nantrace-")
+        })
+        .collect();
+    assert_eq!(
+        b.len(),
+        1,
+        "expected exactly one bundle in {}: {b:?}",
+        out.display()
+    );
     b[0].clone()
 }
-
 
 // Helpers of the hostile suites (tests/hostile.rs, tests/hostile_input.rs, tests/hostile_output.rs).
 
@@ -287,7 +349,9 @@ pub fn nantrace(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(BIN);
     c.args(args).stdin(Stdio::null());
     // The tests' own environment may come from sudo: the default must not depend on it.
-    c.env_remove("SUDO_UID").env_remove("SUDO_GID").env_remove("SUDO_USER");
+    c.env_remove("SUDO_UID")
+        .env_remove("SUDO_GID")
+        .env_remove("SUDO_USER");
     for (k, v) in env {
         c.env(k, v);
     }
@@ -295,11 +359,29 @@ pub fn nantrace(args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 pub fn text(o: &Output) -> (String, String) {
-    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 pub fn bundles(out: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(out).map(|d| d.flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("nantrace-") && !p.ends_with("nantrace-..") && p.is_dir() && !p.is_symlink()).collect()).unwrap_or_default();
+    let mut v: Vec<PathBuf> = std::fs::read_dir(out)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .unwrap()
+                        .to_string_lossy()
+                        .starts_with("nantrace-")
+                        && !p.ends_with("nantrace-..")
+                        && p.is_dir()
+                        && !p.is_symlink()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     v.sort();
     v
 }
@@ -307,13 +389,26 @@ pub fn bundles(out: &Path) -> Vec<PathBuf> {
 /// A real bundle, made with `run --no-probes` (log-only evidence).
 pub fn make_bundle(dir: &Scratch, name: &str) -> PathBuf {
     let out = dir.join(name);
-    let o = nantrace(&["run", "--no-probes", "--post", "1", "--out", out.to_str().unwrap(), "--", "sh", "-c", "echo 'HOSTILE-bundle step 1 loss nan'; exit 3"], &[]);
+    let o = nantrace(
+        &[
+            "run",
+            "--no-probes",
+            "--post",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "echo 'HOSTILE-bundle step 1 loss nan'; exit 3",
+        ],
+        &[],
+    );
     assert_eq!(o.status.code(), Some(3), "{:?}", text(&o));
     let b = bundles(&out);
     assert_eq!(b.len(), 1, "{:?}", text(&o));
     b[0].clone()
 }
-
 
 /// The probe path this run is meant to test: `NANTRACE_PROBE_PATH=tracefs` forces the
 /// fallback (`cargo xtask test` runs the kernel tests both ways); otherwise the BTF programs
@@ -321,21 +416,39 @@ pub fn make_bundle(dir: &Scratch, name: &str) -> PathBuf {
 /// As [`expect_btf`], for one tracepoint: the kernel matrix (`cargo xtask vm-test`) names in
 /// `NANTRACE_EXPECT_TRACEFS` the probes that kernel runs on tracefs for a stated reason.
 pub fn expect_btf_for(tp: &str) -> bool {
-    expect_btf() && !std::env::var("NANTRACE_EXPECT_TRACEFS").is_ok_and(|v| v.split(',').any(|t| t == tp))
+    expect_btf()
+        && !std::env::var("NANTRACE_EXPECT_TRACEFS").is_ok_and(|v| v.split(',').any(|t| t == tp))
 }
 
 pub fn expect_btf() -> bool {
-    std::env::var("NANTRACE_PROBE_PATH").map_or(true, |v| v != "tracefs") && Path::new("/sys/kernel/btf/vmlinux").exists()
+    std::env::var("NANTRACE_PROBE_PATH").map_or(true, |v| v != "tracefs")
+        && Path::new("/sys/kernel/btf/vmlinux").exists()
 }
 
 /// Assert from a watch's accounting that `tracepoints` ran on the path this run tests.
 pub fn assert_probe_path(acct: &Value, tracepoints: &[&str]) {
-    let btf: Vec<&str> = acct["accounting"]["probes_btf"].as_array().expect("probes_btf in the accounting").iter().filter_map(Value::as_str).collect();
+    let btf: Vec<&str> = acct["accounting"]["probes_btf"]
+        .as_array()
+        .expect("probes_btf in the accounting")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
     for tp in tracepoints {
         let want = expect_btf_for(tp);
-        assert_eq!(btf.contains(tp), want, "{tp}: BTF path expected = {want}; on BTF: {btf:?}");
+        assert_eq!(
+            btf.contains(tp),
+            want,
+            "{tp}: BTF path expected = {want}; on BTF: {btf:?}"
+        );
     }
-    eprintln!("probe path: {}", if expect_btf() { "BTF" } else { "tracefs (forced)" });
+    eprintln!(
+        "probe path: {}",
+        if expect_btf() {
+            "BTF"
+        } else {
+            "tracefs (forced)"
+        }
+    );
 }
 
 /// A loop device over `image` (a file created sparse, `size` long), detached on drop; `then`
@@ -351,10 +464,22 @@ impl LoopDev {
     pub fn new(image: &Path, size: &str, then: Option<String>) -> Self {
         sh_ok(&format!("truncate -s {size} {}", image.display()));
         let out = sh(&format!("losetup --find --show {}", image.display()));
-        assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "losetup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        let minor = dev.trim_start_matches("/dev/loop").parse().expect("a /dev/loopN name");
-        Self { dev, minor, image: image.to_path_buf(), then }
+        let minor = dev
+            .trim_start_matches("/dev/loop")
+            .parse()
+            .expect("a /dev/loopN name");
+        Self {
+            dev,
+            minor,
+            image: image.to_path_buf(),
+            then,
+        }
     }
 }
 
@@ -379,7 +504,14 @@ impl Gated {
     pub fn new(tag: &str, then: &str) -> Self {
         let go = std::env::temp_dir().join(format!("nt-{tag}-go-{}", std::process::id()));
         let _ = std::fs::remove_file(&go);
-        let child = std::process::Command::new("sh").arg("-c").arg(format!("while [ ! -e {} ]; do sleep 0.02; done; {then}", go.display())).spawn().unwrap();
+        let child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "while [ ! -e {} ]; do sleep 0.02; done; {then}",
+                go.display()
+            ))
+            .spawn()
+            .unwrap();
         Self { child, go }
     }
 
@@ -406,10 +538,17 @@ impl Drop for Gated {
 pub fn pid_from(path: &std::path::Path, what: &str) -> u32 {
     let t0 = std::time::Instant::now();
     loop {
-        if let Some(p) = std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()) {
+        if let Some(p) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
             return p;
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "{what} never written to {}", path.display());
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{what} never written to {}",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }

@@ -10,7 +10,9 @@ use super::{cpu_ticks, json_line, stats, wait_for_line};
 
 fn rss_kib(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// `nantrace agent`: idle CPU and RSS with 0, 1 and 4 watched jobs, job start to "watched",
@@ -22,14 +24,30 @@ pub(super) fn agent(bin: &Path, secs: f64, tmp: &Path) -> Result<serde_json::Val
     let sock = dir.join("run/agent.sock");
     let spool = dir.join("spool");
     let mut a = Command::new(bin)
-        .args(["agent", "--spool", spool.to_str().unwrap(), "--socket", sock.to_str().unwrap(), "--metrics-addr", "127.0.0.1:19499", "--match", "nt-benchjob-", "--post", "0"])
+        .args([
+            "agent",
+            "--spool",
+            spool.to_str().unwrap(),
+            "--socket",
+            sock.to_str().unwrap(),
+            "--metrics-addr",
+            "127.0.0.1:19499",
+            "--match",
+            "nt-benchjob-",
+            "--post",
+            "0",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()?;
     let result = (|| -> Result<serde_json::Value> {
         wait_for_line(&mut a, "probes attached", Duration::from_secs(30))?;
         let ctl = |args: &[&str]| -> Result<serde_json::Value> {
-            let o = Command::new(bin).arg("ctl").args(args).args(["--json", "--socket", sock.to_str().unwrap()]).output()?;
+            let o = Command::new(bin)
+                .arg("ctl")
+                .args(args)
+                .args(["--json", "--socket", sock.to_str().unwrap()])
+                .output()?;
             if !o.status.success() {
                 bail!("ctl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
             }
@@ -40,27 +58,45 @@ pub(super) fn agent(bin: &Path, secs: f64, tmp: &Path) -> Result<serde_json::Val
             let t = Instant::now();
             std::thread::sleep(Duration::from_secs_f64(secs));
             let c1 = cpu_ticks(pid).unwrap_or(c0);
-            ((c1 - c0) as f64 / 100.0 / t.elapsed().as_secs_f64(), rss_kib(pid))
+            (
+                (c1 - c0) as f64 / 100.0 / t.elapsed().as_secs_f64(),
+                rss_kib(pid),
+            )
         };
         let mut out = serde_json::Map::new();
         std::thread::sleep(Duration::from_secs(1));
         let (cpu0, rss0) = measure(a.id());
-        out.insert("jobs0".into(), serde_json::json!({ "cpu_s_per_s": cpu0, "rss_kib": rss0 }));
+        out.insert(
+            "jobs0".into(),
+            serde_json::json!({ "cpu_s_per_s": cpu0, "rss_kib": rss0 }),
+        );
         let mut jobs: Vec<Child> = Vec::new();
         let mut to_watched = Vec::new();
         for n in [1usize, 4] {
             while jobs.len() < n {
                 let i = jobs.len();
                 let script = dir.join(format!("nt-benchjob-{i}.sh"));
-                std::fs::write(&script, format!("#!/bin/sh\nwhile :; do echo \"job {i} loss 0.5\"; sleep 0.5; done\n"))?;
-                std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+                std::fs::write(
+                    &script,
+                    format!("#!/bin/sh\nwhile :; do echo \"job {i} loss 0.5\"; sleep 0.5; done\n"),
+                )?;
+                std::fs::set_permissions(
+                    &script,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o755),
+                )?;
                 let log = std::fs::File::create(dir.join(format!("nt-benchjob-{i}.log")))?;
                 let t = Instant::now();
-                let c = Command::new(&script).stdout(log.try_clone()?).stderr(log).spawn()?;
+                let c = Command::new(&script)
+                    .stdout(log.try_clone()?)
+                    .stderr(log)
+                    .spawn()?;
                 let pid = c.id();
                 jobs.push(c);
                 loop {
-                    if ctl(&["jobs"])?["jobs"].as_array().is_some_and(|j| j.iter().any(|j| j["root"] == pid)) {
+                    if ctl(&["jobs"])?["jobs"]
+                        .as_array()
+                        .is_some_and(|j| j.iter().any(|j| j["root"] == pid))
+                    {
                         to_watched.push(t.elapsed().as_secs_f64());
                         break;
                     }
@@ -72,14 +108,22 @@ pub(super) fn agent(bin: &Path, secs: f64, tmp: &Path) -> Result<serde_json::Val
             }
             std::thread::sleep(Duration::from_secs(1));
             let (cpu, rss) = measure(a.id());
-            out.insert(format!("jobs{n}"), serde_json::json!({ "cpu_s_per_s": cpu, "rss_kib": rss }));
+            out.insert(
+                format!("jobs{n}"),
+                serde_json::json!({ "cpu_s_per_s": cpu, "rss_kib": rss }),
+            );
         }
         // Trigger to bundle: `ctl dump` of one job, post-window 0.
-        let key = ctl(&["jobs"])?["jobs"][0]["key"].as_str().unwrap_or("").to_string();
+        let key = ctl(&["jobs"])?["jobs"][0]["key"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
         let t = Instant::now();
         ctl(&["dump", "--job", &key])?;
         let dump_s = loop {
-            let done = std::fs::read_dir(&spool)?.flatten().any(|e| e.file_name().to_string_lossy().starts_with("nantrace-"));
+            let done = std::fs::read_dir(&spool)?
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("nantrace-"));
             if done {
                 break t.elapsed().as_secs_f64();
             }
@@ -108,4 +152,3 @@ extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;
 }
-

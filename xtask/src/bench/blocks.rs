@@ -13,7 +13,16 @@ pub(super) fn membership(bin: &Path, n: u64, reps: usize, tmp: &Path) -> Result<
     std::fs::create_dir_all(&dir)?;
     let mut by: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
     for _ in 0..reps {
-        let r = internal(bin, &["membership", "--n", &n.to_string(), "--dir", dir.to_str().unwrap_or("/tmp")])?;
+        let r = internal(
+            bin,
+            &[
+                "membership",
+                "--n",
+                &n.to_string(),
+                "--dir",
+                dir.to_str().unwrap_or("/tmp"),
+            ],
+        )?;
         for row in r["rows"].as_array().cloned().unwrap_or_default() {
             let tp = row["tracepoint"].as_str().unwrap_or("?").to_string();
             let i = by.iter().position(|x| x.0 == tp).unwrap_or_else(|| {
@@ -34,15 +43,22 @@ pub(super) fn membership(bin: &Path, n: u64, reps: usize, tmp: &Path) -> Result<
 
 /// `bench-internal microcost`, `reps` times: median ns/run of each building block.
 pub(super) fn microcost(bin: &Path, n: u64, reps: usize) -> Result<serde_json::Value> {
-    let mut by: std::collections::BTreeMap<String, (String, Vec<f64>)> = std::collections::BTreeMap::new();
+    let mut by: std::collections::BTreeMap<String, (String, Vec<f64>)> =
+        std::collections::BTreeMap::new();
     let mut order = Vec::new();
     for _ in 0..reps {
-        for row in internal(bin, &["microcost", "--n", &n.to_string()])?.as_array().cloned().unwrap_or_default() {
+        for row in internal(bin, &["microcost", "--n", &n.to_string()])?
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        {
             let p = row["program"].as_str().unwrap_or("?").to_string();
             if !order.contains(&p) {
                 order.push(p.clone());
             }
-            let e = by.entry(p).or_insert_with(|| (row["what"].as_str().unwrap_or("").to_string(), Vec::new()));
+            let e = by
+                .entry(p)
+                .or_insert_with(|| (row["what"].as_str().unwrap_or("").to_string(), Vec::new()));
             e.1.extend(row["ns_per_run"].as_f64());
         }
     }
@@ -52,4 +68,3 @@ pub(super) fn microcost(bin: &Path, n: u64, reps: usize) -> Result<serde_json::V
         .collect();
     Ok(serde_json::json!({ "calls": n, "reps": reps, "rows": rows }))
 }
-

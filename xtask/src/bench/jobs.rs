@@ -33,7 +33,15 @@ enum Cause {
 }
 
 impl Cause {
-    const ALL: [Cause; 7] = [Cause::Xid, Cause::HotGpu, Cause::LowPower, Cause::Retransmits, Cause::Ecc, Cause::Clean, Cause::Consequences];
+    const ALL: [Cause; 7] = [
+        Cause::Xid,
+        Cause::HotGpu,
+        Cause::LowPower,
+        Cause::Retransmits,
+        Cause::Ecc,
+        Cause::Clean,
+        Cause::Consequences,
+    ];
 
     fn has_culprit(self) -> bool {
         !matches!(self, Cause::Clean | Cause::Consequences)
@@ -57,7 +65,10 @@ struct Lcg(u64);
 
 impl Lcg {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
         self.0 >> 33
     }
 
@@ -89,7 +100,11 @@ fn write_node(dir: &Path, i: usize, n: usize, cause: Option<Cause>, rng: &mut Lc
     let jitter = |rng: &mut Lcg| (rng.below(1000) as f64) / 1000.0;
     for k in 0..60u32 {
         let t = -300.0 + f64::from(k) * 5.0 + jitter(rng);
-        let (mut temp, mut power, mut ecc) = (61.0 + (rng.below(5) as f64), 650.0 + (rng.below(20) as f64), 0u64);
+        let (mut temp, mut power, mut ecc) = (
+            61.0 + (rng.below(5) as f64),
+            650.0 + (rng.below(20) as f64),
+            0u64,
+        );
         match cause {
             Some(Cause::HotGpu) => temp += 25.0,
             Some(Cause::LowPower) => power *= 0.45,
@@ -123,13 +138,35 @@ fn write_node(dir: &Path, i: usize, n: usize, cause: Option<Cause>, rng: &mut Lc
     text.push_str("{\n");
     let head = [
         ("schema", json!("nantrace.timeline/1")),
-        ("host", json!({ "hostname": name, "boot_id": format!("boot-{name}") })),
-        ("clock", json!({ "correction_s": 0.0, "uncertainty_s": 0.001 })),
-        ("trigger", json!({ "kind": if nan { "nan" } else { "job-wide" }, "time": at(trigger_s), "mono_ns": 1_000_000_000i64 + (trigger_s * 1e9) as i64, "reason": "" })),
-        ("first_nan", if nan { json!({ "time": at(0.0), "line": "step 300 | loss nan", "step": 300 }) } else { Value::Null }),
-        ("job", json!({ "root_pid": 100, "identity": { "job": "slurm-4711", "scheduler": { "kind": "slurm", "job_id": "4711" } } })),
+        (
+            "host",
+            json!({ "hostname": name, "boot_id": format!("boot-{name}") }),
+        ),
+        (
+            "clock",
+            json!({ "correction_s": 0.0, "uncertainty_s": 0.001 }),
+        ),
+        (
+            "trigger",
+            json!({ "kind": if nan { "nan" } else { "job-wide" }, "time": at(trigger_s), "mono_ns": 1_000_000_000i64 + (trigger_s * 1e9) as i64, "reason": "" }),
+        ),
+        (
+            "first_nan",
+            if nan {
+                json!({ "time": at(0.0), "line": "step 300 | loss nan", "step": 300 })
+            } else {
+                Value::Null
+            },
+        ),
+        (
+            "job",
+            json!({ "root_pid": 100, "identity": { "job": "slurm-4711", "scheduler": { "kind": "slurm", "job_id": "4711" } } }),
+        ),
         ("window", json!({ "pre_s": 300.0 })),
-        ("accounting", json!({ "probes_attached": ["printk:console", "sched:sched_process_exit", "tcp:tcp_retransmit_skb"], "events": {} })),
+        (
+            "accounting",
+            json!({ "probes_attached": ["printk:console", "sched:sched_process_exit", "tcp:tcp_retransmit_skb"], "events": {} }),
+        ),
     ];
     for (k, v) in head {
         let _ = writeln!(text, "  {}: {v},", json!(k));
@@ -154,7 +191,14 @@ fn write_node(dir: &Path, i: usize, n: usize, cause: Option<Cause>, rng: &mut Lc
 /// `nantrace report DIR --json`: (answer, wall s, peak RSS MiB from VmHWM, read every 10 ms).
 fn report(bin: &Path, dir: &Path) -> Result<(Value, f64, f64)> {
     let t0 = Instant::now();
-    let mut child = Command::new(bin).arg("report").arg(dir).arg("--json").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().context("nantrace report")?;
+    let mut child = Command::new(bin)
+        .arg("report")
+        .arg(dir)
+        .arg("--json")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("nantrace report")?;
     let status = format!("/proc/{}/status", child.id());
     let mut hwm_kib = 0u64;
     let out = std::thread::scope(|s| {
@@ -164,7 +208,11 @@ fn report(bin: &Path, dir: &Path) -> Result<(Value, f64, f64)> {
             o
         });
         while !out.is_finished() {
-            if let Some(v) = std::fs::read_to_string(&status).ok().and_then(|t| t.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())) {
+            if let Some(v) = std::fs::read_to_string(&status).ok().and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("VmHWM:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            }) {
                 hwm_kib = hwm_kib.max(v);
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -177,8 +225,13 @@ fn report(bin: &Path, dir: &Path) -> Result<(Value, f64, f64)> {
     if let Some(mut e) = child.stderr.take() {
         let _ = std::io::Read::read_to_string(&mut e, &mut err);
     }
-    anyhow::ensure!(st.success(), "nantrace report {}: {st}: {err}", dir.display());
-    let v: Value = serde_json::from_str(&out).with_context(|| format!("nantrace report --json: {out:.200}"))?;
+    anyhow::ensure!(
+        st.success(),
+        "nantrace report {}: {st}: {err}",
+        dir.display()
+    );
+    let v: Value = serde_json::from_str(&out)
+        .with_context(|| format!("nantrace report --json: {out:.200}"))?;
     Ok((v, wall, hwm_kib as f64 / 1024.0))
 }
 
@@ -206,7 +259,11 @@ pub fn run(smoke: bool, bin: &Path, out: &Path) -> Result<Value> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     // Accuracy.
-    let jobs = if smoke { Cause::ALL.len() } else { Cause::ALL.len() * 10 };
+    let jobs = if smoke {
+        Cause::ALL.len()
+    } else {
+        Cause::ALL.len() * 10
+    };
     let (mut tp, mut fp, mut fneg) = (0u32, 0u32, 0u32);
     let mut per: std::collections::BTreeMap<&str, (u32, u32)> = std::collections::BTreeMap::new();
     let mut misses = Vec::new();
@@ -240,9 +297,21 @@ pub fn run(smoke: bool, bin: &Path, out: &Path) -> Result<Value> {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
-    let precision = if tp + fp == 0 { 1.0 } else { f64::from(tp) / f64::from(tp + fp) };
-    let recall = if tp + fneg == 0 { 1.0 } else { f64::from(tp) / f64::from(tp + fneg) };
-    let f1 = if precision + recall == 0.0 { 0.0 } else { 2.0 * precision * recall / (precision + recall) };
+    let precision = if tp + fp == 0 {
+        1.0
+    } else {
+        f64::from(tp) / f64::from(tp + fp)
+    };
+    let recall = if tp + fneg == 0 {
+        1.0
+    } else {
+        f64::from(tp) / f64::from(tp + fneg)
+    };
+    let f1 = if precision + recall == 0.0 {
+        0.0
+    } else {
+        2.0 * precision * recall / (precision + recall)
+    };
     eprintln!("xtask bench-jobs: {jobs} simulated jobs: precision {precision:.3}, recall {recall:.3}, F1 {f1:.3} (Minder: 0.904, F1 0.893); per cause right/total: {per:?}");
     for m in &misses {
         eprintln!("xtask bench-jobs: miss: {m}");
@@ -258,7 +327,10 @@ pub fn run(smoke: bool, bin: &Path, out: &Path) -> Result<Value> {
     }
     let _ = std::fs::remove_dir_all(&tmp);
     for s in &scale {
-        anyhow::ensure!(s["right"] == true, "the job report did not name the node with the Xid: {s}");
+        anyhow::ensure!(
+            s["right"] == true,
+            "the job report did not name the node with the Xid: {s}"
+        );
     }
     Ok(result)
 }

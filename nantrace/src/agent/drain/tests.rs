@@ -2,41 +2,148 @@ use std::os::unix::fs::PermissionsExt as _;
 
 use super::*;
 
-fn dumped(verdict: &str, family: &str, signal: &'static str, action: Option<&'static str>, top: &str) -> Dumped {
-    Dumped { dir: None, verdict: Some(verdict.into()), family: Some(family.into()), top_suspect: Some(top.into()), top_signal: Some(signal), top_action: action, gpus: Vec::new(), trigger: "xid".into() }
+fn dumped(
+    verdict: &str,
+    family: &str,
+    signal: &'static str,
+    action: Option<&'static str>,
+    top: &str,
+) -> Dumped {
+    Dumped {
+        dir: None,
+        verdict: Some(verdict.into()),
+        family: Some(family.into()),
+        top_suspect: Some(top.into()),
+        top_signal: Some(signal),
+        top_action: action,
+        gpus: Vec::new(),
+        trigger: "xid".into(),
+    }
 }
 
 const XID79: &str = "Xid 79 (GPU has fallen off the bus) on 0000:3b:00.0, a GPU of this job, 4.1 s before the first NaN";
 
 #[test]
 fn only_unforgeable_evidence_that_needs_service_drains() {
-    let ok = decide(&dumped("PROBABLY THE MACHINE (GPU): Xid 79 ...", "GPU", "gpu_fallen_off_bus", Some("reboot the node"), XID79), "nantrace-host-20261201T101010Z-xid");
+    let ok = decide(
+        &dumped(
+            "PROBABLY THE MACHINE (GPU): Xid 79 ...",
+            "GPU",
+            "gpu_fallen_off_bus",
+            Some("reboot the node"),
+            XID79,
+        ),
+        "nantrace-host-20261201T101010Z-xid",
+    );
     assert_eq!(ok.as_deref(), Ok("nantrace: GPU Xid 79 (GPU has fallen off the bus) on 0000:3b:00.0 nantrace-host-20261201T101010Z-xid"));
     // Xid 13: POSSIBLY (the job's own code can cause it).
-    let e = decide(&dumped("POSSIBLY THE MACHINE (GPU, or the job's own code): Xid 13 ...", "GPU", "xid_app_possible", None, "Xid 13"), "i").unwrap_err();
+    let e = decide(
+        &dumped(
+            "POSSIBLY THE MACHINE (GPU, or the job's own code): Xid 13 ...",
+            "GPU",
+            "xid_app_possible",
+            None,
+            "Xid 13",
+        ),
+        "i",
+    )
+    .unwrap_err();
     assert!(e.contains("POSSIBLY THE MACHINE"), "{e}");
     // The job's words alone, even if they read as an Xid 79.
-    let e = decide(&dumped("PROBABLY THE MACHINE (GPU): job output: ...", "GPU (job's words only)", "joblog_gpu_hw", None, "job output: uncorrectable ECC"), "i").unwrap_err();
+    let e = decide(
+        &dumped(
+            "PROBABLY THE MACHINE (GPU): job output: ...",
+            "GPU (job's words only)",
+            "joblog_gpu_hw",
+            None,
+            "job output: uncorrectable ECC",
+        ),
+        "i",
+    )
+    .unwrap_err();
     assert!(e.contains("job's own words"), "{e}");
-    let e = decide(&dumped("PROBABLY THE MACHINE (GPU): job output: ...", "GPU", "joblog_gpu_hw", None, "job output"), "i").unwrap_err();
+    let e = decide(
+        &dumped(
+            "PROBABLY THE MACHINE (GPU): job output: ...",
+            "GPU",
+            "joblog_gpu_hw",
+            None,
+            "job output",
+        ),
+        "i",
+    )
+    .unwrap_err();
     assert!(e.contains("job's own words"), "{e}");
     // The machine, but nothing a reset or service fixes (an OOM kill of the job, retransmits).
-    let e = decide(&dumped("PROBABLY THE MACHINE (host memory): OOM kill", "host memory", "oom_kill_job", None, "OOM kill of python"), "i").unwrap_err();
+    let e = decide(
+        &dumped(
+            "PROBABLY THE MACHINE (host memory): OOM kill",
+            "host memory",
+            "oom_kill_job",
+            None,
+            "OOM kill of python",
+        ),
+        "i",
+    )
+    .unwrap_err();
     assert!(e.contains("does not need a reset"), "{e}");
-    for v in ["NOT THE MACHINE (software/configuration): x", "UNDECIDED (collective hang): x", "CANNOT TELL: x", ""] {
-        assert!(decide(&dumped(v, "GPU", "gpu_fallen_off_bus", None, XID79), "i").is_err(), "{v}");
+    for v in [
+        "NOT THE MACHINE (software/configuration): x",
+        "UNDECIDED (collective hang): x",
+        "CANNOT TELL: x",
+        "",
+    ] {
+        assert!(
+            decide(&dumped(v, "GPU", "gpu_fallen_off_bus", None, XID79), "i").is_err(),
+            "{v}"
+        );
     }
     // A critical Xid whose catalog action is only to restart the application: no drain.
-    assert!(decide(&dumped("PROBABLY THE MACHINE (GPU): Xid", "GPU", "xid_critical", Some(crate::classify::action_text("restart_app")), "Xid 999"), "i").is_err());
-    assert!(decide(&dumped("PROBABLY THE MACHINE (GPU): Xid 48", "GPU", "xid_critical", Some(crate::classify::action_text("ecc_workflow")), "Xid 48 (Double Bit ECC Error) on 0000:5e:00.0"), "i").is_ok());
+    assert!(decide(
+        &dumped(
+            "PROBABLY THE MACHINE (GPU): Xid",
+            "GPU",
+            "xid_critical",
+            Some(crate::classify::action_text("restart_app")),
+            "Xid 999"
+        ),
+        "i"
+    )
+    .is_err());
+    assert!(decide(
+        &dumped(
+            "PROBABLY THE MACHINE (GPU): Xid 48",
+            "GPU",
+            "xid_critical",
+            Some(crate::classify::action_text("ecc_workflow")),
+            "Xid 48 (Double Bit ECC Error) on 0000:5e:00.0"
+        ),
+        "i"
+    )
+    .is_ok());
 }
 
 #[test]
 fn the_reason_keeps_only_plain_characters() {
-    let r = decide(&dumped("PROBABLY THE MACHINE (GPU): x", "GPU", "gpu_fallen_off_bus", None, "Xid 79 on 0000:3b:00.0 \"; rm -rf / $(x) `y`\nState=RESUME"), "inc'1").unwrap();
+    let r = decide(
+        &dumped(
+            "PROBABLY THE MACHINE (GPU): x",
+            "GPU",
+            "gpu_fallen_off_bus",
+            None,
+            "Xid 79 on 0000:3b:00.0 \"; rm -rf / $(x) `y`\nState=RESUME",
+        ),
+        "inc'1",
+    )
+    .unwrap();
     assert!(!r.contains(['"', ';', '$', '`', '\n', '\'', '=']), "{r}");
     assert!(r.len() <= 200);
-    assert!(valid_node_name("gpu-node-017.cluster") && !valid_node_name("n1 State=RESUME") && !valid_node_name("") && !valid_node_name("a\"b"));
+    assert!(
+        valid_node_name("gpu-node-017.cluster")
+            && !valid_node_name("n1 State=RESUME")
+            && !valid_node_name("")
+            && !valid_node_name("a\"b")
+    );
 }
 
 struct Fake {
@@ -54,12 +161,19 @@ impl Fake {
         std::fs::write(dir.join("STATE"), state).unwrap();
         let d = dir.display();
         std::fs::write(dir.join("scontrol"), format!("#!/bin/sh\necho \"$@\" >> {d}/calls\ncase \"$1\" in show) echo \"NodeName=n1 Arch=x86_64 State=$(cat {d}/STATE) Reason=none\" ;; update) echo IDLE+DRAIN > {d}/STATE ;; esac\n")).unwrap();
-        std::fs::set_permissions(dir.join("scontrol"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(dir.join("scontrol"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
         Fake { dir }
     }
 
     fn drainer(&self, cap: u32) -> Drainer {
-        Drainer { mode: Mode::Slurm, node: "n1".into(), cap, ledger: Some(Ledger::open(&self.dir, "this node").unwrap()), scontrol: self.dir.join("scontrol") }
+        Drainer {
+            mode: Mode::Slurm,
+            node: "n1".into(),
+            cap,
+            ledger: Some(Ledger::open(&self.dir, "this node").unwrap()),
+            scontrol: self.dir.join("scontrol"),
+        }
     }
 
     fn calls(&self) -> String {
@@ -78,17 +192,40 @@ fn a_drain_runs_once_per_incident_within_the_cap_and_never_on_a_drained_node() {
     let f = Fake::new("once", "IDLE");
     let d = f.drainer(1);
     let now = 1_796_000_000;
-    let o = d.act(Ok("nantrace: GPU Xid 79 on 0000:3b:00.0 inc1".into()), "inc1", now);
+    let o = d.act(
+        Ok("nantrace: GPU Xid 79 on 0000:3b:00.0 inc1".into()),
+        "inc1",
+        now,
+    );
     assert_eq!(o.action, "drained", "{o:?}");
-    assert!(f.calls().contains("update NodeName=n1 State=DRAIN Reason=nantrace: GPU Xid 79 on 0000:3b:00.0 inc1"), "{}", f.calls());
+    assert!(
+        f.calls().contains(
+            "update NodeName=n1 State=DRAIN Reason=nantrace: GPU Xid 79 on 0000:3b:00.0 inc1"
+        ),
+        "{}",
+        f.calls()
+    );
     // A person resumes the node: the same incident does not drain it again.
     std::fs::write(f.dir.join("STATE"), "IDLE").unwrap();
-    let o = d.act(Ok("nantrace: GPU Xid 79 on 0000:3b:00.0 inc1".into()), "inc1", now + 60);
+    let o = d.act(
+        Ok("nantrace: GPU Xid 79 on 0000:3b:00.0 inc1".into()),
+        "inc1",
+        now + 60,
+    );
     assert_eq!(o.action, "already_drained", "{o:?}");
     // Another incident in the same hour: held back by the cap, with the command to run.
-    let o = d.act(Ok("nantrace: GPU Xid 79 on 0000:5e:00.0 inc2".into()), "inc2", now + 120);
+    let o = d.act(
+        Ok("nantrace: GPU Xid 79 on 0000:5e:00.0 inc2".into()),
+        "inc2",
+        now + 120,
+    );
     assert_eq!(o.action, "held_by_cap", "{o:?}");
-    assert!(o.text.contains("run by hand if right: scontrol update NodeName=n1 State=DRAIN"), "{}", o.text);
+    assert!(
+        o.text
+            .contains("run by hand if right: scontrol update NodeName=n1 State=DRAIN"),
+        "{}",
+        o.text
+    );
     assert_eq!(f.calls().matches("update").count(), 1, "{}", f.calls());
     // The next hour: a slot again. But the node is DRAIN already (someone else drained it).
     std::fs::write(f.dir.join("STATE"), "MIXED+DRAIN").unwrap();
@@ -99,10 +236,27 @@ fn a_drain_runs_once_per_incident_within_the_cap_and_never_on_a_drained_node() {
     assert_eq!(d.act(Ok("r".into()), "inc4", now + 3600).action, "drained");
     // Not needed, and recommend mode: scontrol never runs.
     let before = f.calls();
-    assert_eq!(d.act(Err("the verdict is POSSIBLY THE MACHINE".into()), "inc5", now).action, "not_needed");
-    let rec = Drainer { mode: Mode::Recommend, ..f.drainer(1) };
+    assert_eq!(
+        d.act(
+            Err("the verdict is POSSIBLY THE MACHINE".into()),
+            "inc5",
+            now
+        )
+        .action,
+        "not_needed"
+    );
+    let rec = Drainer {
+        mode: Mode::Recommend,
+        ..f.drainer(1)
+    };
     let o = rec.act(Ok("nantrace: GPU x inc6".into()), "inc6", now);
-    assert_eq!((o.action, o.command.as_deref()), ("recommended", Some("scontrol update NodeName=n1 State=DRAIN Reason=\"nantrace: GPU x inc6\"")));
+    assert_eq!(
+        (o.action, o.command.as_deref()),
+        (
+            "recommended",
+            Some("scontrol update NodeName=n1 State=DRAIN Reason=\"nantrace: GPU x inc6\"")
+        )
+    );
     assert_eq!(f.calls(), before);
 }
 
@@ -128,9 +282,16 @@ fn a_failing_or_hung_scontrol_is_said_and_frees_its_slot() {
     assert_eq!(o.action, "failed");
     assert!(o.text.contains("Access/permission denied"), "{}", o.text);
     // The slot was given back: a later drain in the hour can still happen.
-    std::fs::write(f.dir.join("scontrol"), "#!/bin/sh\ncase \"$1\" in show) echo 'NodeName=n1 State=IDLE' ;; esac\n").unwrap();
+    std::fs::write(
+        f.dir.join("scontrol"),
+        "#!/bin/sh\ncase \"$1\" in show) echo 'NodeName=n1 State=IDLE' ;; esac\n",
+    )
+    .unwrap();
     assert_eq!(d.act(Ok("r".into()), "inc2", 7200).action, "drained");
-    let missing = Drainer { scontrol: f.dir.join("no-such-scontrol"), ..f.drainer(1) };
+    let missing = Drainer {
+        scontrol: f.dir.join("no-such-scontrol"),
+        ..f.drainer(1)
+    };
     let o = missing.act(Ok("r".into()), "inc3", 7200);
     assert_eq!(o.action, "failed");
     assert!(o.text.contains("unknown"), "{}", o.text);

@@ -34,7 +34,13 @@ fn entry(t: i64, bundle: &str, gpus: &[(&str, Option<&str>)], verdict: &str) -> 
         trigger: "xid".into(),
         verdict: verdict.into(),
         family: "GPU".into(),
-        gpus: gpus.iter().map(|(p, u)| Gpu { pci: (*p).into(), uuid: u.map(String::from) }).collect(),
+        gpus: gpus
+            .iter()
+            .map(|(p, u)| Gpu {
+                pci: (*p).into(),
+                uuid: u.map(String::from),
+            })
+            .collect(),
         bundle: bundle.into(),
     }
 }
@@ -47,19 +53,42 @@ fn incidents_survive_a_restart_and_a_torn_or_edited_line_is_not_believed() {
     let s = Spool::new("restart");
     let mut h = History::open(&s.0);
     assert!(h.entries.is_empty());
-    h.add(entry(T0, &s.bundle(1), &[("0000:3b:00.0", Some("GPU-aaaa"))], "PROBABLY THE MACHINE (GPU)")).unwrap();
-    h.add(entry(T0 + 60, &s.bundle(2), &[], "NOT THE MACHINE (software/configuration)")).unwrap();
+    h.add(entry(
+        T0,
+        &s.bundle(1),
+        &[("0000:3b:00.0", Some("GPU-aaaa"))],
+        "PROBABLY THE MACHINE (GPU)",
+    ))
+    .unwrap();
+    h.add(entry(
+        T0 + 60,
+        &s.bundle(2),
+        &[],
+        "NOT THE MACHINE (software/configuration)",
+    ))
+    .unwrap();
     let again = History::open(&s.0);
     assert_eq!(again.entries, h.entries);
     assert_eq!(again.bad_lines, 0);
     // A crash mid-write leaves half a line; someone edits a verdict in place.
     let path = s.0.join(FILE);
     let text = std::fs::read_to_string(&path).unwrap();
-    let edited = text.replacen("PROBABLY THE MACHINE (GPU)", "PROBABLY THE MACHINE (PCIe)", 1);
-    std::fs::write(&path, format!("{edited}{{\"fnv\":\"00\",\"e\":{{\"time_s\":1")).unwrap();
+    let edited = text.replacen(
+        "PROBABLY THE MACHINE (GPU)",
+        "PROBABLY THE MACHINE (PCIe)",
+        1,
+    );
+    std::fs::write(
+        &path,
+        format!("{edited}{{\"fnv\":\"00\",\"e\":{{\"time_s\":1"),
+    )
+    .unwrap();
     let h2 = History::open(&s.0);
     assert_eq!(h2.entries.len(), 1, "{:?}", h2.entries);
-    assert_eq!(h2.entries[0].verdict, "NOT THE MACHINE (software/configuration)");
+    assert_eq!(
+        h2.entries[0].verdict,
+        "NOT THE MACHINE (software/configuration)"
+    );
     assert_eq!(h2.bad_lines, 2);
 }
 
@@ -68,7 +97,13 @@ fn a_lost_index_is_rebuilt_from_the_bundles_and_the_index_stays_bounded() {
     let s = Spool::new("rebuild");
     let mut h = History::open(&s.0);
     for n in 1..=3 {
-        h.add(entry(T0 + i64::from(n), &s.bundle(n), &[("0000:3b:00.0", None)], "PROBABLY THE MACHINE (GPU)")).unwrap();
+        h.add(entry(
+            T0 + i64::from(n),
+            &s.bundle(n),
+            &[("0000:3b:00.0", None)],
+            "PROBABLY THE MACHINE (GPU)",
+        ))
+        .unwrap();
     }
     std::fs::remove_file(s.0.join(FILE)).unwrap();
     let r = History::open(&s.0);
@@ -82,7 +117,11 @@ fn a_lost_index_is_rebuilt_from_the_bundles_and_the_index_stays_bounded() {
         h.entries.push(entry(T0 + 10 + i, &b, &[], "x"));
     }
     h.add(entry(T0 + 1_000_000, &b, &[], "last")).unwrap();
-    assert!(h.entries.len() <= MAX_ENTRIES / 2 + 5, "{}", h.entries.len());
+    assert!(
+        h.entries.len() <= MAX_ENTRIES / 2 + 5,
+        "{}",
+        h.entries.len()
+    );
     let back = History::open(&s.0);
     assert_eq!(back.entries.len(), h.entries.len());
     assert_eq!(back.entries.last().unwrap().verdict, "last");
@@ -93,8 +132,20 @@ fn a_gpu_implicated_three_times_in_a_week_is_a_repeat_offender() {
     let s = Spool::new("repeat");
     let mut h = History::open(&s.0);
     let gpu = [("0000:3b:00.0", Some("GPU-aaaa"))];
-    h.add(entry(T0 - 20 * DAY, &s.bundle(1), &gpu, "PROBABLY THE MACHINE (GPU)")).unwrap();
-    h.add(entry(T0 - 3 * DAY, &s.bundle(2), &gpu, "POSSIBLY THE MACHINE (GPU, or the job's own code)")).unwrap();
+    h.add(entry(
+        T0 - 20 * DAY,
+        &s.bundle(1),
+        &gpu,
+        "PROBABLY THE MACHINE (GPU)",
+    ))
+    .unwrap();
+    h.add(entry(
+        T0 - 3 * DAY,
+        &s.bundle(2),
+        &gpu,
+        "POSSIBLY THE MACHINE (GPU, or the job's own code)",
+    ))
+    .unwrap();
     let second = entry(T0 - DAY, &s.bundle(3), &gpu, "PROBABLY THE MACHINE (GPU)");
     h.add(second.clone()).unwrap();
     let sec = h.section(&second).unwrap();
@@ -105,16 +156,32 @@ fn a_gpu_implicated_three_times_in_a_week_is_a_repeat_offender() {
     let sec = h.section(&now).unwrap();
     assert!(sec.contains("implicated in 3 earlier incidents") && sec.contains("Repeat offender: implicated 3 times in 7 days: drain the node and send GPU 0000:3b:00.0 (GPU-aaaa) for service"), "{sec}");
     // Another GPU of the node: its own story.
-    let other = entry(T0, &s.bundle(5), &[("0000:5e:00.0", None)], "PROBABLY THE MACHINE (GPU)");
+    let other = entry(
+        T0,
+        &s.bundle(5),
+        &[("0000:5e:00.0", None)],
+        "PROBABLY THE MACHINE (GPU)",
+    );
     h.add(other.clone()).unwrap();
-    assert!(h.section(&other).unwrap().contains("GPU 0000:5e:00.0: no earlier incident"));
-    assert!(h.section(&entry(T0, &s.bundle(6), &[], "NOT THE MACHINE")).is_none());
+    assert!(h
+        .section(&other)
+        .unwrap()
+        .contains("GPU 0000:5e:00.0: no earlier incident"));
+    assert!(h
+        .section(&entry(T0, &s.bundle(6), &[], "NOT THE MACHINE"))
+        .is_none());
     // ctl history: by UUID or PCI address, since a time.
     assert_eq!(h.query(Some("gpu-AAAA"), 0).len(), 4);
     assert_eq!(h.query(Some("0000:3B:00.0"), T0 - 7 * DAY).len(), 3);
     assert_eq!(h.query(None, T0 - 1).len(), 2);
     assert_eq!(h.per_gpu().get("0000:3b:00.0"), Some(&4));
-    assert_eq!(h.answer(Some("0000:5e:00.0"), 0)["incidents"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        h.answer(Some("0000:5e:00.0"), 0)["incidents"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 #[test]
@@ -126,5 +193,8 @@ fn since_reads_days_hours_minutes_and_seconds() {
     for bad in ["", "d", "-1d", "1y", "99999999999d", "1.5d"] {
         assert_eq!(parse_since(bad), None, "{bad}");
     }
-    assert_eq!(verdict_head("PROBABLY THE MACHINE (GPU): Xid 79 on 0000:3b:00.0"), "PROBABLY THE MACHINE (GPU)");
+    assert_eq!(
+        verdict_head("PROBABLY THE MACHINE (GPU): Xid 79 on 0000:3b:00.0"),
+        "PROBABLY THE MACHINE (GPU)"
+    );
 }

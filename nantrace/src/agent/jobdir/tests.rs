@@ -33,11 +33,17 @@ fn triggers_within_the_join_window_are_one_incident_and_bundles_land_under_it() 
     let t = Tmp::new("join");
     let root = Root::open(&t.0).unwrap();
     let now = 1_796_000_000_000_000_000i128;
-    let a = root.open_incident("4711", "n1", "nan", "step 300 | loss nan", now).unwrap();
+    let a = root
+        .open_incident("4711", "n1", "nan", "step 300 | loss nan", now)
+        .unwrap();
     assert!(a.starts_with("2026") && a.ends_with("Z-n1"), "{a}");
-    let b = root.open_incident("4711", "n2", "job-error", "NCCL error", now + 3_000_000_000).unwrap();
+    let b = root
+        .open_incident("4711", "n2", "job-error", "NCCL error", now + 3_000_000_000)
+        .unwrap();
     assert_eq!(a, b, "3 s later, on another node: the same incident");
-    let c = root.open_incident("4711", "n2", "nan", "again", now + 600_000_000_000).unwrap();
+    let c = root
+        .open_incident("4711", "n2", "nan", "again", now + 600_000_000_000)
+        .unwrap();
     assert_ne!(a, c, "10 minutes later: a new incident");
     let incs = root.incidents("4711");
     assert_eq!(incs.len(), 2);
@@ -49,9 +55,17 @@ fn triggers_within_the_join_window_are_one_incident_and_bundles_land_under_it() 
     assert_eq!(p, t.0.join("4711").join(&a).join("n1"));
     assert_eq!(std::fs::read_to_string(p.join("report.md")).unwrap(), "# r");
     let p2 = root.put_bundle("4711", &a, "n1", &b1).unwrap();
-    assert_eq!(p2, t.0.join("4711").join(&a).join("n1-2"), "a second dump of one incident keeps the first");
+    assert_eq!(
+        p2,
+        t.0.join("4711").join(&a).join("n1-2"),
+        "a second dump of one incident keeps the first"
+    );
     let found = crate::jobreport::find_bundles(&t.0.join("4711").join(&a)).unwrap();
-    assert_eq!(found.len(), 2, "the job report finds the node bundles under the incident");
+    assert_eq!(
+        found.len(),
+        2,
+        "the job report finds the node bundles under the incident"
+    );
 }
 
 /// Two nodes that opened an incident each, a moment apart and before seeing each other's
@@ -82,7 +96,10 @@ fn a_job_dir_others_can_write_is_refused() {
     let link = t.0.with_extension("link");
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(&t.0, &link).unwrap();
-    assert!(Root::open(&link).unwrap_err().to_string().contains("not a directory"));
+    assert!(Root::open(&link)
+        .unwrap_err()
+        .to_string()
+        .contains("not a directory"));
     let _ = std::fs::remove_file(&link);
 }
 
@@ -90,28 +107,60 @@ fn a_job_dir_others_can_write_is_refused() {
 fn markers_in_a_directory_others_can_write_or_of_the_wrong_shape_are_ignored() {
     let t = Tmp::new("forge");
     let root = Root::open(&t.0).unwrap();
-    let id = root.open_incident("77", "n1", "nan", "x", 1_796_000_000_000_000_000).unwrap();
+    let id = root
+        .open_incident("77", "n1", "nan", "x", 1_796_000_000_000_000_000)
+        .unwrap();
     assert_eq!(root.incidents("77").len(), 1);
     // A marker that names another job or incident than its place: ignored.
     let fake = t.0.join("77").join("fake");
     std::fs::create_dir(&fake).unwrap();
-    std::fs::write(fake.join("INCIDENT.json"), serde_json::to_vec(&json!({ "job": "77", "incident": "other", "host": "n9" })).unwrap()).unwrap();
+    std::fs::write(
+        fake.join("INCIDENT.json"),
+        serde_json::to_vec(&json!({ "job": "77", "incident": "other", "host": "n9" })).unwrap(),
+    )
+    .unwrap();
     // A marker that is a link: ignored.
     let linked = t.0.join("77").join("linked");
     std::fs::create_dir(&linked).unwrap();
-    std::os::unix::fs::symlink(t.0.join("77").join(&id).join("INCIDENT.json"), linked.join("INCIDENT.json")).unwrap();
-    assert_eq!(root.incidents("77").iter().map(|x| x.0.as_str()).collect::<Vec<_>>(), [id.as_str()]);
+    std::os::unix::fs::symlink(
+        t.0.join("77").join(&id).join("INCIDENT.json"),
+        linked.join("INCIDENT.json"),
+    )
+    .unwrap();
+    assert_eq!(
+        root.incidents("77")
+            .iter()
+            .map(|x| x.0.as_str())
+            .collect::<Vec<_>>(),
+        [id.as_str()]
+    );
     // The job's directory made writable by others (a user given access): nothing is trusted.
-    std::fs::set_permissions(t.0.join("77"), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(
+        t.0.join("77"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
     assert!(root.incidents("77").is_empty());
-    assert!(root.put_bundle("77", &id, "n1", &t.0).is_err(), "nor written into");
+    assert!(
+        root.put_bundle("77", &id, "n1", &t.0).is_err(),
+        "nor written into"
+    );
 }
 
 #[test]
 fn only_slurm_job_ids_name_a_job() {
-    assert_eq!(job_key(&json!({ "kind": "slurm", "job_id": "4711" })).as_deref(), Some("4711"));
-    assert_eq!(job_key(&json!({ "kind": "slurm", "job_id": "4711_3" })).as_deref(), Some("4711_3"));
-    assert_eq!(job_key(&json!({ "kind": "slurm", "job_id": "../etc" })), None);
+    assert_eq!(
+        job_key(&json!({ "kind": "slurm", "job_id": "4711" })).as_deref(),
+        Some("4711")
+    );
+    assert_eq!(
+        job_key(&json!({ "kind": "slurm", "job_id": "4711_3" })).as_deref(),
+        Some("4711_3")
+    );
+    assert_eq!(
+        job_key(&json!({ "kind": "slurm", "job_id": "../etc" })),
+        None
+    );
     assert_eq!(job_key(&json!({ "kind": "pod", "job_id": "4711" })), None);
 }
 
@@ -124,29 +173,77 @@ fn another_nodes_incident_fires_this_nodes_session_once() {
     let (tx, mut rx) = mpsc::channel::<Input>(8);
     let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let s2 = said.clone();
-    let jd = spawn(root.clone(), "n2".into(), Box::new(move |k, m| s2.lock().unwrap().push(format!("{k}: {m}"))));
-    jd.send(Msg::Watch { job: "4711".into(), key: "slurm-4711".into(), tx }).unwrap();
+    let jd = spawn(
+        root.clone(),
+        "n2".into(),
+        Box::new(move |k, m| s2.lock().unwrap().push(format!("{k}: {m}"))),
+    );
+    jd.send(Msg::Watch {
+        job: "4711".into(),
+        key: "slurm-4711".into(),
+        tx,
+    })
+    .unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    let id = root.open_incident("4711", "n1", "nan", "step 300 | loss nan", crate::clock::realtime_ns()).unwrap();
+    let id = root
+        .open_incident(
+            "4711",
+            "n1",
+            "nan",
+            "step 300 | loss nan",
+            crate::clock::realtime_ns(),
+        )
+        .unwrap();
     let t0 = std::time::Instant::now();
     let fired = loop {
         if let Ok(i) = rx.try_recv() {
             break i;
         }
-        assert!(t0.elapsed() < Duration::from_secs(3), "no fire within 3 s: {:?}", said.lock().unwrap());
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "no fire within 3 s: {:?}",
+            said.lock().unwrap()
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
-    let Input::Fire(kind, why, _) = fired else { panic!("not a fire") };
+    let Input::Fire(kind, why, _) = fired else {
+        panic!("not a fire")
+    };
     assert_eq!(kind, TriggerKind::JobWide);
     assert!(why.contains(&id) && why.contains("nan on n1"), "{why}");
-    assert!(t0.elapsed() <= POLL * 3, "within the poll interval: {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() <= POLL * 3,
+        "within the poll interval: {:?}",
+        t0.elapsed()
+    );
     // The session's own view of it opens nothing new; its bundle goes under the incident.
-    jd.send(Msg::Opened { key: "slurm-4711".into(), trigger: "manual".into(), reason: why, at: crate::clock::realtime_ns() }).unwrap();
+    jd.send(Msg::Opened {
+        key: "slurm-4711".into(),
+        trigger: "manual".into(),
+        reason: why,
+        at: crate::clock::realtime_ns(),
+    })
+    .unwrap();
     let src = Tmp::new("thread-src");
-    jd.send(Msg::Dumped { key: "slurm-4711".into(), bundle: Some(bundle(&src.0)) }).unwrap();
+    jd.send(Msg::Dumped {
+        key: "slurm-4711".into(),
+        bundle: Some(bundle(&src.0)),
+    })
+    .unwrap();
     let t0 = std::time::Instant::now();
-    while !t.0.join("4711").join(&id).join("n2").join("report.md").exists() {
-        assert!(t0.elapsed() < Duration::from_secs(3), "bundle not shared: {:?}", said.lock().unwrap());
+    while !t
+        .0
+        .join("4711")
+        .join(&id)
+        .join("n2")
+        .join("report.md")
+        .exists()
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "bundle not shared: {:?}",
+            said.lock().unwrap()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(POLL * 2);
@@ -162,21 +259,49 @@ fn incidents_within_the_join_window_fire_a_third_node_once() {
     let root = Root::open(&t.0).unwrap();
     let (tx, mut rx) = mpsc::channel::<Input>(8);
     let jd = spawn(root.clone(), "n3".into(), Box::new(|_, _| {}));
-    jd.send(Msg::Watch { job: "5".into(), key: "slurm-5".into(), tx }).unwrap();
+    jd.send(Msg::Watch {
+        job: "5".into(),
+        key: "slurm-5".into(),
+        tx,
+    })
+    .unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let now = crate::clock::realtime_ns();
     let a = root.open_incident("5", "n1", "nan", "x", now).unwrap();
     // n2's own, made before it saw n1's (as open_incident would, one second later).
-    let d = safefs::Dir::open(&t.0.join("5")).unwrap().create_subdir(&format!("{}-n2", crate::clock::compact_utc(now + 1_000_000_000))).unwrap();
+    let d = safefs::Dir::open(&t.0.join("5"))
+        .unwrap()
+        .create_subdir(&format!(
+            "{}-n2",
+            crate::clock::compact_utc(now + 1_000_000_000)
+        ))
+        .unwrap();
     let b = format!("{}-n2", crate::clock::compact_utc(now + 1_000_000_000));
     d.write_new(MARKER, &serde_json::to_vec(&json!({ "job": "5", "incident": b, "host": "n2", "trigger": "exit", "time_ns": (now + 1_000_000_000).to_string() })).unwrap()).unwrap();
     std::thread::sleep(POLL * 3);
-    assert!(matches!(rx.try_recv(), Ok(Input::Fire(TriggerKind::JobWide, _, _))), "fired for the first");
+    assert!(
+        matches!(rx.try_recv(), Ok(Input::Fire(TriggerKind::JobWide, _, _))),
+        "fired for the first"
+    );
     let src = Tmp::new("pair-src");
-    jd.send(Msg::Dumped { key: "slurm-5".into(), bundle: Some(bundle(&src.0)) }).unwrap();
+    jd.send(Msg::Dumped {
+        key: "slurm-5".into(),
+        bundle: Some(bundle(&src.0)),
+    })
+    .unwrap();
     std::thread::sleep(POLL * 3);
-    assert!(rx.try_recv().is_err(), "not a second time for n2's incident of the same moment");
-    assert!(t.0.join("5").join(&a).join("n3").join("report.md").exists(), "the bundle is under the earlier incident");
+    assert!(
+        rx.try_recv().is_err(),
+        "not a second time for n2's incident of the same moment"
+    );
+    assert!(
+        t.0.join("5").join(&a).join("n3").join("report.md").exists(),
+        "the bundle is under the earlier incident"
+    );
     // A failed dump ends the incident here: the next incident of the job fires again.
-    jd.send(Msg::Dumped { key: "slurm-5".into(), bundle: None }).unwrap();
+    jd.send(Msg::Dumped {
+        key: "slurm-5".into(),
+        bundle: None,
+    })
+    .unwrap();
 }

@@ -7,7 +7,9 @@ use crate::report::rules::signal;
 use crate::source::Source;
 
 pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
-    let gpu_of_job = |pci: &str, pid: Option<u64>| ctx.job_gpus.contains(pci) || pid.is_some_and(|p| ctx.job_pids.contains(&p));
+    let gpu_of_job = |pci: &str, pid: Option<u64>| {
+        ctx.job_gpus.contains(pci) || pid.is_some_and(|p| ctx.job_pids.contains(&p))
+    };
     let nvml_xids: Vec<(f64, &Value)> = ctx.src(Source::NvmlXid).map(|(r, e)| (*r, *e)).collect();
     for (rel, e) in &kernel_events(ctx) {
         match e["class"].as_str().unwrap_or("") {
@@ -15,7 +17,8 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
                 let xid = e["xid"].as_u64().unwrap_or(0);
                 let pci = e["pci"].as_str().unwrap_or("?");
                 let touches = gpu_of_job(pci, e["xid_pid"].as_u64());
-                let maybe_app = crate::classify::xid_maybe_application(u32::try_from(xid).unwrap_or(0));
+                let maybe_app =
+                    crate::classify::xid_maybe_application(u32::try_from(xid).unwrap_or(0));
                 let sig = match (xid, e["severity"].as_str().unwrap_or("")) {
                     (79, _) => signal("gpu_fallen_off_bus"),
                     (_, "critical") => signal("xid_critical"),
@@ -24,31 +27,61 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
                     (_, "warning") => signal("xid_warning"),
                     _ => continue,
                 };
-                let witnessed = nvml_xids.iter().any(|(r, n)| n["xid"].as_u64() == Some(xid) && n["pci"] == pci && (r - rel).abs() < 5.0);
+                let witnessed = nvml_xids.iter().any(|(r, n)| {
+                    n["xid"].as_u64() == Some(xid) && n["pci"] == pci && (r - rel).abs() < 5.0
+                });
                 acc.add(sig, &format!("{xid}/{pci}"), *rel, touches, || {
                     format!(
                         "Xid {xid} ({}) on {pci}{}{}",
                         e["meaning"].as_str().unwrap_or(""),
                         if touches { ", a GPU of this job" } else { "" },
-                        if witnessed { " [two witnesses: kernel log and NVML]" } else { "" }
+                        if witnessed {
+                            " [two witnesses: kernel log and NVML]"
+                        } else {
+                            ""
+                        }
                     )
                 });
-                acc.set_action(sig, &format!("{xid}/{pci}"), e["action"].as_str().unwrap_or(""));
+                acc.set_action(
+                    sig,
+                    &format!("{xid}/{pci}"),
+                    e["action"].as_str().unwrap_or(""),
+                );
             }
             "gpu_fallen_off_bus" => {
                 let pci = e["pci"].as_str().unwrap_or("?");
-                acc.add(signal("gpu_fallen_off_bus"), &format!("79/{pci}"), *rel, gpu_of_job(pci, None), || format!("GPU {pci} has fallen off the bus (NVRM, no Xid)"));
+                acc.add(
+                    signal("gpu_fallen_off_bus"),
+                    &format!("79/{pci}"),
+                    *rel,
+                    gpu_of_job(pci, None),
+                    || format!("GPU {pci} has fallen off the bus (NVRM, no Xid)"),
+                );
             }
             "sxid" => {
                 let sx = e["sxid"].as_u64().unwrap_or(0);
-                acc.add(signal("sxid"), &sx.to_string(), *rel, false, || format!("NVSwitch SXid {sx} on {}", e["pci"].as_str().unwrap_or("?")));
+                acc.add(signal("sxid"), &sx.to_string(), *rel, false, || {
+                    format!("NVSwitch SXid {sx} on {}", e["pci"].as_str().unwrap_or("?"))
+                });
             }
             "segfault" => {
                 // Only a crash of a job process inside the GPU libraries is worth a line; the
                 // comm in these lines is the process's own text and is never matched.
                 let victim = e["crashed_pid"].as_u64();
                 if e["gpu_library"] == true && victim.is_some_and(|v| ctx.job_pids.contains(&v)) {
-                    acc.add(signal("segfault_gpu_library"), e["library"].as_str().unwrap_or("?"), *rel, true, || format!("job process {} crashed inside {}", victim.unwrap_or(0), e["library"].as_str().unwrap_or("?")));
+                    acc.add(
+                        signal("segfault_gpu_library"),
+                        e["library"].as_str().unwrap_or("?"),
+                        *rel,
+                        true,
+                        || {
+                            format!(
+                                "job process {} crashed inside {}",
+                                victim.unwrap_or(0),
+                                e["library"].as_str().unwrap_or("?")
+                            )
+                        },
+                    );
                 }
             }
             _ => {}
@@ -72,7 +105,9 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
             } else {
                 signal("xid_error")
             };
-            acc.add(sig, &key, *rel, gpu_of_job(pci, None), || format!("Xid {xid} ({meaning}) on {pci} (NVML event)"));
+            acc.add(sig, &key, *rel, gpu_of_job(pci, None), || {
+                format!("Xid {xid} ({meaning}) on {pci} (NVML event)")
+            });
         }
     }
     for (rel, e) in ctx.src(Source::GpuChange) {

@@ -6,14 +6,57 @@ use crate::report::rules::signal;
 pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
     for (rel, e) in &kernel_events(ctx) {
         match e["class"].as_str().unwrap_or("") {
-            "hung_task" => acc.add(signal("hung_task"), e["task"].as_str().unwrap_or(""), *rel, false, || format!("hung task {}:{} blocked {} s", e["task"].as_str().unwrap_or("?"), e["task_pid"], e["seconds"])),
+            "hung_task" => acc.add(
+                signal("hung_task"),
+                e["task"].as_str().unwrap_or(""),
+                *rel,
+                false,
+                || {
+                    format!(
+                        "hung task {}:{} blocked {} s",
+                        e["task"].as_str().unwrap_or("?"),
+                        e["task_pid"],
+                        e["seconds"]
+                    )
+                },
+            ),
             "machine_check" => {
-                let sig = if e["uncorrected"] == true { signal("machine_check") } else { signal("machine_check_corrected") };
-                acc.add(sig, "mce", *rel, false, || format!("machine check: {}", e["message"].as_str().unwrap_or("").chars().take(100).collect::<String>()));
+                let sig = if e["uncorrected"] == true {
+                    signal("machine_check")
+                } else {
+                    signal("machine_check_corrected")
+                };
+                acc.add(sig, "mce", *rel, false, || {
+                    format!(
+                        "machine check: {}",
+                        e["message"]
+                            .as_str()
+                            .unwrap_or("")
+                            .chars()
+                            .take(100)
+                            .collect::<String>()
+                    )
+                });
             }
-            "soft_lockup" => acc.add(signal("soft_lockup"), "lockup", *rel, false, || format!("soft lockup: CPU#{} stuck for {} s", e["cpu"], e["seconds"])),
-            "rcu_stall" => acc.add(signal("rcu_stall"), "rcu", *rel, false, || "RCU stall reported by the kernel".to_string()),
-            "cpu_thermal" => acc.add(signal("cpu_thermal"), e["scope"].as_str().unwrap_or(""), *rel, false, || format!("CPU{} {} temperature above threshold, clock throttled", e["cpu"], e["scope"].as_str().unwrap_or("?"))),
+            "soft_lockup" => acc.add(signal("soft_lockup"), "lockup", *rel, false, || {
+                format!("soft lockup: CPU#{} stuck for {} s", e["cpu"], e["seconds"])
+            }),
+            "rcu_stall" => acc.add(signal("rcu_stall"), "rcu", *rel, false, || {
+                "RCU stall reported by the kernel".to_string()
+            }),
+            "cpu_thermal" => acc.add(
+                signal("cpu_thermal"),
+                e["scope"].as_str().unwrap_or(""),
+                *rel,
+                false,
+                || {
+                    format!(
+                        "CPU{} {} temperature above threshold, clock throttled",
+                        e["cpu"],
+                        e["scope"].as_str().unwrap_or("?")
+                    )
+                },
+            ),
             _ => {}
         }
     }

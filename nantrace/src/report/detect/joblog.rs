@@ -10,8 +10,8 @@
 use std::collections::BTreeSet;
 
 use super::{Acc, Ctx};
-use crate::report::rules::signal;
 use crate::joblog::JobFamily;
+use crate::report::rules::signal;
 use crate::source::Source;
 
 struct Line<'a> {
@@ -41,7 +41,10 @@ fn ranks(r: &BTreeSet<u64>) -> String {
     match r.len() {
         0 => String::new(),
         1 => format!(", rank {}", r.iter().next().unwrap_or(&0)),
-        n if n <= 8 => format!(", ranks {}", r.iter().map(u64::to_string).collect::<Vec<_>>().join(",")),
+        n if n <= 8 => format!(
+            ", ranks {}",
+            r.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+        ),
         n => format!(", {n} ranks"),
     }
 }
@@ -76,62 +79,148 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
         .filter_map(|(r, e)| {
             let x = u32::try_from(e["xid"].as_u64()?).ok()?;
             let pci = e["pci"].as_str().unwrap_or("?").to_string();
-            let job = ctx.job_gpus.is_empty() || ctx.job_gpus.contains(&pci) || e["xid_pid"].as_u64().is_some_and(|p| ctx.job_pids.contains(&p));
+            let job = ctx.job_gpus.is_empty()
+                || ctx.job_gpus.contains(&pci)
+                || e["xid_pid"]
+                    .as_u64()
+                    .is_some_and(|p| ctx.job_pids.contains(&p));
             Some((*r, x, pci, job))
         })
         .collect();
     let generic_window = signal("joblog_network_generic").threshold;
     let corroborate_window = signal("joblog_gpu_corroborated").threshold;
-    let has_network = lines.iter().any(|l| l.family == JobFamily::Network && !l.generic)
-        || ctx.all(Source::Kmsg).any(|(_, e)| matches!(e["class"].as_str(), Some("link_down" | "nic_error")));
+    let has_network = lines
+        .iter()
+        .any(|l| l.family == JobFamily::Network && !l.generic)
+        || ctx
+            .all(Source::Kmsg)
+            .any(|(_, e)| matches!(e["class"].as_str(), Some("link_down" | "nic_error")));
 
     // A SIGKILL that someone outside the job sent (the kernel saw who): the job's `Killed` /
     // `exitcode: -9` lines are that kill, not the OOM killer.
     let killed_from_outside = ctx.all(Source::Signal).any(|(_, e)| {
-        e["signal"] == "SIGKILL" && e["target_pid"].as_u64().is_some_and(|t| ctx.job_pids.contains(&t)) && !e["pid"].as_u64().is_some_and(|p| ctx.job_pids.contains(&p))
+        e["signal"] == "SIGKILL"
+            && e["target_pid"]
+                .as_u64()
+                .is_some_and(|t| ctx.job_pids.contains(&t))
+            && !e["pid"].as_u64().is_some_and(|p| ctx.job_pids.contains(&p))
     });
-    let mut merged: std::collections::BTreeMap<String, (&'static crate::report::rules::Signal, f64, BTreeSet<u64>, usize, String)> = Default::default();
+    let mut merged: std::collections::BTreeMap<
+        String,
+        (
+            &'static crate::report::rules::Signal,
+            f64,
+            BTreeSet<u64>,
+            usize,
+            String,
+        ),
+    > = Default::default();
     for l in &lines {
         if killed_from_outside && l.family == JobFamily::HostMemory && l.code == Some("SIGKILL") {
             continue;
         }
         // A generic line gives way to a specific one near it or in the same traceback.
         if l.generic
-            && lines.iter().any(|o| !o.generic && o.family != JobFamily::Hang && ((l.group != 0 && o.group == l.group) || (o.rel - l.rel).abs() <= generic_window))
+            && lines.iter().any(|o| {
+                !o.generic
+                    && o.family != JobFamily::Hang
+                    && ((l.group != 0 && o.group == l.group)
+                        || (o.rel - l.rel).abs() <= generic_window)
+            })
         {
             continue;
         }
         let code = l.code.map_or(String::new(), |c| format!(" ({c})"));
         let (sig, note) = match l.family {
             JobFamily::GpuHw => {
-                let x = xids.iter().filter(|x| x.3 && (x.0 - l.rel).abs() <= corroborate_window).min_by(|a, b| (a.0 - l.rel).abs().total_cmp(&(b.0 - l.rel).abs()));
-                (signal("joblog_gpu_hw"), x.map_or_else(|| "; no Xid from the kernel or NVML near it: the job's own words".to_string(), |x| format!("; the kernel saw Xid {} on {}", x.1, x.2)))
+                let x = xids
+                    .iter()
+                    .filter(|x| x.3 && (x.0 - l.rel).abs() <= corroborate_window)
+                    .min_by(|a, b| (a.0 - l.rel).abs().total_cmp(&(b.0 - l.rel).abs()));
+                (
+                    signal("joblog_gpu_hw"),
+                    x.map_or_else(
+                        || {
+                            "; no Xid from the kernel or NVML near it: the job's own words"
+                                .to_string()
+                        },
+                        |x| format!("; the kernel saw Xid {} on {}", x.1, x.2),
+                    ),
+                )
             }
             JobFamily::GpuAmbiguous => {
-                let near: Vec<&(f64, u32, String, bool)> = xids.iter().filter(|x| x.3 && (x.0 - l.rel).abs() <= corroborate_window).collect();
-                if let Some(hw) = near.iter().find(|x| !crate::classify::xid_maybe_application(x.1)) {
+                let near: Vec<&(f64, u32, String, bool)> = xids
+                    .iter()
+                    .filter(|x| x.3 && (x.0 - l.rel).abs() <= corroborate_window)
+                    .collect();
+                if let Some(hw) = near
+                    .iter()
+                    .find(|x| !crate::classify::xid_maybe_application(x.1))
+                {
                     let (name, _) = crate::classify::xid_info(hw.1);
-                    (signal("joblog_gpu_corroborated"), format!("; with Xid {} ({name}) on {} {:.1} s {}: hardware", hw.1, hw.2, (hw.0 - l.rel).abs(), if hw.0 <= l.rel { "before" } else { "after" }))
+                    (
+                        signal("joblog_gpu_corroborated"),
+                        format!(
+                            "; with Xid {} ({name}) on {} {:.1} s {}: hardware",
+                            hw.1,
+                            hw.2,
+                            (hw.0 - l.rel).abs(),
+                            if hw.0 <= l.rel { "before" } else { "after" }
+                        ),
+                    )
                 } else if let Some(app) = near.first() {
                     (signal("joblog_gpu_ambiguous"), format!("; Xid {} on {} confirms a GPU fault, which NVIDIA lists as possibly the application's: hardware or software", app.1, app.2))
                 } else {
-                    (signal("joblog_gpu_ambiguous"), "; no hardware Xid near it: hardware or software".to_string())
+                    (
+                        signal("joblog_gpu_ambiguous"),
+                        "; no hardware Xid near it: hardware or software".to_string(),
+                    )
                 }
             }
             JobFamily::Network if l.generic => (signal("joblog_network_generic"), String::new()),
             JobFamily::Network => (signal("joblog_network"), String::new()),
             JobFamily::Hang => (
                 signal("joblog_hang"),
-                if has_network { "; a network error is also in the window: that points at the network".into() } else { "; no cause in view on this node: look at the other ranks (nantrace merge)".into() },
+                if has_network {
+                    "; a network error is also in the window: that points at the network".into()
+                } else {
+                    "; no cause in view on this node: look at the other ranks (nantrace merge)"
+                        .into()
+                },
             ),
             JobFamily::HostMemory => (signal("joblog_host_memory"), String::new()),
             JobFamily::GpuOom => (signal("joblog_gpu_oom"), String::new()),
             JobFamily::Storage => (signal("joblog_storage"), String::new()),
-            JobFamily::Software if matches!(l.kind, "device_side_assert" | "cuda_misuse" | "shape_or_device_mismatch" | "invalid_device" | "no_kernel_image" | "cuda_code_config" | "pytorch_internal_assert") => (signal("joblog_software_bug"), String::new()),
+            JobFamily::Software
+                if matches!(
+                    l.kind,
+                    "device_side_assert"
+                        | "cuda_misuse"
+                        | "shape_or_device_mismatch"
+                        | "invalid_device"
+                        | "no_kernel_image"
+                        | "cuda_code_config"
+                        | "pytorch_internal_assert"
+                ) =>
+            {
+                (signal("joblog_software_bug"), String::new())
+            }
             JobFamily::Software => (signal("joblog_software"), String::new()),
         };
         let key = format!("{}/{}/{}", sig.id, l.kind, l.code.unwrap_or(""));
-        let slot = merged.entry(key).or_insert_with(|| (sig, l.rel, BTreeSet::new(), 0, format!("job output: {}{code}{note}: \"{}\"", l.what, excerpt(l.text))));
+        let slot = merged.entry(key).or_insert_with(|| {
+            (
+                sig,
+                l.rel,
+                BTreeSet::new(),
+                0,
+                format!(
+                    "job output: {}{code}{note}: \"{}\"",
+                    l.what,
+                    excerpt(l.text)
+                ),
+            )
+        });
         if l.rel.abs() < slot.1.abs() {
             slot.1 = l.rel;
         }

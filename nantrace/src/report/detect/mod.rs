@@ -18,7 +18,11 @@ use crate::source::Source;
 
 /// Kernel log lines (every class) and the AER tracepoint, before the reference.
 fn kernel_events<'a>(ctx: &'a Ctx<'_>) -> Vec<(f64, &'a Value)> {
-    [Source::Kmsg, Source::Xid, Source::Aer].into_iter().flat_map(|s| ctx.src(s)).map(|(r, e)| (*r, *e)).collect()
+    [Source::Kmsg, Source::Xid, Source::Aer]
+        .into_iter()
+        .flat_map(|s| ctx.src(s))
+        .map(|(r, e)| (*r, *e))
+        .collect()
 }
 
 /// Every detector, in an order where later ones may read what earlier ones found (NVML's Xid

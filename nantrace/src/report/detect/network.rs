@@ -8,8 +8,26 @@ use crate::source::Source;
 pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
     for (rel, e) in &kernel_events(ctx) {
         match e["class"].as_str().unwrap_or("") {
-            "link_down" => acc.add(signal("ib_link_down"), e["iface"].as_str().unwrap_or(""), *rel, false, || format!("link down on {}", e["iface"].as_str().unwrap_or("?"))),
-            "nic_error" => acc.add(signal("nic_error"), e["device"].as_str().unwrap_or(""), *rel, false, || format!("NIC error on {}: {}", e["device"].as_str().unwrap_or("?"), e["message"].as_str().unwrap_or(""))),
+            "link_down" => acc.add(
+                signal("ib_link_down"),
+                e["iface"].as_str().unwrap_or(""),
+                *rel,
+                false,
+                || format!("link down on {}", e["iface"].as_str().unwrap_or("?")),
+            ),
+            "nic_error" => acc.add(
+                signal("nic_error"),
+                e["device"].as_str().unwrap_or(""),
+                *rel,
+                false,
+                || {
+                    format!(
+                        "NIC error on {}: {}",
+                        e["device"].as_str().unwrap_or("?"),
+                        e["message"].as_str().unwrap_or("")
+                    )
+                },
+            ),
             _ => {}
         }
     }
@@ -19,11 +37,21 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
         // Loopback is never the fabric: a retransmit to 127.0.0.0/8 or ::1 is a process on this
         // node that does not read its socket (any user can make thousands: D-3 of the third
         // adversarial test), not a network fault, whoever's socket it is.
-        for (r, e) in ctx.src(Source::TcpRetransmit).filter(|(r, _)| *r > -120.0).filter(|(_, e)| !loopback(e["daddr"].as_str()) && !loopback(e["saddr"].as_str())) {
+        for (r, e) in ctx
+            .src(Source::TcpRetransmit)
+            .filter(|(r, _)| *r > -120.0)
+            .filter(|(_, e)| !loopback(e["daddr"].as_str()) && !loopback(e["saddr"].as_str()))
+        {
             let peer = format!("{}:{}", e["daddr"].as_str().unwrap_or("?"), e["dport"]);
             let peer_of_job = ctx.job_peers.contains(&peer);
-            let s = per_peer.entry(peer).or_insert((0, 0, f64::NEG_INFINITY, false));
-            if *r > -60.0 { s.0 += 1 } else { s.1 += 1 }
+            let s = per_peer
+                .entry(peer)
+                .or_insert((0, 0, f64::NEG_INFINITY, false));
+            if *r > -60.0 {
+                s.0 += 1
+            } else {
+                s.1 += 1
+            }
             s.2 = s.2.max(*r);
             // Retransmits run in softirq context: tie them to the job through its sockets.
             let local = format!("{}:{}", e["saddr"].as_str().unwrap_or("?"), e["sport"]);
@@ -31,22 +59,38 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
         }
         for (peer, (recent, earlier, last, job)) in per_peer {
             if recent >= 20 && recent as f64 >= sig.threshold * (earlier.max(1) as f64) {
-                acc.add(sig, &peer, last, job, || format!("TCP retransmits to {peer}{} up {}× ({recent} in the minute before)", if job { ", a peer of this job" } else { "" }, recent / earlier.max(1)));
+                acc.add(sig, &peer, last, job, || {
+                    format!(
+                        "TCP retransmits to {peer}{} up {}× ({recent} in the minute before)",
+                        if job { ", a peer of this job" } else { "" },
+                        recent / earlier.max(1)
+                    )
+                });
             }
         }
     }
     for (rel, e) in ctx.src(Source::NetChange) {
         let c = e["change"].as_str().unwrap_or("");
         // The state it went to decides: `ACTIVE -> DOWN` is a link down, `DOWN -> ACTIVE` is not.
-        let to = c.rsplit_once("->").map_or("", |(_, t)| t).to_ascii_lowercase();
-        let sig = if c.contains("->") && (to.trim_start().starts_with("down") || to.contains(": down") || to.contains("polling") || to.contains("disabled")) {
+        let to = c
+            .rsplit_once("->")
+            .map_or("", |(_, t)| t)
+            .to_ascii_lowercase();
+        let sig = if c.contains("->")
+            && (to.trim_start().starts_with("down")
+                || to.contains(": down")
+                || to.contains("polling")
+                || to.contains("disabled"))
+        {
             signal("ib_link_down")
         } else if c.contains("->") && c.contains("state") {
             continue;
         } else {
             signal("link_errors")
         };
-        acc.add(sig, e["link"].as_str().unwrap_or(""), *rel, false, || c.to_string());
+        acc.add(sig, e["link"].as_str().unwrap_or(""), *rel, false, || {
+            c.to_string()
+        });
     }
 }
 
@@ -55,7 +99,9 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
 pub(crate) fn loopback(addr: Option<&str>) -> bool {
     match addr.and_then(|a| a.parse::<std::net::IpAddr>().ok()) {
         Some(std::net::IpAddr::V4(a)) => a.is_loopback(),
-        Some(std::net::IpAddr::V6(a)) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|m| m.is_loopback()),
+        Some(std::net::IpAddr::V6(a)) => {
+            a.is_loopback() || a.to_ipv4_mapped().is_some_and(|m| m.is_loopback())
+        }
         None => false,
     }
 }

@@ -8,11 +8,38 @@ use crate::source::Source;
 pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
     for (rel, e) in &kernel_events(ctx) {
         match e["class"].as_str().unwrap_or("") {
-            "net_fs_down" => acc.add(signal("netfs_down"), e["server"].as_str().unwrap_or(""), *rel, false, || format!("{} server {} not responding", e["fs"].as_str().unwrap_or("?"), e["server"].as_str().unwrap_or("?"))),
-            "stale_handle" => acc.add(signal("stale_handle"), "stale", *rel, false, || format!("stale file handle: {}", e["message"].as_str().unwrap_or("").chars().take(100).collect::<String>())),
+            "net_fs_down" => acc.add(
+                signal("netfs_down"),
+                e["server"].as_str().unwrap_or(""),
+                *rel,
+                false,
+                || {
+                    format!(
+                        "{} server {} not responding",
+                        e["fs"].as_str().unwrap_or("?"),
+                        e["server"].as_str().unwrap_or("?")
+                    )
+                },
+            ),
+            "stale_handle" => acc.add(signal("stale_handle"), "stale", *rel, false, || {
+                format!(
+                    "stale file handle: {}",
+                    e["message"]
+                        .as_str()
+                        .unwrap_or("")
+                        .chars()
+                        .take(100)
+                        .collect::<String>()
+                )
+            }),
             "block_error" => {
                 let dev = e["dev"].as_str().unwrap_or("?");
-                acc.add(signal("block_io_error"), dev, *rel, false, || format!("{} on {dev} (kernel log)", e["kind"].as_str().unwrap_or("I/O error").replace('_', " ")));
+                acc.add(signal("block_io_error"), dev, *rel, false, || {
+                    format!(
+                        "{} on {dev} (kernel log)",
+                        e["kind"].as_str().unwrap_or("I/O error").replace('_', " ")
+                    )
+                });
             }
             _ => {}
         }
@@ -20,7 +47,13 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
     for (rel, e) in ctx.src(Source::Block) {
         if e["error"].as_i64().is_some_and(|x| x != 0) {
             let dev = e["dev"].as_str().unwrap_or("?");
-            acc.add(signal("block_io_error"), dev, *rel, e["job"] == true, || format!("block I/O error {} on device {dev}", e["error"]));
+            acc.add(
+                signal("block_io_error"),
+                dev,
+                *rel,
+                e["job"] == true,
+                || format!("block I/O error {} on device {dev}", e["error"]),
+            );
         }
     }
     // Rates: the minute before vs the minute earlier.
@@ -30,9 +63,15 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
         // and the iostat samples of one disk are one suspect): (recent, earlier, first slow).
         let mut per_dev: BTreeMap<String, (Vec<f64>, Vec<f64>, f64)> = BTreeMap::new();
         let mut job_devs = BTreeSet::new();
-        for (r, e) in ctx.src(Source::Block).chain(ctx.src(Source::Disk)).filter(|(r, _)| *r > -120.0) {
+        for (r, e) in ctx
+            .src(Source::Block)
+            .chain(ctx.src(Source::Disk))
+            .filter(|(r, _)| *r > -120.0)
+        {
             let mut push = |dev: String, v: f64| {
-                let slot = per_dev.entry(dev).or_insert((Vec::new(), Vec::new(), f64::INFINITY));
+                let slot = per_dev
+                    .entry(dev)
+                    .or_insert((Vec::new(), Vec::new(), f64::INFINITY));
                 if *r > -60.0 {
                     slot.0.push(v);
                     if v >= 100.0 {
@@ -43,7 +82,11 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
                 }
             };
             if e["source"] == "block" {
-                let name = e["disk"].as_str().or(e["dev"].as_str()).unwrap_or("?").to_string();
+                let name = e["disk"]
+                    .as_str()
+                    .or(e["dev"].as_str())
+                    .unwrap_or("?")
+                    .to_string();
                 if e["job"] == true {
                     job_devs.insert(name.clone());
                 }
@@ -52,15 +95,29 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
                 }
             } else if let Some(m) = e["disks"].as_object() {
                 for (d, v) in m {
-                    push(d.clone(), crate::report::f(&v["r_await_ms"]).unwrap_or(0.0).max(crate::report::f(&v["w_await_ms"]).unwrap_or(0.0)));
+                    push(
+                        d.clone(),
+                        crate::report::f(&v["r_await_ms"])
+                            .unwrap_or(0.0)
+                            .max(crate::report::f(&v["w_await_ms"]).unwrap_or(0.0)),
+                    );
                 }
             }
         }
         for (dev, (recent, earlier, first_slow)) in per_dev {
             let had_earlier = !earlier.is_empty();
-            let (Some(r), e) = (crate::report::p99(recent), crate::report::p99(earlier).unwrap_or(1.0).max(1.0)) else { continue };
+            let (Some(r), e) = (
+                crate::report::p99(recent),
+                crate::report::p99(earlier).unwrap_or(1.0).max(1.0),
+            ) else {
+                continue;
+            };
             if r >= 100.0 && r >= sig.threshold * e {
-                let vs = if had_earlier { format!("{:.0}× the minute earlier", r / e) } else { "no I/O seen the minute earlier".to_string() };
+                let vs = if had_earlier {
+                    format!("{:.0}× the minute earlier", r / e)
+                } else {
+                    "no I/O seen the minute earlier".to_string()
+                };
                 acc.add(sig, &dev, first_slow.min(0.0), job_devs.contains(&dev), || format!("block I/O p99 on {dev} {r:.0} ms in the minute before ({vs}), slow since"));
             }
         }

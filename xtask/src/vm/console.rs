@@ -1,0 +1,85 @@
+//! What a guest's serial console says when the guest did not finish.
+use std::fmt::Write as _;
+
+/// The serial console of a guest that did not finish: the first line of a kernel oops and
+/// the lines that say where (`BUG:`, `Oops:`, `RIP:`, `Call Trace:` and the frames after it),
+/// then the last lines. The tail alone ends with the panic and loses its cause.
+pub(super) fn story(serial: &str) -> String {
+    let lines: Vec<&str> = serial.lines().collect();
+    let cut = |l: &str| -> String { l.chars().take(200).collect() };
+    let mut out = String::new();
+    let first = [
+        "BUG:",
+        "Oops:",
+        "kernel BUG at",
+        "general protection fault",
+        "WARNING:",
+        "invalid opcode:",
+        "int3:",
+    ];
+    if let Some(i) = lines
+        .iter()
+        .position(|l| first.iter().any(|m| l.contains(m)))
+    {
+        out.push_str("; the kernel's first complaint:");
+        let mut frames = 0;
+        for l in &lines[i..lines.len().min(i + 40)] {
+            let keep = first.iter().any(|m| l.contains(m))
+                || ["RIP:", "Call Trace:", "Comm:", "Code:"]
+                    .iter()
+                    .any(|m| l.contains(m))
+                || (l.contains(" ? ") || l.contains("+0x")) && frames < 8;
+            if keep {
+                if l.contains("+0x") && !l.contains("RIP:") {
+                    frames += 1;
+                }
+                let _ = write!(out, "\n      {}", cut(l));
+            }
+        }
+    }
+    let tail: Vec<&str> = lines
+        .iter()
+        .rev()
+        .take(8)
+        .copied()
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let _ = write!(
+        out,
+        "\n    serial console ends:\n      {}",
+        tail.iter()
+            .map(|l| cut(l))
+            .collect::<Vec<_>>()
+            .join("\n      ")
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    /// The end of the serial console of CI's 6.12 guest that panicked (2026-12-01), with a
+    /// made-up head: the oops line and the RIP come out, the register dump does not.
+    #[test]
+    fn the_oops_comes_before_the_tail() {
+        let serial = "[  180.1] nantrace: kernel log source check\n[  185.39] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI\n[  185.39] CPU: 1 UID: 0 PID: 812 Comm: kernel_events-5 Not tainted 6.12.117+deb13-amd64 #1\n[  185.393939] RIP: 0010:copy_process+0x2367/0x2740\n[  185.394057] RSP: 0018:ff65c71b82297c20 EFLAGS: 00000282\n[  185.394092] RAX: 0000000000000000 RBX: 00000000ffffffff RCX: 0000000000000000\n[  185.39] Call Trace:\n[  185.39]  <TASK>\n[  185.39]  ? die+0x36/0x90\n[  185.39]  kernel_clone+0xbd/0x3f0\n[  185.394625] Kernel panic - not syncing: Fatal exception in interrupt\n";
+        let s = super::story(serial);
+        let (head, tail) = s.split_once("serial console ends:").unwrap();
+        assert!(
+            head.contains("Oops: int3")
+                && head.contains("RIP: 0010:copy_process+0x2367")
+                && head.contains("kernel_clone+0xbd"),
+            "{s}"
+        );
+        assert!(!head.contains("RAX:"), "{s}");
+        assert!(
+            tail.trim_end().ends_with("Fatal exception in interrupt"),
+            "{s}"
+        );
+        assert_eq!(
+            super::story("[ 1.0] a\n[ 2.0] b\n"),
+            "\n    serial console ends:\n      [ 1.0] a\n      [ 2.0] b"
+        );
+    }
+}
