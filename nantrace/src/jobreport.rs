@@ -370,11 +370,7 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
             .collect();
         let view = node_view(merged, n, events);
         let a: Analysis = crate::report::analyze(&view, &n.snapshot);
-        let machine: Vec<&Finding> = a
-            .suspects
-            .iter()
-            .filter(|s| s.family.is_machine())
-            .collect();
+        let machine: Vec<&Finding> = a.suspects.iter().filter(|s| s.blames_machine()).collect();
         let first_machine = machine
             .iter()
             .find(|s| !job_words(s))

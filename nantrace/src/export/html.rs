@@ -350,7 +350,7 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
     for (i, s) in a.suspects.iter().enumerate() {
         sus.push_str(&format!(
             r#"<li class="suspect {}"><b>#{}</b> <span class="fam">{}</span> sev {} {}</li>"#,
-            if s.family.is_machine() {
+            if s.blames_machine() {
                 "machine"
             } else {
                 "numerics"
@@ -361,6 +361,14 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
             esc(&s.text)
         ));
     }
+    // The job's first failure and its consequences, when the log shows both.
+    let order: String = a.order.as_ref().map_or(String::new(), |o| {
+        let items: String = crate::report::order_lines(o)
+            .iter()
+            .map(|l| format!("<li>{}</li>", esc(l)))
+            .collect();
+        format!("<h2>Cause and consequences</h2><ul id=\"order\">{items}</ul>")
+    });
     let checked: String = a
         .checked
         .iter()
@@ -410,7 +418,7 @@ pre{{background:#f4f6f7;padding:8px;overflow:auto;max-height:360px;font-size:12p
 <h1>nantrace incident report</h1>
 <div id="verdict">{verdict}</div>
 <p>{reference}<br>trigger: {tkind} at {ttime}</p>
-<h2>Ranked suspects</h2><ol id="suspects">{sus}</ol>
+{order}<h2>Ranked suspects</h2><ol id="suspects">{sus}</ol>
 <h2>Timeline (seconds relative to the {zero})</h2>
 {svg}
 {loss_chart}

@@ -2,10 +2,12 @@
 //! Ranked suspects come from the signal table in [`rules`]; when nothing fires, the report says
 //! so plainly and lists what was checked.
 pub(crate) mod detect;
+mod order;
+pub use order::Order;
 mod render;
 pub mod rules;
 
-pub use render::{facts_lines, for_bundle, markdown, md};
+pub use render::{facts_lines, for_bundle, markdown, md, order_lines};
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -31,6 +33,17 @@ pub struct Finding {
     /// What NVIDIA's catalog recommends for this Xid/SXid (in words), when it is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub action: Option<&'static str>,
+    /// The job's network or hang lines after its first failure of another kind (`order`):
+    /// listed, never the verdict.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub consequence: bool,
+}
+
+impl Finding {
+    /// Machine evidence that can set the verdict (a consequence cannot).
+    pub fn blames_machine(&self) -> bool {
+        self.family.is_machine() && !self.consequence
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -43,6 +56,9 @@ pub struct Analysis {
     pub suspects: Vec<Finding>,
     pub checked: Vec<String>,
     pub facts: Value,
+    /// The job's first failure and the consequences it explains (`order`), when there are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order: Option<Order>,
 }
 
 fn f(v: &Value) -> Option<f64> {
@@ -127,6 +143,7 @@ impl Acc {
                         count: 1,
                         score: 0.0,
                         action: None,
+                        consequence: false,
                     },
                 );
             }
@@ -308,6 +325,10 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         }
         !outlived
     });
+    let mut order = order::first_cause(&ctx, &steps);
+    if let Some(o) = order.as_mut() {
+        o.reference = ref_name;
+    }
     drop(steps);
     for s in &mut suspects {
         let closeness = 1.0 / (1.0 + s.rel_s.abs() / 60.0);
@@ -323,6 +344,24 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             ", "
         };
         s.text = format!("{}{sep}{}", s.text, when(s.rel_s, ref_name));
+        // The job's network and hang lines after its first failure of another kind, on any
+        // rank, are what that failure did to the other ranks (`order`).
+        if let Some(o) = order
+            .as_mut()
+            .filter(|_| order::is_job_consequence_signal(s.signal))
+        {
+            s.score *= 0.2;
+            s.consequence = true;
+            let rank = o
+                .cause_rank
+                .map_or(String::new(), |r| format!(" on rank {r}"));
+            s.text.push_str(&format!(
+                " (after the job's first failure, {}{rank}: a consequence, not its cause)",
+                o.cause_what
+            ));
+            o.consequences.push(s.text.clone());
+            continue;
+        }
         // The job's broken connections and hangs after its NaN are what the NaN did (a rank
         // stopped, its peers lost it), not its cause: they never outrank what came before.
         if nan_off.is_some()
@@ -345,7 +384,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             .filter(|f| !f.contains("did not complete") && !f.contains(" not checked: "))
         {
             let score = f64::from(sig.severity) * 1.25;
-            suspects.push(Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: 0.0, text: format!("nantrace gpucheck after the incident: {f}"), touches_job: true, count: 1, score, action: Some("take the GPU out of service and run the vendor's diagnostics (dcgmi diag -r 3)") });
+            suspects.push(Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: 0.0, text: format!("nantrace gpucheck after the incident: {f}"), touches_job: true, count: 1, score, action: Some("take the GPU out of service and run the vendor's diagnostics (dcgmi diag -r 3)"), consequence: false });
         }
     }
     suspects.sort_by(|a, b| b.score.total_cmp(&a.score));
@@ -360,7 +399,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             .map_or(f64::NAN, |v| v / 60.0),
     };
     let (verdict, family) = verdict(&suspects, timeline, snapshot, window_min, ref_name);
-    let machine: Vec<&Finding> = suspects.iter().filter(|s| s.family.is_machine()).collect();
+    let machine: Vec<&Finding> = suspects.iter().filter(|s| s.blames_machine()).collect();
     let reference = match nan_off {
         Some(_) => format!(
             "{} at {} ({}): {}",
@@ -389,6 +428,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         suspects,
         checked,
         facts: facts(timeline, snapshot),
+        order: order.filter(|o| !o.consequences.is_empty()),
     }
 }
 
@@ -457,7 +497,7 @@ fn verdict(
     // Only a cause explains (a device-side assert, an invalid CUDA call): the abort or the
     // segfault that follows a GPU fault is its consequence, not its explanation.
     if let Some(sw) = first(&|s| s.signal == "joblog_software_bug") {
-        let machine: Vec<&Finding> = suspects.iter().filter(|s| s.family.is_machine()).collect();
+        let machine: Vec<&Finding> = suspects.iter().filter(|s| s.blames_machine()).collect();
         if !machine.is_empty()
             && machine.iter().all(|m| {
                 ambiguous_gpu(m)
@@ -475,7 +515,7 @@ fn verdict(
             );
         }
     }
-    if let Some(top) = first(&|s| s.family.is_machine()) {
+    if let Some(top) = first(&|s| s.blames_machine()) {
         let job_sw = first(&|s| matches!(s.family, Family::Software | Family::GpuMemoryLimit))
             .map_or(String::new(), |s| {
                 format!(" (the job also reported: {})", s.text)
@@ -487,7 +527,7 @@ fn verdict(
         // fault, that is evidence against them, and the verdict says it.
         if suspects
             .iter()
-            .filter(|s| s.family.is_machine())
+            .filter(|s| s.blames_machine())
             .all(|s| rules::is_job_words(s.signal))
         {
             let watched = timeline["accounting"]["probes_attached"]
@@ -557,7 +597,7 @@ fn verdict(
             label(top),
         );
     }
-    if let Some(top) = first(&|s| s.family == Family::Hang) {
+    if let Some(top) = first(&|s| s.family == Family::Hang && !s.consequence) {
         return (format!("UNDECIDED ({}): {}. No GPU, network or host fault on this node in the window: the rank that stopped is elsewhere; merge the other nodes' bundles (nantrace merge)", top.family.label(), top.text), label(top));
     }
     let acc = &timeline["accounting"];
@@ -789,6 +829,8 @@ fn facts(timeline: &Value, snapshot: &Value) -> Value {
     })
 }
 
+#[cfg(test)]
+mod order_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -86,6 +86,12 @@ pub fn markdown(a: &Analysis, timeline: &Value) -> String {
     if let Some(i) = a.facts["injected"].as_str() {
         s.push_str(&format!("- NOTE: {i} (this incident was staged)\n"));
     }
+    if let Some(o) = &a.order {
+        s.push_str("\n## Cause and consequences\n\n");
+        for l in order_lines(o) {
+            s.push_str(&format!("- {}\n", md(&l)));
+        }
+    }
     s.push_str("\n## Ranked suspects\n\n");
     if a.suspects.is_empty() {
         s.push_str("None: no signal in the table fired.\n");
@@ -121,6 +127,26 @@ pub fn markdown(a: &Analysis, timeline: &Value) -> String {
         s.push_str(&format!("| {} | {} | {t} |\n", md(&step), md(&loss)));
     }
     s
+}
+
+/// The incident's order in plain lines (the caller escapes them): the first failure, then
+/// what followed from it. report.md and report.html say the same.
+pub fn order_lines(o: &super::Order) -> Vec<String> {
+    let rank = o
+        .cause_rank
+        .map_or(String::new(), |r| format!(" on rank {r}"));
+    let mut out = vec![format!(
+        "the job's first failure{rank}, {} ({}): \"{}\"",
+        o.cause_what,
+        super::when(o.cause_rel_s, o.reference),
+        o.cause_line
+    )];
+    out.push(format!(
+        "then, from {} later, on the other ranks or the same, its consequences (they do not set the verdict):",
+        super::when(o.first_consequence_rel_s - o.cause_rel_s, "it").trim_end_matches(" after it")
+    ));
+    out.extend(o.consequences.iter().map(|c| format!("consequence: {c}")));
+    out
 }
 
 /// The facts for the ML team as readable lines (plain text: the caller escapes them for its

@@ -27,7 +27,7 @@ struct Line<'a> {
 }
 
 /// A short, single-line excerpt of a line the job printed (the renderers escape it).
-fn excerpt(s: &str) -> String {
+pub(crate) fn excerpt(s: &str) -> String {
     let s: String = s.chars().filter(|c| !c.is_control()).collect();
     let s = s.trim();
     if s.chars().count() > 160 {

@@ -3,6 +3,7 @@
 mod gpu;
 mod host;
 mod joblog;
+pub(crate) use joblog::excerpt;
 mod memory;
 mod network;
 pub(crate) use network::loopback;

@@ -1,0 +1,102 @@
+//! Reading the incident, not the last line (issue 24): the job's failure lines in time order,
+//! on every rank, and the first one that explains the rest.
+//!
+//! When one rank dies of its own error (a Python exception, a GPU out of memory, a full disk,
+//! an uncorrectable ECC error), every other rank loses it: broken pipes, connection resets,
+//! aborted communicators, watchdog timeouts. Those come last and are loudest, and on their
+//! own they read as the network. The rule: the earliest failure line of a family that can be
+//! a cause (software, GPU memory, storage, host memory, GPU), before every network or hang
+//! line of the job and not one the job outlived, makes the job's network and hang lines
+//! after it its consequences. They stay in the report, listed as consequences, and do not
+//! set the verdict. Network or hang lines before it (the network failed first) cancel the
+//! rule: then the network is as likely the cause and nothing is demoted. Kernel and NVML
+//! evidence is never demoted by the job's words.
+use serde::Serialize;
+
+use super::{Ctx, OUTLIVED_STEPS};
+use crate::joblog::JobFamily;
+use crate::source::Source;
+
+/// The longest a rank's peers wait before their consequence shows (NCCL's and torch's
+/// collective timeouts are 10 to 30 minutes by default; some jobs raise them to an hour).
+pub const CONSEQUENCE_WITHIN_S: f64 = 3600.0;
+
+/// The incident's first cause among the job's lines, and the consequences it explains.
+#[derive(Clone, Debug, Serialize)]
+pub struct Order {
+    /// Seconds relative to the reference (the first NaN, or the trigger).
+    pub cause_rel_s: f64,
+    pub cause_rank: Option<u64>,
+    /// The rule's words for the cause (`Python exception in the job's code`).
+    pub cause_what: String,
+    /// The cause line as the job printed it (cut short; the renderers escape it).
+    pub cause_line: String,
+    /// The job's first network or hang line after the cause.
+    pub first_consequence_rel_s: f64,
+    /// Consequence suspects (their texts), filled in by `analyze`.
+    pub consequences: Vec<String>,
+    /// What the times are relative to (`the first NaN`, `the trigger`), set by `analyze`.
+    #[serde(skip)]
+    pub reference: &'static str,
+}
+
+fn cause_family(f: JobFamily) -> bool {
+    matches!(
+        f,
+        JobFamily::Software
+            | JobFamily::GpuOom
+            | JobFamily::Storage
+            | JobFamily::HostMemory
+            | JobFamily::GpuHw
+            | JobFamily::GpuAmbiguous
+    )
+}
+
+/// The job's first failure line that explains its later network and hang lines, if there is
+/// one; `steps` are the times of the training steps the job logged (relative, sorted or not).
+pub(super) fn first_cause(ctx: &Ctx<'_>, steps: &[f64]) -> Option<Order> {
+    let mut lines: Vec<(f64, &serde_json::Value)> = ctx
+        .all(Source::Log)
+        .filter(|(_, e)| e["fault"].is_object())
+        .map(|(r, e)| (*r, *e))
+        .collect();
+    lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut cause: Option<(f64, &serde_json::Value)> = None;
+    for (r, e) in lines {
+        let f = &e["fault"];
+        let Some(family) = f["family"].as_str().and_then(JobFamily::parse) else {
+            continue;
+        };
+        if matches!(family, JobFamily::Network | JobFamily::Hang) {
+            let (t, c) = cause?;
+            // The job ran on after the "cause" (it was not fatal), or the consequence comes
+            // too long after it to be the peers' timeout.
+            let ran_on = steps.iter().filter(|s| **s > t + 5.0 && **s < r).count();
+            if ran_on >= OUTLIVED_STEPS || r - t > CONSEQUENCE_WITHIN_S {
+                return None;
+            }
+            let cf = &c["fault"];
+            return Some(Order {
+                cause_rel_s: t,
+                cause_rank: cf["rank"].as_u64(),
+                cause_what: cf["what"].as_str().unwrap_or("?").to_string(),
+                cause_line: super::detect::excerpt(c["line"].as_str().unwrap_or("")),
+                first_consequence_rel_s: r,
+                consequences: Vec::new(),
+                reference: "the trigger",
+            });
+        }
+        if cause.is_none() && cause_family(family) && f["generic"] != true {
+            cause = Some((r, e));
+        }
+    }
+    None
+}
+
+/// Whether a suspect is one of the job's network or hang lines (what `first_cause` demotes).
+pub(super) fn is_job_consequence_signal(signal: &str) -> bool {
+    matches!(
+        signal,
+        "joblog_network" | "joblog_network_generic" | "joblog_hang"
+    )
+}

@@ -1,0 +1,111 @@
+//! The incident's order (`order.rs`): the first failure on any rank explains the network and
+//! hang lines after it; a network failure first keeps its weight.
+use super::tests::{job_line, Scenario};
+
+/// One rank's own error, then every other rank's view of it (the shape of most multi-rank
+/// pastes: pytorch/pytorch threads where one rank's IndexError ends in broken pipes and a
+/// watchdog timeout on the rest).
+fn one_rank_dies_then_the_rest_lose_it(first: &str) -> Scenario {
+    Scenario::healthy()
+        .with(job_line(-40.0, "[rank3]: Traceback (most recent call last):"))
+        .with(job_line(-40.0, "[rank3]:   File \"train.py\", line 88, in <module>"))
+        .with(job_line(-39.9, first))
+        .with(job_line(-30.0, "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.4]:24145"))
+        .with(job_line(-29.0, "[rank1]: torch.distributed.DistBackendError: [1] is setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') got error: Connection reset by peer"))
+        .with(job_line(-20.0, "[rank2]:[E ProcessGroupNCCL.cpp:563] [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 milliseconds before timing out."))
+}
+
+#[test]
+fn a_ranks_own_error_then_the_others_broken_pipes_is_the_error() {
+    let a = one_rank_dies_then_the_rest_lose_it(
+        "[rank3]: IndexError: index 8192 is out of bounds for dimension 0 with size 8192",
+    )
+    .analyze();
+    assert!(
+        a.verdict
+            .starts_with("NOT THE MACHINE (software/configuration)"),
+        "{}",
+        a.verdict
+    );
+    assert!(a.verdict.contains("IndexError"), "{}", a.verdict);
+    assert!(!a.machine, "{:?}", a.suspects);
+    let o = a.order.as_ref().expect("an order");
+    assert_eq!(o.cause_rank, Some(3));
+    assert!(
+        (o.cause_rel_s - -39.9).abs() < 1e-9 && (o.first_consequence_rel_s - -30.0).abs() < 1e-9,
+        "{o:?}"
+    );
+    // Both network findings and the hang are listed as consequences, and ranked below.
+    assert_eq!(o.consequences.len(), 2, "{:?}", o.consequences);
+    let cons: Vec<_> = a.suspects.iter().filter(|s| s.consequence).collect();
+    assert_eq!(cons.len(), 2, "{:?}", a.suspects);
+    assert!(
+        cons.iter().all(
+            |s| s.text.contains("a consequence, not its cause") && s.text.contains("on rank 3")
+        ),
+        "{cons:?}"
+    );
+    assert_eq!(a.suspects[0].signal, "joblog_software");
+    let md = super::markdown(&a, &serde_json::json!({}));
+    let sec = md
+        .split("## Cause and consequences")
+        .nth(1)
+        .expect("the section")
+        .split("## Ranked suspects")
+        .next()
+        .unwrap();
+    assert!(sec.contains("the job's first failure on rank 3, Python exception in the job's code (39.9 s before the first NaN)"), "{sec}");
+    assert!(sec.contains("from 9.9 s later"), "{sec}");
+    assert_eq!(sec.matches("- consequence: ").count(), 2, "{sec}");
+}
+
+#[test]
+fn a_gpu_fault_first_is_the_cause_and_keeps_its_family() {
+    let a = one_rank_dies_then_the_rest_lose_it(
+        "[rank3]: RuntimeError: CUDA error: uncorrectable ECC error encountered",
+    )
+    .analyze();
+    assert!(
+        a.verdict.starts_with("POSSIBLY THE MACHINE (GPU)"),
+        "{}",
+        a.verdict
+    );
+    assert!(
+        a.suspects
+            .iter()
+            .all(|s| s.consequence == (s.signal != "joblog_gpu_hw")),
+        "{:?}",
+        a.suspects
+    );
+}
+
+#[test]
+fn the_network_failing_first_is_not_a_consequence() {
+    // The IB error precedes the exception it causes: nothing is demoted.
+    let a = one_rank_dies_then_the_rest_lose_it("[rank3]: IndexError: index 8192 is out of bounds for dimension 0 with size 8192")
+        .with(job_line(-45.0, "node7:311:402 [0] NCCL WARN NET/IB : Got completion from peer 10.0.3.9<52431> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:10.0.3.7"))
+        .analyze();
+    assert!(a.order.is_none(), "{:?}", a.order);
+    assert!(
+        a.verdict.starts_with("POSSIBLY THE MACHINE (network)"),
+        "{}",
+        a.verdict
+    );
+    assert!(a.suspects.iter().all(|s| !s.consequence));
+}
+
+#[test]
+fn an_error_the_job_outlived_explains_nothing() {
+    // A start-up error the job ran on after for minutes (an optional import), then a real
+    // connection loss: the connection loss stands.
+    let a = Scenario::healthy()
+        .with(job_line(-500.0, "ModuleNotFoundError: No module named 'apex'"))
+        .with(job_line(-10.0, "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.4]:24145"))
+        .analyze();
+    assert!(a.order.is_none(), "{:?}", a.order);
+    assert!(
+        a.verdict.starts_with("POSSIBLY THE MACHINE (network)"),
+        "{}",
+        a.verdict
+    );
+}
