@@ -75,6 +75,10 @@ pub struct JobReport {
     pub jobs: Vec<String>,
     pub outliers: Vec<Outlier>,
     pub clock_statement: String,
+    /// The job's first failure on any node and rank, when its network and hang lines on the
+    /// other nodes came after it (`report::order`): those are its consequences.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_failure: Option<crate::report::Order>,
 }
 
 /// The node bundles under `dir`: `dir` itself when it is one, else its subdirectories to a
@@ -453,6 +457,22 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
             merged["trigger"]["node"].as_str().unwrap_or("?")
         ),
     };
+    // The job's first failure on any node: every node's log lines on the merged clock.
+    let nan_off = merged["first_nan"]["offset_s"].as_f64().unwrap_or(0.0);
+    let logs = || {
+        merged["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["source"] == "log")
+            .filter_map(|e| Some((e["offset_s"].as_f64()? - nan_off, e)))
+    };
+    let steps: Vec<f64> = logs()
+        .filter(|(_, e)| !e["loss"].is_null() || !e["step"].is_null())
+        .map(|(t, _)| t)
+        .collect();
+    let first_failure = crate::report::order::first_cause_in(logs(), &steps);
+    drop(steps);
     let (verdict, family, node, gpu, action) = verdict(
         &summaries,
         &outl,
@@ -460,6 +480,7 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
         nodes,
         &views,
         merged["first_nan"].is_object(),
+        first_failure.as_ref(),
     );
     JobReport {
         verdict,
@@ -473,6 +494,7 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
         jobs,
         outliers: outl,
         clock_statement: merged["clock_statement"].as_str().unwrap_or("").to_string(),
+        first_failure,
     }
 }
 
@@ -501,6 +523,7 @@ fn verdict(
     raw: &[Node],
     views: &[Vec<String>],
     has_nan: bool,
+    first_failure: Option<&crate::report::Order>,
 ) -> Verdict {
     let incomplete = if missing.is_empty() {
         String::new()
@@ -517,6 +540,13 @@ fn verdict(
     // other ranks' broken connections once rank 0 stopped), never the cause.
     // A lossy link's other end retransmits too: its retransmits are the culprit's link, not
     // a fault of its own (peers::bad_end).
+    // The same for the job's first failure on any node (`report::order`): the other nodes'
+    // broken connections and hangs after it are what it did to them.
+    let after_cause = |f: &Finding| {
+        consequence_family(f)
+            && ((has_nan && f.rel_s > 0.2)
+                || first_failure.is_some_and(|c| f.rel_s > c.cause_rel_s))
+    };
     let link = outliers.iter().find(|o| o.measure == "tcp_lossy_links");
     let other_end = |i: usize, f: &Finding| {
         f.signal == "retransmit_storm"
@@ -529,7 +559,7 @@ fn verdict(
             .filter(|(_, s)| s.machine && s.machine_from_job_words_only == words)
             .filter_map(|(i, s)| s.first_machine.as_ref().map(|f| (i, f)))
             .filter(|(i, f)| !other_end(*i, f))
-            .filter(|(_, f)| !words || !has_nan || f.rel_s <= 0.2 || !consequence_family(f))
+            .filter(|(_, f)| !words || !after_cause(f))
             // A node whose own report explains its GPU fault by the job's own bug is not a culprit.
             .filter(|(i, _)| !nodes[*i].verdict.starts_with("NOT THE MACHINE"))
             .max_by(|a, b| {
@@ -539,11 +569,7 @@ fn verdict(
             })
     };
     let consequence = |s: &NodeSummary| {
-        has_nan
-            && s.machine_from_job_words_only
-            && s.first_machine
-                .as_ref()
-                .is_some_and(|f| f.rel_s > 0.2 && consequence_family(f))
+        s.machine_from_job_words_only && s.first_machine.as_ref().is_some_and(after_cause)
     };
     let others = |i: usize| {
         let clean: Vec<&str> = nodes
@@ -695,7 +721,17 @@ fn verdict(
         base
     } else {
         format!(
-            "{base}. After the first NaN, consequences, not the cause: {}",
+            "{base}. After the {}, consequences, not the cause: {}",
+            match first_failure {
+                Some(c) if !has_nan || c.cause_rel_s < 0.0 => format!(
+                    "job's first failure ({}{}: {})",
+                    c.cause_node.as_deref().unwrap_or("?"),
+                    c.cause_rank
+                        .map_or(String::new(), |r| format!(", rank {r}")),
+                    c.cause_what
+                ),
+                _ => "first NaN".to_string(),
+            },
             after.join("; ")
         )
     };
@@ -724,6 +760,19 @@ pub fn markdown(r: &JobReport) -> String {
     let _ = writeln!(s, "**Verdict: {}**\n", esc(&r.verdict));
     let _ = writeln!(s, "Reference: {}\n", esc(&r.reference));
     let _ = writeln!(s, "Clock: {}\n", esc(&r.clock_statement));
+    if let Some(c) = &r.first_failure {
+        let _ = writeln!(
+            s,
+            "## Cause and consequences\n\n- the job's first failure, on {}{}: {} ({:.1} s {} the reference): \"{}\"\n- the job's network and hang lines after it, on every node (the first {:.1} s later), are its consequences: listed on their nodes, never the verdict\n",
+            esc(c.cause_node.as_deref().unwrap_or("?")),
+            c.cause_rank.map_or(String::new(), |r| format!(", rank {r}")),
+            esc(&c.cause_what),
+            c.cause_rel_s.abs(),
+            if c.cause_rel_s <= 0.0 { "before" } else { "after" },
+            esc(&c.cause_line),
+            c.first_consequence_rel_s - c.cause_rel_s
+        );
+    }
     if r.jobs.len() > 1 {
         let _ = writeln!(
             s,
@@ -826,5 +875,7 @@ pub use hostlist::expand_hostlist;
 use peers::{measures, MEASURES};
 pub use peers::{outliers, PEER_AFTER_S, PEER_BEFORE_S};
 
+#[cfg(test)]
+mod order_tests;
 #[cfg(test)]
 mod tests;

@@ -4,12 +4,12 @@ use super::*;
 
 const T0: i128 = 1_796_000_000_000_000_000; // 2026-11-30T..., the job's first NaN
 
-fn at(offset_s: f64) -> String {
+pub(super) fn at(offset_s: f64) -> String {
     crate::clock::rfc3339(T0 + (offset_s * 1e9) as i128)
 }
 
 /// Ten minutes of a healthy rank: loss lines (rank 0 only), GPU samples, system samples.
-fn healthy(name: &str, rank0: bool) -> Vec<Value> {
+pub(super) fn healthy(name: &str, rank0: bool) -> Vec<Value> {
     let mut ev = Vec::new();
     for i in 0..300 {
         let t = -300.0 + f64::from(i);
@@ -29,7 +29,13 @@ fn nan_line() -> Value {
     json!({ "time": at(0.0), "source": "log", "pid": 100, "job": true, "line": "step 300 | loss nan", "step": 300, "loss": "NaN", "nonfinite": true })
 }
 
-fn node(name: &str, mut events: Vec<Value>, trigger_s: f64, nan: bool, node_list: &str) -> Node {
+pub(super) fn node(
+    name: &str,
+    mut events: Vec<Value>,
+    trigger_s: f64,
+    nan: bool,
+    node_list: &str,
+) -> Node {
     events.sort_by_key(|e| e["time"].as_str().unwrap_or("").to_string());
     let first_nan = if nan {
         json!({ "time": at(0.0), "line": "step 300 | loss nan", "step": 300 })
@@ -74,7 +80,7 @@ fn xid(t: f64, text: &str) -> Value {
     e
 }
 
-fn report(mut nodes: Vec<Node>) -> JobReport {
+pub(super) fn report(mut nodes: Vec<Node>) -> JobReport {
     let merged = crate::merge::merge(&mut nodes);
     build(&merged, &nodes)
 }

@@ -2,7 +2,7 @@
 //! Ranked suspects come from the signal table in [`rules`]; when nothing fires, the report says
 //! so plainly and lists what was checked.
 pub(crate) mod detect;
-mod order;
+pub mod order;
 pub use order::Order;
 mod render;
 pub mod rules;

@@ -27,6 +27,9 @@ pub struct Order {
     /// Seconds relative to the reference (the first NaN, or the trigger).
     pub cause_rel_s: f64,
     pub cause_rank: Option<u64>,
+    /// The node that printed it (a merged timeline's events name their node).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause_node: Option<String>,
     /// The rule's words for the cause (`Python exception in the job's code`).
     pub cause_what: String,
     /// The cause line as the job printed it (cut short; the renderers escape it).
@@ -55,11 +58,17 @@ fn cause_family(f: JobFamily) -> bool {
 /// The job's first failure line that explains its later network and hang lines, if there is
 /// one; `steps` are the times of the training steps the job logged (relative, sorted or not).
 pub(super) fn first_cause(ctx: &Ctx<'_>, steps: &[f64]) -> Option<Order> {
-    let mut lines: Vec<(f64, &serde_json::Value)> = ctx
-        .all(Source::Log)
-        .filter(|(_, e)| e["fault"].is_object())
-        .map(|(r, e)| (*r, *e))
-        .collect();
+    first_cause_in(ctx.all(Source::Log).map(|(r, e)| (*r, *e)), steps)
+}
+
+/// As `first_cause`, over the job's log events as (seconds relative to the reference, event):
+/// one node's, or every node's of a multi-node job on the merged clock (`jobreport`).
+pub fn first_cause_in<'a>(
+    log: impl Iterator<Item = (f64, &'a serde_json::Value)>,
+    steps: &[f64],
+) -> Option<Order> {
+    let mut lines: Vec<(f64, &serde_json::Value)> =
+        log.filter(|(_, e)| e["fault"].is_object()).collect();
     lines.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut cause: Option<(f64, &serde_json::Value)> = None;
     for (r, e) in lines {
@@ -79,6 +88,7 @@ pub(super) fn first_cause(ctx: &Ctx<'_>, steps: &[f64]) -> Option<Order> {
             return Some(Order {
                 cause_rel_s: t,
                 cause_rank: cf["rank"].as_u64(),
+                cause_node: c["node"].as_str().map(String::from),
                 cause_what: cf["what"].as_str().unwrap_or("?").to_string(),
                 cause_line: super::detect::excerpt(c["line"].as_str().unwrap_or("")),
                 first_consequence_rel_s: r,
