@@ -37,6 +37,22 @@ fn innermost_cause_wins() {
 }
 
 #[test]
+fn framework_words_for_storage_and_nccl_topology() {
+    // torch.save on a full disk (ronin#51) and h5py's write failure are storage.
+    assert_eq!(
+        fam("RuntimeError: File my_out/checkpoints/checkpoint_0.pt cannot be opened."),
+        Some(Storage)
+    );
+    assert_eq!(fam("OSError: Can't write data (file write failed: time = Tue Dec  1 10:00:00 2026, filename = 'feat.h5', errno = 28)"), Some(Storage));
+    assert_eq!(fam("boto3.exceptions.S3UploadFailedError: Failed to upload ckpt/step_1000.pt to my-bucket/ckpt/step_1000.pt: An error occurred (RequestTimeout)"), Some(Storage));
+    // NCCL's topology search failing is its version or the layout, not the network.
+    let f = classify("opt-1_3b.0 [stderr] Failed to find reverse path from remNode 0/5f000 nlinks 4 to node 0/cb000").unwrap();
+    assert_eq!((f.family, f.kind), (Software, "nccl_topology"));
+    // NCCL's own search falling back is not a failure.
+    assert_eq!(fam("node1:311:402 [0] NCCL INFO Could not find a path for pattern 4, falling back to simple order"), None);
+}
+
+#[test]
 fn codes_are_extracted() {
     let f = classify("node1:1234:1290 [3] NCCL WARN NET/IB : Got completion from peer 10.1.2.3<41234> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:10.1.2.4").unwrap();
     assert_eq!(f.family, Network);
