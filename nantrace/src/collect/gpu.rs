@@ -96,6 +96,7 @@ pub fn sample_fields(r: &GpuReading) -> Map<String, Value> {
     put("util_gpu_pct", json!(r.util_gpu_pct));
     put("util_mem_pct", json!(r.util_mem_pct));
     put("mem_used_mib", json!(r.mem_used_bytes.map(|b| b >> 20)));
+    put("mem_total_mib", json!(r.mem_total_bytes.map(|b| b >> 20)));
     put("ecc_corrected_volatile", json!(r.ecc_corrected_volatile));
     put(
         "ecc_uncorrected_volatile",

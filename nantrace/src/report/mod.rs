@@ -87,6 +87,10 @@ struct Ctx<'a> {
     job_gpus: BTreeSet<String>,
     /// "ip:port" of the job's TCP peers and local ends (snapshot.network.job_sockets).
     job_peers: BTreeSet<String>,
+    /// Each GPU's memory (MiB) by PCI address, from NVML at the trigger.
+    gpu_total_mib: BTreeMap<String, f64>,
+    /// Whether NVML answered at the trigger.
+    nvml: bool,
     root: Option<u64>,
 }
 
@@ -255,6 +259,18 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     let ctx = Ctx {
         by_src,
         job_gpus: job_gpus(snapshot, &job_pids),
+        gpu_total_mib: snapshot["gpu"]["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| {
+                Some((
+                    d["pci"].as_str()?.to_string(),
+                    d["memory"]["total_bytes"].as_f64()? / 1_048_576.0,
+                ))
+            })
+            .collect(),
+        nvml: snapshot["gpu"]["available"] == true,
         job_peers: snapshot["network"]["job_sockets"]
             .as_array()
             .into_iter()

@@ -189,7 +189,17 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
                 },
             ),
             JobFamily::HostMemory => (signal("joblog_host_memory"), String::new()),
-            JobFamily::GpuOom => (signal("joblog_gpu_oom"), String::new()),
+            JobFamily::GpuOom => {
+                let j = super::gpumem::judge(ctx, l.rel, l.text, ctx.nvml);
+                (
+                    signal(if j.limit {
+                        "joblog_gpu_oom"
+                    } else {
+                        "joblog_gpu_ambiguous"
+                    }),
+                    j.note,
+                )
+            }
             JobFamily::Storage => (signal("joblog_storage"), String::new()),
             JobFamily::Software
                 if matches!(
@@ -216,7 +226,12 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
                 0,
                 format!(
                     "job output: {}{code}{note}: \"{}\"",
-                    l.what,
+                    // An out-of-memory that the numbers say was not a limit is not called one.
+                    if l.family == JobFamily::GpuOom && sig.id == "joblog_gpu_ambiguous" {
+                        "GPU memory allocation failed"
+                    } else {
+                        l.what
+                    },
                     excerpt(l.text)
                 ),
             )

@@ -1,6 +1,7 @@
 //! The detectors, one file per evidence family. Each evaluates its rows of the signal table
 //! (`super::rules`) over the incident window and adds what fired to the suspects.
 mod gpu;
+mod gpumem;
 mod host;
 mod joblog;
 pub(crate) use joblog::excerpt;
