@@ -160,7 +160,11 @@ fn whole_incidents_are_read_for_their_cause() {
         let clears = a.verdict.starts_with("NOT THE MACHINE");
         let machine_ok = if inc.machine { blames } else { clears };
         let family_ok = want.contains(&family.as_str());
-        let n = inc.file.get(..3).and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
+        let n = inc
+            .file
+            .get(..3)
+            .and_then(|n| n.parse::<u32>().ok())
+            .unwrap_or(0);
         let part = part_of(n);
         let e = per.entry((part, inc.cause.clone())).or_default();
         e.0 += usize::from(machine_ok);

@@ -109,3 +109,36 @@ fn an_error_the_job_outlived_explains_nothing() {
         a.verdict
     );
 }
+
+#[test]
+fn a_hang_alone_says_where_to_look_and_what_a_short_timeout_means() {
+    // NVIDIA-NeMo/Automodel#1038's shape: every rank's watchdog on one ALLGATHER, 60 s timeout.
+    let a = Scenario::healthy()
+        .with(job_line(-3.0, "[rank2]:[E109 22:46:25.933527530 ProcessGroupNCCL.cpp:632] [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=493, OpType=ALLGATHER, NumelIn=1, NumelOut=4, Timeout(ms)=60000) ran for 60044 milliseconds before timing out."))
+        .analyze();
+    assert!(
+        a.verdict.starts_with("UNDECIDED (collective hang)"),
+        "{}",
+        a.verdict
+    );
+    assert!(
+        a.verdict
+            .contains("the job set its collective timeout to 60 s (torch's default is 600 s)"),
+        "{}",
+        a.verdict
+    );
+    assert!(
+        a.verdict.contains("py-spy dump the stuck ranks"),
+        "{}",
+        a.verdict
+    );
+    // The default timeout is not remarked on.
+    let b = Scenario::healthy()
+        .with(job_line(-3.0, "[rank1]:[E ProcessGroupNCCL.cpp:523] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600659 milliseconds before timing out."))
+        .analyze();
+    assert!(
+        !b.verdict.contains("set its collective timeout"),
+        "{}",
+        b.verdict
+    );
+}

@@ -49,6 +49,23 @@ fn ranks(r: &BTreeSet<u64>) -> String {
     }
 }
 
+/// A collective that timed out with no error in view: where to look, and what the watchdog's
+/// own numbers say (a timeout the job set far below torch's 10 minutes is outlasted by one
+/// rank's slow step). In nantrace's corpus of public incidents (tests/corpus/incidents), all 7
+/// logs whose only failure lines were watchdog timeouts were the job's own doing (the two hangs
+/// the network caused, a firewall and an antivirus, printed no error at all).
+fn hang_note(code: Option<&str>) -> String {
+    let timeout_ms = code
+        .and_then(|c| c.split("timeout ").nth(1))
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse::<u64>().ok());
+    let short = match timeout_ms {
+        Some(t) if t < 300_000 => format!("; the job set its collective timeout to {:.0} s (torch's default is 600 s): one rank's slow step (a checkpoint, an evaluation, data preparation) outlasts it", t as f64 / 1000.0),
+        _ => String::new(),
+    };
+    format!("{short}; no cause in view on this node: look at the other ranks (nantrace merge); with no error on any rank such a hang is most often the job's own (ranks doing different work: uneven data, rank-0-only code, a step longer than the timeout): py-spy dump the stuck ranks")
+}
+
 pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
     let lines: Vec<Line<'_>> = ctx
         .all(Source::Log)
@@ -184,8 +201,7 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
                 if has_network {
                     "; a network error is also in the window: that points at the network".into()
                 } else {
-                    "; no cause in view on this node: look at the other ranks (nantrace merge)"
-                        .into()
+                    hang_note(l.code)
                 },
             ),
             JobFamily::HostMemory => (signal("joblog_host_memory"), String::new()),
