@@ -231,7 +231,7 @@ const PART_MARK: [&str; 3] = ["", " (held out)", " (second collection)"];
 fn part_of(n: u32) -> usize {
     if n >= 41 {
         2
-    } else if n % 4 == 0 {
+    } else if n.is_multiple_of(4) {
         1
     } else {
         0
