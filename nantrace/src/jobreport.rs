@@ -544,7 +544,7 @@ fn verdict(
     // broken connections and hangs after it are what it did to them.
     let after_cause = |f: &Finding| {
         consequence_family(f)
-            && ((has_nan && f.rel_s > 0.2)
+            && ((has_nan && f.rel_s > 0.0)
                 || first_failure.is_some_and(|c| f.rel_s > c.cause_rel_s))
     };
     let link = outliers.iter().find(|o| o.measure == "tcp_lossy_links");

@@ -380,8 +380,10 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         }
         // The job's broken connections and hangs after its NaN are what the NaN did (a rank
         // stopped, its peers lost it), not its cause: they never outrank what came before.
+        // No slack here (a cause's 0.2 s of delivery slack is for lines that can be causes):
+        // a peer's `connection lost` 189 ms after the NaN is after it (the VM cluster's n1).
         if nan_off.is_some()
-            && s.rel_s > 0.2
+            && s.rel_s > 0.0
             && matches!(
                 s.signal,
                 "joblog_network" | "joblog_network_generic" | "joblog_hang"

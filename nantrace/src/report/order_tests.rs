@@ -142,3 +142,21 @@ fn a_hang_alone_says_where_to_look_and_what_a_short_timeout_means() {
         b.verdict
     );
 }
+
+#[test]
+fn a_peers_connection_loss_189_ms_after_the_nan_is_after_it() {
+    // The VM cluster's xid-on-n2, n1's view: no delivery slack for a consequence.
+    let a = Scenario::healthy()
+        .with(job_line(0.189, "rank 1 step 26 | connection to rank 0 lost: ConnectionResetError(104, 'Connection reset by peer')"))
+        .analyze();
+    let s = a
+        .suspects
+        .iter()
+        .find(|s| s.signal == "joblog_network")
+        .expect("the network line");
+    assert!(
+        s.text.ends_with("(after it: a consequence, not its cause)"),
+        "{}",
+        s.text
+    );
+}
