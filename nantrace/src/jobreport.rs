@@ -545,7 +545,7 @@ fn verdict(
     let after_cause = |f: &Finding| {
         consequence_family(f)
             && ((has_nan && f.rel_s > 0.0)
-                || first_failure.is_some_and(|c| f.rel_s > c.cause_rel_s))
+                || first_failure.is_some_and(|c| c.explains_network() && f.rel_s > c.cause_rel_s))
     };
     let link = outliers.iter().find(|o| o.measure == "tcp_lossy_links");
     let other_end = |i: usize, f: &Finding| {
@@ -723,7 +723,7 @@ fn verdict(
         format!(
             "{base}. After the {}, consequences, not the cause: {}",
             match first_failure {
-                Some(c) if !has_nan || c.cause_rel_s < 0.0 => format!(
+                Some(c) if c.explains_network() && (!has_nan || c.cause_rel_s < 0.0) => format!(
                     "job's first failure ({}{}: {})",
                     c.cause_node.as_deref().unwrap_or("?"),
                     c.cause_rank
@@ -763,13 +763,14 @@ pub fn markdown(r: &JobReport) -> String {
     if let Some(c) = &r.first_failure {
         let _ = writeln!(
             s,
-            "## Cause and consequences\n\n- the job's first failure, on {}{}: {} ({:.1} s {} the reference): \"{}\"\n- the job's network and hang lines after it, on every node (the first {:.1} s later), are its consequences: listed on their nodes, never the verdict\n",
+            "## Cause and consequences\n\n- the job's first failure, on {}{}: {} ({:.1} s {} the reference): \"{}\"\n- the job's {} after it, on every node (the first {:.1} s later), are its consequences: listed on their nodes, never the verdict\n",
             esc(c.cause_node.as_deref().unwrap_or("?")),
             c.cause_rank.map_or(String::new(), |r| format!(", rank {r}")),
             esc(&c.cause_what),
             c.cause_rel_s.abs(),
             if c.cause_rel_s <= 0.0 { "before" } else { "after" },
             esc(&c.cause_line),
+            if c.explains_network() { "network and hang lines" } else { "ambiguous GPU errors" },
             c.first_consequence_rel_s - c.cause_rel_s
         );
     }

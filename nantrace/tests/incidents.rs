@@ -149,6 +149,16 @@ fn whole_incidents_are_read_for_their_cause() {
             inc.cause
         );
         let a = analyse(inc);
+        // `INCIDENT_SHOW=041 cargo test --test incidents -- --nocapture`: one incident's reading.
+        if std::env::var("INCIDENT_SHOW").is_ok_and(|v| inc.file.starts_with(&v)) {
+            eprintln!(
+                "{}: {}\n{:#?}\n{:#?}",
+                inc.file,
+                a.verdict,
+                a.order,
+                a.suspects.iter().map(|s| &s.text).collect::<Vec<_>>()
+            );
+        }
         let family = a
             .family
             .trim_end_matches(nantrace::report::rules::JOB_WORDS_SUFFIX)

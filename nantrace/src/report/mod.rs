@@ -361,11 +361,9 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         };
         s.text = format!("{}{sep}{}", s.text, when(s.rel_s, ref_name));
         // The job's network and hang lines after its first failure of another kind, on any
-        // rank, are what that failure did to the other ranks (`order`).
-        if let Some(o) = order
-            .as_mut()
-            .filter(|_| order::is_job_consequence_signal(s.signal))
-        {
+        // rank, are what that failure did to the other ranks; an ambiguous GPU error after a
+        // network failure is what the failed transfers did (`order`).
+        if let Some(o) = order.as_mut().filter(|o| o.explains(s.signal)) {
             s.score *= 0.2;
             s.consequence = true;
             let rank = o

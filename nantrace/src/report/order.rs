@@ -41,6 +41,9 @@ pub struct Order {
     /// What the times are relative to (`the first NaN`, `the trigger`), set by `analyze`.
     #[serde(skip)]
     pub reference: &'static str,
+    /// The suspects' signals this first failure explains.
+    #[serde(skip)]
+    explains: &'static [&'static str],
 }
 
 fn cause_family(f: JobFamily) -> bool {
@@ -71,30 +74,36 @@ pub fn first_cause_in<'a>(
         log.filter(|(_, e)| e["fault"].is_object()).collect();
     lines.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut cause: Option<(f64, &serde_json::Value)> = None;
+    // A specific network failure first (an IB completion error): a GPU error of the kind
+    // software or hardware can cause that follows it (NCCL's `Cuda failure 'an illegal memory
+    // access'` once its transfers failed, nccl-tests#24) is its consequence.
+    let mut network_first: Option<(f64, &serde_json::Value)> = None;
     for (r, e) in lines {
         let f = &e["fault"];
         let Some(family) = f["family"].as_str().and_then(JobFamily::parse) else {
             continue;
         };
-        if matches!(family, JobFamily::Network | JobFamily::Hang) {
-            let (t, c) = cause?;
-            // The job ran on after the "cause" (it was not fatal), or the consequence comes
-            // too long after it to be the peers' timeout.
-            let ran_on = steps.iter().filter(|s| **s > t + 5.0 && **s < r).count();
-            if ran_on >= OUTLIVED_STEPS || r - t > CONSEQUENCE_WITHIN_S {
-                return None;
+        // The job ran on after the "cause" (it was not fatal), or the consequence comes too
+        // long after it to be the peers' timeout.
+        let explains = |t: f64| {
+            steps.iter().filter(|s| **s > t + 5.0 && **s < r).count() < OUTLIVED_STEPS
+                && r - t <= CONSEQUENCE_WITHIN_S
+        };
+        if let Some((t, c)) = network_first {
+            if family == JobFamily::GpuAmbiguous && explains(t) {
+                return Some(order(t, c, r, NETWORK_EXPLAINS));
             }
-            let cf = &c["fault"];
-            return Some(Order {
-                cause_rel_s: t,
-                cause_rank: cf["rank"].as_u64(),
-                cause_node: c["node"].as_str().map(String::from),
-                cause_what: cf["what"].as_str().unwrap_or("?").to_string(),
-                cause_line: super::detect::excerpt(c["line"].as_str().unwrap_or("")),
-                first_consequence_rel_s: r,
-                consequences: Vec::new(),
-                reference: "the trigger",
-            });
+            continue;
+        }
+        if matches!(family, JobFamily::Network | JobFamily::Hang) {
+            let Some((t, c)) = cause else {
+                if family == JobFamily::Network && f["generic"] != true {
+                    network_first = Some((r, e));
+                    continue;
+                }
+                return None;
+            };
+            return explains(t).then(|| order(t, c, r, CAUSE_EXPLAINS));
         }
         if cause.is_none() && cause_family(family) && f["generic"] != true {
             cause = Some((r, e));
@@ -103,10 +112,40 @@ pub fn first_cause_in<'a>(
     None
 }
 
-/// Whether a suspect is one of the job's network or hang lines (what `first_cause` demotes).
-pub(super) fn is_job_consequence_signal(signal: &str) -> bool {
-    matches!(
-        signal,
-        "joblog_network" | "joblog_network_generic" | "joblog_hang"
-    )
+/// What a first failure of a cause family makes consequences: the job's network and hang lines.
+const CAUSE_EXPLAINS: &[&str] = &["joblog_network", "joblog_network_generic", "joblog_hang"];
+/// What a network failure first makes consequences: the job's ambiguous GPU errors.
+const NETWORK_EXPLAINS: &[&str] = &["joblog_gpu_ambiguous"];
+
+fn order(
+    t: f64,
+    c: &serde_json::Value,
+    first_consequence: f64,
+    explains: &'static [&'static str],
+) -> Order {
+    let cf = &c["fault"];
+    Order {
+        cause_rel_s: t,
+        cause_rank: cf["rank"].as_u64(),
+        cause_node: c["node"].as_str().map(String::from),
+        cause_what: cf["what"].as_str().unwrap_or("?").to_string(),
+        cause_line: super::detect::excerpt(c["line"].as_str().unwrap_or("")),
+        first_consequence_rel_s: first_consequence,
+        consequences: Vec::new(),
+        reference: "the trigger",
+        explains,
+    }
+}
+
+impl Order {
+    /// Whether a suspect's signal is one this first failure explains.
+    pub fn explains(&self, signal: &str) -> bool {
+        self.explains.contains(&signal)
+    }
+
+    /// Whether the first failure is of a cause family, explaining the network and hang lines
+    /// after it (the job report then spares the nodes those lines are on).
+    pub fn explains_network(&self) -> bool {
+        self.explains == CAUSE_EXPLAINS
+    }
 }

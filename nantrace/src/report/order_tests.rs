@@ -160,3 +160,44 @@ fn a_peers_connection_loss_189_ms_after_the_nan_is_after_it() {
         s.text
     );
 }
+
+#[test]
+fn an_ambiguous_gpu_error_after_an_ib_failure_is_its_consequence() {
+    // nccl-tests#24 (corpus 041): IB completion errors (a RoCE GID index), then NCCL's CUDA
+    // illegal memory access once the transfers failed.
+    let a = Scenario::healthy()
+        .with(job_line(-3.0, "gpu5:35917:35994 [0] transport/net_ib.cu:788 NCCL WARN NET/IB : Got completion with error 12, opcode 1, len 0, vendor err 129"))
+        .with(job_line(-1.5, "gpu5:35917:35917 [1] init.cu:194 NCCL WARN Cuda failure 'an illegal memory access was encountered'"))
+        .analyze();
+    assert!(
+        a.verdict.starts_with("POSSIBLY THE MACHINE (network)"),
+        "{}",
+        a.verdict
+    );
+    let o = a.order.as_ref().expect("an order");
+    assert!(
+        o.cause_what
+            .contains("InfiniBand/RoCE work completion error"),
+        "{o:?}"
+    );
+    let g = a
+        .suspects
+        .iter()
+        .find(|s| s.signal == "joblog_gpu_ambiguous")
+        .expect("the CUDA error");
+    assert!(
+        g.consequence && g.text.contains("a consequence, not its cause"),
+        "{}",
+        g.text
+    );
+    // A GPU hardware error after it is not explained away.
+    let b = Scenario::healthy()
+        .with(job_line(-3.0, "gpu5:35917:35994 [0] transport/net_ib.cu:788 NCCL WARN NET/IB : Got completion with error 12, opcode 1, len 0, vendor err 129"))
+        .with(job_line(-1.5, "RuntimeError: CUDA error: uncorrectable ECC error encountered"))
+        .analyze();
+    assert!(
+        b.suspects.iter().all(|s| !s.consequence),
+        "{:?}",
+        b.suspects
+    );
+}

@@ -54,11 +54,13 @@ fn ranks(r: &BTreeSet<u64>) -> String {
 /// rank's slow step). In nantrace's corpus of public incidents (tests/corpus/incidents), all 7
 /// logs whose only failure lines were watchdog timeouts were the job's own doing (the two hangs
 /// the network caused, a firewall and an antivirus, printed no error at all).
-fn hang_note(code: Option<&str>) -> String {
-    let timeout_ms = code
-        .and_then(|c| c.split("timeout ").nth(1))
+fn watchdog_timeout_ms(code: Option<&str>) -> Option<u64> {
+    code.and_then(|c| c.split("timeout ").nth(1))
         .and_then(|t| t.split(' ').next())
-        .and_then(|t| t.parse::<u64>().ok());
+        .and_then(|t| t.parse::<u64>().ok())
+}
+
+fn hang_note(timeout_ms: Option<u64>) -> String {
     let short = match timeout_ms {
         Some(t) if t < 300_000 => format!("; the job set its collective timeout to {:.0} s (torch's default is 600 s): one rank's slow step (a checkpoint, an evaluation, data preparation) outlasts it", t as f64 / 1000.0),
         _ => String::new(),
@@ -201,7 +203,13 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
                 if has_network {
                     "; a network error is also in the window: that points at the network".into()
                 } else {
-                    hang_note(l.code)
+                    hang_note(
+                        lines
+                            .iter()
+                            .filter(|o| o.family == JobFamily::Hang)
+                            .filter_map(|o| watchdog_timeout_ms(o.code))
+                            .min(),
+                    )
                 },
             ),
             JobFamily::HostMemory => (signal("joblog_host_memory"), String::new()),
