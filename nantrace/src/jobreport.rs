@@ -467,20 +467,31 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
             .filter(|e| e["source"] == "log")
             .filter_map(|e| Some((e["offset_s"].as_f64()? - nan_off, e)))
     };
-    let steps: Vec<f64> = logs()
-        .filter(|(_, e)| !e["loss"].is_null() || !e["step"].is_null())
-        .map(|(t, _)| t)
-        .collect();
+    // Each step once (every rank may print it): the earliest time any node logged it.
+    let mut by_step: BTreeMap<i64, f64> = BTreeMap::new();
+    let mut unnumbered = Vec::new();
+    for (t, e) in logs().filter(|(_, e)| !e["loss"].is_null() || !e["step"].is_null()) {
+        match e["step"].as_i64() {
+            Some(n) => {
+                let v = by_step.entry(n).or_insert(t);
+                *v = v.min(t);
+            }
+            None => unnumbered.push(t),
+        }
+    }
+    let steps: Vec<f64> = by_step.into_values().chain(unnumbered).collect();
     let first_failure = crate::report::order::first_cause_in(logs(), &steps);
-    drop(steps);
     let (verdict, family, node, gpu, action) = verdict(
         &summaries,
         &outl,
         &missing,
         nodes,
         &views,
-        merged["first_nan"].is_object(),
-        first_failure.as_ref(),
+        &Explained {
+            has_nan: merged["first_nan"].is_object(),
+            first_failure: first_failure.as_ref(),
+            steps: &steps,
+        },
     );
     JobReport {
         verdict,
@@ -516,15 +527,27 @@ fn consequence_family(f: &Finding) -> bool {
     )
 }
 
+/// What makes the job's words on a node consequences: the job's first NaN, its first failure
+/// on any node (`report::order`), and the training steps logged (each once) on the merged clock.
+struct Explained<'a> {
+    has_nan: bool,
+    first_failure: Option<&'a crate::report::Order>,
+    steps: &'a [f64],
+}
+
 fn verdict(
     nodes: &[NodeSummary],
     outliers: &[Outlier],
     missing: &[String],
     raw: &[Node],
     views: &[Vec<String>],
-    has_nan: bool,
-    first_failure: Option<&crate::report::Order>,
+    explained: &Explained<'_>,
 ) -> Verdict {
+    let Explained {
+        has_nan,
+        first_failure,
+        steps,
+    } = *explained;
     let incomplete = if missing.is_empty() {
         String::new()
     } else {
@@ -544,8 +567,10 @@ fn verdict(
     // broken connections and hangs after it are what it did to them.
     let after_cause = |f: &Finding| {
         consequence_family(f)
-            && ((has_nan && f.rel_s > 0.0)
-                || first_failure.is_some_and(|c| c.explains_network() && f.rel_s > c.cause_rel_s))
+            && ((has_nan && f.first_rel_s > 0.0)
+                || first_failure.is_some_and(|c| {
+                    c.explains_network() && c.explains(f.signal, f.first_rel_s, steps)
+                }))
     };
     let link = outliers.iter().find(|o| o.measure == "tcp_lossy_links");
     let other_end = |i: usize, f: &Finding| {

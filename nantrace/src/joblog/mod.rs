@@ -206,7 +206,7 @@ const RULES: &[Rule] = &[
     r("cuda_code_config", Software, "CUDA error number of a configuration problem (driver too old, no device, invalid device, no kernel image, assert)", cuda_code!("(?:35|100|101|209|710|38|10|48|59|803|804)")),
     // NCCL's topology search gave up: an NCCL older than the system's GPUs/NVLink, a wrong
     // topology file, or a GPU or link missing from the layout (milabench#183: NCCL 2.14 on H100).
-    r("nccl_topology", Software, "NCCL could not map the GPUs' PCIe/NVLink topology (an NCCL too old for this system, a wrong NCCL_TOPO_FILE, or a GPU or NVLink missing: compare nvidia-smi topo -m)", r"(?i)Failed to find reverse path|ncclTopoCompute\w*[^\n]*fail|topology (?:detection|search) failed|Failed to compute (?:topology )?paths"),
+    r("nccl_topology", Software, "NCCL could not map the GPUs' PCIe/NVLink topology (an NCCL older than this system, a wrong NCCL_TOPO_FILE, or GPUs given to a VM or container without their NVLink peers: compare nvidia-smi topo -m with what NCCL_DEBUG=INFO lists)", r"(?i)Failed to find reverse path|ncclTopoCompute\w*[^\n]*fail|topology (?:detection|search) failed|Failed to compute (?:topology )?paths"),
     // Network.
     r("ib_completion", Network, "InfiniBand/RoCE work completion error", r"(?i)Got completion (?:from peer \S+ )?with (?:error|status)|\bwc(?:\.|_)status\s*[=:]|completion with error|IBV_WC_\w+_ERR|transport retry counter exceeded|RNR retry counter exceeded|Work Request Flushed Error|ibv_poll_cq[^\n]*(?:fail|error)"),
     r("ibv_failure", Network, "RDMA verbs call failed", r"(?i)\bibv_\w+(?:\(\))? failed|Call to ibv_\w+ failed|ibv_\w+ (?:returned|error)|NET/IB ?: [^\n]*(?:failed|error|Error)|rdma_\w+ failed|mlx5\w*: [^\n]*(?:error|fail)|No IB devices? found|IB port \d+ (?:is )?down|ibv_open_device"),
@@ -217,8 +217,9 @@ const RULES: &[Rule] = &[
     // Storage.
     r("eio", Storage, "I/O error (EIO)", r"(?i)\[Errno 5\]|Input/output error|\bEIO\b|errno 5\b|I/O error").code("EIO (errno 5)"),
     // torch.save's writer says only `File X cannot be opened.` (inline_container.cc) whatever
-    // the errno (ronin#51: a full disk); h5py `Can't write data`; boto3's upload failure.
-    r("checkpoint_write_failed", Storage, "checkpoint write failed (disk full, quota, I/O error, or a missing or read-only directory)", r"(?i)PytorchStreamWriter failed writing|file write failed|failed to write checkpoint|error writing checkpoint|\bFile \S+ cannot be opened\.|Can't write data|S3UploadFailedError|Failed to upload \S+ to s3"),
+    // the errno (ronin#51: a full disk; also a missing or read-only directory); h5py's write
+    // failure is `file write failed` with its errno.
+    r("checkpoint_write_failed", Storage, "checkpoint write failed (disk full, quota, I/O error, or a missing or read-only directory)", r"(?i)PytorchStreamWriter failed writing|file write failed|failed to write checkpoint|error writing checkpoint|(?-i:\bFile \S+ cannot be opened\.)"),
     r("estale", Storage, "stale file handle (network filesystem)", r"(?i)\[Errno 116\]|Stale (?:file|NFS file) handle|\bESTALE\b").code("ESTALE (errno 116)"),
     r("enospc", Storage, "no space left on device", r"(?i)\[Errno 28\]|No space left on device|\bENOSPC\b|out of disk space|not enough (?:free )?disk space").code("ENOSPC (errno 28)"),
     r("edquot", Storage, "disk quota exceeded", r"(?i)\[Errno 122\]|Disk quota exceeded|\bEDQUOT\b").code("EDQUOT (errno 122)"),

@@ -43,8 +43,12 @@ fn framework_words_for_storage_and_nccl_topology() {
         fam("RuntimeError: File my_out/checkpoints/checkpoint_0.pt cannot be opened."),
         Some(Storage)
     );
-    assert_eq!(fam("OSError: Can't write data (file write failed: time = Tue Dec  1 10:00:00 2026, filename = 'feat.h5', errno = 28)"), Some(Storage));
-    assert_eq!(fam("boto3.exceptions.S3UploadFailedError: Failed to upload ckpt/step_1000.pt to my-bucket/ckpt/step_1000.pt: An error occurred (RequestTimeout)"), Some(Storage));
+    assert_eq!(fam("OSError: Can't write data (file write failed: time = Tue Dec  1 10:00:00 2026, filename = 'feat.h5', file descriptor = 3, errno = 28, error message = 'No space left on device', buf = 0x55d0, total write size = 4096, bytes this sub-write = 4096, bytes actually written = 18446744073709551615, offset = 0)"), Some(Storage));
+    // h5py's other `Can't write data` causes (a file opened read-only) are not storage.
+    assert_eq!(
+        fam("OSError: Can't write data (no write intent on file)"),
+        None
+    );
     // NCCL's topology search failing is its version or the layout, not the network.
     let f = classify("opt-1_3b.0 [stderr] Failed to find reverse path from remNode 0/5f000 nlinks 4 to node 0/cb000").unwrap();
     assert_eq!((f.family, f.kind), (Software, "nccl_topology"));

@@ -25,7 +25,11 @@ pub struct Finding {
     pub family: Family,
     pub severity: u32,
     /// Seconds relative to the first NaN (or the trigger when there is none); negative = before.
+    /// The time of its line closest to the reference (for the score).
     pub rel_s: f64,
+    /// The time of its earliest line: what "after X" tests (a cause and its consequences).
+    #[serde(skip)]
+    pub first_rel_s: f64,
     pub text: String,
     pub touches_job: bool,
     pub count: usize,
@@ -133,6 +137,7 @@ impl Acc {
                 if rel.abs() < x.rel_s.abs() {
                     x.rel_s = rel;
                 }
+                x.first_rel_s = x.first_rel_s.min(rel);
             }
             None => {
                 self.out.insert(
@@ -142,6 +147,7 @@ impl Acc {
                         family: sig.family,
                         severity: sig.severity,
                         rel_s: rel,
+                        first_rel_s: rel,
                         text: text(),
                         touches_job: touches,
                         count: 1,
@@ -151,6 +157,13 @@ impl Acc {
                     },
                 );
             }
+        }
+    }
+
+    /// A finding's earliest line, where its detector merged lines before adding them.
+    fn set_first(&mut self, sig: &'static Signal, key: &str, first: f64) {
+        if let Some(f) = self.out.get_mut(&format!("{}/{key}", sig.id)) {
+            f.first_rel_s = f.first_rel_s.min(first);
         }
     }
 
@@ -345,7 +358,6 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     if let Some(o) = order.as_mut() {
         o.reference = ref_name;
     }
-    drop(steps);
     for s in &mut suspects {
         let closeness = 1.0 / (1.0 + s.rel_s.abs() / 60.0);
         s.score = f64::from(s.severity)
@@ -363,9 +375,22 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         // The job's network and hang lines after its first failure of another kind, on any
         // rank, are what that failure did to the other ranks; an ambiguous GPU error after a
         // network failure is what the failed transfers did (`order`).
-        if let Some(o) = order.as_mut().filter(|o| o.explains(s.signal)) {
+        if let Some(o) = order
+            .as_mut()
+            .filter(|o| o.explains(s.signal, s.first_rel_s, &steps))
+        {
             s.score *= 0.2;
             s.consequence = true;
+            // A hang explained by the failure before it no longer needs "where to look".
+            for note in [
+                "; no cause in view on this node",
+                "; a network error is also in the window",
+            ] {
+                if let Some(i) = s.text.find(note) {
+                    let end = s.text[i..].find(": \"").map_or(s.text.len(), |j| i + j);
+                    s.text.replace_range(i..end, "");
+                }
+            }
             let rank = o
                 .cause_rank
                 .map_or(String::new(), |r| format!(" on rank {r}"));
@@ -381,7 +406,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         // No slack here (a cause's 0.2 s of delivery slack is for lines that can be causes):
         // a peer's `connection lost` 189 ms after the NaN is after it (the VM cluster's n1).
         if nan_off.is_some()
-            && s.rel_s > 0.0
+            && s.first_rel_s > 0.0
             && matches!(
                 s.signal,
                 "joblog_network" | "joblog_network_generic" | "joblog_hang"
@@ -400,7 +425,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             .filter(|f| !f.contains("did not complete") && !f.contains(" not checked: "))
         {
             let score = f64::from(sig.severity) * 1.25;
-            suspects.push(Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: 0.0, text: format!("nantrace gpucheck after the incident: {f}"), touches_job: true, count: 1, score, action: Some("take the GPU out of service and run the vendor's diagnostics (dcgmi diag -r 3)"), consequence: false });
+            suspects.push(Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: 0.0, first_rel_s: 0.0, text: format!("nantrace gpucheck after the incident: {f}"), touches_job: true, count: 1, score, action: Some("take the GPU out of service and run the vendor's diagnostics (dcgmi diag -r 3)"), consequence: false });
         }
     }
     suspects.sort_by(|a, b| b.score.total_cmp(&a.score));
@@ -508,8 +533,12 @@ fn verdict(
     let label = |f: &Finding| f.family.label().to_string();
     // A GPU fault of the kind the job's own code can cause (Xid 13/31/43, illegal address),
     // next to the job's own software error (a device-side assert): the error explains it.
-    let ambiguous_gpu =
-        |f: &Finding| matches!(f.signal, "xid_app_possible" | "joblog_gpu_ambiguous");
+    let ambiguous_gpu = |f: &Finding| {
+        matches!(
+            f.signal,
+            "xid_app_possible" | "joblog_gpu_ambiguous" | "joblog_gpu_oom_not_limit"
+        )
+    };
     // Only a cause explains (a device-side assert, an invalid CUDA call): the abort or the
     // segfault that follows a GPU fault is its consequence, not its explanation.
     if let Some(sw) = first(&|s| s.signal == "joblog_software_bug") {
@@ -537,7 +566,10 @@ fn verdict(
                 format!(" (the job also reported: {})", s.text)
             });
         // The GPU faulted, but NVIDIA's catalog (or CUDA) says the job's own code can cause it.
-        let ambiguous = matches!(top.signal, "xid_app_possible" | "joblog_gpu_ambiguous");
+        let ambiguous = matches!(
+            top.signal,
+            "xid_app_possible" | "joblog_gpu_ambiguous" | "joblog_gpu_oom_not_limit"
+        );
         // The job's words alone (any user can print a kernel's or a driver's line): at most
         // POSSIBLY, and the family says so. Where the kernel log was watched and shows no such
         // fault, that is evidence against them, and the verdict says it.

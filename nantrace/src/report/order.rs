@@ -46,7 +46,10 @@ pub struct Order {
     explains: &'static [&'static str],
 }
 
-fn cause_family(f: JobFamily) -> bool {
+/// A line that can be the incident's first cause: a fatal error of a family the network does
+/// not cause. Network filesystems and object stores are storage in words but often the fabric
+/// in fact (a Lustre eviction, an S3 read timeout, a stale NFS handle): never a cause here.
+fn can_be_cause(f: JobFamily, fault: &serde_json::Value) -> bool {
     matches!(
         f,
         JobFamily::Software
@@ -55,7 +58,29 @@ fn cause_family(f: JobFamily) -> bool {
             | JobFamily::HostMemory
             | JobFamily::GpuHw
             | JobFamily::GpuAmbiguous
-    )
+    ) && fault["generic"] != true
+        && fault["fatal"] != false
+        && !matches!(
+            fault["kind"].as_str(),
+            Some("object_store_timeout" | "fs_disconnected" | "estale")
+        )
+}
+
+/// The job's network lines that say the fabric failed (not a socket a peer closed).
+fn fabric_failure(fault: &serde_json::Value) -> bool {
+    fault["generic"] != true
+        && matches!(
+            fault["kind"].as_str(),
+            Some("ib_completion" | "ibv_failure" | "nccl_net" | "ucx_error" | "rdma_transport")
+        )
+}
+
+/// Training steps logged in (from + 5 s, to): a consequence after so many is not one.
+fn ran_on(steps: &[f64], from: f64, to: f64) -> usize {
+    steps
+        .iter()
+        .filter(|s| **s > from + 5.0 && **s < to)
+        .count()
 }
 
 /// The job's first failure line that explains its later network and hang lines, if there is
@@ -74,9 +99,9 @@ pub fn first_cause_in<'a>(
         log.filter(|(_, e)| e["fault"].is_object()).collect();
     lines.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut cause: Option<(f64, &serde_json::Value)> = None;
-    // A specific network failure first (an IB completion error): a GPU error of the kind
-    // software or hardware can cause that follows it (NCCL's `Cuda failure 'an illegal memory
-    // access'` once its transfers failed, nccl-tests#24) is its consequence.
+    // A fabric failure first (an IB completion error): a GPU error of the kind software or
+    // hardware can cause that follows it on the same rank (NCCL's `Cuda failure 'an illegal
+    // memory access'` once its transfers failed, nccl-tests#24) is its consequence.
     let mut network_first: Option<(f64, &serde_json::Value)> = None;
     for (r, e) in lines {
         let f = &e["fault"];
@@ -85,19 +110,18 @@ pub fn first_cause_in<'a>(
         };
         // The job ran on after the "cause" (it was not fatal), or the consequence comes too
         // long after it to be the peers' timeout.
-        let explains = |t: f64| {
-            steps.iter().filter(|s| **s > t + 5.0 && **s < r).count() < OUTLIVED_STEPS
-                && r - t <= CONSEQUENCE_WITHIN_S
-        };
+        let explains =
+            |t: f64| ran_on(steps, t, r) < OUTLIVED_STEPS && r - t <= CONSEQUENCE_WITHIN_S;
         if let Some((t, c)) = network_first {
-            if family == JobFamily::GpuAmbiguous && explains(t) {
+            let same_rank = c["fault"]["rank"] == f["rank"];
+            if family == JobFamily::GpuAmbiguous && same_rank && explains(t) {
                 return Some(order(t, c, r, NETWORK_EXPLAINS));
             }
             continue;
         }
         if matches!(family, JobFamily::Network | JobFamily::Hang) {
             let Some((t, c)) = cause else {
-                if family == JobFamily::Network && f["generic"] != true {
+                if fabric_failure(f) {
                     network_first = Some((r, e));
                     continue;
                 }
@@ -105,7 +129,7 @@ pub fn first_cause_in<'a>(
             };
             return explains(t).then(|| order(t, c, r, CAUSE_EXPLAINS));
         }
-        if cause.is_none() && cause_family(family) && f["generic"] != true {
+        if cause.is_none() && can_be_cause(family, f) {
             cause = Some((r, e));
         }
     }
@@ -138,9 +162,14 @@ fn order(
 }
 
 impl Order {
-    /// Whether a suspect's signal is one this first failure explains.
-    pub fn explains(&self, signal: &str) -> bool {
+    /// Whether this first failure explains a suspect: one of the signals it explains, whose
+    /// earliest line came after it, within `CONSEQUENCE_WITHIN_S` and before the job had run
+    /// on for `OUTLIVED_STEPS` steps (a network failure an hour of training later is its own).
+    pub fn explains(&self, signal: &str, first_rel_s: f64, steps: &[f64]) -> bool {
         self.explains.contains(&signal)
+            && first_rel_s > self.cause_rel_s
+            && first_rel_s - self.cause_rel_s <= CONSEQUENCE_WITHIN_S
+            && ran_on(steps, self.cause_rel_s, first_rel_s) < OUTLIVED_STEPS
     }
 
     /// Whether the first failure is of a cause family, explaining the network and hang lines

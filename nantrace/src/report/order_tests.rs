@@ -201,3 +201,63 @@ fn an_ambiguous_gpu_error_after_an_ib_failure_is_its_consequence() {
         b.suspects
     );
 }
+
+#[test]
+fn a_network_failure_long_after_an_explained_one_is_its_own() {
+    // A crash-free error and the peer's reset right after it (explained), then 390 training
+    // steps, then a real IB failure: the IB failure is evidence, not a consequence.
+    let ib = "node7:311:402 [0] NCCL WARN NET/IB : Got completion from peer 10.0.3.9<52431> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:10.0.3.7";
+    let a = Scenario::healthy()
+        .with(job_line(-400.0, "[rank3]: KeyError: 'input_ids'"))
+        .with(job_line(-395.0, "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.4]:24145"))
+        .with(job_line(-1.0, ib))
+        .analyze();
+    let ibf = a
+        .suspects
+        .iter()
+        .find(|s| s.text.contains("InfiniBand/RoCE"))
+        .expect("the IB failure");
+    assert!(!ibf.consequence, "{}", ibf.text);
+    assert!(
+        a.verdict.starts_with("POSSIBLY THE MACHINE (network)"),
+        "{}",
+        a.verdict
+    );
+    // The early reset, 395 s before the NaN with training after it, is context.
+    assert!(
+        a.checked
+            .iter()
+            .any(|c| c.starts_with("context, not evidence")
+                && c.contains("Connection closed by peer")),
+        "{:?}",
+        a.checked
+    );
+}
+
+#[test]
+fn the_same_ib_error_before_and_after_the_nan_is_not_a_consequence() {
+    // Two ranks print the same IB failure, one 0.8 s before the NaN, one 0.3 s after: the
+    // finding's earliest line is before it.
+    let ib = |r: u32| {
+        format!("[rank{r}]: node7:311:402 [0] NCCL WARN NET/IB : Got completion from peer 10.0.3.9<52431> with status=12 opcode=0 len=0 vendor err 129 (Recv)")
+    };
+    let a = Scenario::healthy()
+        .with(job_line(-0.8, &ib(2)))
+        .with(job_line(0.3, &ib(5)))
+        .analyze();
+    let s = a
+        .suspects
+        .iter()
+        .find(|s| s.text.contains("InfiniBand/RoCE"))
+        .expect("the IB failure");
+    assert!(
+        !s.text.contains("a consequence") && !s.consequence,
+        "{}",
+        s.text
+    );
+    assert!(
+        a.verdict.starts_with("POSSIBLY THE MACHINE (network)"),
+        "{}",
+        a.verdict
+    );
+}

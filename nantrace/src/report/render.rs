@@ -141,9 +141,10 @@ pub fn order_lines(o: &super::Order) -> Vec<String> {
         super::when(o.cause_rel_s, o.reference),
         o.cause_line
     )];
+    let gap = (o.first_consequence_rel_s - o.cause_rel_s).max(0.0);
     out.push(format!(
         "then, from {} later, on the other ranks or the same, its consequences (they do not set the verdict):",
-        super::when(o.first_consequence_rel_s - o.cause_rel_s, "it").trim_end_matches(" after it")
+        if gap < 1.0 { format!("{:.0} ms", gap * 1000.0) } else { format!("{gap:.1} s") }
     ));
     out.extend(o.consequences.iter().map(|c| format!("consequence: {c}")));
     out

@@ -311,7 +311,12 @@ fn the_issue_9_job_gets_a_gpu_verdict_not_not_the_machine() {
         .find(|s| s.signal == "joblog_hang")
         .expect("the hang is listed");
     assert!(
-        hang.text.contains("ALLREDUCE SeqNum=812") && hang.text.contains("points at the network"),
+        // After the ECC error, the hang is its consequence, not a pointer at the network.
+        hang.text.contains("ALLREDUCE SeqNum=812")
+            && hang
+                .text
+                .contains("after the job's first failure, uncorrectable ECC error on rank 1")
+            && !hang.text.contains("points at the network"),
         "{}",
         hang.text
     );

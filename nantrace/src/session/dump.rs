@@ -110,9 +110,11 @@ impl OwnedDump {
                 ));
                 result.verdict = Some(w.analysis.verdict.clone());
                 result.family = Some(w.analysis.family.clone());
-                result.top_suspect = w.analysis.suspects.first().map(|f| f.text.clone());
-                result.top_signal = w.analysis.suspects.first().map(|f| f.signal);
-                result.top_action = w.analysis.suspects.first().and_then(|f| f.action);
+                // The top suspect that is not a consequence of another (report::order).
+                let top = w.analysis.suspects.iter().find(|f| !f.consequence);
+                result.top_suspect = top.map(|f| f.text.clone());
+                result.top_signal = top.map(|f| f.signal);
+                result.top_action = top.and_then(|f| f.action);
                 result.gpus = crate::report::implicated_gpus(&w.analysis, &snapshot);
                 result.dir = Some(w.dir);
             }

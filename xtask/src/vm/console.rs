@@ -17,9 +17,17 @@ pub(super) fn story(serial: &str) -> String {
         "invalid opcode:",
         "int3:",
     ];
+    // An oops or a BUG first; a WARNING (often harmless, early in boot) only without one.
+    let fatal = |l: &&str| {
+        first
+            .iter()
+            .filter(|m| **m != "WARNING:")
+            .any(|m| l.contains(m))
+    };
     if let Some(i) = lines
         .iter()
-        .position(|l| first.iter().any(|m| l.contains(m)))
+        .position(fatal)
+        .or_else(|| lines.iter().position(|l| l.contains("WARNING:")))
     {
         out.push_str("; the kernel's first complaint:");
         let mut frames = 0;
@@ -80,6 +88,14 @@ mod tests {
         assert_eq!(
             super::story("[ 1.0] a\n[ 2.0] b\n"),
             "\n    serial console ends:\n      [ 1.0] a\n      [ 2.0] b"
+        );
+        // A harmless early WARNING does not hide the later oops.
+        let s = super::story(&format!(
+            "[ 0.5] WARNING: CPU: 0 PID: 1 at arch/x86/kernel/fpu/xstate.c:800\n{serial}"
+        ));
+        assert!(
+            s.starts_with("; the kernel's first complaint:\n      [  185.39] Oops: int3"),
+            "{s}"
         );
     }
 }

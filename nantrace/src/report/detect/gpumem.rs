@@ -28,6 +28,8 @@ static TRIED: LazyLock<Regex> =
 static TOTAL: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?i)([\d.]+) ?([KMGT]i?B|bytes) total capacity|total capacity of ([\d.]+) ?([KMGT]i?B|bytes)").unwrap()
 });
+static ALLOWED: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?i)[\d.]+ ?[KMGT]i?B allowed").unwrap());
 static FREE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
         r"(?i)([\d.]+) ?([KMGT]i?B|bytes) free\b|of which ([\d.]+) ?([KMGT]i?B|bytes) is free",
@@ -65,24 +67,31 @@ fn from_message(line: &str) -> (Option<f64>, Option<f64>, Option<f64>) {
     (get(&TRIED), get(&TOTAL), get(&FREE))
 }
 
-/// The last NVML reading of the job's GPUs before `rel` (within `NVML_CONFIRM_S`): (seconds
-/// before, PCI address, used MiB, total MiB).
-fn nvml_before(ctx: &Ctx<'_>, rel: f64) -> Option<(f64, String, f64, f64)> {
-    ctx.all(Source::Gpu)
+/// NVML's readings of the job's GPUs in the `NVML_CONFIRM_S` before `rel`: the fullest one
+/// (seconds before, PCI address, used MiB, total MiB) and how long before `rel` the latest
+/// reading was. None when the job's GPUs are not known (a node's other GPUs say nothing).
+fn nvml_before(ctx: &Ctx<'_>, rel: f64) -> Option<((f64, String, f64, f64), f64)> {
+    if ctx.job_gpus.is_empty() {
+        return None;
+    }
+    let readings: Vec<(f64, String, f64, f64)> = ctx
+        .all(Source::Gpu)
         .filter(|(r, _)| *r <= rel && rel - *r <= NVML_CONFIRM_S)
         .filter_map(|(r, e)| {
-            let pci = e["pci"].as_str()?;
-            if !ctx.job_gpus.is_empty() && !ctx.job_gpus.contains(pci) {
-                return None;
-            }
+            let pci = e["pci"].as_str().filter(|p| ctx.job_gpus.contains(*p))?;
             let used = e["mem_used_mib"].as_f64()?;
             let total = e["mem_total_mib"]
                 .as_f64()
                 .or_else(|| ctx.gpu_total_mib.get(pci).copied())?;
             Some((rel - *r, pci.to_string(), used, total))
         })
-        .filter(|x| x.3 > 0.0)
-        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .filter(|x| x.3 > 0.0 && x.2.is_finite())
+        .collect();
+    let latest = readings.iter().map(|x| x.0).min_by(f64::total_cmp)?;
+    let fullest = readings
+        .into_iter()
+        .max_by(|a, b| (a.2 / a.3).total_cmp(&(b.2 / b.3)))?;
+    Some((fullest, latest))
 }
 
 pub(super) fn judge(ctx: &Ctx<'_>, rel: f64, line: &str, nvml_available: bool) -> Judgement {
@@ -90,13 +99,15 @@ pub(super) fn judge(ctx: &Ctx<'_>, rel: f64, line: &str, nvml_available: bool) -
     let nvml = nvml_before(ctx, rel);
     let witness = nvml.as_ref().map_or_else(
         || {
-            if nvml_available {
-                "; NVML has no reading of the job's GPU memory in the 30 s before it".to_string()
-            } else {
+            if !nvml_available {
                 "; no NVML to judge it by (the message alone)".to_string()
+            } else if ctx.job_gpus.is_empty() {
+                "; NVML does not say which GPUs are the job's".to_string()
+            } else {
+                "; NVML has no reading of the job's GPU memory in the 30 s before it".to_string()
             }
         },
-        |(dt, pci, used, total)| {
+        |((dt, pci, used, total), _)| {
             format!(
                 "; NVML {dt:.1} s before: {} of {} used on {pci}",
                 size(*used),
@@ -104,6 +115,11 @@ pub(super) fn judge(ctx: &Ctx<'_>, rel: f64, line: &str, nvml_available: bool) -
             )
         },
     );
+    // A per-process cap (`set_per_process_memory_fraction`: `... 39.50 GiB allowed; ...`) is
+    // a limit the job set, whatever the GPU had free.
+    if ALLOWED.is_match(line) {
+        return Judgement { limit: true, note: format!("; the job capped its own share of the GPU (\"allowed\" in the message): a memory limit{witness}") };
+    }
     if let (Some(tried), Some(free)) = (tried, free) {
         let of = total.map_or(String::new(), |t| format!(" of {}", size(t)));
         return if free >= (4.0 * tried).max(1024.0) {
@@ -119,12 +135,17 @@ pub(super) fn judge(ctx: &Ctx<'_>, rel: f64, line: &str, nvml_available: bool) -
             }
         };
     }
+    // NCCL's own allocations (its buffers at a communicator's setup) are small and made
+    // before the step's tensors: NVML's reading just before can clear them. A framework's
+    // allocation without numbers cannot be cleared that way (a step can fill a GPU between
+    // two readings).
+    let nccl = line.contains("NCCL") || line.contains("nccl");
     match nvml {
-        Some((dt, pci, used, total)) if dt <= NVML_CLEAR_S && used < 0.25 * total => Judgement {
+        Some(((_, pci, used, total), latest)) if nccl && latest <= NVML_CLEAR_S && used < 0.25 * total => Judgement {
             limit: false,
-            note: format!("; NVML {dt:.1} s before: {} of {} used on {pci}, and the message gives no size: a memory limit is unlikely (a GPU or driver fault, or memory another process holds)", size(used), size(total)),
+            note: format!("; NVML {latest:.1} s before: the job's GPUs at most {} of {} used ({pci}), and NCCL's allocations are small: a memory limit is unlikely (a GPU or driver fault, or memory another process holds)", size(used), size(total)),
         },
-        Some((_, _, used, total)) if used >= 0.9 * total => Judgement { limit: true, note: format!("{witness}: a memory limit") },
+        Some(((_, _, used, total), _)) if used >= 0.9 * total => Judgement { limit: true, note: format!("{witness}: a memory limit") },
         _ => Judgement { limit: true, note: witness },
     }
 }
@@ -210,7 +231,7 @@ mod tests {
             "{}",
             a.verdict
         );
-        assert!(a.verdict.contains("NVML 1.0 s before: 900 MiB of 79.6 GiB used on 0000:3b:00.0, and the message gives no size: a memory limit is unlikely"), "{}", a.verdict);
+        assert!(a.verdict.contains("NVML 1.0 s before: the job's GPUs at most 900 MiB of 79.6 GiB used (0000:3b:00.0), and NCCL's allocations are small: a memory limit is unlikely"), "{}", a.verdict);
         let b = Scenario::healthy()
             .with(gpu(-4.0, 80_100))
             .with(job_line(-3.0, NCCL_OOM))
@@ -235,6 +256,27 @@ mod tests {
             c.verdict.starts_with("NOT THE MACHINE (GPU memory limit)"),
             "{}",
             c.verdict
+        );
+        // A framework's OOM without numbers is not cleared by a low reading (a step fills a
+        // GPU between two readings), nor one that names a per-process cap.
+        let e = Scenario::healthy()
+            .with(gpu(-4.0, 900))
+            .with(job_line(
+                -3.0,
+                "RuntimeError: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+            ))
+            .analyze();
+        assert!(
+            e.verdict.starts_with("NOT THE MACHINE (GPU memory limit)"),
+            "{}",
+            e.verdict
+        );
+        let f = Scenario::healthy().with(job_line(-3.0, "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total capacity; 38.00 GiB already allocated; 40.10 GiB free; 39.50 GiB allowed; 38.20 GiB reserved in total by PyTorch)")).analyze();
+        assert!(
+            f.verdict.starts_with("NOT THE MACHINE (GPU memory limit)")
+                && f.verdict.contains("capped its own share"),
+            "{}",
+            f.verdict
         );
         // Without NVML, it says so.
         let mut d = Scenario::healthy().with(job_line(-3.0, NCCL_OOM));

@@ -68,6 +68,17 @@ fn hang_note(timeout_ms: Option<u64>) -> String {
     format!("{short}; no cause in view on this node: look at the other ranks (nantrace merge); with no error on any rank such a hang is most often the job's own (ranks doing different work: uneven data, rank-0-only code, a step longer than the timeout): py-spy dump the stuck ranks")
 }
 
+/// One suspect in the making: its signal, the time closest to the reference, the ranks, how
+/// many lines, its text, and its earliest line's time.
+type Slot = (
+    &'static crate::report::rules::Signal,
+    f64,
+    BTreeSet<u64>,
+    usize,
+    String,
+    f64,
+);
+
 pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
     let lines: Vec<Line<'_>> = ctx
         .all(Source::Log)
@@ -124,16 +135,13 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
                 .is_some_and(|t| ctx.job_pids.contains(&t))
             && !e["pid"].as_u64().is_some_and(|p| ctx.job_pids.contains(&p))
     });
-    let mut merged: std::collections::BTreeMap<
-        String,
-        (
-            &'static crate::report::rules::Signal,
-            f64,
-            BTreeSet<u64>,
-            usize,
-            String,
-        ),
-    > = Default::default();
+    let mut merged: std::collections::BTreeMap<String, Slot> = Default::default();
+    // The shortest collective timeout any watchdog line names.
+    let timeout_ms = lines
+        .iter()
+        .filter(|o| o.family == JobFamily::Hang)
+        .filter_map(|o| watchdog_timeout_ms(o.code))
+        .min();
     for l in &lines {
         if killed_from_outside && l.family == JobFamily::HostMemory && l.code == Some("SIGKILL") {
             continue;
@@ -203,13 +211,7 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
                 if has_network {
                     "; a network error is also in the window: that points at the network".into()
                 } else {
-                    hang_note(
-                        lines
-                            .iter()
-                            .filter(|o| o.family == JobFamily::Hang)
-                            .filter_map(|o| watchdog_timeout_ms(o.code))
-                            .min(),
-                    )
+                    hang_note(timeout_ms)
                 },
             ),
             JobFamily::HostMemory => (signal("joblog_host_memory"), String::new()),
@@ -219,7 +221,7 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
                     signal(if j.limit {
                         "joblog_gpu_oom"
                     } else {
-                        "joblog_gpu_ambiguous"
+                        "joblog_gpu_oom_not_limit"
                     }),
                     j.note,
                 )
@@ -251,26 +253,29 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
                 format!(
                     "job output: {}{code}{note}: \"{}\"",
                     // An out-of-memory that the numbers say was not a limit is not called one.
-                    if l.family == JobFamily::GpuOom && sig.id == "joblog_gpu_ambiguous" {
+                    if sig.id == "joblog_gpu_oom_not_limit" {
                         "GPU memory allocation failed"
                     } else {
                         l.what
                     },
                     excerpt(l.text)
                 ),
+                l.rel,
             )
         });
+        slot.5 = slot.5.min(l.rel);
         if l.rel.abs() < slot.1.abs() {
             slot.1 = l.rel;
         }
         slot.2.extend(l.rank);
         slot.3 += 1;
     }
-    for (key, (sig, rel, rk, n, text)) in merged {
+    for (key, (sig, rel, rk, n, text, first)) in merged {
         let text = format!("{text}{}", ranks(&rk));
         let touches = true;
         for _ in 0..n {
             acc.add(sig, &key, rel, touches, || text.clone());
         }
+        acc.set_first(sig, &key, first);
     }
 }
