@@ -224,8 +224,35 @@ fn one_per_host(nodes: Vec<Node>) -> Vec<Node> {
         first.timeline["first_nan"] = first_nan.unwrap_or(Value::Null);
         first.timeline["accounting"] = last.timeline["accounting"].clone();
         first.timeline["bundles"] = json!(dirs);
+        // The job's connections as any of its dumps listed them: the dump at the job's exit
+        // has none left, the one at the NaN had them all (packet loss on n2 was blamed on n1
+        // when only the last dump's list counted).
+        let sockets = union_job_sockets(
+            std::iter::once(&first.snapshot)
+                .chain(group.iter().map(|n| &n.snapshot))
+                .chain(std::iter::once(&last.snapshot)),
+        );
         first.snapshot = last.snapshot;
+        if !sockets.is_empty() {
+            first.snapshot["network"]["job_sockets"] = Value::Array(sockets);
+        }
         out.push(first);
+    }
+    out
+}
+
+/// The job's sockets over several snapshots of one node, each (local, remote) once, at most
+/// as many as one snapshot may list.
+fn union_job_sockets<'a>(snapshots: impl Iterator<Item = &'a Value>) -> Vec<Value> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for s in snapshots.flat_map(|s| s["network"]["job_sockets"].as_array().into_iter().flatten()) {
+        if out.len() >= 4096 {
+            break;
+        }
+        if seen.insert((s["local"].to_string(), s["remote"].to_string())) {
+            out.push(s.clone());
+        }
     }
     out
 }

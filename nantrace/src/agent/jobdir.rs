@@ -38,6 +38,23 @@ pub const JOIN_WINDOW_S: f64 = 120.0;
 pub const POLL: Duration = Duration::from_millis(500);
 
 const MARKER: &str = "INCIDENT.json";
+/// How long a claimed incident's marker is waited for.
+const MARKER_WAIT: Duration = Duration::from_secs(5);
+/// Incident numbers tried by one trigger at most.
+const SEQ_WALK_MAX: u64 = 100_000;
+
+/// A numbered incident's name.
+fn seq_name(n: u64) -> String {
+    format!("inc-{n:06}")
+}
+
+/// The number of a numbered incident's name (`inc-` and six or more digits).
+fn seq_of(id: &str) -> Option<u64> {
+    let d = id.strip_prefix("inc-")?;
+    (d.len() >= 6 && d.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| d.parse().ok())
+        .flatten()
+}
 const MARKER_MAX: u64 = 16 << 10;
 /// Incident directories of one job looked at per poll, at most.
 const INCIDENTS_MAX: usize = 256;
@@ -120,29 +137,44 @@ impl Root {
             let Some(name) = ent.file_name().to_str().map(String::from) else {
                 continue;
             };
-            if name.starts_with('.') || !self.trusted_dir(&ent.path()) {
+            if name.starts_with('.') {
                 continue;
             }
-            let p = ent.path().join(MARKER);
-            let Ok(f) = crate::bundle::open_plain(&p) else {
-                continue;
-            };
-            let Ok(m) = f.metadata() else { continue };
-            if m.uid() != self.owner || m.len() > MARKER_MAX {
-                continue;
-            }
-            if let Ok(v) = serde_json::from_reader::<_, Value>(std::io::Read::take(f, MARKER_MAX)) {
-                if v["incident"] == name.as_str() && v["job"] == job {
-                    out.push((name, v));
-                }
+            if let Some(v) = self.marker(job, &name) {
+                out.push((name, v));
             }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
     }
 
-    /// The incident this node's new trigger belongs to: one another node (or this one)
-    /// opened within [`JOIN_WINDOW_S`], else a new one with this node's marker.
+    /// The marker of incident `id` of `job`, when it can be trusted: a plain file of the
+    /// agents' in a directory of theirs that names this incident and job.
+    fn marker(&self, job: &str, id: &str) -> Option<Value> {
+        let d = self.path.join(job).join(id);
+        if !self.trusted_dir(&d) {
+            return None;
+        }
+        let f = crate::bundle::open_plain(&d.join(MARKER)).ok()?;
+        let m = f.metadata().ok()?;
+        if m.uid() != self.owner || m.len() > MARKER_MAX {
+            return None;
+        }
+        let v: Value = serde_json::from_reader(std::io::Read::take(f, MARKER_MAX)).ok()?;
+        (v["incident"] == id && v["job"] == job).then_some(v)
+    }
+
+    /// The incident this node's new trigger belongs to, the same on every node whatever the
+    /// timing: incidents are numbered (`inc-000001`, ...) and claimed by `mkdir`, which
+    /// reaches the server on every shared filesystem (a directory listing does not: NFS's
+    /// attribute cache hides new entries for up to `acdirmin`). From the highest number this
+    /// node can see, each number is tried in turn: the `mkdir` that succeeds opens the
+    /// incident (and writes its marker); on `EEXIST` the number's marker is read, and the
+    /// trigger joins it when it is within [`JOIN_WINDOW_S`], else tries the next. Nodes that
+    /// trigger at one moment all walk the same numbers and stop at the same one.
+    /// An agent of an earlier version names incidents `<time>-<host>` and finds them by
+    /// listing: while one it opened is seen within the window, the earliest incident within
+    /// the window is joined, as those agents settle.
     pub fn open_incident(
         &self,
         job: &str,
@@ -151,62 +183,88 @@ impl Root {
         reason: &str,
         now_ns: i128,
     ) -> std::io::Result<String> {
-        let recent = self.incidents(job).into_iter().rfind(|(_, v)| {
-            time_of(v).is_some_and(|t| (now_ns - t).abs() as f64 <= JOIN_WINDOW_S * 1e9)
-        });
-        if let Some((id, _)) = recent {
-            return Ok(id);
-        }
         let jd = self.job(job)?;
-        let host = safefs::sanitize(host, "host");
-        let id = format!("{}-{host}", crate::clock::compact_utc(now_ns));
-        let d = match jd.create_subdir(&id) {
-            Ok(d) => d,
-            // Two triggers in the same millisecond on this host: one incident.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(id),
-            Err(e) => return Err(e),
+        let listed = self.incidents(job);
+        let within = |v: &Value| {
+            time_of(v).is_some_and(|t| (now_ns - t).abs() as f64 <= JOIN_WINDOW_S * 1e9)
         };
-        let reason: String = crate::term::clean(reason).chars().take(300).collect();
-        let marker = json!({ "schema": "nantrace.incident/1", "job": job, "incident": id, "host": host, "trigger": trigger, "reason": reason, "time": crate::clock::rfc3339(now_ns), "time_ns": now_ns.to_string() });
-        d.write_new(
-            MARKER,
-            &serde_json::to_vec_pretty(&marker).map_err(std::io::Error::other)?,
-        )?;
-        Ok(id)
-    }
-
-    /// The incident the job's nodes agree on for `id`: the earliest one within the join window
-    /// of it. Two nodes that opened incidents at nearly the same moment (each before seeing
-    /// the other's marker) both put their bundles under the earlier one; a marker this host
-    /// wrote that then holds no bundle is removed.
-    pub fn settle(&self, job: &str, id: &str, host: &str) -> String {
-        let all = self.incidents(job);
-        let t = |v: &Value| v["time_ns"].as_str().and_then(|t| t.parse::<i128>().ok());
-        let Some(at) = all.iter().find(|x| x.0 == id).and_then(|x| t(&x.1)) else {
-            return id.to_string();
-        };
-        let first = all
-            .iter()
-            .filter_map(|x| t(&x.1).map(|tt| (tt, &x.0)))
-            .filter(|(tt, _)| (at - tt).abs() as f64 <= JOIN_WINDOW_S * 1e9)
-            .min();
-        let Some((_, first)) = first else {
-            return id.to_string();
-        };
-        let mine = all
-            .iter()
-            .find(|x| x.0 == id)
-            .is_some_and(|x| x.1["host"] == safefs::sanitize(host, "host").as_str());
-        if first != id && mine {
-            let d = self.path.join(job).join(id);
-            let only_marker =
-                std::fs::read_dir(&d).is_ok_and(|rd| rd.flatten().all(|e| e.file_name() == MARKER));
-            if only_marker {
-                let _ = std::fs::remove_file(d.join(MARKER));
-                let _ = std::fs::remove_dir(&d);
+        if listed.iter().any(|(id, v)| seq_of(id).is_none() && within(v)) {
+            if let Some((id, _)) = listed
+                .iter()
+                .filter(|(_, v)| within(v))
+                .min_by_key(|(_, v)| time_of(v))
+            {
+                return Ok(id.clone());
             }
         }
-        first.clone()
+        let host = safefs::sanitize(host, "host");
+        let mut n = listed
+            .iter()
+            .filter_map(|(id, _)| seq_of(id))
+            .max()
+            .unwrap_or(1);
+        for _ in 0..SEQ_WALK_MAX {
+            let id = seq_name(n);
+            match jd.create_subdir(&id) {
+                Ok(d) => {
+                    let reason: String = crate::term::clean(reason).chars().take(300).collect();
+                    let marker = json!({ "schema": "nantrace.incident/1", "job": job, "incident": id, "host": host, "trigger": trigger, "reason": reason, "time": crate::clock::rfc3339(now_ns), "time_ns": now_ns.to_string() });
+                    // Written whole then renamed into place: a node reading it at once sees
+                    // all of it or nothing.
+                    d.replace(
+                        MARKER,
+                        &serde_json::to_vec_pretty(&marker).map_err(std::io::Error::other)?,
+                    )?;
+                    return Ok(id);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    match self.await_marker(job, &id) {
+                        Some(v) if within(&v) => return Ok(id),
+                        // Over (another incident of the job), or a claim whose opener
+                        // died before its marker: every node passes it alike.
+                        _ => n += 1,
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(std::io::Error::other(format!(
+            "{SEQ_WALK_MAX} incident numbers of job {job} in use"
+        )))
+    }
+
+    /// The marker of an incident another node has just claimed: it writes it right after
+    /// its `mkdir`, so it is waited for a little.
+    fn await_marker(&self, job: &str, id: &str) -> Option<Value> {
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Some(v) = self.marker(job, id) {
+                return Some(v);
+            }
+            if t0.elapsed() >= MARKER_WAIT {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The incident the job's nodes agree on for `id`. A numbered incident is already the
+    /// one every node chose. For one of an earlier version's agents (`<time>-<host>`), the
+    /// earliest incident within the join window of it, as those agents settle. Nothing is ever
+    /// removed here: another node may be writing into any incident directory.
+    pub fn settle(&self, job: &str, id: &str) -> String {
+        if seq_of(id).is_some() {
+            return id.to_string();
+        }
+        let all = self.incidents(job);
+        let Some(at) = all.iter().find(|x| x.0 == id).and_then(|x| time_of(&x.1)) else {
+            return id.to_string();
+        };
+        all.iter()
+            .filter_map(|x| time_of(&x.1).map(|t| (t, &x.0)))
+            .filter(|(t, _)| (at - t).abs() as f64 <= JOIN_WINDOW_S * 1e9)
+            .min()
+            .map_or_else(|| id.to_string(), |(_, first)| first.clone())
     }
 
     /// A copy of the bundle at `bundle` into `<job>/<incident>/<host>/` (another name when
@@ -464,7 +522,7 @@ fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report:
                 },
             };
             w.seen.insert(id.clone());
-            let id = root.settle(&w.job, &id, host);
+            let id = root.settle(&w.job, &id);
             w.seen.insert(id.clone());
             match root.put_bundle(&w.job, &id, host, &bundle) {
                 Ok(p) => report(&key, &format!("bundle shared as {}", p.display())),

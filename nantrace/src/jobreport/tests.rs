@@ -489,3 +489,40 @@ fn a_nodes_ranks_are_said_as_its_bundle_says() {
     );
     assert_eq!(super::ranks_text(&Value::Null), None);
 }
+
+/// The VM cluster's second failure of 12-02: n1 dumped twice into the packet-loss incident,
+/// at its NaN (with the job's connections) and at the job's exit (with none left). The
+/// newest snapshot alone left n1 without its addresses, and the loss on n2's link was
+/// blamed on n1 by the count; both dumps' connections count.
+#[test]
+fn a_nodes_two_dumps_keep_the_job_sockets_of_either() {
+    let lossy = |from: u8, to: u8, every: usize| -> Vec<Value> {
+        (0..60)
+            .filter(|i| i % every == 0)
+            .map(|i| retx(-50.0 + i as f64 * 0.5, from, to))
+            .collect()
+    };
+    let e1 = [healthy("n1", true), vec![nan_line()], lossy(1, 2, 1)].concat();
+    let mut at_nan = node("n1", e1.clone(), 0.0, true, "n[1-3]");
+    sockets(&mut at_nan, 1, &[2, 3]);
+    let mut at_exit = node("n1", e1, 2.0, false, "n[1-3]");
+    sockets(&mut at_exit, 1, &[]);
+    at_exit.dir = PathBuf::from("/jobs/4711/inc/n1-2");
+    let mut n2 = node("n2", [healthy("n2", false), lossy(2, 1, 2)].concat(), 0.4, false, "n[1-3]");
+    sockets(&mut n2, 2, &[1]);
+    let mut n3 = node("n3", healthy("n3", false), 0.4, false, "n[1-3]");
+    sockets(&mut n3, 3, &[1]);
+    let mut nodes = one_per_host(vec![at_nan, at_exit, n2, n3]);
+    assert_eq!(nodes.len(), 3);
+    assert_eq!(
+        nodes[0].snapshot["network"]["job_sockets"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "n1's connections from its first dump"
+    );
+    let merged = crate::merge::merge(&mut nodes);
+    let r = build(&merged, &nodes);
+    assert_eq!(r.node.as_deref(), Some("n2"), "{}", r.verdict);
+    assert_eq!(r.family, "network", "{}", r.verdict);
+}
