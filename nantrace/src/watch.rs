@@ -128,6 +128,11 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
     let (tx, mut rx) = mpsc::channel(256);
     let stats = probes.start_readers(tx)?;
     let mut clock = ClockMap::sample();
+    // One SIGINT stream for the whole loop: a `ctrl_c()` made anew at each turn misses a SIGINT
+    // that arrives while a batch is being written (the signal is recorded, nobody listens).
+    // Made before "watching" is said: a SIGINT sent as soon as that line is read (the tests'
+    // stop) found no handler and killed the watch before its accounting line.
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     crate::say!(
         "nantrace: watching {} ({} of {} probes attached){}",
         if args.pids.is_empty() {
@@ -145,10 +150,6 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
         .map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d));
     let mut resample = tokio::time::interval(Duration::from_secs(10));
     let stdout = std::io::stdout();
-    // One SIGINT stream for the whole loop: a `ctrl_c()` made anew at each turn misses a SIGINT
-    // that arrives while a batch is being written (the signal is recorded, nobody listens), and
-    // `watch` then ran on after the tests' stop (the guests' hangs: a busy watch under TCG).
-    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     loop {
         let sleep = async {
             match deadline {

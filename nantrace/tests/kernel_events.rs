@@ -391,10 +391,31 @@ fn dropped_packets_between_namespaces_give_tcp_retransmits() {
     }
     let net = NetPair::new(&format!("{}", std::process::id() % 100_000));
     let port = 29_500u16;
+    // The drop rule goes in only once the server holds the connection and has read the
+    // client's first bytes: put in earlier (a slow guest's softirq can hold the handshake's
+    // last ACK while `nft` runs), it dropped that ACK, the connection never left SYN_RECV and
+    // `accept` waited forever (the 5.10 guest's hang of 12-02: the test joining this thread,
+    // `nantrace watch` idle). Every wait here has a limit.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
     let server = NetPair::in_ns(&net.b, move || {
         let l = TcpListener::bind(("10.213.0.2", port)).unwrap();
-        let (mut s, _) = l.accept().unwrap();
+        l.set_nonblocking(true).unwrap();
+        let t0 = std::time::Instant::now();
+        let mut s = loop {
+            match l.accept() {
+                Ok((s, _)) => break s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    assert!(t0.elapsed() < Duration::from_secs(60), "no connection within 60 s");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("accept: {e}"),
+            }
+        };
+        s.set_nonblocking(false).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
+        let mut hello = [0u8; 5];
+        s.read_exact(&mut hello).expect("the client's hello");
+        let _ = ready_tx.send(());
         let mut buf = [0u8; 4096];
         while let Ok(n) = s.read(&mut buf) {
             if n == 0 {
@@ -406,9 +427,16 @@ fn dropped_packets_between_namespaces_give_tcp_retransmits() {
     let w = Watch::start(&[]);
     let b = net.b.clone();
     let client = NetPair::in_ns(&net.a, move || {
-        let mut s = TcpStream::connect(("10.213.0.2", port)).unwrap();
+        let mut s = TcpStream::connect_timeout(
+            &std::net::SocketAddr::from(([10, 213, 0, 2], port)),
+            Duration::from_secs(60),
+        )
+        .unwrap();
         s.write_all(b"hello").unwrap();
         let local = s.local_addr().unwrap().port();
+        ready_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the server accepted and read the hello");
         // Drop everything the server side receives from now on.
         sh_ok(&format!(
             "ip netns exec {b} nft add table inet nt && ip netns exec {b} nft add chain inet nt in '{{ type filter hook input priority 0; }}' && ip netns exec {b} nft add rule inet nt in tcp dport {port} drop"

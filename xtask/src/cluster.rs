@@ -324,6 +324,28 @@ fn run_scenario(c: &mut Cluster, nt: &Path, s: &Scenario) -> Result<Outcome> {
     {
         problems.push(format!("job ids {}", r["jobs"]));
     }
+    // One incident, whatever the timing: its marker there, and no second incident of the job
+    // holding a node's bundle (the split of 12-02: n3's incident beside n2's).
+    if !inc.join("INCIDENT.json").is_file() {
+        problems.push(format!("{} has no INCIDENT.json", inc.display()));
+    }
+    let others: Vec<String> = std::fs::read_dir(&jobs)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            *p != inc
+                && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))
+                && NODES.iter().any(|n| p.join(n).join("report.md").exists())
+        })
+        .map(|p| p.display().to_string())
+        .collect();
+    if !others.is_empty() {
+        problems.push(format!(
+            "the incident split: node bundles also under {others:?}"
+        ));
+    }
     o.ok = problems.is_empty();
     o.problem = problems.join("; ");
     if let Some(n) = s.stop_agent {

@@ -46,10 +46,57 @@ pub fn sh_ok(cmd: &str) {
     );
 }
 
+/// Every thread of process `pid`: its name, what it waits on (wchan), its kernel stack and,
+/// where gdb is installed, its user-space backtrace. What a hung test prints before it
+/// fails, so that a hang leaves its cause, not only its timeout.
+pub fn stacks(pid: u32) -> String {
+    let mut out = format!("== process {pid} ({})\n", read_trim(&format!("/proc/{pid}/comm")));
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_or_else(|_| Vec::new(), |rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>());
+    for t in tasks {
+        out.push_str(&format!(
+            "-- thread {} ({}) wchan {}\n{}",
+            t.file_name().unwrap_or_default().to_string_lossy(),
+            read_trim(&t.join("comm").to_string_lossy()),
+            read_trim(&t.join("wchan").to_string_lossy()),
+            std::fs::read_to_string(t.join("stack")).unwrap_or_default()
+        ));
+    }
+    if Path::new("/usr/bin/gdb").exists() {
+        let o = Command::new("timeout")
+            .args(["-k", "5", "90", "/usr/bin/gdb", "-batch", "-nx", "-p", &pid.to_string(), "-ex", "thread apply all bt"])
+            .stdin(Stdio::null())
+            .output();
+        if let Ok(o) = o {
+            let text = String::from_utf8_lossy(&o.stdout);
+            // Threads and frames only: gdb's chatter about symbols is not the evidence.
+            for l in text.lines().filter(|l| l.starts_with("Thread ") || l.starts_with('#')) {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+fn read_trim(p: &str) -> String {
+    std::fs::read_to_string(p).unwrap_or_default().trim().to_string()
+}
+
+/// How long a test may hold a `nantrace watch` before its guard prints every thread's stack
+/// of the test and of the watch, and kills the watch: no kernel test holds one for a tenth
+/// of this, even in the matrix's slowest guest.
+const WATCH_GUARD: Duration = Duration::from_secs(150);
+
+/// How long `Watch::stop` waits for the watch to exit after its SIGINT (it takes well under
+/// a second on the host and a few in a TCG guest).
+const STOP_LIMIT: Duration = Duration::from_secs(60);
+
 /// A running `nantrace watch --json`, its events collected by a thread.
 pub struct Watch {
     child: Child,
     pub events: Arc<Mutex<Vec<Value>>>,
+    /// Set when the Watch is done with: its guard thread then goes.
+    done: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Watch {
@@ -87,9 +134,31 @@ impl Watch {
                 }
             }
         });
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (d, watch_pid) = (done.clone(), child.id());
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while t0.elapsed() < WATCH_GUARD {
+                if d.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            eprintln!(
+                "HANG: a test has held `nantrace watch` (pid {watch_pid}) for {WATCH_GUARD:?}; every thread of both processes:\n{}\n{}",
+                stacks(std::process::id()),
+                stacks(watch_pid)
+            );
+            // SAFETY: our own child; a test blocked on its output or exit then goes on (and fails).
+            unsafe { libc::kill(watch_pid as i32, libc::SIGKILL) };
+        });
         rx.recv_timeout(Duration::from_secs(30))
             .expect("nantrace watch did not report that its probes are attached");
-        Watch { child, events }
+        Watch {
+            child,
+            events,
+            done,
+        }
     }
 
     /// Wait until an event satisfies `pred`; returns it and how long it took.
@@ -133,24 +202,47 @@ impl Watch {
             .collect()
     }
 
-    /// Stop with SIGINT and return the accounting line.
+    /// Stop with SIGINT and return the accounting line. A watch that does not exit within
+    /// [`STOP_LIMIT`] fails the test with every thread's stack of it.
     pub fn stop(mut self) -> Value {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let _ = self.child.wait();
-        std::thread::sleep(Duration::from_millis(100));
-        self.events
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|v| v.get("accounting").is_some())
-            .cloned()
-            .expect("accounting line at the end")
+        let t0 = Instant::now();
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => break,
+                Ok(None) if t0.elapsed() > STOP_LIMIT => {
+                    let st = stacks(self.child.id());
+                    panic!("nantrace watch did not exit within {STOP_LIMIT:?} of its SIGINT; its threads:\n{st}");
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        // The accounting line is the last thing it writes: its reader has it at EOF.
+        let t0 = Instant::now();
+        loop {
+            if let Some(a) = self
+                .events
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|v| v.get("accounting").is_some())
+                .cloned()
+            {
+                return a;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "accounting line at the end"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
 impl Drop for Watch {
     fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
