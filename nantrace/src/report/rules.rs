@@ -92,7 +92,7 @@ pub const SIGNALS: &[Signal] = &[
     Signal { id: "gpu_hw_slowdown", family: Family::Gpu, severity: 60, threshold: 1.0, what: "HW slowdown / HW thermal / power-brake throttling started (NVML)" },
     Signal { id: "ib_link_down", family: Family::Network, severity: 60, threshold: 1.0, what: "InfiniBand/RoCE or NIC link went down" },
     Signal { id: "sxid", family: Family::Gpu, severity: 55, threshold: 1.0, what: "NVSwitch SXid" },
-    Signal { id: "disk_stall", family: Family::Storage, severity: 55, threshold: 10.0, what: "block latency (p99 of slow requests, or iostat await) in the minute before ≥ threshold × the minute earlier and ≥ 100 ms" },
+    Signal { id: "disk_stall", family: Family::Storage, severity: 55, threshold: 10.0, what: "block latency (p99 of slow requests, or iostat await) in the minute before ≥ threshold × the minute earlier and ≥ 100 ms on a device of the job's own requests, ≥ 1 s on any other" },
     Signal { id: "worker_exit", family: Family::Process, severity: 20, threshold: 1.0, what: "a long-lived job process (not the root, alive ≥ threshold s) exited with a non-zero code" },
     Signal { id: "retransmit_storm", family: Family::Network, severity: 48, threshold: 10.0, what: "TCP retransmits in the minute before ≥ 20 and ≥ threshold × the minute earlier" },
     Signal { id: "swap_thrash", family: Family::Memory, severity: 45, threshold: 10_240.0, what: "swap-in rate ≥ threshold KiB/s" },
