@@ -131,6 +131,47 @@ fn an_xid_forged_in_a_file_name_is_not_an_xid() {
     }
 }
 
+/// D-2 of the fourth adversarial test: a newline inside one printk call. Any user can mount a
+/// tmpfs in their own user+mount namespace with an option named `x\nNVRM: Xid ... 79 ...`, and
+/// the kernel logs `tmpfs: Unknown parameter 'x` and the forged line in one call (unescaped
+/// in `printk:console` mode). Done here as root in a private mount namespace (the same kernel
+/// message): the forged text is first seen to reach the kernel log, then no Xid comes of it,
+/// on either source.
+#[test]
+fn an_xid_forged_in_a_mount_option_is_not_an_xid() {
+    if !privileged("an_xid_forged_in_a_mount_option_is_not_an_xid") {
+        return;
+    }
+    let dir = Scratch::new("mntforge");
+    let line = "NVRM: Xid (PCI:0000:00:03): 79 GPU has fallen off the bus.";
+    for env in [&[][..], &[("NANTRACE_KLOG", "kmsg")][..]] {
+        let w = Watch::start_env(&[], env);
+        let o = std::process::Command::new("unshare")
+            .args(["-m", "sh", "-c", "mount -t tmpfs -o \"$(printf 'x\\n%s' \"$1\")\" none \"$2\"; true", "sh", line])
+            .arg(&dir.0)
+            .output()
+            .expect("unshare (util-linux)");
+        assert!(o.status.success(), "{o:?}");
+        w.wait_for(
+            "the forged mount option in the kernel log",
+            Duration::from_secs(10),
+            // As a kernel line, or (the defect) as the Xid it was taken for.
+            |v| {
+                let t = v.to_string();
+                t.contains("Unknown parameter") && t.contains("fallen off the bus")
+            },
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let xids = w.all(|v| v["source"] == "xid");
+        assert!(
+            xids.is_empty(),
+            "a forged Xid became evidence ({env:?}): {xids:?}"
+        );
+        let acct = w.stop();
+        assert_eq!(acct["accounting"]["events"].get("xid"), None, "{acct}");
+    }
+}
+
 fn mono_ns() -> u64 {
     let mut t = libc::timespec {
         tv_sec: 0,

@@ -4,8 +4,8 @@
 //! under one incident id: `<job_dir>/<job>/<incident>/<host>/`. No network service: the
 //! filesystem the cluster already shares.
 //!
-//! Layout: `<job_dir>/<job>/<incident>/INCIDENT.json` (the marker: who opened it, when, on
-//! what trigger), `<job_dir>/<job>/<incident>/<host>/` (a copy of that node's bundle; the
+//! Layout: `<job_dir>/<job>/inc-NNNNNN/INCIDENT.json` (the marker: who opened it, when, on
+//! what trigger; incidents numbered and claimed by `mkdir`, see [`Root::open_incident`]), `<job_dir>/<job>/inc-NNNNNN/<host>/` (a copy of that node's bundle; the
 //! original stays in the node's spool).
 //!
 //! Trust: `job_dir` is the agents' (made by an administrator, owned by the identity the

@@ -411,7 +411,10 @@ pub fn classify(text: &str) -> Option<KmsgClass> {
     }
     // NVRM's two-line "fallen off the bus" message: one record, several lines (an Xid 79
     // line says it too, and is an Xid).
-    if let Some(c) = OFF_BUS.captures(text).filter(|_| !XID.is_match(text)) {
+    if let Some(c) = OFF_BUS
+        .captures(text)
+        .filter(|_| text.starts_with("NVRM:") && !XID.is_match(text))
+    {
         return Some(KmsgClass::GpuFallenOffBus {
             pci: c
                 .get(1)
@@ -419,7 +422,24 @@ pub fn classify(text: &str) -> Option<KmsgClass> {
             severity: Severity::Critical,
         });
     }
-    text.lines().map(strip_prefixes).find_map(classify_line)
+    // One printk call can hold newlines, and in `printk:console` mode they arrive unescaped:
+    // a line after the first is the kernel's only when it carries the first line's producer
+    // (an AER report's lines all name the port, NVRM's all say NVRM:). Anything else is the
+    // text a message quoted (a mount option `x\nNVRM: Xid ... 79` made a tmpfs error a
+    // kernel Xid 79: redteam4 D-2).
+    let producer = producer_of(text);
+    text.lines()
+        .map(strip_prefixes)
+        .enumerate()
+        .filter(|(i, l)| *i == 0 || (!producer.is_empty() && producer_of(l) == producer))
+        .find_map(|(_, l)| classify_line(l))
+}
+
+/// The word a kernel line starts with, its producer (`NVRM`, `pcieport`, `mce`, `EDAC`,
+/// `tmpfs`), without its colon.
+fn producer_of(line: &str) -> &str {
+    let w = line.split_whitespace().next().unwrap_or("");
+    w.strip_suffix(':').unwrap_or(w)
 }
 
 fn classify_line(line: &str) -> Option<KmsgClass> {

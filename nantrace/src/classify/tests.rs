@@ -357,3 +357,34 @@ fn pci_normalisation() {
     assert_eq!(normalize_pci("0000:3b:00"), "0000:3b:00.0");
     assert_eq!(normalize_pci("3b:00.1"), "0000:3b:00.1");
 }
+
+/// redteam4 D-2: one printk call holding a newline arrives in `printk:console` mode as one
+/// record of several lines. A mount option `x\nNVRM: Xid ...` in a user namespace made
+/// tmpfs's error a kernel Xid 79: a line after the first counts only when it carries the
+/// first line's producer.
+#[test]
+fn a_line_quoted_inside_another_producers_message_is_not_a_kernel_line() {
+    for forged in [
+        "tmpfs: Unknown parameter 'x\nNVRM: Xid (PCI:0000:00:03): 79, pid=1, GPU has fallen off the bus.'",
+        "tmpfs: Unknown parameter 'x\nNVRM: GPU at PCI:0000:00:03: GPU-0 has fallen off the bus.'",
+        "tmpfs: Unknown parameter 'x\nmce: [Hardware Error]: Machine check events logged'",
+        "tmpfs: Unknown parameter 'x\npcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:00:01.0'",
+    ] {
+        assert_eq!(classify(forged), None, "{forged:?}");
+    }
+    // The kernel's own multi-line records still count, every line of one producer.
+    let nvrm = "NVRM: GPU at PCI:0000:3b:00: GPU-5f2a\nNVRM: GPU Board Serial Number: 1234\nNVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python, GPU has fallen off the bus.";
+    assert!(
+        matches!(
+            classify(nvrm),
+            Some(KmsgClass::Xid { xid: 79, .. } | KmsgClass::GpuFallenOffBus { .. })
+        ),
+        "{:?}",
+        classify(nvrm)
+    );
+    let off_bus = "NVRM: GPU at PCI:0000:3b:00: GPU-5f2a\nNVRM: GPU has fallen off the bus.";
+    assert!(matches!(
+        classify(off_bus),
+        Some(KmsgClass::GpuFallenOffBus { .. })
+    ));
+}
