@@ -172,6 +172,42 @@ fn an_xid_forged_in_a_mount_option_is_not_an_xid() {
     }
 }
 
+/// D-1 of the fourth adversarial test: a network device's rename is logged as
+/// `<new>: renamed from <old>`, both names the user's (any user can rename a device in their
+/// own user+network namespace). Renamed `fatal` -> `mce_notify_irq` and `failed` -> `mlx5_0`
+/// here as root in a namespace of the test's: each record is first seen in the kernel log,
+/// then neither is a machine check nor a NIC error, on either source.
+#[test]
+fn a_renamed_network_device_is_not_machine_evidence() {
+    if !privileged("a_renamed_network_device_is_not_machine_evidence") {
+        return;
+    }
+    let ns = format!("ntrn-{}", std::process::id() % 100_000);
+    let _ = sh(&format!("ip netns del {ns} 2>/dev/null"));
+    sh_ok(&format!("ip netns add {ns}"));
+    for (i, env) in [&[][..], &[("NANTRACE_KLOG", "kmsg")][..]].into_iter().enumerate() {
+        let w = Watch::start_env(&[], env);
+        sh_ok(&format!(
+            "ip -n {ns} link add fatal type veth peer name ntrp{i} && ip -n {ns} link set fatal name mce_notify_irq && \
+             ip -n {ns} link add failed type veth peer name ntrq{i} && ip -n {ns} link set failed name mlx5_0 && \
+             ip -n {ns} link del mce_notify_irq && ip -n {ns} link del mlx5_0"
+        ));
+        for what in ["mce_notify_irq: renamed from fatal", "mlx5_0: renamed from failed"] {
+            w.wait_for(what, Duration::from_secs(10), |v| v.to_string().contains(what));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let classed = w.all(|v| {
+            v.to_string().contains("renamed from") && !v["class"].is_null()
+        });
+        assert!(
+            classed.is_empty(),
+            "a device's name became evidence ({env:?}): {classed:?}"
+        );
+        w.stop();
+    }
+    let _ = sh(&format!("ip netns del {ns}"));
+}
+
 fn mono_ns() -> u64 {
     let mut t = libc::timespec {
         tv_sec: 0,

@@ -243,6 +243,12 @@ fn re(body: &str) -> Regex {
     Regex::new(&format!("{STAMP}{body}")).expect("kernel pattern compiles")
 }
 
+/// A network device's rename, as the kernel logs it (`<new>: renamed from <old>`, newer
+/// kernels add ` (while UP)`), after any driver and bus prefix.
+static RENAMED: LazyLock<Regex> = LazyLock::new(|| re(r".*: renamed from \S+(?: \(while UP\))?\s*$"));
+/// A record led by a process's name (up to 16 bytes, any characters) and its pid: `NAME[pid]`
+/// or `NAME (pid):`.
+static COMM_LED: LazyLock<Regex> = LazyLock::new(|| re(r"(?s).{1,16}?(?:\[\d+\][: ]|\s\(\d+\): )"));
 /// A line the kernel starts with a process name: `comm[pid]: segfault at ...`,
 /// `traps: comm[pid] general protection fault ...`. comm is at most 15 bytes and may be anything.
 static PROC_MSG: LazyLock<Regex> = LazyLock::new(|| {
@@ -324,7 +330,7 @@ static THERMAL: LazyLock<Regex> = LazyLock::new(|| {
 });
 static MCE: LazyLock<Regex> = LazyLock::new(|| {
     re(
-        r"(?:EDAC [^:]*:.*(?:\bCE\b|\bUE\b|[Cc]orrected|[Uu]ncorrected|Machine Check|\bMCE\b|[Ee]rror)|mce: \[Hardware Error\]|mce: CPU\d+: Machine Check|Machine check events logged|\{\d+\}\[Hardware Error\]|\[Hardware Error\]|EDAC \S+: ?\d+ (?:CE|UE)|EDAC \S+ (?:MC\d+|[^:]*): .*(?:CE|UE|[Cc]orrected|[Uu]ncorrected)|EDAC MC\d+: .*error|mce: \[Hardware Error\]|CMCI storm detected|mce_notify_irq|Memory failure: 0x[0-9a-f]+|HANDLING MCE MEMORY ERROR)(.*)",
+        r"(?:EDAC [^:]*:.*(?:\bCE\b|\bUE\b|[Cc]orrected|[Uu]ncorrected|Machine Check|\bMCE\b|[Ee]rror)|mce: \[Hardware Error\]|mce: CPU\d+: Machine Check|Machine check events logged|\{\d+\}\[Hardware Error\]|\[Hardware Error\]|EDAC \S+: ?\d+ (?:CE|UE)|EDAC \S+ (?:MC\d+|[^:]*): .*(?:CE|UE|[Cc]orrected|[Uu]ncorrected)|EDAC MC\d+: .*error|mce: \[Hardware Error\]|CMCI storm detected|Memory failure: 0x[0-9a-f]+|HANDLING MCE MEMORY ERROR)(.*)",
     )
 });
 static MCE_UNCORRECTED: LazyLock<Regex> = LazyLock::new(|| {
@@ -408,6 +414,14 @@ pub fn classify(text: &str) -> Option<KmsgClass> {
             library,
             gpu_library,
         });
+    }
+    // Records that start with a name a user chooses are never evidence (redteam4 D-1): a
+    // network device renamed in the user's own namespace (`mce_notify_irq: renamed from
+    // fatal`, `mlx5_0: renamed from failed`), and a process's name before its pid in the
+    // kernel's remarks about it (`EDAC 0: UE[1719] misaligned vsyscall`, `EDAC 0: UE (2003):
+    // /proc/2003/oom_adj is deprecated`).
+    if RENAMED.is_match(text.lines().next().unwrap_or("")) || COMM_LED.is_match(text) {
+        return None;
     }
     // NVRM's two-line "fallen off the bus" message: one record, several lines (an Xid 79
     // line says it too, and is an Xid).

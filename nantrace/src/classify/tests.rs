@@ -388,3 +388,27 @@ fn a_line_quoted_inside_another_producers_message_is_not_a_kernel_line() {
         Some(KmsgClass::GpuFallenOffBus { .. })
     ));
 }
+
+/// redteam4 D-1: a record that starts with a name a user chooses is not evidence: a network
+/// device renamed in the user's own namespace, a process's name before its pid in the
+/// kernel's remarks about it. The real MCE, EDAC and mlx5 records still are.
+#[test]
+fn a_name_a_user_chooses_at_a_records_start_is_not_evidence() {
+    for forged in [
+        "mce_notify_irq: renamed from fatal",
+        "mlx5_0: renamed from failed",
+        "EDAC MC0: 1 UE: renamed from x (while UP)",
+        "EDAC 0: UE[1719] misaligned vsyscall (exploit attempt or buggy program) -- look up the vsyscall option in your kernel docs",
+        "EDAC 0: UE (2003): /proc/2003/oom_adj is deprecated, please use /proc/2003/oom_score_adj instead.",
+        "mce_notify_irq: 3 callbacks suppressed",
+    ] {
+        assert_eq!(classify(forged), None, "{forged:?}");
+    }
+    for real in [
+        "mce: [Hardware Error]: Machine check events logged",
+        "EDAC MC0: 1 UE memory read error on CPU_SrcID#0_MC#0_Chan#1_DIMM#0 (channel:1 slot:0 page:0x12345 offset:0x0 grain:32)",
+        "mlx5_core 0000:3b:00.0: mlx5_health_try_recover:327:(pid 1234): health compromised - reached miss count",
+    ] {
+        assert!(classify(real).is_some(), "{real:?}");
+    }
+}
