@@ -405,7 +405,10 @@ fn dropped_packets_between_namespaces_give_tcp_retransmits() {
             match l.accept() {
                 Ok((s, _)) => break s,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    assert!(t0.elapsed() < Duration::from_secs(60), "no connection within 60 s");
+                    assert!(
+                        t0.elapsed() < Duration::from_secs(60),
+                        "no connection within 60 s"
+                    );
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 Err(e) => panic!("accept: {e}"),

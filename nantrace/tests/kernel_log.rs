@@ -147,7 +147,14 @@ fn an_xid_forged_in_a_mount_option_is_not_an_xid() {
     for env in [&[][..], &[("NANTRACE_KLOG", "kmsg")][..]] {
         let w = Watch::start_env(&[], env);
         let o = std::process::Command::new("unshare")
-            .args(["-m", "sh", "-c", "mount -t tmpfs -o \"$(printf 'x\\n%s' \"$1\")\" none \"$2\"; true", "sh", line])
+            .args([
+                "-m",
+                "sh",
+                "-c",
+                "mount -t tmpfs -o \"$(printf 'x\\n%s' \"$1\")\" none \"$2\"; true",
+                "sh",
+                line,
+            ])
             .arg(&dir.0)
             .output()
             .expect("unshare (util-linux)");
@@ -185,20 +192,26 @@ fn a_renamed_network_device_is_not_machine_evidence() {
     let ns = format!("ntrn-{}", std::process::id() % 100_000);
     let _ = sh(&format!("ip netns del {ns} 2>/dev/null"));
     sh_ok(&format!("ip netns add {ns}"));
-    for (i, env) in [&[][..], &[("NANTRACE_KLOG", "kmsg")][..]].into_iter().enumerate() {
+    for (i, env) in [&[][..], &[("NANTRACE_KLOG", "kmsg")][..]]
+        .into_iter()
+        .enumerate()
+    {
         let w = Watch::start_env(&[], env);
         sh_ok(&format!(
             "ip -n {ns} link add fatal type veth peer name ntrp{i} && ip -n {ns} link set fatal name mce_notify_irq && \
              ip -n {ns} link add failed type veth peer name ntrq{i} && ip -n {ns} link set failed name mlx5_0 && \
              ip -n {ns} link del mce_notify_irq && ip -n {ns} link del mlx5_0"
         ));
-        for what in ["mce_notify_irq: renamed from fatal", "mlx5_0: renamed from failed"] {
-            w.wait_for(what, Duration::from_secs(10), |v| v.to_string().contains(what));
+        for what in [
+            "mce_notify_irq: renamed from fatal",
+            "mlx5_0: renamed from failed",
+        ] {
+            w.wait_for(what, Duration::from_secs(10), |v| {
+                v.to_string().contains(what)
+            });
         }
         std::thread::sleep(Duration::from_millis(500));
-        let classed = w.all(|v| {
-            v.to_string().contains("renamed from") && !v["class"].is_null()
-        });
+        let classed = w.all(|v| v.to_string().contains("renamed from") && !v["class"].is_null());
         assert!(
             classed.is_empty(),
             "a device's name became evidence ({env:?}): {classed:?}"

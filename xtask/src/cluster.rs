@@ -336,7 +336,9 @@ fn run_scenario(c: &mut Cluster, nt: &Path, s: &Scenario) -> Result<Outcome> {
         .map(|e| e.path())
         .filter(|p| {
             *p != inc
-                && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))
+                && !p
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
                 && NODES.iter().any(|n| p.join(n).join("report.md").exists())
         })
         .map(|p| p.display().to_string())

@@ -188,7 +188,10 @@ impl Root {
         let within = |v: &Value| {
             time_of(v).is_some_and(|t| (now_ns - t).abs() as f64 <= JOIN_WINDOW_S * 1e9)
         };
-        if listed.iter().any(|(id, v)| seq_of(id).is_none() && within(v)) {
+        if listed
+            .iter()
+            .any(|(id, v)| seq_of(id).is_none() && within(v))
+        {
             if let Some((id, _)) = listed
                 .iter()
                 .filter(|(_, v)| within(v))

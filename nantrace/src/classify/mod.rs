@@ -245,7 +245,8 @@ fn re(body: &str) -> Regex {
 
 /// A network device's rename, as the kernel logs it (`<new>: renamed from <old>`, newer
 /// kernels add ` (while UP)`), after any driver and bus prefix.
-static RENAMED: LazyLock<Regex> = LazyLock::new(|| re(r".*: renamed from \S+(?: \(while UP\))?\s*$"));
+static RENAMED: LazyLock<Regex> =
+    LazyLock::new(|| re(r".*: renamed from \S+(?: \(while UP\))?\s*$"));
 /// A record led by a process's name (up to 16 bytes, any characters) and its pid: `NAME[pid]`
 /// or `NAME (pid):`.
 static COMM_LED: LazyLock<Regex> = LazyLock::new(|| re(r"(?s).{1,16}?(?:\[\d+\][: ]|\s\(\d+\): )"));

@@ -508,7 +508,13 @@ fn a_nodes_two_dumps_keep_the_job_sockets_of_either() {
     let mut at_exit = node("n1", e1, 2.0, false, "n[1-3]");
     sockets(&mut at_exit, 1, &[]);
     at_exit.dir = PathBuf::from("/jobs/4711/inc/n1-2");
-    let mut n2 = node("n2", [healthy("n2", false), lossy(2, 1, 2)].concat(), 0.4, false, "n[1-3]");
+    let mut n2 = node(
+        "n2",
+        [healthy("n2", false), lossy(2, 1, 2)].concat(),
+        0.4,
+        false,
+        "n[1-3]",
+    );
     sockets(&mut n2, 2, &[1]);
     let mut n3 = node("n3", healthy("n3", false), 0.4, false, "n[1-3]");
     sockets(&mut n3, 3, &[1]);

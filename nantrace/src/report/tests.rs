@@ -176,15 +176,25 @@ fn a_slow_shared_disk_is_not_a_stall_unless_the_job_waited_or_it_took_seconds() 
         s.analyze()
     };
     assert!(
-        other(214.0).suspects.iter().all(|x| x.signal != "disk_stall"),
+        other(214.0)
+            .suspects
+            .iter()
+            .all(|x| x.signal != "disk_stall"),
         "214 ms on another process's requests"
     );
-    assert!(other(1500.0).suspects.iter().any(|x| x.signal == "disk_stall"));
+    assert!(other(1500.0)
+        .suspects
+        .iter()
+        .any(|x| x.signal == "disk_stall"));
     let mut s = Scenario::healthy();
     for i in 0..10 {
         s = s.with(json!({ "offset_s": -50.0 + f64::from(i) * 4.0, "source": "block", "dev": "254:0", "disk": "vda", "latency_ms": 214.0, "error": 0, "pid": ROOT, "job": true }));
     }
-    assert_eq!(top(&s.analyze()).signal, "disk_stall", "the job waited 214 ms");
+    assert_eq!(
+        top(&s.analyze()).signal,
+        "disk_stall",
+        "the job waited 214 ms"
+    );
 }
 
 #[test]

@@ -50,8 +50,14 @@ pub fn sh_ok(cmd: &str) {
 /// where gdb is installed, its user-space backtrace. What a hung test prints before it
 /// fails, so that a hang leaves its cause, not only its timeout.
 pub fn stacks(pid: u32) -> String {
-    let mut out = format!("== process {pid} ({})\n", read_trim(&format!("/proc/{pid}/comm")));
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_or_else(|_| Vec::new(), |rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>());
+    let mut out = format!(
+        "== process {pid} ({})\n",
+        read_trim(&format!("/proc/{pid}/comm"))
+    );
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_or_else(
+        |_| Vec::new(),
+        |rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>(),
+    );
     for t in tasks {
         out.push_str(&format!(
             "-- thread {} ({}) wchan {}\n{}",
@@ -63,13 +69,27 @@ pub fn stacks(pid: u32) -> String {
     }
     if Path::new("/usr/bin/gdb").exists() {
         let o = Command::new("timeout")
-            .args(["-k", "5", "90", "/usr/bin/gdb", "-batch", "-nx", "-p", &pid.to_string(), "-ex", "thread apply all bt"])
+            .args([
+                "-k",
+                "5",
+                "90",
+                "/usr/bin/gdb",
+                "-batch",
+                "-nx",
+                "-p",
+                &pid.to_string(),
+                "-ex",
+                "thread apply all bt",
+            ])
             .stdin(Stdio::null())
             .output();
         if let Ok(o) = o {
             let text = String::from_utf8_lossy(&o.stdout);
             // Threads and frames only: gdb's chatter about symbols is not the evidence.
-            for l in text.lines().filter(|l| l.starts_with("Thread ") || l.starts_with('#')) {
+            for l in text
+                .lines()
+                .filter(|l| l.starts_with("Thread ") || l.starts_with('#'))
+            {
                 out.push_str(l);
                 out.push('\n');
             }
@@ -79,7 +99,10 @@ pub fn stacks(pid: u32) -> String {
 }
 
 fn read_trim(p: &str) -> String {
-    std::fs::read_to_string(p).unwrap_or_default().trim().to_string()
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .trim()
+        .to_string()
 }
 
 /// How long a test may hold a `nantrace watch` before its guard prints every thread's stack

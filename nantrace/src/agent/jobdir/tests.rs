@@ -122,8 +122,14 @@ fn nodes_triggering_at_once_converge_to_one_incident_every_time() {
                 std::thread::spawn(move || {
                     let root = Root::open(&path).unwrap();
                     barrier.wait();
-                    root.open_incident("77", &format!("n{n}"), "nan", "loss nan", at + n as i128 * 1_000_000)
-                        .unwrap()
+                    root.open_incident(
+                        "77",
+                        &format!("n{n}"),
+                        "nan",
+                        "loss nan",
+                        at + n as i128 * 1_000_000,
+                    )
+                    .unwrap()
                 })
             })
             .collect::<Vec<_>>()

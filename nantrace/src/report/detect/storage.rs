@@ -129,7 +129,11 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
                 } else {
                     "no I/O seen the minute earlier".to_string()
                 };
-                acc.add(sig, &dev, first_slow.min(0.0), job, || format!("block I/O p99 on {dev} {r:.0} ms in the minute before ({vs}), slow since"));
+                acc.add(sig, &dev, first_slow.min(0.0), job, || {
+                    format!(
+                        "block I/O p99 on {dev} {r:.0} ms in the minute before ({vs}), slow since"
+                    )
+                });
             }
         }
     }
