@@ -451,6 +451,9 @@ pub fn vm_cluster(nt: &Path) -> Result<()> {
         for (i, n) in NODES.iter().enumerate() {
             let out = base.join(n);
             std::fs::create_dir_all(&out)?;
+            // The guest's /mnt, a parent of its job_dir: the agent refuses a job_dir with a
+            // directory on the way others can write, whatever the umask.
+            sh(&format!("chmod 755 {0} {0}/.. {0}/../..", out.display()))?;
             std::fs::copy(
                 root().join("scripts/vm/cluster-guest.sh"),
                 out.join("guest.sh"),

@@ -197,11 +197,15 @@ impl Ledger {
             return;
         };
         for (name, _) in self.slots() {
-            if name
-                .split('-')
-                .next()
-                .and_then(|h| h.parse::<i64>().ok())
-                .is_some_and(|h| h < hour - LEDGER_KEEP_HOURS)
+            // Only a slot's own name (`<hour>-<k>`, digits): nothing else here is ours to remove.
+            let Some((h, k)) = name.split_once('-') else {
+                continue;
+            };
+            if k.is_empty() || !k.bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            if h.parse::<i64>()
+                .is_ok_and(|h| h < hour - LEDGER_KEEP_HOURS)
             {
                 let _ = d.remove(&name);
             }

@@ -93,6 +93,10 @@ impl Root {
         let me = unsafe { libc::geteuid() };
         anyhow::ensure!(m.uid() == me, "job_dir {}: owned by uid {}, not by this agent's uid {me} (on NFS with root_squash the agents are not root there: export the job directory to the nodes without squashing root, or use another shared filesystem)", path.display(), m.uid());
         anyhow::ensure!(m.mode() & 0o022 == 0, "job_dir {}: writable by group or others (mode {:o}): users could forge incidents; make it the agents' alone (chmod 0755, owned by the agents' uid on the shared filesystem)", path.display(), m.mode() & 0o7777);
+        // Every directory on the way too, as given and as resolved (redteam4 D-4: under a
+        // parent a user owned, the user swapped job_dir for a directory of theirs whose
+        // `.drains` was a link, and root wrote and pruned files where it pointed).
+        super::spool::check_ancestors(path, me, "job_dir")?;
         Ok(Root {
             path: path.to_path_buf(),
             owner: m.uid(),

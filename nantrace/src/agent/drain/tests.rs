@@ -271,6 +271,11 @@ fn two_agents_racing_for_the_last_slot_get_one() {
     // Old slots go; the record of recent ones stays.
     l.prune(5 + LEDGER_KEEP_HOURS + 1);
     assert!(!l.drained("a"));
+    // Only a slot's own name is pruned (redteam4 D-4: `10-victim.conf` went from the
+    // directory `.drains` pointed to).
+    std::fs::write(f.dir.join(".drains/5-victim.conf"), "{}").unwrap();
+    l.prune(5 + LEDGER_KEEP_HOURS + 1);
+    assert!(f.dir.join(".drains/5-victim.conf").exists());
 }
 
 #[test]

@@ -161,6 +161,26 @@ fn a_claim_without_a_marker_is_passed_alike() {
     assert_eq!((a.as_str(), b.as_str()), ("inc-000002", "inc-000002"));
 }
 
+/// redteam4 D-4: a job directory under a parent a user owns is refused at start (the user
+/// could swap it for their own, whose `.drains` is a link to /etc/...).
+#[test]
+fn a_job_dir_under_a_users_directory_is_refused() {
+    let t = Tmp::new("ancestor");
+    let user = t.0.join("user");
+    std::fs::create_dir_all(user.join("jobs")).unwrap();
+    std::fs::set_permissions(&user, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(user.join("jobs"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // SAFETY: a NUL-terminated path; chown fails without root, and the test then says so.
+    let c = std::ffi::CString::new(user.as_os_str().as_encoded_bytes()).unwrap();
+    if unsafe { libc::chown(c.as_ptr(), 65534, 65534) } != 0 {
+        eprintln!("SKIPPED a_job_dir_under_a_users_directory_is_refused: chown needs root");
+        return;
+    }
+    let e = Root::open(&user.join("jobs")).unwrap_err().to_string();
+    assert!(e.contains("belongs to uid 65534"), "{e}");
+    assert!(Root::open(&t.0).is_ok(), "the agents' own directory is fine");
+}
+
 #[test]
 fn a_job_dir_others_can_write_is_refused() {
     let t = Tmp::new("mode");
