@@ -678,12 +678,20 @@ fn verdict(
             "POSSIBLY THE MACHINE"
         };
         let act = f.action.map(|a| a.to_string());
-        let action = format!(
-            "drain {}{}",
-            s.name,
-            act.as_ref()
-                .map_or(String::new(), |a| format!(", then: {a}"))
-        );
+        // A drain only for PROBABLY (redteam4: "Action: drain" on a POSSIBLY verdict).
+        let action = if f.severity >= 60 {
+            format!(
+                "drain {}{}",
+                s.name,
+                act.as_ref()
+                    .map_or(String::new(), |a| format!(", then: {a}"))
+            )
+        } else {
+            format!(
+                "check {} before its next job (evidence too weak to drain it)",
+                s.name
+            )
+        };
         return (
             format!(
                 "{strength} ({}): {}{what}: {}{}.{support} Action: {action}.{incomplete}",

@@ -204,9 +204,7 @@ impl Ledger {
             if k.is_empty() || !k.bytes().all(|b| b.is_ascii_digit()) {
                 continue;
             }
-            if h.parse::<i64>()
-                .is_ok_and(|h| h < hour - LEDGER_KEEP_HOURS)
-            {
+            if h.parse::<i64>().is_ok_and(|h| h < hour - LEDGER_KEEP_HOURS) {
                 let _ = d.remove(&name);
             }
         }

@@ -162,6 +162,13 @@ fn retransmits_on_one_node_name_it_against_its_peers() {
         "{}",
         r.verdict
     );
+    // Only a PROBABLY verdict says to drain.
+    assert_eq!(
+        r.verdict.starts_with("POSSIBLY"),
+        !r.verdict.contains("Action: drain"),
+        "{}",
+        r.verdict
+    );
 }
 
 #[test]

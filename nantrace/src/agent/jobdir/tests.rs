@@ -169,7 +169,11 @@ fn a_job_dir_under_a_users_directory_is_refused() {
     let user = t.0.join("user");
     std::fs::create_dir_all(user.join("jobs")).unwrap();
     std::fs::set_permissions(&user, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(user.join("jobs"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        user.join("jobs"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     // SAFETY: a NUL-terminated path; chown fails without root, and the test then says so.
     let c = std::ffi::CString::new(user.as_os_str().as_encoded_bytes()).unwrap();
     if unsafe { libc::chown(c.as_ptr(), 65534, 65534) } != 0 {
@@ -178,7 +182,10 @@ fn a_job_dir_under_a_users_directory_is_refused() {
     }
     let e = Root::open(&user.join("jobs")).unwrap_err().to_string();
     assert!(e.contains("belongs to uid 65534"), "{e}");
-    assert!(Root::open(&t.0).is_ok(), "the agents' own directory is fine");
+    assert!(
+        Root::open(&t.0).is_ok(),
+        "the agents' own directory is fine"
+    );
 }
 
 #[test]
