@@ -56,8 +56,10 @@ fn seq_of(id: &str) -> Option<u64> {
         .flatten()
 }
 const MARKER_MAX: u64 = 16 << 10;
-/// Incident directories of one job looked at per poll, at most.
+/// Incident directories of one job looked at per poll, at most: the newest by name.
 const INCIDENTS_MAX: usize = 256;
+/// Entries of one job's directory listed per poll, at most.
+const ENTRIES_MAX: usize = 65_536;
 
 /// The job's name in the job directory: its Slurm job id (`123`, an array task `123_4`, a
 /// heterogeneous component `123+1`), nothing else.
@@ -136,20 +138,20 @@ impl Root {
         let Ok(rd) = std::fs::read_dir(&jd) else {
             return Vec::new();
         };
-        let mut out = Vec::new();
-        for ent in rd.flatten().take(INCIDENTS_MAX) {
-            let Some(name) = ent.file_name().to_str().map(String::from) else {
-                continue;
-            };
-            if name.starts_with('.') {
-                continue;
-            }
-            if let Some(v) = self.marker(job, &name) {
-                out.push((name, v));
-            }
-        }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
+        // The newest INCIDENTS_MAX names (numbered incidents sort by number), chosen before
+        // any is read: junk entries first in the listing do not hide a marker (redteam4 D-13).
+        let mut names: Vec<String> = rd
+            .flatten()
+            .take(ENTRIES_MAX)
+            .filter_map(|e| e.file_name().to_str().map(String::from))
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        names.sort();
+        let newest = names.split_off(names.len().saturating_sub(INCIDENTS_MAX));
+        newest
+            .into_iter()
+            .filter_map(|name| self.marker(job, &name).map(|v| (name, v)))
+            .collect()
     }
 
     /// The marker of incident `id` of `job`, when it can be trusted: a plain file of the

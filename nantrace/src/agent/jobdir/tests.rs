@@ -188,6 +188,28 @@ fn a_job_dir_under_a_users_directory_is_refused() {
     );
 }
 
+/// redteam4 D-13: 3000 entries without a marker listed before the real incident do not hide
+/// it, and the walk to a new number starts past them.
+#[test]
+fn junk_entries_do_not_hide_a_marker() {
+    let t = Tmp::new("junk");
+    let root = Root::open(&t.0).unwrap();
+    let now = 1_796_000_000_000_000_000i128;
+    let a = root.open_incident("8", "n1", "nan", "x", now).unwrap();
+    let jd = root.job("8").unwrap();
+    for i in 0..3000 {
+        jd.create_subdir(&format!("0junk-{i:05}")).unwrap();
+    }
+    let incs = root.incidents("8");
+    assert_eq!(incs.len(), 1, "the marker is found");
+    assert_eq!(incs[0].0, a);
+    assert_eq!(
+        root.open_incident("8", "n2", "nan", "x", now + 1_000_000_000)
+            .unwrap(),
+        a
+    );
+}
+
 #[test]
 fn a_job_dir_others_can_write_is_refused() {
     let t = Tmp::new("mode");
