@@ -493,11 +493,16 @@ pub fn implicated_gpus(a: &Analysis, snapshot: &Value) -> Vec<(String, Option<St
         .as_array()
         .map_or(&[][..], Vec::as_slice);
     let mut out: Vec<(String, Option<String>)> = Vec::new();
-    for f in a
-        .suspects
-        .iter()
-        .filter(|f| f.family == Family::Gpu && !rules::is_job_words(f.signal))
-    {
+    for f in a.suspects.iter().filter(|f| {
+        f.family == Family::Gpu
+                && !rules::is_job_words(f.signal)
+                // The GPU's own hardware only (redteam4 D-6): an Xid NVIDIA lists as possibly
+                // the application's, a power cap, a corrected ECC error are not a fault of it.
+                && !matches!(
+                    f.signal,
+                    "xid_app_possible" | "gpu_power_cap" | "ecc_corrected"
+                )
+    }) {
         for c in PCI.captures_iter(&f.text) {
             let pci = c[1].to_ascii_lowercase();
             if out.len() < 16 && !out.iter().any(|(p, _)| *p == pci) {

@@ -519,6 +519,30 @@ fn an_evicted_class_makes_the_window_incomplete() {
     assert!(!a.verdict.contains("10 minutes"), "{}", a.verdict);
 }
 
+/// redteam4 D-6: the incident history implicates a GPU on its hardware's faults only: an Xid
+/// NVIDIA lists as possibly the application's (13, 31, 43) is not one; an Xid 79 is.
+#[test]
+fn only_hardware_faults_implicate_a_gpu_in_the_history() {
+    let s = Scenario::healthy();
+    let snap = s.snapshot.clone();
+    let a = s.with(kmsg(-2.0, "NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address")).analyze();
+    assert!(a.suspects.iter().any(|f| f.signal == "xid_app_possible"));
+    assert!(super::implicated_gpus(&a, &snap).is_empty());
+    let a = Scenario::healthy()
+        .with(kmsg(
+            -2.0,
+            "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus.",
+        ))
+        .analyze();
+    assert_eq!(
+        super::implicated_gpus(&a, &snap)
+            .into_iter()
+            .map(|g| g.0)
+            .collect::<Vec<_>>(),
+        ["0000:3b:00.0"]
+    );
+}
+
 #[test]
 fn an_xid_nvidia_lists_as_possibly_the_applications_says_so() {
     let a = Scenario::healthy().with(kmsg(-2.0, "NVRM: Xid (PCI:0000:3b:00): 31, pid=4242, name=python3, Ch 00000010, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f2d_1a000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ")).analyze();
