@@ -55,12 +55,19 @@ pub(super) fn measures(view: &Value) -> BTreeMap<&'static str, f64> {
             v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min)
         })
     };
-    for (name, k) in [
-        ("gpu_power_w_mean", "power_w"),
-        ("gpu_sm_clock_mhz_mean", "sm_clock_mhz"),
-        ("gpu_temp_c_mean", "temp_c"),
+    // What a GPU can report (redteam4 D-9: one bundle's 1e6 W made both healthy peers stand
+    // out below half "the median"): a node with a value outside is not compared on it.
+    for (name, k, lo, hi) in [
+        ("gpu_power_w_mean", "power_w", 0.0, 2000.0),
+        ("gpu_sm_clock_mhz_mean", "sm_clock_mhz", 0.0, 5000.0),
+        ("gpu_temp_c_mean", "temp_c", -40.0, 150.0),
     ] {
-        if let Some(x) = mean(&series(k)) {
+        let v = series(k);
+        if v.iter().any(|x| !(lo..=hi).contains(x)) {
+            crate::say!("nantrace: WARNING: a node's GPU {k} samples lie outside {lo}..{hi} (no GPU reports that): it is not compared with its peers on them");
+            continue;
+        }
+        if let Some(x) = mean(&v) {
             m.insert(name, x);
         }
     }

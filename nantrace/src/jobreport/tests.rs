@@ -539,3 +539,23 @@ fn a_nodes_two_dumps_keep_the_job_sockets_of_either() {
     assert_eq!(r.node.as_deref(), Some("n2"), "{}", r.verdict);
     assert_eq!(r.family, "network", "{}", r.verdict);
 }
+
+/// redteam4 D-9: one bundle's impossible GPU samples (1e6 W) do not make its two healthy
+/// peers stand out below half "the median".
+#[test]
+fn impossible_gpu_samples_are_not_compared() {
+    let m = |w: f64| {
+        let mut b = BTreeMap::new();
+        let view = json!({ "events": (0..10).map(|i| json!({ "offset_s": -(i as f64), "source": "gpu", "power_w": w })).collect::<Vec<_>>() });
+        b.extend(super::peers::measures(&view));
+        b
+    };
+    let o = outliers(&[
+        ("n1".into(), m(250.0)),
+        ("n2".into(), m(251.0)),
+        ("n3".into(), m(1e6)),
+    ]);
+    assert!(o.is_empty(), "{o:?}");
+    assert!(!m(1e6).contains_key("gpu_power_w_mean"));
+    assert_eq!(m(250.0).get("gpu_power_w_mean"), Some(&250.0));
+}
