@@ -559,3 +559,41 @@ fn impossible_gpu_samples_are_not_compared() {
     assert!(!m(1e6).contains_key("gpu_power_w_mean"));
     assert_eq!(m(250.0).get("gpu_power_w_mean"), Some(&250.0));
 }
+
+/// redteam4 D-8, its cheap part: directories of hard links to one bundle are read once.
+#[test]
+fn hard_linked_copies_of_a_bundle_are_read_once() {
+    let d = std::env::temp_dir().join(format!("nantrace-jobreport-links-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    let n = node(
+        "n1",
+        [healthy("n1", true), vec![nan_line()]].concat(),
+        0.0,
+        true,
+        "n1",
+    );
+    std::fs::create_dir_all(d.join("n1")).unwrap();
+    std::fs::write(
+        d.join("n1/timeline.json"),
+        serde_json::to_vec(&n.timeline).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("n1/snapshot.json"),
+        serde_json::to_vec(&n.snapshot).unwrap(),
+    )
+    .unwrap();
+    for i in 0..5 {
+        let c = d.join(format!("copy{i}"));
+        std::fs::create_dir_all(&c).unwrap();
+        std::fs::hard_link(d.join("n1/timeline.json"), c.join("timeline.json")).unwrap();
+    }
+    let (_, _, nodes) = from_dir(&d).unwrap();
+    assert_eq!(nodes.len(), 1);
+    assert!(
+        nodes[0].timeline.get("bundles").is_none(),
+        "one bundle read, not six merged: {:?}",
+        nodes[0].timeline.get("bundles")
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
