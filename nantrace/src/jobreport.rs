@@ -158,7 +158,10 @@ pub fn from_dir(dir: &Path) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
             }
         }
         match crate::merge::load(d) {
-            Ok(n) => nodes.push(n),
+            Ok(n) => match bound_to_its_directory(&n) {
+                Ok(()) => nodes.push(n),
+                Err(why) => crate::say!("nantrace: WARNING: {}: not read: {why}", d.display()),
+            },
             Err(e) => crate::say!("nantrace: WARNING: {}: not read: {e:#}", d.display()),
         }
     }
@@ -172,6 +175,42 @@ pub fn from_dir(dir: &Path) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
     let merged = crate::merge::merge(&mut nodes);
     let r = build(&merged, &nodes);
     Ok((r, merged, nodes))
+}
+
+/// A bundle in an incident of a job directory sits where its node's agent put it,
+/// `<incident>/<host>[-N]/`: one whose claimed host differs from its directory's name was not
+/// put there by that host's agent (redteam4 D-3: a directory `n3-3` claiming host n1 blamed
+/// n1). Bundles elsewhere (copied by hand) are not bound to a name.
+fn bound_to_its_directory(n: &Node) -> Result<(), String> {
+    let Some(parent) = n.dir.parent() else {
+        return Ok(());
+    };
+    if !parent.join("INCIDENT.json").is_file() {
+        return Ok(());
+    }
+    let name = n
+        .dir
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let claimed = crate::safefs::sanitize(
+        n.timeline["host"]["hostname"].as_str().unwrap_or(""),
+        "host",
+    );
+    // `<host>`, or `<host>-N` for its second and later dumps (a host may end in -12 itself).
+    let ours = name == claimed
+        || name
+            .strip_prefix(claimed.as_str())
+            .and_then(|r| r.strip_prefix('-'))
+            .is_some_and(|k| !k.is_empty() && k.bytes().all(|c| c.is_ascii_digit()));
+    if ours {
+        Ok(())
+    } else {
+        Err(format!(
+            "it claims host {:?} but lies in {name:?} of an incident: only that host's agent puts a bundle under its name",
+            crate::term::clean(&claimed)
+        ))
+    }
 }
 
 /// A node that dumped twice in one incident (the job-wide dump another node asked for, then

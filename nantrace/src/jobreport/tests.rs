@@ -597,3 +597,58 @@ fn hard_linked_copies_of_a_bundle_are_read_once() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// redteam4 D-3: in an incident of a job directory, a bundle lies under its host's name (its
+/// agent put it there): one whose claimed host differs from its directory is not read.
+#[test]
+fn a_bundle_claiming_another_host_than_its_directory_is_not_read() {
+    let d = std::env::temp_dir().join(format!("nantrace-jobreport-bound-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("INCIDENT.json"), "{}").unwrap();
+    let put = |dir: &str, host: &str, events: Vec<Value>, nan: bool| {
+        let n = node(host, events, 0.0, nan, "n[1-3]");
+        std::fs::create_dir_all(d.join(dir)).unwrap();
+        std::fs::write(
+            d.join(dir).join("timeline.json"),
+            serde_json::to_vec(&n.timeline).unwrap(),
+        )
+        .unwrap();
+        std::fs::write(
+            d.join(dir).join("snapshot.json"),
+            serde_json::to_vec(&n.snapshot).unwrap(),
+        )
+        .unwrap();
+    };
+    put(
+        "n1",
+        "n1",
+        [healthy("n1", true), vec![nan_line()]].concat(),
+        true,
+    );
+    put("n2", "n2", healthy("n2", false), false);
+    put(
+        "gpu-node-12",
+        "gpu-node-12",
+        healthy("gpu-node-12", false),
+        false,
+    );
+    put(
+        "gpu-node-12-2",
+        "gpu-node-12",
+        healthy("gpu-node-12", false),
+        false,
+    );
+    // n3's root writes a bundle claiming n1, with an Xid.
+    let mut forged = healthy("n1", false);
+    forged.push(xid(
+        -3.0,
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python, GPU has fallen off the bus.",
+    ));
+    put("n3-3", "n1", forged, false);
+    let (r, _, nodes) = from_dir(&d).unwrap();
+    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(!r.verdict.contains("Xid 79"), "{}", r.verdict);
+    let _ = std::fs::remove_dir_all(&d);
+}
