@@ -148,18 +148,24 @@ pub fn from_dir(dir: &Path) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
     let mut files = BTreeSet::new();
     for d in &dirs {
         use std::os::unix::fs::MetadataExt as _;
-        if let Ok(m) = std::fs::symlink_metadata(d.join("timeline.json")) {
-            if !files.insert((m.dev(), m.ino())) {
-                crate::say!(
-                    "nantrace: WARNING: {}: its timeline.json is a file already read (a hard link): skipped",
-                    d.display()
-                );
-                continue;
-            }
+        let file = std::fs::symlink_metadata(d.join("timeline.json"))
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
+        if file.is_some_and(|f| files.contains(&f)) {
+            crate::say!(
+                "nantrace: WARNING: {}: its timeline.json is a file already read (a hard link): skipped",
+                d.display()
+            );
+            continue;
         }
         match crate::merge::load(d) {
             Ok(n) => match bound_to_its_directory(&n) {
-                Ok(()) => nodes.push(n),
+                Ok(()) => {
+                    // Recorded once accepted: a refused link under a wrong name does not
+                    // hide the same file under its node's own name.
+                    files.extend(file);
+                    nodes.push(n);
+                }
                 Err(why) => crate::say!("nantrace: WARNING: {}: not read: {why}", d.display()),
             },
             Err(e) => crate::say!("nantrace: WARNING: {}: not read: {e:#}", d.display()),
@@ -285,7 +291,12 @@ fn one_per_host(nodes: Vec<Node>) -> Vec<Node> {
                 .chain(std::iter::once(&last.snapshot)),
         );
         first.snapshot = last.snapshot;
-        if !sockets.is_empty() {
+        // A bundle's snapshot is its node's claim: anything but an object of objects is
+        // left as it is (indexing a non-object would panic).
+        if !sockets.is_empty()
+            && first.snapshot.is_object()
+            && (first.snapshot["network"].is_object() || first.snapshot["network"].is_null())
+        {
             first.snapshot["network"]["job_sockets"] = Value::Array(sockets);
         }
         out.push(first);
@@ -560,6 +571,10 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
     }
     let steps: Vec<f64> = by_step.into_values().chain(unnumbered).collect();
     let first_failure = crate::report::order::first_cause_in(logs(), &steps);
+    let hang = JobHang::read(merged, &summaries, nan_off)
+        // A hang that only began after the job's first NaN is what the NaN did (rank 0
+        // stopped and the others waited): the NaN is the answer.
+        .filter(|h| !merged["first_nan"].is_object() || h.first_rel_s <= 0.0);
     let (verdict, family, node, gpu, action) = verdict(
         &summaries,
         &outl,
@@ -570,6 +585,7 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
             has_nan: merged["first_nan"].is_object(),
             first_failure: first_failure.as_ref(),
             steps: &steps,
+            hang: hang.as_ref(),
         },
     );
     JobReport {
@@ -612,6 +628,151 @@ struct Explained<'a> {
     has_nan: bool,
     first_failure: Option<&'a crate::report::Order>,
     steps: &'a [f64],
+    /// What the ranks' watchdog lines say of a hung collective, over every node.
+    hang: Option<&'a JobHang>,
+}
+
+/// A hung collective across the job's nodes (`report::hang`), with each rank's node.
+struct JobHang {
+    hang: crate::report::hang::Hang,
+    /// rank -> node, from each bundle's ranks (its processes' RANK), else from the node whose
+    /// bundle alone holds the rank's lines (every node may read a shared output file).
+    node_of: BTreeMap<u32, String>,
+    /// The first watchdog line, against the job's first NaN (or its first trigger).
+    first_rel_s: f64,
+}
+
+impl JobHang {
+    fn read(merged: &Value, nodes: &[NodeSummary], nan_off: f64) -> Option<JobHang> {
+        let dist = |n: &NodeSummary| n.job["identity"]["distributed"].clone();
+        let world = nodes
+            .iter()
+            .filter_map(|n| dist(n)["world_size"].as_u64())
+            .max()
+            .and_then(|w| u32::try_from(w).ok());
+        let events = merged["events"].as_array()?;
+        let lines = events
+            .iter()
+            .filter(|e| e["source"] == "log")
+            .filter_map(|e| Some((e["node"].as_str(), e["line"].as_str()?)));
+        let hang = crate::report::hang::judge(lines, world, None)?;
+        let mut node_of: BTreeMap<u32, String> = BTreeMap::new();
+        for n in nodes {
+            for r in dist(n)["ranks"].as_array().into_iter().flatten() {
+                if let Some(r) = r["rank"].as_u64().and_then(|r| u32::try_from(r).ok()) {
+                    node_of.entry(r).or_insert_with(|| n.name.clone());
+                }
+            }
+        }
+        // Ranks no bundle claims: the node whose bundle alone printed their lines.
+        let mut printed: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
+        let mut first_rel_s = f64::INFINITY;
+        for e in events.iter().filter(|e| e["source"] == "log") {
+            if let (Some(node), Some(line)) = (e["node"].as_str(), e["line"].as_str()) {
+                let Some(p) = crate::joblog::watchdog::parse(line) else {
+                    continue;
+                };
+                if let Some(t) = e["offset_s"].as_f64() {
+                    first_rel_s = first_rel_s.min(t - nan_off);
+                }
+                if let Some(r) = p.rank {
+                    if printed.len() < 65_536 || printed.contains_key(&r) {
+                        printed.entry(r).or_default().insert(node);
+                    }
+                }
+            }
+        }
+        for (r, at) in printed {
+            if at.len() == 1 {
+                node_of
+                    .entry(r)
+                    .or_insert_with(|| at.into_iter().next().unwrap_or_default().to_string());
+            }
+        }
+        Some(JobHang {
+            hang,
+            node_of,
+            first_rel_s,
+        })
+    }
+
+    fn sentence(&self) -> String {
+        self.hang.sentence(&|r| self.node_of.get(&r).cloned())
+    }
+
+    /// The one node the named ranks ran on.
+    fn node(&self) -> Option<String> {
+        let nodes: BTreeSet<&String> = self
+            .hang
+            .ranks
+            .iter()
+            .filter_map(|r| self.node_of.get(r))
+            .collect();
+        (nodes.len() == 1)
+            .then(|| nodes.into_iter().next().cloned())
+            .flatten()
+    }
+
+    /// The verdict for a hang no machine fault explains: never "look at the model side".
+    fn verdict(&self, incomplete: &str) -> Verdict {
+        use crate::report::hang::Kind;
+        let label = crate::report::rules::Family::Hang.label();
+        let node = self.node();
+        let s = self.sentence();
+        let at = node
+            .as_deref()
+            .map_or_else(|| "the named ranks".to_string(), |n| format!("{n}'s"));
+        match self.hang.kind {
+            Kind::Mismatch => (
+                format!("NOT THE MACHINE ({}): {s}; no node with a hardware, kernel, system or network fault in the window.{incomplete}", crate::report::rules::Family::Software.label()),
+                crate::report::rules::Family::Software.label().into(),
+                None,
+                None,
+                None,
+            ),
+            Kind::GpuSide => {
+                let action = format!("check {at} GPU and links (rank {}) before its next job; nothing to drain on the job's words alone", crate::report::hang::rank_list(&self.hang.ranks));
+                (
+                    format!("POSSIBLY THE MACHINE ({label}): {s}; no hardware, kernel, system or network fault on any node in the window. Action: {action}.{incomplete}"),
+                    label.into(),
+                    node,
+                    None,
+                    Some(action),
+                )
+            }
+            Kind::CpuSide | Kind::Silent => {
+                let action = format!("look at what rank {} on {} was doing (its stacks while it hangs: py-spy dump --pid)", crate::report::hang::rank_list(&self.hang.ranks), node.as_deref().unwrap_or("its node"));
+                let sw = crate::report::rules::Family::Software.label();
+                (
+                    format!("NOT THE MACHINE ({sw}), most likely: {s}; no hardware, kernel, system, storage or network fault on any node in the window: the job's side ({}). Action: {action}.{incomplete}", crate::report::hang::JOBS_SIDE_CAVEAT),
+                    sw.into(),
+                    node,
+                    None,
+                    Some(action),
+                )
+            }
+            Kind::Reported | Kind::BeforeFirst => {
+                let action = match self.hang.kind {
+                    Kind::BeforeFirst => "look at the job's rendezvous and process-group init (MASTER_ADDR, ports, every rank started)".to_string(),
+                    _ => format!("look at what rank {} on {} was doing (its stacks while it hangs: py-spy dump --pid)", crate::report::hang::rank_list(&self.hang.ranks), node.as_deref().unwrap_or("its node")),
+                };
+                (
+                    format!("UNDECIDED ({label}): {s}; no hardware, kernel, system or network fault on any node in the window. Action: {action}.{incomplete}"),
+                    label.into(),
+                    node,
+                    None,
+                    Some(action),
+                )
+            }
+            Kind::Unnamed => (
+                format!("UNDECIDED ({label}): {s}; no hardware, kernel, system or network fault on any node in the window.{incomplete}"),
+                label.into(),
+                None,
+                None,
+                None,
+            ),
+        }
+    }
 }
 
 fn verdict(
@@ -626,6 +787,7 @@ fn verdict(
         has_nan,
         first_failure,
         steps,
+        hang,
     } = *explained;
     let incomplete = if missing.is_empty() {
         String::new()
@@ -744,9 +906,12 @@ fn verdict(
                 s.name
             )
         };
+        let hung = hang
+            .filter(|h| h.hang.named())
+            .map_or(String::new(), |h| format!(" The hang: {}.", h.sentence()));
         return (
             format!(
-                "{strength} ({}): {}{what}: {}{}.{support} Action: {action}.{incomplete}",
+                "{strength} ({}): {}{what}: {}{}.{support}{hung} Action: {action}.{incomplete}",
                 f.family.label(),
                 s.name,
                 f.text,
@@ -757,6 +922,10 @@ fn verdict(
             gpu,
             Some(action),
         );
+    }
+    // A hang the ranks' lines locate comes before a node that merely stands out.
+    if let Some(h) = hang.filter(|h| h.hang.named()) {
+        return h.verdict(&incomplete);
     }
     if let Some(o) = outliers
         .iter()
@@ -804,15 +973,30 @@ fn verdict(
                 .split_once("): ")
                 .map_or(s.verdict.as_str(), |x| x.1)
         )
+    } else if let Some(h) = hang {
+        // A hang whose lines name no rank: what is missing, never "the model side".
+        return h.verdict(&incomplete);
+    } else if !has_nan
+        && nodes
+            .iter()
+            .any(|s| s.family == crate::report::rules::Family::Hang.label())
+    {
+        format!("UNDECIDED ({}): the job's output reports a collective hang, and no rank's watchdog counters are in the bundles read (which rank stopped cannot be read from its lines); no node with a hardware, kernel, system or network fault in the window", crate::report::rules::Family::Hang.label())
     } else if !undecided.is_empty() {
         format!("CANNOT TELL for {}: no kernel events or GPU health there; the other {} node(s) show no machine fault", undecided.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", "), n - undecided.len())
     } else {
         format!("NOT THE MACHINE, as far as nantrace can see: {n} node{} alike, none with a hardware, kernel, system or network fault in the window, no node standing out from its peers. Look at the model side: learning rate, data, precision", if n == 1 { "" } else { "s" })
     };
+    let hung = !has_nan
+        && nodes
+            .iter()
+            .any(|s| s.family == crate::report::rules::Family::Hang.label());
     let family = sw
         .first()
         .map_or(
-            if undecided.is_empty() {
+            if hung {
+                crate::report::rules::Family::Hang.label()
+            } else if undecided.is_empty() {
                 "none"
             } else {
                 "unknown"
@@ -988,6 +1172,8 @@ pub use hostlist::expand_hostlist;
 use peers::{measures, MEASURES};
 pub use peers::{outliers, PEER_AFTER_S, PEER_BEFORE_S};
 
+#[cfg(test)]
+mod hang_tests;
 #[cfg(test)]
 mod order_tests;
 #[cfg(test)]

@@ -38,8 +38,9 @@ pub const JOIN_WINDOW_S: f64 = 120.0;
 pub const POLL: Duration = Duration::from_millis(500);
 
 const MARKER: &str = "INCIDENT.json";
-/// How long a claimed incident's marker is waited for.
-const MARKER_WAIT: Duration = Duration::from_secs(5);
+/// How long a just-claimed incident's marker is waited for before its directory's time
+/// stands for it.
+const MARKER_WAIT: Duration = Duration::from_secs(2);
 /// Incident numbers tried by one trigger at most.
 const SEQ_WALK_MAX: u64 = 100_000;
 
@@ -174,10 +175,11 @@ impl Root {
     /// timing: incidents are numbered (`inc-000001`, ...) and claimed by `mkdir`, which
     /// reaches the server on every shared filesystem (a directory listing does not: NFS's
     /// attribute cache hides new entries for up to `acdirmin`). From the highest number this
-    /// node can see, each number is tried in turn: the `mkdir` that succeeds opens the
-    /// incident (and writes its marker); on `EEXIST` the number's marker is read, and the
-    /// trigger joins it when it is within [`JOIN_WINDOW_S`], else tries the next. Nodes that
-    /// trigger at one moment all walk the same numbers and stop at the same one.
+    /// node can see within [`JOIN_WINDOW_S`] (else the highest), each number is tried in
+    /// turn: the `mkdir` that succeeds opens the incident (and writes its marker); on
+    /// `EEXIST` the number's marker is read (or, when none can be seen, the directory's
+    /// time), and the trigger joins it when it is within the window, else tries the next.
+    /// Nodes that trigger at one moment all walk the same numbers and stop at the same one.
     /// An agent of an earlier version names incidents `<time>-<host>` and finds them by
     /// listing: while one it opened is seen within the window, the earliest incident within
     /// the window is joined, as those agents settle.
@@ -207,10 +209,15 @@ impl Root {
             }
         }
         let host = safefs::sanitize(host, "host");
+        // From the lowest number within the window this node can see (two incidents within
+        // it: the earlier is the one every node reaches, whatever it lists), else from the
+        // highest (the numbers below are over).
         let mut n = listed
             .iter()
+            .filter(|(_, v)| within(v))
             .filter_map(|(id, _)| seq_of(id))
-            .max()
+            .min()
+            .or_else(|| listed.iter().filter_map(|(id, _)| seq_of(id)).max())
             .unwrap_or(1);
         for _ in 0..SEQ_WALK_MAX {
             let id = seq_name(n);
@@ -227,12 +234,23 @@ impl Root {
                     return Ok(id);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    match self.await_marker(job, &id) {
-                        Some(v) if within(&v) => return Ok(id),
-                        // Over (another incident of the job), or a claim whose opener
-                        // died before its marker: every node passes it alike.
-                        _ => n += 1,
+                    let joined = match self.await_marker(job, &id) {
+                        Some(v) => within(&v),
+                        // No marker to be seen in MARKER_WAIT: its opener is slow to write
+                        // it, or this node's NFS client cached the marker's absence (a negative
+                        // lookup, kept until the directory's attributes are revalidated:
+                        // acdirmin, 30 s by default), or the opener died in between. The
+                        // claimed directory's own time says which: made within the window,
+                        // it is this incident for every node, whether it sees the marker
+                        // or not; older, it is passed alike.
+                        None => self
+                            .claimed_at(job, &id)
+                            .is_some_and(|t| (now_ns - t).abs() as f64 <= JOIN_WINDOW_S * 1e9),
+                    };
+                    if joined {
+                        return Ok(id);
                     }
+                    n += 1;
                 }
                 Err(e) => return Err(e),
             }
@@ -243,7 +261,7 @@ impl Root {
     }
 
     /// The marker of an incident another node has just claimed: it writes it right after
-    /// its `mkdir`, so it is waited for a little.
+    /// its `mkdir`, so it is waited for a little (then the directory's time stands for it).
     fn await_marker(&self, job: &str, id: &str) -> Option<Value> {
         let t0 = std::time::Instant::now();
         loop {
@@ -255,6 +273,17 @@ impl Root {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// When incident directory `id` of `job` was claimed (its modification time, wall
+    /// clock, ns), when it is the agents'.
+    fn claimed_at(&self, job: &str, id: &str) -> Option<i128> {
+        let d = self.path.join(job).join(id);
+        if !self.trusted_dir(&d) {
+            return None;
+        }
+        let m = std::fs::symlink_metadata(&d).ok()?;
+        Some(i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()))
     }
 
     /// The incident the job's nodes agree on for `id`. A numbered incident is already the

@@ -497,3 +497,4 @@ impl Reader {
 
 #[cfg(test)]
 mod tests;
+pub mod watchdog;

@@ -540,6 +540,26 @@ fn a_nodes_two_dumps_keep_the_job_sockets_of_either() {
     assert_eq!(r.family, "network", "{}", r.verdict);
 }
 
+/// A bundle's snapshot is its node's claim: a later dump whose snapshot (or its network part)
+/// is not an object is kept as it is, never indexed into (that panicked).
+#[test]
+fn a_second_dump_with_a_malformed_snapshot_does_not_panic() {
+    for bad in [json!([1, 2]), json!({ "network": "down" }), json!("x")] {
+        let e1 = [healthy("n1", true), vec![nan_line()]].concat();
+        let mut at_nan = node("n1", e1.clone(), 0.0, true, "n[1-2]");
+        sockets(&mut at_nan, 1, &[2]);
+        let mut at_exit = node("n1", e1, 2.0, false, "n[1-2]");
+        at_exit.snapshot = bad.clone();
+        at_exit.dir = PathBuf::from("/jobs/4711/inc/n1-2");
+        let n2 = node("n2", healthy("n2", false), 0.4, false, "n[1-2]");
+        let mut nodes = one_per_host(vec![at_nan, at_exit, n2]);
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(nodes[0].snapshot, bad, "the newest snapshot kept as it is");
+        let merged = crate::merge::merge(&mut nodes);
+        let _ = build(&merged, &nodes);
+    }
+}
+
 /// redteam4 D-9: one bundle's impossible GPU samples (1e6 W) do not make its two healthy
 /// peers stand out below half "the median".
 #[test]

@@ -2,6 +2,7 @@
 //! Ranked suspects come from the signal table in [`rules`]; when nothing fires, the report says
 //! so plainly and lists what was checked.
 pub(crate) mod detect;
+pub mod hang;
 pub mod order;
 pub use order::Order;
 mod render;
@@ -527,6 +528,70 @@ pub fn implicated_gpus(a: &Analysis, snapshot: &Value) -> Vec<(String, Option<St
 /// THE MACHINE: nantrace never says "not the machine" while the machine spoke. Without one,
 /// the job's own software or GPU-memory-limit error is named, then an unexplained hang; only
 /// with none of these, and with eyes (probes or NVML), "NOT THE MACHINE as far as nantrace can see".
+/// A collective hang with no machine fault in view: the ranks' watchdog lines say which rank
+/// stopped, where they can (`hang`); else the rank that stopped is on another node.
+fn hang_verdict(top: &Finding, timeline: &Value) -> (String, String) {
+    let dist = &timeline["job"]["identity"]["distributed"];
+    let world = dist["world_size"]
+        .as_u64()
+        .and_then(|w| u32::try_from(w).ok());
+    // This node's ranks, when its bundle says them: another node's ranks print nothing here.
+    let local: Option<BTreeSet<u32>> = dist["ranks"].as_array().map(|a| {
+        a.iter()
+            .filter_map(|r| r["rank"].as_u64().and_then(|r| u32::try_from(r).ok()))
+            .collect()
+    });
+    let lines = timeline["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["source"] == "log")
+        .filter_map(|e| e["line"].as_str())
+        .map(|l| (None, l));
+    let label = top.family.label().to_string();
+    match hang::judge(lines, world, local.as_ref()) {
+        Some(h) if h.kind == hang::Kind::Mismatch => (
+            format!(
+                "NOT THE MACHINE ({}): {}; no GPU, network or host fault on this node in the window",
+                Family::Software.label(),
+                h.sentence(&|_| None)
+            ),
+            Family::Software.label().to_string(),
+        ),
+        Some(h) if h.jobs_side() => (
+            format!(
+                "NOT THE MACHINE ({}), most likely: {}; no GPU, network, storage or host fault on this node in the window: the job's side ({}). Take that rank's stacks while it hangs (py-spy dump --pid)",
+                Family::Software.label(),
+                h.sentence(&|_| None),
+                hang::JOBS_SIDE_CAVEAT
+            ),
+            Family::Software.label().to_string(),
+        ),
+        Some(h) if h.named() => (
+            format!(
+                "UNDECIDED ({label}): {}. No GPU, network or host fault on this node in the window: look at that rank (its stacks while it hangs: py-spy dump --pid)",
+                h.sentence(&|_| None)
+            ),
+            label,
+        ),
+        Some(h) => (
+            format!(
+                "UNDECIDED ({label}): {}; {}. No GPU, network or host fault on this node in the window: the rank that stopped is elsewhere; merge the other nodes' bundles (nantrace report on the job's incident)",
+                top.text,
+                h.sentence(&|_| None)
+            ),
+            label,
+        ),
+        None => (
+            format!(
+                "UNDECIDED ({label}): {}. No GPU, network or host fault on this node in the window: the rank that stopped is elsewhere; merge the other nodes' bundles (nantrace merge)",
+                top.text
+            ),
+            label,
+        ),
+    }
+}
+
 fn verdict(
     suspects: &[Finding],
     timeline: &Value,
@@ -651,7 +716,7 @@ fn verdict(
         );
     }
     if let Some(top) = first(&|s| s.family == Family::Hang && !s.consequence) {
-        return (format!("UNDECIDED ({}): {}. No GPU, network or host fault on this node in the window: the rank that stopped is elsewhere; merge the other nodes' bundles (nantrace merge)", top.family.label(), top.text), label(top));
+        return hang_verdict(top, timeline);
     }
     let acc = &timeline["accounting"];
     let probes = acc["probes_attached"]

@@ -444,6 +444,43 @@ fn a_hang_alone_is_undecided_and_generic_lines_give_way_to_specific_ones() {
     );
 }
 
+/// One node's eight ranks hung in one collective: their own counters say which rank never
+/// enqueued it (rank 5), and the node's verdict names it; two ranks on one collective with
+/// different operations are the job's code.
+#[test]
+fn a_nodes_ranks_counters_name_the_rank_that_stopped() {
+    let mut s = Scenario::healthy();
+    for r in 0..8 {
+        let line = if r == 5 {
+            // Nothing in flight, so no timeout of its own: it dumps on rank 0's signal.
+            "[rank5]:[E1202 04:54:04.0 ProcessGroupNCCL.cpp:1590] [PG ID 0 PG GUID 0(default_pg) Rank 5] Received a dump signal due to a collective timeout from rank 0 and we will try our best to dump the debug info. Last enqueued NCCL work: 41, last completed NCCL work: 41.".to_string()
+        } else {
+            format!("[rank{r}]:[E1202 04:54:03.1 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank {r}] Exception (either an error or timeout) detected by watchdog at work: 42, last enqueued NCCL work: 42, last completed NCCL work: 41.")
+        };
+        s = s.with(job_line(-1.0 + f64::from(r) * 0.01, &line));
+    }
+    let a = s.analyze();
+    assert!(
+        a.verdict.starts_with(
+            "NOT THE MACHINE (software/configuration), most likely: rank 5 stopped first: it never enqueued collective 42 (PG 0)"
+        ),
+        "{}",
+        a.verdict
+    );
+    assert!(a.verdict.contains("py-spy dump --pid"), "{}", a.verdict);
+    let b = Scenario::healthy()
+        .with(job_line(-1.0, "[rank0]:[E ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=4096, NumelOut=4096, Timeout(ms)=600000) ran for 600012 milliseconds before timing out."))
+        .with(job_line(-1.0, "[rank1]:[E ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=2048, NumelOut=2048, Timeout(ms)=600000) ran for 600013 milliseconds before timing out."))
+        .analyze();
+    assert!(
+        b.verdict.starts_with(
+            "NOT THE MACHINE (software/configuration): the ranks disagree on collective 9"
+        ),
+        "{}",
+        b.verdict
+    );
+}
+
 #[test]
 fn a_process_named_like_a_kernel_message_forges_nothing() {
     // Redteam 3.5: a uid-65534 process renamed `EDAC MC0: 1 UE` crashes.

@@ -161,6 +161,52 @@ fn a_claim_without_a_marker_is_passed_alike() {
     assert_eq!((a.as_str(), b.as_str()), ("inc-000002", "inc-000002"));
 }
 
+/// A claim made just now whose marker this node cannot see (the opener is slow to write it,
+/// or an NFS client cached its absence) is joined by its directory's time after a short
+/// wait: the node does not pass the number and open a second incident of the job.
+#[test]
+fn a_fresh_claim_without_a_visible_marker_is_joined_by_its_time() {
+    let t = Tmp::new("fresh");
+    let root = Root::open(&t.0).unwrap();
+    root.job("6").unwrap().create_subdir("inc-000001").unwrap();
+    let now = crate::clock::realtime_ns();
+    let t0 = std::time::Instant::now();
+    let a = root.open_incident("6", "n1", "nan", "x", now).unwrap();
+    assert_eq!(a, "inc-000001");
+    assert!(
+        t0.elapsed() < MARKER_WAIT + std::time::Duration::from_secs(2),
+        "a short wait for the marker at most: {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        root.marker("6", "inc-000001").is_none(),
+        "the joiner writes no marker of its own"
+    );
+}
+
+/// Two incidents within one window (a node passed a number under an earlier protocol): a
+/// new trigger joins the lower, the one a node that lists neither reaches by walking up.
+#[test]
+fn of_two_incidents_within_the_window_the_lower_is_joined() {
+    let t = Tmp::new("two");
+    let root = Root::open(&t.0).unwrap();
+    let now = 1_796_000_000_000_000_000i128;
+    let a = root.open_incident("8", "n1", "nan", "x", now).unwrap();
+    assert_eq!(a, "inc-000001");
+    // A second incident within the window, as a node that passed inc-000001 made it.
+    let d = root.job("8").unwrap().create_subdir("inc-000002").unwrap();
+    d.replace(
+        MARKER,
+        &serde_json::to_vec(&json!({ "job": "8", "incident": "inc-000002", "time_ns": (now + 5_000_000_000i128).to_string() })).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(root.incidents("8").len(), 2);
+    let b = root
+        .open_incident("8", "n3", "nan", "x", now + 10_000_000_000)
+        .unwrap();
+    assert_eq!(b, "inc-000001");
+}
+
 /// redteam4 D-4: a job directory under a parent a user owns is refused at start (the user
 /// could swap it for their own, whose `.drains` is a link to /etc/...).
 #[test]

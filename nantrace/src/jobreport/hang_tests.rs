@@ -1,0 +1,232 @@
+//! A hung collective across nodes: every rank's watchdog fires, the ranks' counters say which
+//! one stopped, and the job report names its rank and node (never "the model side").
+use serde_json::{json, Value};
+
+use super::tests::{at, healthy, node, report};
+
+/// A line of the job's output, classified as the session does.
+fn line(t: f64, text: &str) -> Value {
+    let mut l = json!({ "time": at(t), "source": "log", "pid": 100, "job": true, "line": text });
+    if let Some(f) = crate::joblog::classify(text) {
+        l["fault"] = serde_json::to_value(f).unwrap();
+    }
+    l
+}
+
+const R0: &str = "[rank0]:[E1202 04:54:03.100 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank 0] Exception (either an error or timeout) detected by watchdog at work: 42, last enqueued NCCL work: 42, last completed NCCL work: 41.";
+const R0_TIMEOUT: &str = "[rank0]:[E1202 04:54:03.090 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for 600031 milliseconds before timing out.";
+const R1: &str = "[rank1]:[E1202 04:54:04.000 ProcessGroupNCCL.cpp:1590] [PG ID 0 PG GUID 0(default_pg) Rank 1] Received a dump signal due to a collective timeout from rank 0 and we will try our best to dump the debug info. Last enqueued NCCL work: 41, last completed NCCL work: 41.This is most likely caused by incorrect usages of collectives, e.g., wrong sizes used across ranks, the order of collectives is not same for all ranks or the scheduled collective, for some reason, didn't run. Additionally, this can be caused by GIL deadlock or other reasons such as network errors or bugs in the communications library (e.g. NCCL), etc.";
+const R2: &str = "[rank2]:[E1202 04:54:03.200 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank 2] Exception (either an error or timeout) detected by watchdog at work: 42, last enqueued NCCL work: 42, last completed NCCL work: 41.";
+const R2_TIMEOUT: &str = "[rank2]:[E1202 04:54:03.190 ProcessGroupNCCL.cpp:632] [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for 600035 milliseconds before timing out.";
+
+fn ranks(n: &mut super::Node, rank: u64) {
+    n.timeline["job"]["identity"] = json!({ "kind": "slurm", "job_id": "4711", "distributed": { "launcher": "torch", "world_size": 3, "ranks": [{ "pid": 100, "rank": rank }] } });
+}
+
+/// The three nodes: ranks 0 and 2 wait in collective 42, rank 1 on n2 never
+/// enqueued it. Before: "NOT THE MACHINE ... 3 nodes alike ... Look at the model side".
+#[test]
+fn the_rank_that_never_enqueued_the_collective_is_named_with_its_node() {
+    let n1 = node(
+        "n1",
+        [
+            healthy("n1", true),
+            vec![line(-0.2, R0_TIMEOUT), line(-0.1, R0)],
+        ]
+        .concat(),
+        0.0,
+        false,
+        "n[1-3]",
+    );
+    let n2 = node(
+        "n2",
+        [healthy("n2", false), vec![line(0.8, R1)]].concat(),
+        0.0,
+        false,
+        "n[1-3]",
+    );
+    let n3 = node(
+        "n3",
+        [
+            healthy("n3", false),
+            vec![line(-0.1, R2_TIMEOUT), line(0.0, R2)],
+        ]
+        .concat(),
+        0.0,
+        false,
+        "n[1-3]",
+    );
+    let r = report(vec![n1, n2, n3]);
+    assert!(
+        r.verdict.starts_with("NOT THE MACHINE (software/configuration), most likely: rank 1 on n2 stopped first: it never enqueued collective 42 (ALLREDUCE, PG 0)"),
+        "{}",
+        r.verdict
+    );
+    assert!(
+        r.verdict
+            .contains("its last enqueued 41 while ranks 0, 2 wait in 42"),
+        "{}",
+        r.verdict
+    );
+    assert!(
+        r.verdict.contains("Last enqueued NCCL work: 41"),
+        "the evidence line: {}",
+        r.verdict
+    );
+    assert!(!r.verdict.contains("model side"), "{}", r.verdict);
+    assert_eq!(r.node.as_deref(), Some("n2"));
+    assert_eq!(r.family, "software/configuration");
+    assert!(
+        r.action
+            .as_deref()
+            .is_some_and(|a| a.contains("rank 1 on n2")),
+        "{:?}",
+        r.action
+    );
+}
+
+/// srun's output on a shared filesystem: every node's agent read every rank's lines. The
+/// node of each rank comes from the ranks each bundle says its processes are.
+#[test]
+fn with_every_line_in_every_bundle_the_ranks_own_node_is_named() {
+    let all = || {
+        vec![
+            line(-0.2, R0_TIMEOUT),
+            line(-0.1, R0),
+            line(0.8, R1),
+            line(-0.1, R2_TIMEOUT),
+            line(0.0, R2),
+        ]
+    };
+    let mut n1 = node(
+        "n1",
+        [healthy("n1", true), all()].concat(),
+        0.0,
+        false,
+        "n[1-3]",
+    );
+    let mut n2 = node(
+        "n2",
+        [healthy("n2", false), all()].concat(),
+        0.0,
+        false,
+        "n[1-3]",
+    );
+    let mut n3 = node(
+        "n3",
+        [healthy("n3", false), all()].concat(),
+        0.0,
+        false,
+        "n[1-3]",
+    );
+    ranks(&mut n1, 0);
+    ranks(&mut n2, 1);
+    ranks(&mut n3, 2);
+    let r = report(vec![n3, n1, n2]);
+    assert!(
+        r.verdict.starts_with(
+            "NOT THE MACHINE (software/configuration), most likely: rank 1 on n2 stopped first"
+        ),
+        "{}",
+        r.verdict
+    );
+    assert_eq!(r.node.as_deref(), Some("n2"));
+}
+
+/// Rank 1's node sent no bundle and its line is nowhere: ranks 0 and 2 timed out in 42, so
+/// rank 1 (not in it) is named, and the report says it is incomplete. Never a drain.
+#[test]
+fn a_silent_rank_on_a_node_without_a_bundle_is_named_and_the_report_incomplete() {
+    let mut n1 = node(
+        "n1",
+        [
+            healthy("n1", true),
+            vec![line(-0.2, R0_TIMEOUT), line(-0.1, R0)],
+        ]
+        .concat(),
+        0.0,
+        false,
+        "n[1-3]",
+    );
+    let mut n3 = node(
+        "n3",
+        [
+            healthy("n3", false),
+            vec![line(-0.1, R2_TIMEOUT), line(0.0, R2)],
+        ]
+        .concat(),
+        0.0,
+        false,
+        "n[1-3]",
+    );
+    ranks(&mut n1, 0);
+    ranks(&mut n3, 2);
+    let r = report(vec![n1, n3]);
+    assert!(r.verdict.starts_with("NOT THE MACHINE (software/configuration), most likely: rank 1 printed nothing while the others waited in collective 42 (ALLREDUCE, PG 0) (ranks 0, 2 timed out waiting in it"), "{}", r.verdict);
+    assert!(
+        r.verdict.contains("INCOMPLETE: no bundle from n2"),
+        "{}",
+        r.verdict
+    );
+    assert!(!r.verdict.contains("model side"), "{}", r.verdict);
+    assert!(
+        !r.action.as_deref().unwrap_or("").contains("drain"),
+        "{:?}",
+        r.action
+    );
+}
+
+/// Every rank waits in one collective and none is behind or silent: no rank is named, and the
+/// report says so instead of "the model side".
+#[test]
+fn ranks_alike_in_a_hang_name_nobody_and_never_the_model_side() {
+    let r1 = R0.replace("rank0", "rank1").replace("Rank 0", "Rank 1");
+    let mut n1 = node(
+        "n1",
+        [healthy("n1", true), vec![line(-0.1, R0)]].concat(),
+        0.0,
+        false,
+        "n[1-3]",
+    );
+    let mut n2 = node(
+        "n2",
+        [healthy("n2", false), vec![line(-0.1, &r1)]].concat(),
+        0.0,
+        false,
+        "n[1-3]",
+    );
+    let mut n3 = node(
+        "n3",
+        [healthy("n3", false), vec![line(0.0, R2)]].concat(),
+        0.0,
+        false,
+        "n[1-3]",
+    );
+    ranks(&mut n1, 0);
+    ranks(&mut n2, 1);
+    ranks(&mut n3, 2);
+    let r = report(vec![n1, n2, n3]);
+    assert!(r.verdict.starts_with("UNDECIDED (collective hang): the lines name no lagging rank: ranks 0-2 enqueued collective 42 and none completed it"), "{}", r.verdict);
+    assert!(!r.verdict.contains("model side"), "{}", r.verdict);
+    assert_eq!(r.node, None);
+    assert_eq!(r.family, "collective hang");
+}
+
+/// A hang after the job's first NaN is what the NaN did: the NaN stays the answer.
+#[test]
+fn a_hang_after_the_nan_is_its_consequence() {
+    let mut e1 = healthy("n1", true);
+    e1.push(json!({ "time": at(0.0), "source": "log", "pid": 100, "job": true, "line": "step 300 | loss nan", "step": 300, "loss": "NaN", "nonfinite": true }));
+    e1.extend([line(30.0, R0_TIMEOUT), line(30.1, R0)]);
+    let n1 = node("n1", e1, 0.0, true, "n[1-2]");
+    let n2 = node(
+        "n2",
+        [healthy("n2", false), vec![line(30.8, R1)]].concat(),
+        0.0,
+        false,
+        "n[1-2]",
+    );
+    let r = report(vec![n1, n2]);
+    assert!(!r.verdict.contains("stopped first"), "{}", r.verdict);
+    assert!(r.verdict.starts_with("NOT THE MACHINE"), "{}", r.verdict);
+}

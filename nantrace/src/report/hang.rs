@@ -1,0 +1,665 @@
+//! Which rank stopped: a hung collective read across the ranks' watchdog lines
+//! (`joblog::watchdog`). Every rank of a hung job prints the same timeout; what differs is
+//! where each one stood, and the rank that differs is where to look.
+//!
+//! Per process group, with `T` the collective the others wait in (the lowest one a rank
+//! timed out in, else the highest any rank enqueued):
+//! - a rank whose last enqueued is below `T` never reached it: it stopped on its CPU side
+//!   first (its Python was elsewhere: data loading, a rank-only branch, a GIL deadlock,
+//!   blocked I/O). torch 2.8 and later count a collective as enqueued once its NCCL call
+//!   returns, so a rank blocked inside that call looks the same: a strong hint, not proof;
+//! - all enqueued `T` but one rank's last completed lags the others': its GPU, NCCL or link
+//!   side did not finish;
+//! - every rank at -1: frozen before the first collective (rendezvous, process-group init);
+//! - one collective with different operations or sizes across ranks: the job's code
+//!   (collectives out of order, wrong sizes);
+//! - torch's own desync report (`TORCH_NCCL_DESYNC_DEBUG`) is taken as it names ranks;
+//! - otherwise no rank is named, and what is missing is said (ranks of the world with no line).
+//!
+//! These are the job's own words: a hang located here is never machine evidence by itself.
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::joblog::watchdog::{self, Progress};
+
+/// At most this many (group, rank) pairs are followed (bounded on hostile output).
+const RANKS_MAX: usize = 65_536;
+/// At most this many process groups are followed.
+const GROUPS_MAX: usize = 4_096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The named ranks never enqueued the collective the others wait in.
+    CpuSide,
+    /// The named ranks enqueued it but their last completed lags the others'.
+    GpuSide,
+    /// Every rank seen froze before its first collective.
+    BeforeFirst,
+    /// The ranks disagree on one collective's operation or size.
+    Mismatch,
+    /// torch's desync report named them lagging, without saying which way.
+    Reported,
+    /// The named ranks printed nothing while every rank seen timed out in one collective.
+    Silent,
+    /// The lines name no lagging rank.
+    Unnamed,
+}
+
+#[derive(Clone, Debug)]
+pub struct Hang {
+    pub kind: Kind,
+    /// The process group (torch's PG id; `0` is the default group).
+    pub pg: String,
+    /// The lagging ranks (empty: none named).
+    pub ranks: Vec<u32>,
+    /// The collective they did not join (or finish).
+    pub collective: Option<i64>,
+    pub op: Option<String>,
+    /// Ranks seen in this group's lines, and the world's ranks not among them.
+    pub seen: Vec<u32>,
+    pub missing: Vec<u32>,
+    /// What the lines say, in a clause (`last enqueued 41, the others 42`).
+    pub detail: String,
+    /// The lagging rank's own line (or the report's), and the node it came from.
+    pub evidence: String,
+    pub evidence_node: Option<String>,
+    /// How far the lines go (a caveat said after the sentence).
+    pub hint: String,
+    /// The shortest collective timeout a line names.
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Default)]
+struct RankState {
+    enqueued: Option<i64>,
+    completed: Option<i64>,
+    waits_in: Option<i64>,
+    /// (collective, operation, numel in) as the rank's timeout line says.
+    work: Option<(i64, String, Option<u64>)>,
+    line: String,
+    node: Option<String>,
+}
+
+#[derive(Default)]
+struct Group {
+    ranks: BTreeMap<u32, RankState>,
+    not_joined: Option<(Vec<u32>, i64, String, Option<String>)>,
+    not_finished: Option<(Vec<u32>, i64, String, Option<String>)>,
+    lagging: Option<(Vec<u32>, String, Option<String>)>,
+    timeout_ms: Option<u64>,
+}
+
+/// A list of ranks as people write it: `1`, `0, 2`, `0-7`.
+pub fn rank_list(r: &[u32]) -> String {
+    let mut r = r.to_vec();
+    r.sort_unstable();
+    r.dedup();
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < r.len() {
+        let mut j = i;
+        while j + 1 < r.len() && r[j + 1] == r[j] + 1 {
+            j += 1;
+        }
+        parts.push(if j >= i + 2 {
+            format!("{}-{}", r[i], r[j])
+        } else if j == i + 1 {
+            format!("{}, {}", r[i], r[j])
+        } else {
+            r[i].to_string()
+        });
+        i = j + 1;
+    }
+    if parts.len() > 12 {
+        let n = parts.len() - 12;
+        parts.truncate(12);
+        parts.push(format!("and {n} more runs"));
+    }
+    parts.join(", ")
+}
+
+fn ranks_word(r: &[u32]) -> String {
+    format!(
+        "{} {}",
+        if r.len() == 1 { "rank" } else { "ranks" },
+        rank_list(r)
+    )
+}
+
+/// The hang the lines tell of, if any watchdog line is among them: `(node, line)` pairs (the
+/// node whose bundle holds the line, when there are several), the job's world size when known
+/// (to name the ranks that printed nothing), and the ranks whose lines these are when known
+/// (one node's ranks: a rank of another node printing nothing here says nothing).
+pub fn judge<'a>(
+    lines: impl IntoIterator<Item = (Option<&'a str>, &'a str)>,
+    world: Option<u32>,
+    local: Option<&BTreeSet<u32>>,
+) -> Option<Hang> {
+    let mut groups: BTreeMap<String, Group> = BTreeMap::new();
+    let mut followed = 0usize;
+    for (node, line) in lines {
+        let Some(p) = watchdog::parse(line) else {
+            continue;
+        };
+        let pg = p.pg.clone().unwrap_or_else(|| "0".into());
+        if !groups.contains_key(&pg) && groups.len() >= GROUPS_MAX {
+            continue;
+        }
+        let g = groups.entry(pg).or_default();
+        take(g, &p, node, line, &mut followed);
+    }
+    let world: Option<BTreeSet<u32>> = world.filter(|w| *w <= 1 << 20).map(|w| (0..w).collect());
+    let mut unnamed = None;
+    for (pg, g) in &groups {
+        let h = judge_group(pg, g, world.as_ref(), local);
+        if h.kind != Kind::Unnamed {
+            return Some(h);
+        }
+        unnamed.get_or_insert(h);
+    }
+    unnamed
+}
+
+fn take(g: &mut Group, p: &Progress, node: Option<&str>, line: &str, followed: &mut usize) {
+    let ex = || {
+        if p.quote.is_empty() {
+            crate::report::detect::excerpt(line)
+        } else {
+            p.quote.clone()
+        }
+    };
+    let node_s = || node.map(String::from);
+    if let Some(t) = p.timeout_ms {
+        g.timeout_ms = Some(g.timeout_ms.map_or(t, |m| m.min(t)));
+    }
+    if let Some((r, n)) = &p.not_joined {
+        g.not_joined.get_or_insert((r.clone(), *n, ex(), node_s()));
+    }
+    if let Some((r, n)) = &p.not_finished {
+        g.not_finished
+            .get_or_insert((r.clone(), *n, ex(), node_s()));
+    }
+    if !p.lagging.is_empty() {
+        g.lagging.get_or_insert((p.lagging.clone(), ex(), node_s()));
+    }
+    let Some(rank) = p.rank else {
+        return;
+    };
+    if !g.ranks.contains_key(&rank) {
+        if *followed >= RANKS_MAX {
+            return;
+        }
+        *followed += 1;
+    }
+    let s = g.ranks.entry(rank).or_default();
+    let max = |a: Option<i64>, b: Option<i64>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    s.enqueued = max(s.enqueued, p.enqueued);
+    s.completed = max(s.completed, p.completed);
+    s.waits_in = max(s.waits_in, p.waits_in);
+    if let (Some(n), Some(op)) = (p.waits_in, &p.op) {
+        s.work.get_or_insert((n, op.clone(), p.numel.map(|x| x.0)));
+    }
+    // The line that says the most about where it stood: one with its counters.
+    if s.line.is_empty() || p.enqueued.is_some() {
+        s.line = ex();
+        s.node = node_s();
+    }
+}
+
+fn judge_group(
+    pg: &str,
+    g: &Group,
+    world: Option<&BTreeSet<u32>>,
+    local: Option<&BTreeSet<u32>>,
+) -> Hang {
+    let seen: Vec<u32> = g.ranks.keys().copied().collect();
+    // The ranks of the world with no line: of the job's world for the default group (its
+    // ranks are the world's), else none (a subgroup's members are not known).
+    let missing: Vec<u32> = match world {
+        Some(w) if pg == "0" => w
+            .iter()
+            .filter(|r| !g.ranks.contains_key(r))
+            .copied()
+            .collect(),
+        // World unknown: the ranks below the highest seen (ranks count from 0).
+        None if pg == "0" => (0..seen.last().copied().unwrap_or(0))
+            .filter(|r| !g.ranks.contains_key(r))
+            .collect(),
+        _ => Vec::new(),
+    }
+    .into_iter()
+    .filter(|r| local.is_none_or(|l| l.contains(r)))
+    .collect();
+    let mut h = Hang {
+        kind: Kind::Unnamed,
+        pg: pg.to_string(),
+        ranks: Vec::new(),
+        collective: None,
+        op: None,
+        seen: seen.clone(),
+        missing,
+        detail: String::new(),
+        evidence: String::new(),
+        evidence_node: None,
+        hint: String::new(),
+        timeout_ms: g.timeout_ms,
+    };
+    let of = |r: u32| g.ranks.get(&r);
+    let evidence = |h: &mut Hang, r: u32| {
+        if let Some(s) = of(r) {
+            h.evidence.clone_from(&s.line);
+            h.evidence_node.clone_from(&s.node);
+        }
+    };
+    // torch's own report first: it compared every rank's trace.
+    if let Some((r, n, line, node)) = g.not_joined.as_ref().or(g.not_finished.as_ref()) {
+        let joined = g.not_joined.is_none();
+        h.kind = if joined { Kind::GpuSide } else { Kind::CpuSide };
+        h.ranks.clone_from(r);
+        h.collective = Some(*n);
+        h.detail = format!(
+            "torch's desync report: {} {} collective #{n}",
+            ranks_word(r),
+            if joined {
+                "joined but did not finish"
+            } else {
+                "did not join"
+            }
+        );
+        h.evidence.clone_from(line);
+        h.evidence_node.clone_from(node);
+        return h;
+    }
+    if let Some((r, line, node)) = &g.lagging {
+        h.kind = Kind::Reported;
+        h.ranks.clone_from(r);
+        h.detail = format!("torch's desync report names {} as lagging", ranks_word(r));
+        h.evidence.clone_from(line);
+        h.evidence_node.clone_from(node);
+        return h;
+    }
+    // One collective, different operations or sizes across ranks: the job's code.
+    // collective -> (operation, size) -> the ranks that timed out in it so.
+    type Kinds = BTreeMap<(String, Option<u64>), Vec<u32>>;
+    let mut by_seq: BTreeMap<i64, Kinds> = BTreeMap::new();
+    for (r, s) in &g.ranks {
+        if let Some((n, op, numel)) = &s.work {
+            by_seq
+                .entry(*n)
+                .or_default()
+                .entry((op.clone(), *numel))
+                .or_default()
+                .push(*r);
+        }
+    }
+    if let Some((n, kinds)) = by_seq.iter().find(|(_, k)| k.len() > 1) {
+        h.kind = Kind::Mismatch;
+        h.collective = Some(*n);
+        h.detail = kinds
+            .iter()
+            .map(|((op, numel), r)| {
+                format!(
+                    "{} {op}{}",
+                    ranks_word(r),
+                    numel.map_or(String::new(), |x| format!(" of {x} elements"))
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        // The minority is named.
+        if let Some((_, r)) = kinds.iter().min_by_key(|(_, r)| r.len()) {
+            h.ranks.clone_from(r);
+            evidence(&mut h, r[0]);
+        }
+        return h;
+    }
+    if g.ranks.len() < 2 {
+        if let Some((r, s)) = g.ranks.iter().next() {
+            h.collective = s.waits_in.or(s.enqueued);
+            h.detail = format!("only rank {r}'s lines are there");
+            evidence(&mut h, *r);
+        }
+        silent(&mut h, g);
+        return h;
+    }
+    let enq: Vec<(u32, i64)> = g
+        .ranks
+        .iter()
+        .filter_map(|(r, s)| s.enqueued.map(|e| (*r, e)))
+        .collect();
+    if !enq.is_empty()
+        && enq.iter().all(|(_, e)| *e < 0)
+        && g.ranks.values().all(|s| s.waits_in.is_none_or(|w| w < 0))
+    {
+        h.kind = Kind::BeforeFirst;
+        h.ranks.clone_from(&seen);
+        h.detail = format!(
+            "{} with no collective enqueued (last enqueued -1)",
+            ranks_word(&seen)
+        );
+        evidence(&mut h, seen[0]);
+        return h;
+    }
+    // The collective the others wait in.
+    // A timeout at a collective the rank had already completed is not one it waits in.
+    let target = g
+        .ranks
+        .values()
+        .filter_map(|s| s.waits_in.filter(|w| s.completed.is_none_or(|c| c < *w)))
+        .min()
+        .or_else(|| enq.iter().map(|x| x.1).max());
+    let Some(target) = target else {
+        return h;
+    };
+    h.collective = Some(target);
+    h.op = g.ranks.values().find_map(|s| {
+        s.work
+            .as_ref()
+            .filter(|w| w.0 == target)
+            .map(|w| w.1.clone())
+    });
+    let behind: Vec<(u32, i64)> = enq.iter().filter(|(_, e)| *e < target).copied().collect();
+    let at: Vec<u32> = g
+        .ranks
+        .iter()
+        .filter(|(_, s)| s.enqueued.is_some_and(|e| e >= target) || s.waits_in == Some(target))
+        .map(|(r, _)| *r)
+        .collect();
+    if !behind.is_empty() && !at.is_empty() {
+        h.kind = Kind::CpuSide;
+        h.ranks = behind.iter().map(|x| x.0).collect();
+        let last = behind.iter().map(|x| x.1).max().unwrap_or(target - 1);
+        let idle = behind
+            .iter()
+            .all(|(r, e)| of(*r).and_then(|s| s.completed) == Some(*e));
+        h.detail = format!(
+            "its last enqueued {last} while {} wait in {target}",
+            ranks_word(&at)
+        );
+        if idle {
+            h.hint = "; nothing was in flight on it (enqueued = completed): torch 2.8 and later count a collective as enqueued once its NCCL call returns, so a rank blocked inside that call looks the same: a strong hint, not proof".into();
+        }
+        let first = h.ranks[0];
+        evidence(&mut h, first);
+        return h;
+    }
+    let comp: Vec<(u32, i64)> = g
+        .ranks
+        .iter()
+        .filter_map(|(r, s)| s.completed.map(|c| (*r, c)))
+        .collect();
+    if let Some(best) = comp.iter().map(|x| x.1).max() {
+        let lag: Vec<(u32, i64)> = comp.iter().filter(|(_, c)| *c < best).copied().collect();
+        if !lag.is_empty() && lag.len() < comp.len() {
+            h.kind = Kind::GpuSide;
+            h.ranks = lag.iter().map(|x| x.0).collect();
+            let last = lag.iter().map(|x| x.1).min().unwrap_or(best - 1);
+            h.collective = Some(last + 1);
+            h.detail =
+                format!("all enqueued {target}; its last completed {last}, the others' {best}");
+            let first = h.ranks[0];
+            evidence(&mut h, first);
+            return h;
+        }
+    }
+    h.detail = format!(
+        "{} enqueued collective {target} and none completed it",
+        ranks_word(&seen)
+    );
+    evidence(&mut h, seen[0]);
+    silent(&mut h, g);
+    h
+}
+
+/// Every rank seen timed out in one collective and a few ranks of the world printed no line
+/// at all: they were not waiting in it (a rank in a collective times out with the others), so
+/// they most likely stopped on their CPU side first, or their lines are not in what was read.
+/// Only when the silent ranks are no more than the waiting ones (else the lines are merely
+/// incomplete).
+fn silent(h: &mut Hang, g: &Group) {
+    let in_flight = |s: &RankState| s.waits_in.filter(|w| s.completed.is_none_or(|c| c < *w));
+    let waits: BTreeSet<i64> = g.ranks.values().filter_map(in_flight).collect();
+    let all_wait = g.ranks.values().all(|s| in_flight(s).is_some());
+    if h.missing.is_empty() || h.missing.len() > g.ranks.len() || waits.len() != 1 || !all_wait {
+        return;
+    }
+    let t = waits.into_iter().next().unwrap_or_default();
+    h.kind = Kind::Silent;
+    h.ranks.clone_from(&h.missing);
+    h.collective = Some(t);
+    h.op = g
+        .ranks
+        .values()
+        .find_map(|s| s.work.as_ref().filter(|w| w.0 == t).map(|w| w.1.clone()));
+    h.detail = format!(
+        "{} timed out waiting in it, {} printed no watchdog line",
+        ranks_word(&h.seen),
+        if h.ranks.len() == 1 { "it" } else { "they" }
+    );
+}
+
+/// What a hang called the job's side cannot rule out without the rank's stacks.
+pub const JOBS_SIDE_CAVEAT: &str = "a rank blocked in D state on a filesystem, or inside a NCCL call, looks the same in these lines: its stacks tell";
+
+impl Hang {
+    /// Whether the lines name the rank (or ranks) where to look.
+    pub fn named(&self) -> bool {
+        self.kind != Kind::Unnamed
+    }
+
+    /// Whether the lines put the hang on the job's side: a rank that stopped before the
+    /// collective (its CPU side), with no machine fault in view.
+    pub fn jobs_side(&self) -> bool {
+        matches!(self.kind, Kind::CpuSide | Kind::Silent)
+    }
+
+    /// One sentence: which ranks, on which node (`node_of`: the node a rank ran on, when
+    /// known), which collective, the evidence line, and which side it points at.
+    pub fn sentence(&self, node_of: &dyn Fn(u32) -> Option<String>) -> String {
+        let on = |r: &[u32]| -> String {
+            let nodes: BTreeSet<String> = r.iter().filter_map(|r| node_of(*r)).collect();
+            if nodes.is_empty() {
+                String::new()
+            } else {
+                format!(" on {}", nodes.into_iter().collect::<Vec<_>>().join(", "))
+            }
+        };
+        let coll = match (&self.collective, &self.op) {
+            (Some(n), Some(op)) => format!("collective {n} ({op}, PG {})", self.pg),
+            (Some(n), None) => format!("collective {n} (PG {})", self.pg),
+            _ => format!("a collective of PG {}", self.pg),
+        };
+        let ev = if self.evidence.is_empty() {
+            String::new()
+        } else {
+            format!(": \"{}\"", self.evidence)
+        };
+        let who = format!("{}{}", ranks_word(&self.ranks), on(&self.ranks));
+        let (it, was) = if self.ranks.len() == 1 {
+            ("it", "was")
+        } else {
+            ("they", "were")
+        };
+        let its = if self.ranks.len() == 1 {
+            "its"
+        } else {
+            "their"
+        };
+        let s = match self.kind {
+            Kind::CpuSide => format!("{who} stopped first: {it} never enqueued {coll} ({}{ev}): on {its} CPU side, {its} Python elsewhere (data loading, a rank-only branch, a GIL deadlock, blocked I/O){}", self.detail, self.hint),
+            Kind::GpuSide => format!("{who} did not finish {coll} ({}{ev}): its GPU, NCCL or link side", self.detail),
+            Kind::BeforeFirst => format!("every rank seen froze before its first collective ({}{ev}): rendezvous or process-group init, not a collective", self.detail),
+            Kind::Mismatch => format!("the ranks disagree on {coll}: {}{ev}: collectives out of order or of different sizes across ranks, the job's code", self.detail),
+            Kind::Reported => format!("{who}: {}{ev}", self.detail),
+            Kind::Silent => format!("{who} printed nothing while the others waited in {coll} ({}{ev}): {it} {was} not in it, so {it} stopped first on {its} CPU side, {its} Python elsewhere (data loading, a rank-only branch, a step longer than the timeout), unless {its} lines are not in what was read", self.detail),
+            Kind::Unnamed => {
+                let missing = if self.missing.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {} of the world printed no watchdog line in the bundles read: the one that stopped is likely among them (its node's bundle, or its lines, are missing)", ranks_word(&self.missing))
+                };
+                format!("the lines name no lagging rank: {}{ev}{missing}", if self.detail.is_empty() { "no rank's counters".to_string() } else { self.detail.clone() })
+            }
+        };
+        let short = match self.timeout_ms {
+            Some(t) if t < 300_000 => format!("; the job set its collective timeout to {:.0} s (torch's default is 600 s): one rank's slow step (a checkpoint, an evaluation) outlasts it", t as f64 / 1000.0),
+            _ => String::new(),
+        };
+        format!("{s}{short}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn j(lines: &[&str], world: Option<u32>) -> Hang {
+        judge(lines.iter().map(|l| (None, *l)), world, None).expect("a hang")
+    }
+
+    /// The three nodes: ranks 0 and 2 wait in 42, rank 1 never enqueued it.
+    #[test]
+    fn a_rank_that_never_enqueued_the_collective_stopped_first() {
+        let h = j(&[
+            "[rank0]:[E1202 04:54:03.1 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank 0] Exception (either an error or timeout) detected by watchdog at work: 42, last enqueued NCCL work: 42, last completed NCCL work: 41.",
+            "[rank2]:[E1202 04:54:03.2 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank 2] Exception (either an error or timeout) detected by watchdog at work: 42, last enqueued NCCL work: 42, last completed NCCL work: 41.",
+            "[rank1]:[E1202 04:54:04.0 ProcessGroupNCCL.cpp:1590] [PG ID 0 PG GUID 0(default_pg) Rank 1] Received a dump signal due to a collective timeout from rank 0 and we will try our best to dump the debug info. Last enqueued NCCL work: 41, last completed NCCL work: 41.",
+        ], Some(3));
+        assert_eq!(h.kind, Kind::CpuSide);
+        assert_eq!(h.ranks, vec![1]);
+        assert_eq!(h.collective, Some(42));
+        let s = h.sentence(&|r| (r == 1).then(|| "n2".to_string()));
+        assert!(
+            s.starts_with("rank 1 on n2 stopped first: it never enqueued collective 42 (PG 0)"),
+            "{s}"
+        );
+        assert!(
+            s.contains("its last enqueued 41 while ranks 0, 2 wait in 42"),
+            "{s}"
+        );
+        assert!(s.contains("a strong hint, not proof"), "{s}");
+    }
+
+    #[test]
+    fn a_rank_whose_completed_lags_is_the_gpu_side() {
+        let h = j(&[
+            "[rank0]:[PG 0 Rank 0] Exception (either an error or timeout) detected by watchdog at work: 10, last enqueued NCCL work: 10, last completed NCCL work: 9.",
+            "[rank1]:[PG 0 Rank 1] Exception (either an error or timeout) detected by watchdog at work: 9, last enqueued NCCL work: 10, last completed NCCL work: 8.",
+            "[rank2]:[PG 0 Rank 2] Exception (either an error or timeout) detected by watchdog at work: 10, last enqueued NCCL work: 10, last completed NCCL work: 9.",
+        ], None);
+        // Rank 1 timed out in 9 (the lowest): nobody is behind 9 in enqueueing; its
+        // completed lags.
+        assert_eq!(h.kind, Kind::GpuSide, "{h:?}");
+        assert_eq!(h.ranks, vec![1]);
+        assert_eq!(h.collective, Some(9));
+    }
+
+    #[test]
+    fn every_rank_at_minus_one_froze_before_the_first_collective() {
+        let h = j(&[
+            "[rank0]:[PG 0 Rank 0] Received a dump signal from this local rank and will start to dump the debug info. Last enqueued NCCL work: -1, last completed NCCL work: -1.",
+            "[rank1]:[PG 0 Rank 1] Received a dump signal from this local rank and will start to dump the debug info. Last enqueued NCCL work: -1, last completed NCCL work: -1.",
+        ], None);
+        assert_eq!(h.kind, Kind::BeforeFirst);
+    }
+
+    #[test]
+    fn one_collective_of_two_kinds_is_the_jobs_code() {
+        let h = j(&[
+            "[rank0]:[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) ran for 600010 milliseconds before timing out.",
+            "[rank1]:[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) ran for 600011 milliseconds before timing out.",
+            "[rank2]:[Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=BROADCAST, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) ran for 600012 milliseconds before timing out.",
+        ], None);
+        assert_eq!(h.kind, Kind::Mismatch);
+        assert_eq!(h.ranks, vec![2]);
+        let s = h.sentence(&|_| None);
+        assert!(s.contains("rank 2 BROADCAST of 1024 elements"), "{s}");
+    }
+
+    /// tests/corpus/incidents/006.log: ranks 2 and 3 time out in 493, ranks 0 and 1 of four
+    /// print nothing: they were not in it (rank 0 was consolidating a checkpoint). With eight
+    /// ranks in the world and two seen, the lines are merely incomplete: nobody named.
+    #[test]
+    fn ranks_silent_while_the_others_wait_are_named_and_too_few_lines_name_nobody() {
+        let lines = [
+            "[rank2]:[E109 22:46:25.933527530 ProcessGroupNCCL.cpp:632] [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=493, OpType=ALLGATHER, NumelIn=1, NumelOut=4, Timeout(ms)=60000) ran for 60044 milliseconds before timing out.",
+            "[rank2]:[E109 22:46:25.933593122 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank 2]  failure detected by watchdog at work sequence id: 493 PG status: last enqueued work: 493, last completed work: 492",
+            "[rank3]:[E109 22:46:25.936329218 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=493, OpType=ALLGATHER, NumelIn=1, NumelOut=4, Timeout(ms)=60000) ran for 60046 milliseconds before timing out.",
+            "[rank3]:[E109 22:46:25.936370069 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank 3]  failure detected by watchdog at work sequence id: 493 PG status: last enqueued work: 493, last completed work: 492",
+        ];
+        for world in [Some(4), None] {
+            let h = j(&lines, world);
+            assert_eq!(h.kind, Kind::Silent, "{world:?}");
+            assert_eq!(h.ranks, vec![0, 1]);
+            let s = h.sentence(&|_| None);
+            assert!(
+                s.starts_with("ranks 0, 1 printed nothing while the others waited in collective 493 (ALLGATHER, PG 0) (ranks 2, 3 timed out waiting in it, they printed no watchdog line"),
+                "{s}"
+            );
+            assert!(s.contains("collective timeout to 60 s"), "{s}");
+        }
+        let h = j(&lines, Some(8));
+        assert_eq!(h.kind, Kind::Unnamed);
+        assert_eq!(h.missing, vec![0, 1, 4, 5, 6, 7]);
+        let s = h.sentence(&|_| None);
+        assert!(
+            s.contains("ranks 2, 3 enqueued collective 493 and none completed it"),
+            "{s}"
+        );
+        assert!(
+            s.contains("ranks 0, 1, 4-7 of the world printed no watchdog line"),
+            "{s}"
+        );
+    }
+
+    /// One node's ranks 8-15 of 16 all wait: ranks 0-7 are another node's, whose silence in
+    /// this node's output says nothing.
+    #[test]
+    fn another_nodes_ranks_are_not_silent_here() {
+        let lines: Vec<String> = (8..16).map(|r| format!("[rank{r}]:[PG ID 0 PG GUID 0(default_pg) Rank {r}]  failure detected by watchdog at work sequence id: 7 PG status: last enqueued work: 7, last completed work: 6")).collect();
+        let local: BTreeSet<u32> = (8..16).collect();
+        let h = judge(
+            lines.iter().map(|l| (None, l.as_str())),
+            Some(16),
+            Some(&local),
+        )
+        .unwrap();
+        assert_eq!(h.kind, Kind::Unnamed, "{h:?}");
+        let h = judge(lines.iter().map(|l| (None, l.as_str())), Some(16), None).unwrap();
+        assert_eq!(
+            h.kind,
+            Kind::Silent,
+            "the job's view: ranks 0-7 printed nothing"
+        );
+    }
+
+    #[test]
+    fn torchs_desync_report_is_taken_as_it_names_ranks() {
+        let h = j(&[
+            "[rank0]:[PG 0 Rank 0] Exception (either an error or timeout) detected by watchdog at work: 42, last enqueued NCCL work: 42, last completed NCCL work: 41.",
+            "[rank0]:  - [3] finished collective #41, but didn't join collective #42",
+        ], None);
+        assert_eq!(
+            (h.kind, h.ranks.clone(), h.collective),
+            (Kind::CpuSide, vec![3], Some(42))
+        );
+    }
+
+    #[test]
+    fn no_watchdog_line_no_hang() {
+        assert!(judge(
+            [(None, "step 1 loss 2.0"), (Some("n1"), "loss nan")],
+            Some(2),
+            None
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn rank_lists_read_as_people_write_them() {
+        assert_eq!(rank_list(&[3, 0, 1, 2, 7, 9, 10]), "0-3, 7, 9, 10");
+        assert_eq!(rank_list(&[5]), "5");
+    }
+}
