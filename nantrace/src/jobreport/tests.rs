@@ -666,9 +666,14 @@ fn a_bundle_claiming_another_host_than_its_directory_is_not_read() {
         "NVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python, GPU has fallen off the bus.",
     ));
     put("n3-3", "n1", forged, false);
+    // n2's own timeline hard-linked under a name listed before it (`m9`), claiming n2: the
+    // refused link does not make n2's own directory "a file already read".
+    std::fs::create_dir_all(d.join("m9")).unwrap();
+    std::fs::hard_link(d.join("n2/timeline.json"), d.join("m9/timeline.json")).unwrap();
     let (r, _, nodes) = from_dir(&d).unwrap();
     let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(names.len(), 3, "{names:?}");
+    assert!(names.contains(&"n2"), "{names:?}");
     assert!(!r.verdict.contains("Xid 79"), "{}", r.verdict);
     let _ = std::fs::remove_dir_all(&d);
 }
