@@ -15,7 +15,7 @@ mod incident;
 pub mod jobdir;
 mod logs;
 pub mod metrics;
-pub mod ranks;
+pub use crate::collect::ranks;
 mod scanner;
 pub mod spool;
 pub mod webhook;

@@ -2,8 +2,10 @@
 pub mod env;
 pub mod gpu;
 pub mod net;
+pub mod ranks;
 pub mod redact;
 pub mod scheduler;
+pub mod stacks;
 pub mod system;
 
 use std::path::Path;
@@ -246,6 +248,7 @@ pub fn snapshot(root_pid: Option<u32>) -> Value {
         "network": network,
         "software": software,
         "scheduler": scheduler::snapshot(root_pid, &env_map),
+        "stacks": stacks::snapshot(&job),
     })
 }
 

@@ -97,6 +97,8 @@ struct Ctx<'a> {
     /// Whether NVML answered at the trigger.
     nvml: bool,
     root: Option<u64>,
+    /// The job's threads at the trigger (snapshot.json `stacks`).
+    stacks: &'a Value,
 }
 
 impl Ctx<'_> {
@@ -295,6 +297,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             .collect(),
         job_pids,
         root,
+        stacks: &snapshot["stacks"],
     };
     let mut acc = Acc {
         out: BTreeMap::new(),
@@ -530,7 +533,7 @@ pub fn implicated_gpus(a: &Analysis, snapshot: &Value) -> Vec<(String, Option<St
 /// with none of these, and with eyes (probes or NVML), "NOT THE MACHINE as far as nantrace can see".
 /// A collective hang with no machine fault in view: the ranks' watchdog lines say which rank
 /// stopped, where they can (`hang`); else the rank that stopped is on another node.
-fn hang_verdict(top: &Finding, timeline: &Value) -> (String, String) {
+fn hang_verdict(top: &Finding, timeline: &Value, snapshot: &Value) -> (String, String) {
     let dist = &timeline["job"]["identity"]["distributed"];
     let world = dist["world_size"]
         .as_u64()
@@ -549,12 +552,30 @@ fn hang_verdict(top: &Finding, timeline: &Value) -> (String, String) {
         .filter_map(|e| e["line"].as_str())
         .map(|l| (None, l));
     let label = top.family.label().to_string();
+    let stacks = &snapshot["stacks"];
+    let with_stacks = |h: &hang::Hang| {
+        let at: Vec<String> = h
+            .ranks
+            .iter()
+            .take(8)
+            .filter_map(|r| detect::rank_state(stacks, *r).map(|s| format!("rank {r}, {s}")))
+            .collect();
+        if at.is_empty() {
+            h.sentence(&|_| None)
+        } else {
+            format!(
+                "{}; at the trigger: {}",
+                h.sentence(&|_| None),
+                at.join("; ")
+            )
+        }
+    };
     match hang::judge(lines, world, local.as_ref()) {
         Some(h) if h.kind == hang::Kind::Mismatch => (
             format!(
                 "NOT THE MACHINE ({}): {}; no GPU, network or host fault on this node in the window",
                 Family::Software.label(),
-                h.sentence(&|_| None)
+                with_stacks(&h)
             ),
             Family::Software.label().to_string(),
         ),
@@ -562,7 +583,7 @@ fn hang_verdict(top: &Finding, timeline: &Value) -> (String, String) {
             format!(
                 "NOT THE MACHINE ({}), most likely: {}; no GPU, network, storage or host fault on this node in the window: the job's side ({}). Take that rank's stacks while it hangs (py-spy dump --pid)",
                 Family::Software.label(),
-                h.sentence(&|_| None),
+                with_stacks(&h),
                 hang::JOBS_SIDE_CAVEAT
             ),
             Family::Software.label().to_string(),
@@ -570,7 +591,7 @@ fn hang_verdict(top: &Finding, timeline: &Value) -> (String, String) {
         Some(h) if h.named() => (
             format!(
                 "UNDECIDED ({label}): {}. No GPU, network or host fault on this node in the window: look at that rank (its stacks while it hangs: py-spy dump --pid)",
-                h.sentence(&|_| None)
+                with_stacks(&h)
             ),
             label,
         ),
@@ -578,7 +599,7 @@ fn hang_verdict(top: &Finding, timeline: &Value) -> (String, String) {
             format!(
                 "UNDECIDED ({label}): {}; {}. No GPU, network or host fault on this node in the window: the rank that stopped is elsewhere; merge the other nodes' bundles (nantrace report on the job's incident)",
                 top.text,
-                h.sentence(&|_| None)
+                with_stacks(&h)
             ),
             label,
         ),
@@ -716,7 +737,7 @@ fn verdict(
         );
     }
     if let Some(top) = first(&|s| s.family == Family::Hang && !s.consequence) {
-        return hang_verdict(top, timeline);
+        return hang_verdict(top, timeline, snapshot);
     }
     let acc = &timeline["accounting"];
     let probes = acc["probes_attached"]

@@ -11,6 +11,8 @@ pub(crate) use network::loopback;
 mod numerics;
 mod pcie;
 mod process;
+mod stacks;
+pub(crate) use stacks::rank_state;
 mod storage;
 
 use serde_json::Value;
@@ -37,6 +39,7 @@ pub(super) fn all(ctx: &Ctx<'_>, acc: &mut Acc) {
     storage::detect(ctx, acc);
     network::detect(ctx, acc);
     process::detect(ctx, acc);
+    stacks::detect(ctx, acc);
     numerics::detect(ctx, acc);
     joblog::detect(ctx, acc, f64::INFINITY);
 }

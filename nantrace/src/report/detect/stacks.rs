@@ -1,0 +1,154 @@
+//! The job's threads at the trigger (snapshot.json `stacks`, `collect::stacks`): a rank
+//! blocked in D state in the filesystem or block layer (storage), or inside the NVIDIA driver
+//! (its GPU), in both samples, with no I/O progress between them. A user's own FUSE daemon can
+//! hold a thread in D state: these are at most POSSIBLY (severity below a drain's).
+use std::sync::LazyLock;
+
+use regex::Regex;
+use serde_json::Value;
+
+use super::{Acc, Ctx};
+use crate::report::rules::signal;
+
+/// Kernel functions of the filesystems and the block layer (a thread waiting in one waits on
+/// storage).
+static STORAGE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^(?:nfs|rpc_|fuse_|xfs_|ext4_|jbd2|btrfs_|ceph_|p9_|v9fs_|ll_|lustre|ptlrpc|osc_|mdc_|mmfs|gpfs|submit_bio|blk_|bio_|__blkdev|blkdev_|io_schedule|folio_wait|__folio_lock|wait_on_page|__wait_on_buffer|filemap_|iomap_|__iomap|dio_|do_fsync|vfs_fsync|wait_on_commit|nfs_)")
+        .unwrap()
+});
+/// The NVIDIA driver's functions (`nvidia_*`, `_nv000123rm`, `os_*`, `uvm_*`).
+static NVIDIA: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^(?:nvidia_|_nv\d+rm|nv_|os_|uvm_)").unwrap());
+
+/// A thread blocked through both samples: (its function, its kernel stack, its tid, comm).
+fn blocked(p: &Value) -> Vec<(String, Vec<String>, u64, String)> {
+    let io = &p["io"];
+    let no_io = io.is_null()
+        || (io["read_bytes"][0] == io["read_bytes"][1]
+            && io["write_bytes"][0] == io["write_bytes"][1]);
+    if !no_io {
+        return Vec::new();
+    }
+    p["threads"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["state"][0] == "D" && t["state"][1] == "D")
+        .filter_map(|t| {
+            let w = t["wchan"][0]
+                .as_str()
+                .filter(|w| !w.is_empty() && *w != "0")?;
+            (t["wchan"][1].as_str() == Some(w)).then(|| {
+                let stack: Vec<String> = t["kernel_stack"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|f| f.as_str().map(String::from))
+                    .collect();
+                (
+                    w.to_string(),
+                    stack,
+                    t["tid"].as_u64().unwrap_or(0),
+                    t["comm"].as_str().unwrap_or("").to_string(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The Python frame the main thread was in, from py-spy's dump (`    log_metrics (train.py:211)`).
+fn python_frame(stacks: &Value, pid: u64) -> Option<String> {
+    let lines = stacks["python"]["dumps"][pid.to_string()]["lines"].as_array()?;
+    let mut in_main = false;
+    for l in lines.iter().filter_map(Value::as_str) {
+        if l.starts_with("Thread ") {
+            in_main = l.starts_with(&format!("Thread {pid} ")) || l.contains("\"MainThread\"");
+            continue;
+        }
+        if in_main && l.starts_with("    ") && !l.trim().is_empty() {
+            let f = l.trim();
+            let (func, at) = f
+                .rsplit_once(" (")
+                .map_or((f, ""), |(a, b)| (a, b.trim_end_matches(')')));
+            return Some(format!("{at} {func}").trim().chars().take(120).collect());
+        }
+    }
+    None
+}
+
+/// Where rank `rank`'s main process stood at the trigger, in a clause (`pid 4121: main
+/// thread S in futex_wait_queue, from train.py:211 log_metrics`), when the stacks have it.
+pub(crate) fn rank_state(stacks: &Value, rank: u32) -> Option<String> {
+    let p = stacks["processes"]
+        .as_array()?
+        .iter()
+        .find(|p| p["rank"] == rank && p["rank_main"] == true)?;
+    let pid = p["pid"].as_u64()?;
+    let main = p["threads"]
+        .as_array()?
+        .iter()
+        .find(|t| t["tid"].as_u64() == Some(pid))?;
+    let state = main["state"][1].as_str().or(main["state"][0].as_str())?;
+    let wchan = main["wchan"][1]
+        .as_str()
+        .filter(|w| !w.is_empty() && *w != "0")
+        .map_or(String::new(), |w| format!(" in {w}"));
+    let py = python_frame(stacks, pid).map_or(String::new(), |f| format!(", from {f}"));
+    Some(format!("pid {pid}: main thread {state}{wchan}{py}"))
+}
+
+pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
+    let stacks = ctx.stacks;
+    let gap_s = stacks["gap_ms"].as_f64().unwrap_or(0.0) / 1000.0;
+    for p in stacks["processes"].as_array().into_iter().flatten() {
+        let pid = p["pid"].as_u64().unwrap_or(0);
+        let who = match p["rank"].as_u64() {
+            Some(r) => format!(
+                "rank {r} (pid {pid}, {})",
+                p["comm"].as_str().unwrap_or("?")
+            ),
+            None => format!("job process {pid} ({})", p["comm"].as_str().unwrap_or("?")),
+        };
+        for (wchan, stack, tid, comm) in blocked(p) {
+            let storage = STORAGE.is_match(&wchan) || stack.iter().any(|f| STORAGE.is_match(f));
+            let gpu = NVIDIA.is_match(&wchan) || stack.iter().any(|f| NVIDIA.is_match(f));
+            let sig = match (storage, gpu) {
+                (true, _) => signal("rank_blocked_storage"),
+                (false, true) => signal("rank_blocked_gpu_driver"),
+                _ => continue,
+            };
+            let path: Vec<&str> = stack.iter().take(4).map(String::as_str).collect();
+            let py = python_frame(stacks, pid).map_or(String::new(), |f| format!(", from {f}"));
+            let thread = if tid == pid {
+                "main thread".to_string()
+            } else {
+                format!("thread {tid} ({comm})")
+            };
+            acc.add(sig, &format!("{pid}/{wchan}"), 0.0, true, || {
+                format!(
+                    "{who}: {thread} in D state in {wchan} in both samples {gap_s:.1} s apart at the trigger, no I/O progress (kernel stack: {}){py}: {}",
+                    path.join(" ← "),
+                    if storage { "waiting on storage" } else { "waiting in the NVIDIA driver" }
+                )
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_thread_in_d_state_twice_without_io_is_blocked_and_one_making_progress_is_not() {
+        let p = |rb: [u64; 2]| json!({ "pid": 9, "io": { "read_bytes": rb, "write_bytes": [0, 0] }, "threads": [{ "tid": 9, "comm": "python3", "state": ["D", "D"], "wchan": ["submit_bio_wait", "submit_bio_wait"], "kernel_stack": ["submit_bio_wait", "__blkdev_direct_IO_simple", "blkdev_read_iter"] }] });
+        assert_eq!(blocked(&p([4096, 4096])).len(), 1);
+        assert!(blocked(&p([4096, 8192])).is_empty(), "I/O progressed");
+        let s = json!({ "python": { "dumps": { "9": { "lines": ["Process 9: python3 train.py", "Python v3.11.7 (/usr/bin/python3.11)", "", "Thread 9 (idle): \"MainThread\"", "    log_metrics (train.py:211)", "    <module> (train.py:300)"] } } } });
+        assert_eq!(
+            python_frame(&s, 9).as_deref(),
+            Some("train.py:211 log_metrics")
+        );
+    }
+}

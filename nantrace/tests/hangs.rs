@@ -1,0 +1,144 @@
+//! A hung job's ranks at the moment of the hang (docs/hangs.md): the trigger's snapshot takes
+//! every job thread's state, wait channel and kernel stack twice, and the report names the
+//! rank blocked on storage. Real kernel state: rank 1 really sits in D state on a block device
+//! its cgroup throttles (blkio on cgroup v1, io.max on v2); rank 0 prints torch's watchdog
+//! lines (recorded wording, no torch). Privileged: cgroups, loop devices, /proc/PID/stack.
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use serde_json::Value;
+
+/// A cgroup throttling reads of block device `majmin` to `bps`, removed on drop.
+struct Throttle(std::path::PathBuf);
+
+impl Throttle {
+    fn new(tag: &str, majmin: &str, bps: u64) -> Self {
+        let v1 = Path::new("/sys/fs/cgroup/blkio");
+        let (dir, file, line) = if v1.join("blkio.throttle.read_bps_device").exists() {
+            (
+                v1.join(tag),
+                "blkio.throttle.read_bps_device",
+                format!("{majmin} {bps}"),
+            )
+        } else {
+            // cgroup v2: the io controller enabled for the root's children.
+            let _ = std::fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+io");
+            (
+                Path::new("/sys/fs/cgroup").join(tag),
+                "io.max",
+                format!("{majmin} rbps={bps}"),
+            )
+        };
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        std::fs::write(dir.join(file), &line)
+            .unwrap_or_else(|e| panic!("{}/{file} <- {line}: {e}", dir.display()));
+        Throttle(dir)
+    }
+}
+
+impl Drop for Throttle {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+}
+
+#[test]
+fn a_rank_blocked_on_storage_at_the_hang_is_named_with_its_stack() {
+    if !privileged("a_rank_blocked_on_storage_at_the_hang_is_named_with_its_stack") {
+        return;
+    }
+    let dir = Scratch::new("hang-io");
+    let lo = LoopDev::new(&dir.join("disk.img"), "16M", None);
+    let majmin = format!("7:{}", lo.minor);
+    let th = Throttle::new(
+        &format!("nantrace-hang-{}", std::process::id()),
+        &majmin,
+        512,
+    );
+    let out = out_dir("hang-io");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hang/ranks.py");
+    let flag = dir.join("rank0-gave-up");
+    let o = nantrace(
+        &[
+            "run",
+            "--post",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+            "--",
+            "python3",
+            script.to_str().unwrap(),
+            &lo.dev,
+            th.0.to_str().unwrap(),
+            flag.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let (_, se) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{se}");
+    // The hang's bundle (the first; the job's exit may write another once every rank is gone).
+    let mut bundles: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("snapshot.json").is_file())
+        .collect();
+    bundles.sort();
+    let b = bundles
+        .first()
+        .unwrap_or_else(|| panic!("no bundle: {se}"))
+        .clone();
+    let snap: Value =
+        serde_json::from_slice(&std::fs::read(b.join("snapshot.json")).unwrap()).unwrap();
+    let st = &snap["stacks"];
+    let r1 = st["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["rank"] == 1 && p["rank_main"] == true)
+        .unwrap_or_else(|| panic!("rank 1 in the stacks: {st:#}"));
+    let main = &r1["threads"][0];
+    assert_eq!(main["tid"], r1["pid"], "{r1:#}");
+    assert_eq!(main["state"], serde_json::json!(["D", "D"]), "{r1:#}");
+    let frames: Vec<&str> = main["kernel_stack"]
+        .as_array()
+        .unwrap_or_else(|| panic!("a kernel stack: {main:#}"))
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.contains("blkdev") || f.contains("bio")),
+        "the block layer in rank 1's kernel stack: {frames:?}"
+    );
+    assert_eq!(
+        r1["io"]["read_bytes"][0], r1["io"]["read_bytes"][1],
+        "no read completed between the samples: {r1:#}"
+    );
+    let report = std::fs::read_to_string(b.join("report.md")).unwrap();
+    let verdict = report
+        .lines()
+        .find(|l| l.contains("THE MACHINE"))
+        .unwrap_or("");
+    assert!(
+        verdict.contains("POSSIBLY THE MACHINE (storage"),
+        "the verdict: {verdict}\n{report}"
+    );
+    assert!(
+        report.contains(&format!(
+            "rank 1 (pid {}, python3): main thread in D state in",
+            r1["pid"]
+        )),
+        "rank 1 named with its stack:\n{report}"
+    );
+    assert!(report.contains("waiting on storage"), "{report}");
+    let _ = std::fs::remove_dir_all(&out);
+}
