@@ -571,7 +571,7 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
     }
     let steps: Vec<f64> = by_step.into_values().chain(unnumbered).collect();
     let first_failure = crate::report::order::first_cause_in(logs(), &steps);
-    let hang = JobHang::read(merged, &summaries, nan_off)
+    let hang = JobHang::read(merged, &summaries, nodes, nan_off)
         // A hang that only began after the job's first NaN is what the NaN did (rank 0
         // stopped and the others waited): the NaN is the answer.
         .filter(|h| !merged["first_nan"].is_object() || h.first_rel_s <= 0.0);
@@ -640,10 +640,12 @@ struct JobHang {
     node_of: BTreeMap<u32, String>,
     /// The first watchdog line, against the job's first NaN (or its first trigger).
     first_rel_s: f64,
+    /// The named ranks' state at their nodes' triggers, where the stacks have it.
+    at: Vec<String>,
 }
 
 impl JobHang {
-    fn read(merged: &Value, nodes: &[NodeSummary], nan_off: f64) -> Option<JobHang> {
+    fn read(merged: &Value, nodes: &[NodeSummary], raw: &[Node], nan_off: f64) -> Option<JobHang> {
         let dist = |n: &NodeSummary| n.job["identity"]["distributed"].clone();
         let world = nodes
             .iter()
@@ -689,15 +691,33 @@ impl JobHang {
                     .or_insert_with(|| at.into_iter().next().unwrap_or_default().to_string());
             }
         }
+        // Where each named rank stood at its node's trigger (snapshot.json `stacks`).
+        let at = hang
+            .ranks
+            .iter()
+            .take(8)
+            .filter_map(|r| {
+                let node = node_of.get(r)?;
+                let n = raw.iter().find(|n| &n.name == node)?;
+                crate::report::detect::rank_state(&n.snapshot["stacks"], *r)
+                    .map(|s| format!("rank {r} on {node}, {s}"))
+            })
+            .collect();
         Some(JobHang {
             hang,
             node_of,
             first_rel_s,
+            at,
         })
     }
 
     fn sentence(&self) -> String {
-        self.hang.sentence(&|r| self.node_of.get(&r).cloned())
+        let s = self.hang.sentence(&|r| self.node_of.get(&r).cloned());
+        if self.at.is_empty() {
+            s
+        } else {
+            format!("{s}; at the trigger: {}", self.at.join("; "))
+        }
     }
 
     /// The one node the named ranks ran on.

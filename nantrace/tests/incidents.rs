@@ -286,7 +286,8 @@ fn the_hang_collection_is_read_for_its_cause_and_its_rank() {
         let r = inc.lagging.as_ref().map(|want| {
             let named = want.split(',').all(|w| {
                 let w = w.trim();
-                a.verdict.contains(&format!("rank {w} ")) || a.verdict.contains(&format!("ranks {w},"))
+                a.verdict.contains(&format!("rank {w} "))
+                    || a.verdict.contains(&format!("ranks {w},"))
             });
             named && (a.verdict.contains("stopped first") || a.verdict.contains("printed nothing"))
         });
@@ -298,12 +299,20 @@ fn the_hang_collection_is_read_for_its_cause_and_its_rank() {
         }
         eprintln!(
             "{} {} [{}, machine: {}, rank {}] {}: {} ({})",
-            if m && f && r != Some(false) { "OK  " } else { "MISS" },
+            if m && f && r != Some(false) {
+                "OK  "
+            } else {
+                "MISS"
+            },
             inc.file,
             inc.cause,
             inc.machine,
             inc.lagging.as_deref().unwrap_or("unknown"),
-            if r == Some(false) { "rank not named" } else { "" },
+            if r == Some(false) {
+                "rank not named"
+            } else {
+                ""
+            },
             a.verdict.chars().take(240).collect::<String>(),
             inc.source
         );
@@ -312,7 +321,10 @@ fn the_hang_collection_is_read_for_its_cause_and_its_rank() {
     eprintln!("hang collection: was it the machine {machine}/{n}, the family {family}/{n}, the rank named {ranks}/{with_rank}");
     assert!(machine * 100 >= n * HANG_MACHINE_FLOOR_PCT, "{machine}/{n}");
     assert!(family * 100 >= n * HANG_FAMILY_FLOOR_PCT, "{family}/{n}");
-    assert!(ranks * 100 >= with_rank * HANG_RANK_FLOOR_PCT, "{ranks}/{with_rank}");
+    assert!(
+        ranks * 100 >= with_rank * HANG_RANK_FLOOR_PCT,
+        "{ranks}/{with_rank}"
+    );
 }
 
 /// The hang collection's first score (2026-12-02 16:10: the machine 4/10, the family 3/10,

@@ -122,7 +122,14 @@ fn with_every_line_in_every_bundle_the_ranks_own_node_is_named() {
     ranks(&mut n1, 0);
     ranks(&mut n2, 1);
     ranks(&mut n3, 2);
+    // n2's trigger caught rank 1's main process in Python, asleep (py-spy's frame).
+    n2.snapshot["stacks"] = json!({ "gap_ms": 300, "processes": [{ "pid": 100, "rank": 1, "rank_main": true, "comm": "python3", "threads": [{ "tid": 100, "state": ["S", "S"], "wchan": ["hrtimer_nanosleep", "hrtimer_nanosleep"] }] }], "python": { "dumps": { "100": { "lines": ["Thread 100 (idle): \"MainThread\"", "    load_batch (data.py:88)", "    <module> (train.py:211)"] } } } });
     let r = report(vec![n3, n1, n2]);
+    assert!(
+        r.verdict.contains("at the trigger: rank 1 on n2, pid 100: main thread S in hrtimer_nanosleep, from data.py:88 load_batch"),
+        "{}",
+        r.verdict
+    );
     assert!(
         r.verdict.starts_with(
             "NOT THE MACHINE (software/configuration), most likely: rank 1 on n2 stopped first"
