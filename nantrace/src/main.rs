@@ -33,7 +33,7 @@ struct RecArgs {
     /// Seconds to keep recording after a trigger, 0 to 86400 (ends early when the job exits)
     #[arg(long, default_value_t = 15.0, value_parser = secs(0.0, 86_400.0))]
     post: f64,
-    /// Turn a trigger off: nan, exit, signal, oom, xid, job-error, usr1, file, manual (repeatable)
+    /// Turn a trigger off: nan, exit, signal, oom, xid, job-error, usr1, file, manual, stall (repeatable)
     #[arg(long = "no-trigger", value_parser = parse_trigger)]
     no_trigger: Vec<TriggerKind>,
     /// Dump when this file appears (e.g. on a shared filesystem, for all nodes at once)
@@ -55,6 +55,10 @@ struct RecArgs {
     /// Do not load the eBPF probes (log and collectors only)
     #[arg(long)]
     no_probes: bool,
+    /// Dump when the job stops making progress: no step or loss line for this many seconds
+    /// after one was seen (set it below the job's collective timeout; 0 = off, 0 to 86400)
+    #[arg(long, default_value_t = 0.0, value_parser = secs(0.0, 86_400.0))]
+    hang_after: f64,
 }
 
 /// A finite number in `lo..=hi` (no NaN, no infinity, no negative durations: redteam 1.25–1.35).
@@ -104,6 +108,7 @@ impl RecArgs {
             injected: None,
             run_as: None,
             unbuffered: true,
+            hang_after_s: self.hang_after,
         }
     }
 }

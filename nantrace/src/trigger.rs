@@ -32,10 +32,14 @@ pub enum TriggerKind {
     /// Another node's agent opened an incident of this job (the agent's `job_dir`).
     #[serde(rename = "job-wide")]
     JobWide,
+    /// The job stopped making training progress: no step or loss line for `hang_after_s`
+    /// while it runs (off unless set: below the job's collective timeout, the hung ranks are
+    /// still there to be looked at).
+    Stall,
 }
 
 impl TriggerKind {
-    pub const ALL: [TriggerKind; 11] = [
+    pub const ALL: [TriggerKind; 12] = [
         TriggerKind::Nan,
         TriggerKind::Exit,
         TriggerKind::Signal,
@@ -47,6 +51,7 @@ impl TriggerKind {
         TriggerKind::File,
         TriggerKind::Manual,
         TriggerKind::JobWide,
+        TriggerKind::Stall,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +67,7 @@ impl TriggerKind {
             TriggerKind::File => "file",
             TriggerKind::Manual => "manual",
             TriggerKind::JobWide => "job-wide",
+            TriggerKind::Stall => "stall",
         }
     }
 

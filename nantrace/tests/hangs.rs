@@ -142,3 +142,65 @@ fn a_rank_blocked_on_storage_at_the_hang_is_named_with_its_stack() {
     assert!(report.contains("waiting on storage"), "{report}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// The stall trigger: a job that logged training steps and then stops making progress is
+/// dumped after `--hang-after` seconds while it still runs, its stacks taken then (here its
+/// main thread asleep in the kernel), once per stall.
+#[test]
+fn a_job_that_stops_making_progress_is_dumped_while_it_hangs() {
+    if !privileged("a_job_that_stops_making_progress_is_dumped_while_it_hangs") {
+        return;
+    }
+    let out = out_dir("stall");
+    let o = nantrace(
+        &[
+            "run",
+            "--hang-after",
+            "2",
+            "--post",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+            "--",
+            "python3",
+            "-c",
+            "import time\nfor i in range(3):\n    print(f'step {i} | loss {2.0 - i / 10:.3f}', flush=True)\n    time.sleep(0.2)\ntime.sleep(8)\n",
+        ],
+        &[],
+    );
+    let (_, se) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{se}");
+    let b = only_bundle(&out);
+    let t: Value =
+        serde_json::from_slice(&std::fs::read(b.join("timeline.json")).unwrap()).unwrap();
+    assert_eq!(t["trigger"]["kind"], "stall", "{:#}", t["trigger"]);
+    assert!(
+        t["trigger"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("no training progress for 2 s")),
+        "{:#}",
+        t["trigger"]
+    );
+    let snap: Value =
+        serde_json::from_slice(&std::fs::read(b.join("snapshot.json")).unwrap()).unwrap();
+    let py = snap["stacks"]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["comm"].as_str().is_some_and(|c| c.starts_with("python")))
+        .unwrap_or_else(|| panic!("the job's python in the stacks: {:#}", snap["stacks"]));
+    assert_eq!(py["threads"][0]["state"][0], "S", "{py:#}");
+    assert!(
+        py["threads"][0]["wchan"][0]
+            .as_str()
+            .is_some_and(|w| w.contains("sleep") || w.contains("hrtimer")),
+        "{py:#}"
+    );
+    let report = std::fs::read_to_string(b.join("report.md")).unwrap();
+    assert!(
+        report.contains("UNDECIDED (collective hang): the job stopped making progress (no training progress for"),
+        "{report}"
+    );
+    assert!(!report.contains("model side"), "{report}");
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -33,6 +33,9 @@ pub struct Config {
     pub mem_cap_mb: usize,
     pub window_s: f64,
     pub post_s: f64,
+    /// The stall trigger (`nantrace run --hang-after`): no step or loss line for this long
+    /// while the job runs; 0 = off.
+    pub hang_after_s: f64,
     pub sample_s: f64,
     pub slow_io_ms: f64,
     /// Triggers that are off (`nan`, `exit`, `signal`, `oom`, `xid`, `job-error`, ...).
@@ -81,6 +84,7 @@ impl Default for Config {
             mem_cap_mb: 512,
             window_s: 600.0,
             post_s: 15.0,
+            hang_after_s: 0.0,
             sample_s: 1.0,
             slow_io_ms: 50.0,
             no_trigger: Vec::new(),
@@ -196,6 +200,7 @@ impl Config {
         };
         range("window_s", self.window_s, 1.0, 86_400.0)?;
         range("post_s", self.post_s, 0.0, 3_600.0)?;
+        range("hang_after_s", self.hang_after_s, 0.0, 86_400.0)?;
         range("sample_s", self.sample_s, 0.0, 3_600.0)?;
         range("slow_io_ms", self.slow_io_ms, 0.001, 600_000.0)?;
         range("spool_max_age_days", self.spool_max_age_days, 0.0, 36_500.0)?;
@@ -262,6 +267,7 @@ impl Config {
             injected: None,
             run_as: None,
             unbuffered: false,
+            hang_after_s: self.hang_after_s,
         }
     }
 }

@@ -531,6 +531,56 @@ pub fn implicated_gpus(a: &Analysis, snapshot: &Value) -> Vec<(String, Option<St
 /// THE MACHINE: nantrace never says "not the machine" while the machine spoke. Without one,
 /// the job's own software or GPU-memory-limit error is named, then an unexplained hang; only
 /// with none of these, and with eyes (probes or NVML), "NOT THE MACHINE as far as nantrace can see".
+/// The job stopped making progress (the stall trigger) and nothing on this node explains it:
+/// never "the model side"; where each rank stood at the trigger, from the stacks.
+fn stall_verdict(timeline: &Value, snapshot: &Value) -> (String, String) {
+    let stacks = &snapshot["stacks"];
+    let mut ranks: Vec<u32> = stacks["processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["rank_main"] == true)
+        .filter_map(|p| p["rank"].as_u64().and_then(|r| u32::try_from(r).ok()))
+        .collect();
+    ranks.sort_unstable();
+    let mut at: Vec<String> = ranks
+        .iter()
+        .take(8)
+        .filter_map(|r| detect::rank_state(stacks, *r).map(|s| format!("rank {r}, {s}")))
+        .collect();
+    if at.is_empty() {
+        // No ranks: the job's first process.
+        if let Some(p) = stacks["processes"].as_array().and_then(|a| a.first()) {
+            let t = &p["threads"][0];
+            at.push(format!(
+                "pid {}: main thread {}{}",
+                p["pid"],
+                t["state"][1]
+                    .as_str()
+                    .or(t["state"][0].as_str())
+                    .unwrap_or("?"),
+                t["wchan"][1]
+                    .as_str()
+                    .filter(|w| !w.is_empty() && *w != "0")
+                    .map_or(String::new(), |w| format!(" in {w}"))
+            ));
+        }
+    }
+    let at = if at.is_empty() {
+        "no job process was left to sample".to_string()
+    } else {
+        format!("at the trigger: {}", at.join("; "))
+    };
+    (
+        format!(
+            "UNDECIDED ({}): the job stopped making progress ({}), with no GPU, network, storage or host fault on this node in the window; {at}. A rank blocked elsewhere (another node) or the job's own code (a rank-only branch, data loading, a deadlock): merge the other nodes' bundles",
+            rules::Family::Hang.label(),
+            crate::term::clean(timeline["trigger"]["reason"].as_str().unwrap_or("stall"))
+        ),
+        rules::Family::Hang.label().to_string(),
+    )
+}
+
 /// A collective hang with no machine fault in view: the ranks' watchdog lines say which rank
 /// stopped, where they can (`hang`); else the rank that stopped is on another node.
 fn hang_verdict(top: &Finding, timeline: &Value, snapshot: &Value) -> (String, String) {
@@ -753,6 +803,9 @@ fn verdict(
             ),
             "unknown".into(),
         );
+    }
+    if timeline["trigger"]["kind"] == "stall" {
+        return stall_verdict(timeline, snapshot);
     }
     let incomplete = incomplete_classes(acc);
     let window = if incomplete.is_empty() {

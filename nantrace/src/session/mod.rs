@@ -49,6 +49,9 @@ pub struct SessionOpts {
     pub run_as: Option<crate::privdrop::RunAs>,
     /// Run mode: set PYTHONUNBUFFERED=1 for the job unless it is already set (redteam 2.14).
     pub unbuffered: bool,
+    /// The stall trigger: no step or loss line for this long (seconds) after one was seen,
+    /// while the job runs. 0: off.
+    pub hang_after_s: f64,
 }
 
 impl Default for SessionOpts {
@@ -68,6 +71,7 @@ impl Default for SessionOpts {
             injected: None,
             run_as: None,
             unbuffered: true,
+            hang_after_s: 0.0,
         }
     }
 }
@@ -153,6 +157,9 @@ pub struct Session {
     seen_nan: bool,
     seen_job_error: bool,
     last_job_error: u64,
+    /// The last step or loss line (monotonic ns), and whether the stall trigger fired since.
+    last_progress: Option<u64>,
+    stalled: bool,
     job_done: bool,
     finish: bool,
     /// When the last dump ended: a signal received while dumping is answered by that dump,
@@ -206,6 +213,8 @@ impl Session {
             seen_nan: false,
             seen_job_error: false,
             last_job_error: 0,
+            last_progress: None,
+            stalled: false,
             job_done: false,
             finish: false,
             last_dump_end: 0,
@@ -336,6 +345,12 @@ impl Session {
     /// A line of the job's output.
     pub fn on_log(&mut self, e: Event) {
         *self.counts.entry("log").or_default() += 1;
+        if let Detail::Log(l) = &e.detail {
+            if l.step.is_some() || l.loss.is_some() {
+                self.last_progress = Some(monotonic_ns());
+                self.stalled = false;
+            }
+        }
         if let (Some(f), Detail::Log(l)) = (&self.on_fault, &e.detail) {
             if let Some(fault) = l.fault.as_deref() {
                 f(fault.family);
@@ -386,6 +401,30 @@ impl Session {
             self.finish = true;
         } else {
             self.deadline = Some(self.deadline.unwrap_or(now).min(now + 500_000_000));
+        }
+    }
+
+    /// The stall trigger: training progress (step or loss lines) seen, then none for
+    /// `hang_after_s` while the job runs; once per stall.
+    fn check_stall(&mut self, now: u64) {
+        let after = (self.opts.hang_after_s * 1e9) as u64;
+        if after == 0 || self.stalled || self.job_done || !self.incident.is_empty() {
+            return;
+        }
+        let Some(last) = self.last_progress else {
+            return;
+        };
+        if now.saturating_sub(last) >= after {
+            self.stalled = true;
+            self.fire(Fired {
+                kind: TriggerKind::Stall,
+                mono_ns: now,
+                reason: format!(
+                    "no training progress for {:.0} s: no step or loss line since the last one (hang_after_s {})",
+                    now.saturating_sub(last) as f64 / 1e9,
+                    self.opts.hang_after_s
+                ),
+            });
         }
     }
 
@@ -449,6 +488,7 @@ impl Session {
             }));
         }
         let now = monotonic_ns();
+        self.check_stall(now);
         if now - self.last_clock > 10_000_000_000 {
             self.clock = ClockMap::sample();
             self.last_clock = now;
