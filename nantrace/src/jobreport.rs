@@ -642,6 +642,8 @@ struct JobHang {
     first_rel_s: f64,
     /// The named ranks' state at their nodes' triggers, where the stacks have it.
     at: Vec<String>,
+    /// Every node's ranks grouped by where their main threads stood (`rank_groups`).
+    groups: Option<String>,
 }
 
 impl JobHang {
@@ -703,21 +705,28 @@ impl JobHang {
                     .map(|s| format!("rank {r} on {node}, {s}"))
             })
             .collect();
+        let groups = crate::report::detect::rank_groups(
+            raw.iter()
+                .map(|n| (Some(n.name.as_str()), &n.snapshot["stacks"])),
+        );
         Some(JobHang {
             hang,
             node_of,
             first_rel_s,
             at,
+            groups,
         })
     }
 
     fn sentence(&self) -> String {
-        let s = self.hang.sentence(&|r| self.node_of.get(&r).cloned());
-        if self.at.is_empty() {
-            s
-        } else {
-            format!("{s}; at the trigger: {}", self.at.join("; "))
+        let mut s = self.hang.sentence(&|r| self.node_of.get(&r).cloned());
+        if !self.at.is_empty() {
+            s = format!("{s}; at the trigger: {}", self.at.join("; "));
         }
+        if let Some(g) = &self.groups {
+            s = format!("{s}; {g}");
+        }
+        s
     }
 
     /// The one node the named ranks ran on.

@@ -212,9 +212,19 @@ fn ranks_alike_in_a_hang_name_nobody_and_never_the_model_side() {
     ranks(&mut n1, 0);
     ranks(&mut n2, 1);
     ranks(&mut n3, 2);
+    // Every node's trigger took its rank's stacks: rank 1 is the odd one out.
+    let st = |pid: u64, rank: u32, state: &str, wchan: &str| json!({ "gap_ms": 300, "processes": [{ "pid": pid, "rank": rank, "rank_main": true, "threads": [{ "tid": pid, "state": [state, state], "wchan": [wchan, wchan] }] }] });
+    n1.snapshot["stacks"] = st(100, 0, "S", "futex_wait_queue");
+    n2.snapshot["stacks"] = st(100, 1, "S", "ep_poll");
+    n3.snapshot["stacks"] = st(100, 2, "S", "futex_wait_queue");
     let r = report(vec![n1, n2, n3]);
     assert!(r.verdict.starts_with("UNDECIDED (collective hang): the lines name no lagging rank: ranks 0-2 enqueued collective 42 and none completed it"), "{}", r.verdict);
     assert!(!r.verdict.contains("model side"), "{}", r.verdict);
+    assert!(
+        r.verdict.contains("in 2 groups: ranks 0, 2 (n1, n3): main thread S in futex_wait_queue; rank 1 (n2): main thread S in ep_poll; outside the largest group: rank 1"),
+        "{}",
+        r.verdict
+    );
     assert_eq!(r.node, None);
     assert_eq!(r.family, "collective hang");
 }

@@ -566,10 +566,10 @@ fn stall_verdict(timeline: &Value, snapshot: &Value) -> (String, String) {
             ));
         }
     }
-    let at = if at.is_empty() {
-        "no job process was left to sample".to_string()
-    } else {
-        format!("at the trigger: {}", at.join("; "))
+    let at = match detect::rank_groups([(None, stacks)]) {
+        Some(g) => g,
+        None if at.is_empty() => "no job process was left to sample".to_string(),
+        None => format!("at the trigger: {}", at.join("; ")),
     };
     (
         format!(
@@ -610,11 +610,13 @@ fn hang_verdict(top: &Finding, timeline: &Value, snapshot: &Value) -> (String, S
             .take(8)
             .filter_map(|r| detect::rank_state(stacks, *r).map(|s| format!("rank {r}, {s}")))
             .collect();
+        let groups =
+            detect::rank_groups([(None, stacks)]).map_or(String::new(), |g| format!("; {g}"));
         if at.is_empty() {
-            h.sentence(&|_| None)
+            format!("{}{groups}", h.sentence(&|_| None))
         } else {
             format!(
-                "{}; at the trigger: {}",
+                "{}; at the trigger: {}{groups}",
                 h.sentence(&|_| None),
                 at.join("; ")
             )

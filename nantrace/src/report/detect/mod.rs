@@ -12,7 +12,7 @@ mod numerics;
 mod pcie;
 mod process;
 mod stacks;
-pub(crate) use stacks::rank_state;
+pub(crate) use stacks::{rank_groups, rank_state};
 mod storage;
 
 use serde_json::Value;

@@ -97,6 +97,88 @@ pub(crate) fn rank_state(stacks: &Value, rank: u32) -> Option<String> {
     Some(format!("pid {pid}: main thread {state}{wchan}{py}"))
 }
 
+/// The ranks' main threads at the trigger, grouped by where they stood (state, wait channel,
+/// Python frame), over one or more nodes' stacks (`(node, stacks)`): ByteRobust's reading, the
+/// ranks outside the largest group are where to look. `None` with fewer than two ranks or one
+/// group. Ranks are taken once (the first node that has them).
+pub(crate) fn rank_groups<'a>(
+    stacks: impl IntoIterator<Item = (Option<&'a str>, &'a Value)>,
+) -> Option<String> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut seen = BTreeSet::new();
+    let mut groups: BTreeMap<String, Vec<(u32, Option<&str>)>> = BTreeMap::new();
+    for (node, st) in stacks {
+        for p in st["processes"].as_array().into_iter().flatten() {
+            let (Some(rank), Some(pid)) = (
+                p["rank"].as_u64().and_then(|r| u32::try_from(r).ok()),
+                p["pid"].as_u64(),
+            ) else {
+                continue;
+            };
+            if p["rank_main"] != true || seen.len() >= 65_536 || !seen.insert(rank) {
+                continue;
+            }
+            let Some(main) = p["threads"]
+                .as_array()
+                .and_then(|t| t.iter().find(|t| t["tid"].as_u64() == Some(pid)))
+            else {
+                continue;
+            };
+            let state = main["state"][1]
+                .as_str()
+                .or(main["state"][0].as_str())
+                .unwrap_or("?");
+            let wchan = main["wchan"][1]
+                .as_str()
+                .filter(|w| !w.is_empty() && *w != "0")
+                .map_or(String::new(), |w| format!(" in {w}"));
+            let py = python_frame(st, pid).map_or(String::new(), |f| format!(", at {f}"));
+            let key = format!("{state}{wchan}{py}");
+            if groups.len() < 1024 || groups.contains_key(&key) {
+                groups.entry(key).or_default().push((rank, node));
+            }
+        }
+    }
+    let n: usize = groups.values().map(Vec::len).sum();
+    if n < 2 || groups.len() < 2 {
+        return None;
+    }
+    let mut g: Vec<(String, Vec<(u32, Option<&str>)>)> = groups.into_iter().collect();
+    g.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
+    let said: Vec<String> = g
+        .iter()
+        .take(6)
+        .map(|(k, r)| {
+            let ranks: Vec<u32> = r.iter().map(|x| x.0).collect();
+            let nodes: BTreeSet<&str> = r.iter().filter_map(|x| x.1).collect();
+            let on = if nodes.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " ({})",
+                    nodes.into_iter().take(8).collect::<Vec<_>>().join(", ")
+                )
+            };
+            format!(
+                "{} {}{on}: main thread {k}",
+                if ranks.len() == 1 { "rank" } else { "ranks" },
+                crate::report::hang::rank_list(&ranks)
+            )
+        })
+        .collect();
+    let outside: Vec<u32> = g[1..]
+        .iter()
+        .flat_map(|x| x.1.iter().map(|r| r.0))
+        .collect();
+    Some(format!(
+        "the ranks' main threads at the trigger in {} groups: {}; outside the largest group: {} {}",
+        g.len(),
+        said.join("; "),
+        if outside.len() == 1 { "rank" } else { "ranks" },
+        crate::report::hang::rank_list(&outside)
+    ))
+}
+
 pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
     let stacks = ctx.stacks;
     let gap_s = stacks["gap_ms"].as_f64().unwrap_or(0.0) / 1000.0;
@@ -126,8 +208,12 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
             };
             acc.add(sig, &format!("{pid}/{wchan}"), 0.0, true, || {
                 format!(
-                    "{who}: {thread} in D state in {wchan} in both samples {gap_s:.1} s apart at the trigger, no I/O progress (kernel stack: {}){py}: {}",
-                    path.join(" ← "),
+                    "{who}: {thread} in D state in {wchan} in both samples {gap_s:.1} s apart at the trigger, no I/O progress{}{py}: {}",
+                    if path.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (kernel stack: {})", path.join(" ← "))
+                    },
                     if storage { "waiting on storage" } else { "waiting in the NVIDIA driver" }
                 )
             });
