@@ -143,7 +143,7 @@ pub(crate) fn rank_groups<'a>(
     if n < 2 || groups.len() < 2 {
         return None;
     }
-    let mut g: Vec<(String, Vec<(u32, Option<&str>)>)> = groups.into_iter().collect();
+    let mut g: Vec<_> = groups.into_iter().collect();
     g.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
     let said: Vec<String> = g
         .iter()
