@@ -33,6 +33,24 @@ pub struct Gpu {
     pub uuid: Option<String>,
 }
 
+/// One fault behind an implicated GPU: what the kernel or NVML saw, when (wall ms).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Fault {
+    pub pci: String,
+    pub signal: String,
+    pub time_ms: i64,
+}
+
+/// Two entries' faults within this of each other (same GPU, same signal) are one fault seen by
+/// two bundles (the same Xid in three watched jobs' windows).
+pub const FAULT_SAME_MS: i64 = 2_000;
+
+fn same_fault(a: &Fault, b: &Fault) -> bool {
+    a.pci.eq_ignore_ascii_case(&b.pci)
+        && a.signal == b.signal
+        && (a.time_ms - b.time_ms).abs() <= FAULT_SAME_MS
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Entry {
     pub time_s: i64,
@@ -43,6 +61,38 @@ pub struct Entry {
     pub family: String,
     pub gpus: Vec<Gpu>,
     pub bundle: String,
+    /// The faults behind `gpus` (an entry of an earlier agent has none: it counts as its own).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<Fault>,
+}
+
+impl Entry {
+    fn faults_on<'a>(&'a self, pci: &'a str) -> impl Iterator<Item = &'a Fault> + 'a {
+        self.faults
+            .iter()
+            .filter(move |f| f.pci.eq_ignore_ascii_case(pci))
+    }
+}
+
+/// How many incidents of `entries` (oldest first) brought a fault of GPU `pci` not seen in an
+/// earlier one: one Xid in three watched jobs' bundles, or in every later incident's window,
+/// counts once (redteam4 D-5). An entry without faults (an earlier agent's) counts as one.
+pub fn distinct_incidents(entries: &[&Entry], pci: &str) -> usize {
+    let mut seen: Vec<&Fault> = Vec::new();
+    let mut n = 0;
+    for e in entries {
+        let mut any = false;
+        let mut new = false;
+        for f in e.faults_on(pci) {
+            any = true;
+            if !seen.iter().any(|s| same_fault(s, f)) {
+                seen.push(f);
+                new = true;
+            }
+        }
+        n += usize::from(new || !any);
+    }
+    n
 }
 
 fn fnv1a(b: &[u8]) -> u64 {
@@ -192,13 +242,17 @@ impl History {
 
     /// Incidents per GPU (PCI address), all the index holds: `nantrace_gpu_implicated_total`.
     pub fn per_gpu(&self) -> std::collections::BTreeMap<String, usize> {
-        let mut m = std::collections::BTreeMap::new();
-        for e in &self.entries {
-            for g in &e.gpus {
-                *m.entry(g.pci.clone()).or_insert(0) += 1;
-            }
-        }
-        m
+        let pcis: std::collections::BTreeSet<String> = self
+            .entries
+            .iter()
+            .flat_map(|e| e.gpus.iter().map(|g| g.pci.clone()))
+            .collect();
+        pcis.into_iter()
+            .map(|p| {
+                let n = distinct_incidents(&self.query(Some(&p), i64::MIN), &p);
+                (p, n)
+            })
+            .collect()
     }
 
     /// The report's History section for an incident just added (`now` is its entry): for each
@@ -210,11 +264,19 @@ impl History {
         }
         let mut s = String::new();
         for g in &now.gpus {
+            // Earlier incidents: not this one, and not one whose faults on this GPU are all
+            // this incident's own (the same Xid in another watched job's bundle).
             let earlier: Vec<&Entry> = self
                 .query(Some(&g.pci), now.time_s - 30 * 86_400)
                 .into_iter()
                 .filter(|e| e.bundle != now.bundle && e.time_s <= now.time_s)
+                .filter(|e| {
+                    let mut f = e.faults_on(&g.pci).peekable();
+                    f.peek().is_none()
+                        || f.any(|f| !now.faults_on(&g.pci).any(|n| same_fault(f, n)))
+                })
                 .collect();
+            let earlier_n = distinct_incidents(&earlier, &g.pci);
             let name = match &g.uuid {
                 Some(u) => format!("GPU {} ({u})", g.pci),
                 None => format!("GPU {}", g.pci),
@@ -242,16 +304,17 @@ impl History {
                 })
                 .collect();
             s.push_str(&format!(
-                "- {name} was implicated in {} earlier incident{} on this node in 30 days: {}{}.\n",
-                earlier.len(),
-                if earlier.len() == 1 { "" } else { "s" },
+                "- {name} was implicated in {earlier_n} earlier incident{} on this node in 30 days (distinct faults): {}{}.\n",
+                if earlier_n == 1 { "" } else { "s" },
                 list.join(", "),
                 if earlier.len() > 5 { ", ..." } else { "" }
             ));
-            let week = 1 + earlier
+            let week_entries: Vec<&Entry> = earlier
                 .iter()
+                .copied()
                 .filter(|e| e.time_s >= now.time_s - REPEAT_DAYS * 86_400)
-                .count();
+                .collect();
+            let week = 1 + distinct_incidents(&week_entries, &g.pci);
             if week >= REPEAT_COUNT {
                 s.push_str(&format!("  **Repeat offender: implicated {week} times in {REPEAT_DAYS} days: drain the node and send {name} for service** (dcgmi diag -r 3, then the vendor).\n"));
             }
@@ -295,7 +358,8 @@ pub fn set_gauges(h: &History, metrics: &super::Metrics) {
     // Labelled by the node's own devices (an address not on it: `not_on_node`, summed).
     let mut per: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
     for gpu in h.per_gpu().keys() {
-        *per.entry(super::metrics::gpu_label(gpu)).or_default() += h.query(Some(gpu), since).len();
+        *per.entry(super::metrics::gpu_label(gpu)).or_default() +=
+            distinct_incidents(&h.query(Some(gpu), since), gpu);
     }
     for (label, n) in per {
         metrics.set("nantrace_gpu_incidents_7d", &[("gpu", &label)], n as f64);
@@ -371,8 +435,32 @@ pub fn record(
             })
             .collect(),
         bundle: bundle.display().to_string(),
+        faults: d
+            .faults
+            .iter()
+            .map(|(pci, signal, t)| Fault {
+                pci: pci.clone(),
+                signal: (*signal).to_string(),
+                time_ms: *t,
+            })
+            .collect(),
     };
     let mut h = super::lock(h);
+    // The counter counts a GPU's new faults, not bundles.
+    let new_on: Vec<String> = e
+        .gpus
+        .iter()
+        .filter(|g| {
+            let mut f = e.faults_on(&g.pci).peekable();
+            f.peek().is_none()
+                || f.any(|f| {
+                    !h.entries
+                        .iter()
+                        .any(|o| o.faults_on(&g.pci).any(|x| same_fault(x, f)))
+                })
+        })
+        .map(|g| g.pci.clone())
+        .collect();
     if let Err(err) = h.add(e.clone()) {
         crate::say!(
             "nantrace: incident history: {} not added to {}: {err}",
@@ -383,10 +471,10 @@ pub fn record(
     let section = h.section(&e);
     set_gauges(&h, metrics);
     drop(h);
-    for g in &e.gpus {
+    for pci in &new_on {
         metrics.inc(
             "nantrace_gpu_implicated_total",
-            &[("gpu", &super::metrics::gpu_label(&g.pci))],
+            &[("gpu", &super::metrics::gpu_label(pci))],
         );
     }
     metrics.set(

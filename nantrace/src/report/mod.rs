@@ -487,27 +487,51 @@ pub const WINDOW_MAX_S: f64 = 7.0 * 86_400.0;
 pub const OUTLIVED_S: f64 = 120.0;
 pub const OUTLIVED_STEPS: usize = 20;
 
+static PCI_IN_TEXT: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+    regex::Regex::new(r"(?i)\b([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])\b").unwrap()
+});
+
+/// A finding that implicates a GPU in the node's history: the GPU's own hardware, on the
+/// kernel's or NVML's evidence, on a GPU of this job (redteam4 D-5, D-6: an Xid NVIDIA lists
+/// as possibly the application's, a power cap, a corrected ECC error are not a fault of it,
+/// and another GPU's Xid is not this job's incident).
+fn implicates_a_gpu(f: &Finding) -> bool {
+    f.family == Family::Gpu
+        && f.touches_job
+        && !rules::is_job_words(f.signal)
+        && !matches!(
+            f.signal,
+            "xid_app_possible" | "gpu_power_cap" | "ecc_corrected"
+        )
+}
+
+/// The faults behind `implicated_gpus`, each once: (PCI, signal, the wall time of its first
+/// line in ms), with `reference_wall_ns` the time the analysis counts from (the first NaN, or
+/// the trigger). The same Xid in three watched jobs' bundles, or in every later incident's
+/// window, is one fault (redteam4 D-5).
+pub fn implicated_faults(a: &Analysis, reference_wall_ns: i128) -> Vec<(String, &'static str, i64)> {
+    let mut out = Vec::new();
+    for f in a.suspects.iter().filter(|f| implicates_a_gpu(f)) {
+        let t_ms = (reference_wall_ns / 1_000_000) as i64 + (f.first_rel_s * 1000.0).round() as i64;
+        for c in PCI_IN_TEXT.captures_iter(&f.text) {
+            let pci = c[1].to_ascii_lowercase();
+            if out.len() < 64 && !out.iter().any(|(p, s, _)| *p == pci && *s == f.signal) {
+                out.push((pci, f.signal, t_ms));
+            }
+        }
+    }
+    out
+}
+
 /// The GPUs an analysis implicates on the kernel's or NVML's evidence (never the job's words):
 /// (PCI address, UUID from NVML when known), at most 16, for the agent's incident history.
 pub fn implicated_gpus(a: &Analysis, snapshot: &Value) -> Vec<(String, Option<String>)> {
-    static PCI: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
-        regex::Regex::new(r"(?i)\b([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])\b").unwrap()
-    });
     let devs = snapshot["gpu"]["devices"]
         .as_array()
         .map_or(&[][..], Vec::as_slice);
     let mut out: Vec<(String, Option<String>)> = Vec::new();
-    for f in a.suspects.iter().filter(|f| {
-        f.family == Family::Gpu
-                && !rules::is_job_words(f.signal)
-                // The GPU's own hardware only (redteam4 D-6): an Xid NVIDIA lists as possibly
-                // the application's, a power cap, a corrected ECC error are not a fault of it.
-                && !matches!(
-                    f.signal,
-                    "xid_app_possible" | "gpu_power_cap" | "ecc_corrected"
-                )
-    }) {
-        for c in PCI.captures_iter(&f.text) {
+    for f in a.suspects.iter().filter(|f| implicates_a_gpu(f)) {
+        for c in PCI_IN_TEXT.captures_iter(&f.text) {
             let pci = c[1].to_ascii_lowercase();
             if out.len() < 16 && !out.iter().any(|(p, _)| *p == pci) {
                 let uuid = devs

@@ -50,6 +50,7 @@ impl DumpDone {
                 top_signal: None,
                 top_action: None,
                 gpus: Vec::new(),
+                faults: Vec::new(),
                 trigger: String::new(),
             },
             lanes: None,
@@ -89,6 +90,7 @@ impl OwnedDump {
             top_signal: None,
             top_action: None,
             gpus: Vec::new(),
+            faults: Vec::new(),
             trigger: self
                 .triggers
                 .first()
@@ -116,6 +118,15 @@ impl OwnedDump {
                 result.top_signal = top.map(|f| f.signal);
                 result.top_action = top.and_then(|f| f.action);
                 result.gpus = crate::report::implicated_gpus(&w.analysis, &snapshot);
+                // The analysis counts from the first NaN, else the first trigger.
+                let reference = crate::bundle::first_nan(inc.events)
+                    .map(|e| e.mono_ns)
+                    .or(self.triggers.first().map(|t| t.mono_ns))
+                    .unwrap_or(0);
+                result.faults = crate::report::implicated_faults(
+                    &w.analysis,
+                    self.clock.to_wall(reference),
+                );
                 result.dir = Some(w.dir);
             }
             Err(e) => lines.push(format!(

@@ -122,6 +122,8 @@ pub struct Dumped {
     pub top_action: Option<&'static str>,
     /// The GPUs the verdict implicates on the kernel's or NVML's evidence: (PCI, UUID).
     pub gpus: Vec<(String, Option<String>)>,
+    /// The faults behind `gpus`, each once: (PCI, signal, wall time in ms).
+    pub faults: Vec<(String, &'static str, i64)>,
     pub trigger: String,
 }
 

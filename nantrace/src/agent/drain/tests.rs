@@ -17,6 +17,7 @@ fn dumped(
         top_signal: Some(signal),
         top_action: action,
         gpus: Vec::new(),
+        faults: Vec::new(),
         trigger: "xid".into(),
     }
 }

@@ -42,6 +42,7 @@ fn entry(t: i64, bundle: &str, gpus: &[(&str, Option<&str>)], verdict: &str) -> 
             })
             .collect(),
         bundle: bundle.into(),
+        faults: Vec::new(),
     }
 }
 
@@ -197,4 +198,49 @@ fn since_reads_days_hours_minutes_and_seconds() {
         verdict_head("PROBABLY THE MACHINE (GPU): Xid 79 on 0000:3b:00.0"),
         "PROBABLY THE MACHINE (GPU)"
     );
+}
+
+/// redteam4 D-5 (H2, P3): one Xid 79 line on a node with three watched jobs gave three
+/// entries and "Repeat offender"; each later incident in the window implicated it again. The
+/// same fault (GPU, signal, time within FAULT_SAME_MS) in several bundles is one incident;
+/// three distinct faults in a week still make a repeat offender.
+#[test]
+fn one_fault_in_three_watched_jobs_bundles_is_one_incident() {
+    let s = Spool::new("one-fault");
+    let mut h = History::open(&s.0);
+    let gpu = [("0000:00:02.0", None)];
+    let with = |t: i64, b: u32, fault_ms: i64| {
+        let mut e = entry(t, &s.bundle(b), &gpu, "PROBABLY THE MACHINE (GPU)");
+        e.faults = vec![Fault {
+            pci: "0000:00:02.0".into(),
+            signal: "xid_fatal".into(),
+            time_ms: fault_ms,
+        }];
+        e
+    };
+    let x = T0 * 1000;
+    // Three jobs' bundles of one line (their clocks read it 3 ms and 40 ms apart).
+    for (b, d) in [(1, 0), (2, 3), (3, 40)] {
+        let e = with(T0 + i64::from(b), b, x + d);
+        h.add(e.clone()).unwrap();
+        let sec = h.section(&e).unwrap();
+        assert!(!sec.contains("Repeat offender"), "bundle {b}: {sec}");
+        assert!(sec.contains("no earlier incident"), "bundle {b}: {sec}");
+    }
+    assert_eq!(h.per_gpu().get("0000:00:02.0"), Some(&1));
+    // Two more Xids, an hour and a day later: three faults in a week.
+    h.add(with(T0 + 3600, 4, x + 3_600_000)).unwrap();
+    let third = with(T0 + DAY, 5, x + DAY * 1000);
+    h.add(third.clone()).unwrap();
+    let sec = h.section(&third).unwrap();
+    assert!(sec.contains("implicated in 2 earlier incidents"), "{sec}");
+    assert!(
+        sec.contains("Repeat offender: implicated 3 times in 7 days"),
+        "{sec}"
+    );
+    assert_eq!(h.per_gpu().get("0000:00:02.0"), Some(&3));
+    // Written and read back: the faults survive a restart, the checksum holds.
+    let again = History::open(&s.0);
+    assert_eq!(again.bad_lines, 0);
+    assert_eq!(again.per_gpu().get("0000:00:02.0"), Some(&3));
 }
