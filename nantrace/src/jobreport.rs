@@ -743,7 +743,9 @@ impl JobHang {
     }
 
     /// The verdict for a hang no machine fault explains: never "look at the model side".
-    fn verdict(&self, incomplete: &str) -> Verdict {
+    /// `blind`: a node of the job is missing or could not see its machine (a node that died
+    /// sends no bundle and its ranks print nothing): the job's side cannot be said then.
+    fn verdict(&self, incomplete: &str, blind: bool) -> Verdict {
         use crate::report::hang::Kind;
         let label = crate::report::rules::Family::Hang.label();
         let node = self.node();
@@ -762,14 +764,14 @@ impl JobHang {
             Kind::GpuSide => {
                 let action = format!("check {at} GPU and links (rank {}) before its next job; nothing to drain on the job's words alone", crate::report::hang::rank_list(&self.hang.ranks));
                 (
-                    format!("POSSIBLY THE MACHINE ({label}): {s}; no hardware, kernel, system or network fault on any node in the window. Action: {action}.{incomplete}"),
-                    label.into(),
+                    format!("POSSIBLY THE MACHINE ({label}), in the job's own words only: {s}; no hardware, kernel, system or network fault on any node in the window. Action: {action}.{incomplete}"),
+                    format!("{label}{}", crate::report::rules::JOB_WORDS_SUFFIX),
                     node,
                     None,
                     Some(action),
                 )
             }
-            Kind::CpuSide | Kind::Silent => {
+            Kind::CpuSide | Kind::Silent if !blind && node.is_some() => {
                 let action = format!("look at what rank {} on {} was doing (its stacks while it hangs: py-spy dump --pid)", crate::report::hang::rank_list(&self.hang.ranks), node.as_deref().unwrap_or("its node"));
                 let sw = crate::report::rules::Family::Software.label();
                 (
@@ -780,7 +782,7 @@ impl JobHang {
                     Some(action),
                 )
             }
-            Kind::Reported | Kind::BeforeFirst => {
+            Kind::CpuSide | Kind::Silent | Kind::Reported | Kind::BeforeFirst => {
                 let action = match self.hang.kind {
                     Kind::BeforeFirst => "look at the job's rendezvous and process-group init (MASTER_ADDR, ports, every rank started)".to_string(),
                     _ => format!("look at what rank {} on {} was doing (its stacks while it hangs: py-spy dump --pid)", crate::report::hang::rank_list(&self.hang.ranks), node.as_deref().unwrap_or("its node")),
@@ -952,10 +954,6 @@ fn verdict(
             Some(action),
         );
     }
-    // A hang the ranks' lines locate comes before a node that merely stands out.
-    if let Some(h) = hang.filter(|h| h.hang.named()) {
-        return h.verdict(&incomplete);
-    }
     if let Some(o) = outliers
         .iter()
         .find(|o| o.measure == "tcp_lossy_links")
@@ -987,11 +985,16 @@ fn verdict(
         .iter()
         .filter(|s| s.verdict.starts_with("CANNOT TELL"))
         .collect();
+    let blind = !missing.is_empty() || !undecided.is_empty();
     let sw: Vec<&NodeSummary> = nodes
         .iter()
         .filter(|s| s.verdict.starts_with("NOT THE MACHINE ("))
         .collect();
     let n = nodes.len();
+    // A hang the job-wide lines read: the whole job's view before one node's.
+    if let Some(h) = hang.filter(|h| h.hang.named() || sw.is_empty()) {
+        return h.verdict(&incomplete, blind);
+    }
     let base = if let Some(s) = sw.first() {
         format!(
             "NOT THE MACHINE ({}): {}: {}",
@@ -1002,9 +1005,6 @@ fn verdict(
                 .split_once("): ")
                 .map_or(s.verdict.as_str(), |x| x.1)
         )
-    } else if let Some(h) = hang {
-        // A hang whose lines name no rank: what is missing, never "the model side".
-        return h.verdict(&incomplete);
     } else if !has_nan
         && nodes
             .iter()

@@ -533,6 +533,16 @@ pub fn summary(v: &Value) -> String {
 /// silent-data-corruption check of the GPUs (run once for all), added to it as gpucheck.json.
 /// Used by `run --gpucheck` and by the agent.
 pub fn after_nan(bundles: &[std::path::PathBuf]) {
+    if bundles.is_empty() {
+        return;
+    }
+    // No driver, nothing to check: said once, and no bundle is read again (reading a full
+    // window's bundle to decide costs a dump's memory: the agent's flood test saw its peak
+    // depend on whether this ran before it was measured).
+    if let Err(e) = cuda::Cuda::load() {
+        crate::say!("nantrace: no GPU check after the NaN: {e}");
+        return;
+    }
     let mut result: Option<serde_json::Value> = None;
     for b in bundles {
         let Ok((a, t, _)) = crate::report::for_bundle(b) else {

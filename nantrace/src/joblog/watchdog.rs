@@ -77,11 +77,17 @@ fn quote(line: &str, start: usize, end: usize) -> String {
         .to_string()
 }
 
+/// torch's own `[rankN]:` prefix, anywhere in the line's first 200 bytes (after a launcher's
+/// `[default3]:`, srun's `1: `, a timestamp or a progress bar).
+static TORCH_RANK: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\[rank(\d{1,7})\]:").unwrap());
+/// A launcher's prefix: torchrun's `[defaultN]:` is the *local* rank, srun's `N: ` the task;
+/// used only when torch named no rank.
 static PREFIX_RANK: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^\s*(?:\[\d+\]\s*)?(?:\[(?:rank|default)(\d+)\]:|(\d{1,6}): |\[\d+,(\d+)\]<std(?:out|err)>:)").unwrap()
+    Regex::new(r"^\s*(?:\[\d+\]\s*)?(?:\[default(\d{1,7})\]:|(\d{1,6}): |\[\d+,(\d{1,7})\]<std(?:out|err)>:)").unwrap()
 });
+/// `[PG ID 0 PG GUID 0(default_pg) Rank 2]`, `[PG 1 Rank 0]`, torch 2.3's `[PG 0 (default_pg) Rank 12]`.
 static PG: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"\[PG (?:ID )?(\d+)(?: PG GUID [^\s(\]]*(?:\(([^)\]]{0,64})\))?)? Rank (\d+)\]")
+    Regex::new(r"\[PG (?:ID )?(\d{1,9})(?: PG GUID [^\s(\]]{0,64})?(?: ?\(([^)\]]{0,64})\))? Rank (\d{1,7})\]")
         .unwrap()
 });
 static RANK_TAG: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\[Rank (\d+)\]").unwrap());
@@ -185,11 +191,19 @@ pub fn parse(line: &str) -> Option<Progress> {
         .as_ref()
         .and_then(|c| c.get(2))
         .map(|m| m.as_str().to_string());
-    p.rank = PREFIX_RANK
-        .captures(line)
-        .and_then(|c| (1..=3).find_map(|i| num(&c, i)))
+    let head = &line[..line.floor_char_boundary(200)];
+    p.rank = TORCH_RANK
+        .captures(head)
+        .and_then(|c| num(&c, 1))
         .or_else(|| pg.as_ref().and_then(|c| num(c, 3)))
-        .or_else(|| RANK_TAG.captures(line).and_then(|c| num(&c, 1)));
+        .or_else(|| RANK_TAG.captures(line).and_then(|c| num(&c, 1)))
+        .or_else(|| {
+            PREFIX_RANK
+                .captures(line)
+                .and_then(|c| (1..=3).find_map(|i| num(&c, i)))
+        })
+        // Ranks past a million are not a job's (bounded work downstream).
+        .filter(|r| *r < 1 << 20);
     Some(p)
 }
 
@@ -238,6 +252,16 @@ mod tests {
             "{}",
             d.quote
         );
+        // torchrun's local-rank prefix before torch's global rank (tests/corpus/joblog.tsv),
+        // and torch 2.3's PG tag.
+        let g = parse("[default0]:[rank12]:[E817 12:00:00.1 ProcessGroupNCCL.cpp:1664] [PG 0 (default_pg) Rank 12] Exception (either an error or timeout) detected by watchdog at work: 9, last enqueued NCCL work: 9, last completed NCCL work: 8.").unwrap();
+        assert_eq!(
+            (g.rank, g.pg.as_deref(), g.pg_name.as_deref()),
+            (Some(12), Some("0"), Some("default_pg"))
+        );
+        let h = parse("1: [rank5]:[E817 12:00:00.1 ProcessGroupNCCL.cpp:632] [Rank 5] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600100 milliseconds before timing out.").unwrap();
+        assert_eq!(h.rank, Some(5));
+        assert_eq!(parse("[rank4000000000]:[PG 0 Rank 4000000000] Exception (either an error or timeout) detected by watchdog at work: 1, last enqueued NCCL work: 1, last completed NCCL work: 0.").and_then(|p| p.rank), None);
         // The newer backend-neutral wording.
         let e = parse("[PG ID 0 PG GUID 0(default_pg) Rank 3] Received a dump signal from this local rank and will start to dump the debug info. Last enqueued XCCL work: 7, last completed XCCL work: 6.").unwrap();
         assert_eq!(

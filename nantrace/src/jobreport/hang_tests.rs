@@ -141,7 +141,9 @@ fn with_every_line_in_every_bundle_the_ranks_own_node_is_named() {
 }
 
 /// Rank 1's node sent no bundle and its line is nowhere: ranks 0 and 2 timed out in 42, so
-/// rank 1 (not in it) is named, and the report says it is incomplete. Never a drain.
+/// rank 1 (not in it) is named, but with a node missing (it may have died: no bundle, no
+/// lines) the job's side is not claimed: UNDECIDED, and the report says it is incomplete.
+/// Never a drain.
 #[test]
 fn a_silent_rank_on_a_node_without_a_bundle_is_named_and_the_report_incomplete() {
     let mut n1 = node(
@@ -169,7 +171,7 @@ fn a_silent_rank_on_a_node_without_a_bundle_is_named_and_the_report_incomplete()
     ranks(&mut n1, 0);
     ranks(&mut n3, 2);
     let r = report(vec![n1, n3]);
-    assert!(r.verdict.starts_with("NOT THE MACHINE (software/configuration), most likely: rank 1 printed nothing while the others waited in collective 42 (ALLREDUCE, PG 0) (ranks 0, 2 timed out waiting in it"), "{}", r.verdict);
+    assert!(r.verdict.starts_with("UNDECIDED (collective hang): rank 1 printed nothing while the others waited in collective 42 (ALLREDUCE, PG 0) (ranks 0, 2 timed out waiting in it"), "{}", r.verdict);
     assert!(
         r.verdict.contains("INCOMPLETE: no bundle from n2"),
         "{}",

@@ -136,16 +136,34 @@ pub fn judge<'a>(
 ) -> Option<Hang> {
     let mut groups: BTreeMap<String, Group> = BTreeMap::new();
     let mut followed = 0usize;
-    for (node, line) in lines {
-        let Some(p) = watchdog::parse(line) else {
-            continue;
+    let parsed: Vec<(Option<&str>, &str, Progress)> = lines
+        .into_iter()
+        .filter_map(|(node, line)| watchdog::parse(line).map(|p| (node, line, p)))
+        .take(1 << 20)
+        .collect();
+    // A line without a PG tag (the `WorkNCCL(...)` timeout line has only `[Rank N]`) is the
+    // default group's only when no other group is in the lines: else it cannot be placed.
+    let other_groups = parsed
+        .iter()
+        .any(|(_, _, p)| p.pg.as_deref().is_some_and(|g| g != "0"));
+    for (node, line, p) in &parsed {
+        let (node, line) = (*node, *line);
+        let pg = match &p.pg {
+            Some(g) => g.clone(),
+            None if other_groups
+                && p.lagging.is_empty()
+                && p.not_joined.is_none()
+                && p.not_finished.is_none() =>
+            {
+                continue
+            }
+            None => "0".into(),
         };
-        let pg = p.pg.clone().unwrap_or_else(|| "0".into());
         if !groups.contains_key(&pg) && groups.len() >= GROUPS_MAX {
             continue;
         }
         let g = groups.entry(pg).or_default();
-        take(g, &p, node, line, &mut followed);
+        take(g, p, node, line, &mut followed);
     }
     let world: Option<BTreeSet<u32>> = world.filter(|w| *w <= 1 << 20).map(|w| (0..w).collect());
     let mut unnamed = None;
@@ -223,10 +241,17 @@ fn judge_group(
             .filter(|r| !g.ranks.contains_key(r))
             .copied()
             .collect(),
-        // World unknown: the ranks below the highest seen (ranks count from 0).
-        None if pg == "0" => (0..seen.last().copied().unwrap_or(0))
-            .filter(|r| !g.ranks.contains_key(r))
-            .collect(),
+        // World unknown: the ranks below the highest seen (ranks count from 0), when that is
+        // not far more than the ranks seen (one line claiming rank 900000 says nothing).
+        None if pg == "0"
+            && seen
+                .last()
+                .is_some_and(|m| (*m as usize) <= 4 * seen.len() + 64) =>
+        {
+            (0..seen.last().copied().unwrap_or(0))
+                .filter(|r| !g.ranks.contains_key(r))
+                .collect()
+        }
         _ => Vec::new(),
     }
     .into_iter()
@@ -294,7 +319,29 @@ fn judge_group(
                 .push(*r);
         }
     }
-    if let Some((n, kinds)) = by_seq.iter().find(|(_, k)| k.len() > 1) {
+    // Only collectives every rank calls alike: point-to-point pairs (a SEND meets a RECV) and
+    // all-to-alls (uneven splits, MoE) differ across ranks by design.
+    let varies = |op: &str| {
+        let op = op.to_ascii_uppercase();
+        [
+            "SEND",
+            "RECV",
+            "ALLTOALL",
+            "SCATTER",
+            "GATHER",
+            "COALESCED",
+            "UNKNOWN",
+        ]
+        .iter()
+        .any(|x| op.contains(x))
+            && !op.starts_with("ALLGATHER")
+            && !op.starts_with("_ALLGATHER")
+            && !op.contains("REDUCE_SCATTER")
+    };
+    if let Some((n, kinds)) = by_seq
+        .iter()
+        .find(|(_, k)| k.len() > 1 && !k.keys().any(|(op, _)| varies(op)))
+    {
         h.kind = Kind::Mismatch;
         h.collective = Some(*n);
         h.detail = kinds
@@ -391,7 +438,12 @@ fn judge_group(
         .filter_map(|(r, s)| s.completed.map(|c| (*r, c)))
         .collect();
     if let Some(best) = comp.iter().map(|x| x.1).max() {
-        let lag: Vec<(u32, i64)> = comp.iter().filter(|(_, c)| *c < best).copied().collect();
+        // Two or more behind: one is the watchdog's poll timing with work in flight.
+        let lag: Vec<(u32, i64)> = comp
+            .iter()
+            .filter(|(_, c)| best.saturating_sub(*c) >= 2)
+            .copied()
+            .collect();
         if !lag.is_empty() && lag.len() < comp.len() {
             h.kind = Kind::GpuSide;
             h.ranks = lag.iter().map(|x| x.0).collect();
@@ -546,14 +598,14 @@ mod tests {
     fn a_rank_whose_completed_lags_is_the_gpu_side() {
         let h = j(&[
             "[rank0]:[PG 0 Rank 0] Exception (either an error or timeout) detected by watchdog at work: 10, last enqueued NCCL work: 10, last completed NCCL work: 9.",
-            "[rank1]:[PG 0 Rank 1] Exception (either an error or timeout) detected by watchdog at work: 9, last enqueued NCCL work: 10, last completed NCCL work: 8.",
+            "[rank1]:[PG 0 Rank 1] Exception (either an error or timeout) detected by watchdog at work: 8, last enqueued NCCL work: 10, last completed NCCL work: 7.",
             "[rank2]:[PG 0 Rank 2] Exception (either an error or timeout) detected by watchdog at work: 10, last enqueued NCCL work: 10, last completed NCCL work: 9.",
         ], None);
-        // Rank 1 timed out in 9 (the lowest): nobody is behind 9 in enqueueing; its
-        // completed lags.
+        // Rank 1 timed out in 8 (the lowest): nobody is behind 8 in enqueueing; its
+        // completed lags by two (one would be the watchdog's poll timing).
         assert_eq!(h.kind, Kind::GpuSide, "{h:?}");
         assert_eq!(h.ranks, vec![1]);
-        assert_eq!(h.collective, Some(9));
+        assert_eq!(h.collective, Some(8));
     }
 
     #[test]

@@ -509,7 +509,10 @@ fn implicates_a_gpu(f: &Finding) -> bool {
 /// line in ms), with `reference_wall_ns` the time the analysis counts from (the first NaN, or
 /// the trigger). The same Xid in three watched jobs' bundles, or in every later incident's
 /// window, is one fault (redteam4 D-5).
-pub fn implicated_faults(a: &Analysis, reference_wall_ns: i128) -> Vec<(String, &'static str, i64)> {
+pub fn implicated_faults(
+    a: &Analysis,
+    reference_wall_ns: i128,
+) -> Vec<(String, &'static str, i64)> {
     let mut out = Vec::new();
     for f in a.suspects.iter().filter(|f| implicates_a_gpu(f)) {
         let t_ms = (reference_wall_ns / 1_000_000) as i64 + (f.first_rel_s * 1000.0).round() as i64;
@@ -655,7 +658,9 @@ fn hang_verdict(top: &Finding, timeline: &Value, snapshot: &Value) -> (String, S
             ),
             Family::Software.label().to_string(),
         ),
-        Some(h) if h.jobs_side() => (
+        // The job's side only with eyes on the machine: probes or NVML, and no machine
+        // evidence evicted (a GPU off the bus also stops NVML and the stuck rank's output).
+        Some(h) if h.jobs_side() && sees_the_machine(timeline, snapshot) => (
             format!(
                 "NOT THE MACHINE ({}), most likely: {}; no GPU, network, storage or host fault on this node in the window: the job's side ({}). Take that rank's stacks while it hangs (py-spy dump --pid)",
                 Family::Software.label(),
@@ -889,6 +894,17 @@ fn verdict(
 }
 
 /// Sources of machine evidence that lost events to the memory cap (the window is incomplete).
+/// Whether nantrace could see the machine in this window: kernel probes or NVML, and no
+/// machine evidence evicted for memory.
+fn sees_the_machine(timeline: &Value, snapshot: &Value) -> bool {
+    let acc = &timeline["accounting"];
+    let probes = acc["probes_attached"]
+        .as_array()
+        .is_some_and(|a| !a.is_empty());
+    let nvml = snapshot["gpu"]["available"].as_bool() == Some(true);
+    (probes || nvml) && incomplete_classes(acc).is_empty()
+}
+
 fn incomplete_classes(acc: &Value) -> Vec<String> {
     let ev = &acc["recorder"]["evicted_by_memory_per_source"];
     ev.as_object()

@@ -123,10 +123,8 @@ impl OwnedDump {
                     .map(|e| e.mono_ns)
                     .or(self.triggers.first().map(|t| t.mono_ns))
                     .unwrap_or(0);
-                result.faults = crate::report::implicated_faults(
-                    &w.analysis,
-                    self.clock.to_wall(reference),
-                );
+                result.faults =
+                    crate::report::implicated_faults(&w.analysis, self.clock.to_wall(reference));
                 result.dir = Some(w.dir);
             }
             Err(e) => lines.push(format!(
