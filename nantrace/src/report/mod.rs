@@ -99,6 +99,9 @@ struct Ctx<'a> {
     root: Option<u64>,
     /// The job's threads at the trigger (snapshot.json `stacks`).
     stacks: &'a Value,
+    /// The incident is a hang: the stall trigger, or a collective hang in the job's output
+    /// (a thread's state at the trigger is read only then).
+    hung: bool,
 }
 
 impl Ctx<'_> {
@@ -298,6 +301,14 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         job_pids,
         root,
         stacks: &snapshot["stacks"],
+        hung: timeline["trigger"]["kind"] == "stall"
+            || timeline["events"].as_array().is_some_and(|ev| {
+                ev.iter().any(|e| {
+                    e["source"] == "log"
+                        && e["fault"]["family"].as_str()
+                            == Some(crate::joblog::JobFamily::Hang.as_str())
+                })
+            }),
     };
     let mut acc = Acc {
         out: BTreeMap::new(),
@@ -745,10 +756,13 @@ fn verdict(
         // The job's words alone (any user can print a kernel's or a driver's line): at most
         // POSSIBLY, and the family says so. Where the kernel log was watched and shows no such
         // fault, that is evidence against them, and the verdict says it.
-        if suspects
-            .iter()
-            .filter(|s| s.blames_machine())
-            .all(|s| rules::is_job_words(s.signal))
+        // A thread's state the job can cause (its own FUSE daemon holding it in D state)
+        // does not lift the job's words above them (review of 12-02).
+        if rules::is_job_words(top.signal)
+            && suspects
+                .iter()
+                .filter(|s| s.blames_machine())
+                .all(|s| rules::is_job_words(s.signal) || rules::user_controllable(s.signal))
         {
             let watched = timeline["accounting"]["probes_attached"]
                 .as_array()

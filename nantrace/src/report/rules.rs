@@ -59,6 +59,12 @@ pub fn is_job_words(signal: &str) -> bool {
     signal.starts_with("joblog_") && signal != "joblog_gpu_corroborated"
 }
 
+/// Signals the kernel saw but the job's user can cause (a thread held in D state by the
+/// user's own FUSE daemon): never a drain, never lifting the job's words.
+pub fn user_controllable(signal: &str) -> bool {
+    signal.starts_with("rank_blocked_")
+}
+
 /// The machine-readable family of a verdict that rests on the job's words alone: the family
 /// and this suffix, so that the webhook, `nantrace_incidents_total{family}` and a drain tell
 /// it from the kernel's or NVML's evidence.

@@ -481,6 +481,45 @@ fn a_nodes_ranks_counters_name_the_rank_that_stopped() {
     );
 }
 
+/// A thread in D state at the trigger is read only in a hang: at a NaN a DataLoader worker
+/// reading a network filesystem is no finding; with the ranks' watchdog lines it is
+/// storage, at most POSSIBLY; and it never lifts the job's own words to PROBABLY (a user's
+/// FUSE daemon can hold a thread in D state).
+#[test]
+fn a_thread_blocked_on_storage_counts_in_a_hang_only_and_never_lifts_the_jobs_words() {
+    let blocked = json!({ "gap_ms": 300, "processes": [{ "pid": 4300, "rank": 0, "rank_main": false, "comm": "pt_data_worker", "io": { "read_bytes": [4096, 4096], "write_bytes": [0, 0] }, "threads": [{ "tid": 4300, "comm": "pt_data_worker", "state": ["D", "D"], "wchan": ["nfs_wait_bit_killable", "nfs_wait_bit_killable"], "kernel_stack": ["nfs_wait_bit_killable", "nfs_readpage"] }] }] });
+    let mut s = Scenario::healthy();
+    s.snapshot["stacks"] = blocked.clone();
+    let a = s.analyze();
+    assert!(
+        !a.suspects
+            .iter()
+            .any(|f| f.signal == "rank_blocked_storage"),
+        "at a NaN: {:?}",
+        a.suspects
+    );
+    let mut s = Scenario::healthy().with(job_line(-1.0, "[rank1]:[E ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600659 milliseconds before timing out."));
+    s.snapshot["stacks"] = blocked.clone();
+    let a = s.analyze();
+    assert!(
+        a.verdict
+            .starts_with("POSSIBLY THE MACHINE (storage, weak signals only): a process of rank 0 (pid 4300, pt_data_worker: a worker): main thread in D state in nfs_wait_bit_killable"),
+        "{}",
+        a.verdict
+    );
+    let mut s = Scenario::healthy()
+        .with(job_line(-1.0, "[rank1]:[E ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600659 milliseconds before timing out."))
+        .with(job_line(-2.0, "[rank1]: RuntimeError: CUDA error: uncorrectable ECC error encountered"));
+    s.snapshot["stacks"] = blocked;
+    let a = s.analyze();
+    assert!(
+        a.verdict
+            .starts_with("POSSIBLY THE MACHINE (GPU), in the job's own words only"),
+        "{}",
+        a.verdict
+    );
+}
+
 #[test]
 fn a_process_named_like_a_kernel_message_forges_nothing() {
     // Redteam 3.5: a uid-65534 process renamed `EDAC MC0: 1 UE` crashes.

@@ -180,13 +180,22 @@ pub(crate) fn rank_groups<'a>(
 }
 
 pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
+    // Only in a hang: at a NaN or an exit, a DataLoader worker reading a network
+    // filesystem or a rank closing its GPU is in D state for good reasons.
+    if !ctx.hung {
+        return;
+    }
     let stacks = ctx.stacks;
     let gap_s = stacks["gap_ms"].as_f64().unwrap_or(0.0) / 1000.0;
     for p in stacks["processes"].as_array().into_iter().flatten() {
         let pid = p["pid"].as_u64().unwrap_or(0);
         let who = match p["rank"].as_u64() {
-            Some(r) => format!(
+            Some(r) if p["rank_main"] == true => format!(
                 "rank {r} (pid {pid}, {})",
+                p["comm"].as_str().unwrap_or("?")
+            ),
+            Some(r) => format!(
+                "a process of rank {r} (pid {pid}, {}: a worker)",
                 p["comm"].as_str().unwrap_or("?")
             ),
             None => format!("job process {pid} ({})", p["comm"].as_str().unwrap_or("?")),
