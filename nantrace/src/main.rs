@@ -56,8 +56,8 @@ struct RecArgs {
     #[arg(long)]
     no_probes: bool,
     /// Dump when the job stops making progress: no step or loss line for this many seconds
-    /// after one was seen (set it below the job's collective timeout; 0 = off, 0 to 86400)
-    #[arg(long, default_value_t = 0.0, value_parser = secs(0.0, 86_400.0))]
+    /// after one was seen (set it below the job's collective timeout; 0 = off, else 1 to 86400)
+    #[arg(long, default_value_t = 0.0, value_parser = hang_secs)]
     hang_after: f64,
 }
 
@@ -75,6 +75,15 @@ fn secs(lo: f64, hi: f64) -> impl Fn(&str) -> Result<f64, String> + Clone + Send
         }
         Ok(v)
     }
+}
+
+/// 0 (off) or 1 to 86400 seconds: a stall shorter than a second is every step's gap.
+fn hang_secs(s: &str) -> Result<f64, String> {
+    let v = secs(0.0, 86_400.0)(s)?;
+    if v > 0.0 && v < 1.0 {
+        return Err(format!("{s}: give 0 (off) or at least 1 second"));
+    }
+    Ok(v)
 }
 
 fn parse_nan_pattern(s: &str) -> Result<String, String> {

@@ -201,6 +201,11 @@ impl Config {
         range("window_s", self.window_s, 1.0, 86_400.0)?;
         range("post_s", self.post_s, 0.0, 3_600.0)?;
         range("hang_after_s", self.hang_after_s, 0.0, 86_400.0)?;
+        anyhow::ensure!(
+            self.hang_after_s == 0.0 || self.hang_after_s >= 1.0,
+            "hang_after_s must be 0 (off) or at least 1 second, not {}",
+            self.hang_after_s
+        );
         range("sample_s", self.sample_s, 0.0, 3_600.0)?;
         range("slow_io_ms", self.slow_io_ms, 0.001, 600_000.0)?;
         range("spool_max_age_days", self.spool_max_age_days, 0.0, 36_500.0)?;

@@ -41,11 +41,25 @@ struct Thread {
     syscall: String,
 }
 
+/// A small /proc file as text (a thread name cut mid-character is still read: lossy).
 fn read_small(p: &Path, max: u64) -> std::io::Result<String> {
-    let mut s = String::new();
-    std::fs::File::open(p)?.take(max).read_to_string(&mut s)?;
-    Ok(s)
+    let mut b = Vec::new();
+    std::fs::File::open(p)?.take(max).read_to_end(&mut b)?;
+    Ok(String::from_utf8_lossy(&b).into_owned())
 }
+
+/// A process's start time (clock ticks since boot, /proc/PID/stat field 22): the same pid
+/// with another start time is another process (pid reuse).
+fn starttime(pid: u64) -> Option<u64> {
+    let stat = read_small(Path::new(&format!("/proc/{pid}/stat")), 4096).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The whole `stacks` section may take at most this long: reading a process's environ takes
+/// its memory map's lock, which a thread stuck in the kernel can hold for ever; the section
+/// then says so and the dump goes on without it.
+pub const DEADLINE: Duration = Duration::from_secs(60);
 
 /// A thread's state letter from its stat line (after the comm's last `)`).
 fn state_of(stat: &str) -> Option<String> {
@@ -155,9 +169,21 @@ fn ranks_of(pids: &[u32]) -> Vec<Option<(u32, bool)>> {
         .collect()
 }
 
-/// The `stacks` section for the job's processes `job`.
+/// The `stacks` section for the job's processes `job`, within [`DEADLINE`].
 pub fn snapshot(job: &BTreeSet<u32>) -> Value {
-    snapshot_with(job, pyspy_from_env().as_ref())
+    let job = job.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("nantrace-stacks".into())
+        .spawn(move || {
+            let _ = tx.send(snapshot_with(&job, pyspy_from_env().as_ref()));
+        });
+    if let Err(e) = spawned {
+        return json!({ "error": format!("no thread for the stacks: {e}") });
+    }
+    rx.recv_timeout(DEADLINE).unwrap_or_else(|_| {
+        json!({ "error": format!("the stacks took longer than {} s (a process's memory map locked, or py-spy stuck): left out", DEADLINE.as_secs()) })
+    })
 }
 
 /// The configured py-spy, or why there is none.
@@ -173,6 +199,8 @@ pub fn trusted_tool(p: &Path) -> Result<PathBuf, String> {
     if !p.is_absolute() {
         return Err(format!("{}: not an absolute path", p.display()));
     }
+    // Resolved first: every directory on the real path is checked, not one a link passes by.
+    let p = &std::fs::canonicalize(p).map_err(|e| format!("{}: {e}", p.display()))?;
     let m = std::fs::symlink_metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
     if !m.file_type().is_file() || m.uid() != 0 || m.mode() & 0o022 != 0 {
         return Err(format!(
@@ -284,9 +312,17 @@ pub fn snapshot_with(job: &BTreeSet<u32>, pyspy: Result<&PathBuf, &String>) -> V
                 .filter(|p| p["rank_main"] == true)
                 .filter_map(|p| p["pid"].as_u64())
                 .take(PYSPY_PROCS)
+                .map(|p| (p, starttime(p)))
                 .collect::<Vec<_>>();
-            for pid in rank_mains {
-                py.insert(pid.to_string(), pyspy_dump(tool, pid));
+            for (pid, started) in rank_mains {
+                // The rank may have been killed since the samples and its pid reused: root
+                // never dumps another process's Python.
+                let dump = if started.is_some() && starttime(pid) == started {
+                    pyspy_dump(tool, pid)
+                } else {
+                    json!({ "error": "the process was gone before py-spy" })
+                };
+                py.insert(pid.to_string(), dump);
             }
             out["python"] = json!({ "tool": tool.display().to_string(), "dumps": py });
         }
@@ -322,14 +358,30 @@ fn pyspy_dump(tool: &Path, pid: u64) -> Value {
             Ok(Some(s)) => break Some(s),
             Ok(None) if t0.elapsed() >= PYSPY_TIMEOUT => {
                 let _ = child.kill();
-                let _ = child.wait();
+                // Reaped if it dies within a second; a py-spy stuck in the kernel is left.
+                let t1 = Instant::now();
+                while t1.elapsed() < Duration::from_secs(1) {
+                    if child.try_wait().ok().flatten().is_some() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
                 break None;
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             Err(_) => break None,
         }
     };
-    let text = reader.join().unwrap_or_default();
+    // The reader ends with py-spy's stdout; one that is still open after the kill is left.
+    let t2 = Instant::now();
+    while !reader.is_finished() && t2.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = if reader.is_finished() {
+        reader.join().unwrap_or_default()
+    } else {
+        Vec::new()
+    };
     let text: Vec<String> = String::from_utf8_lossy(&text)
         .lines()
         .map(|l| crate::term::clean(l).chars().take(300).collect())
