@@ -234,18 +234,19 @@ impl Root {
                     return Ok(id);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let reason: String = crate::term::clean(reason).chars().take(300).collect();
+                    let marker = json!({ "schema": "nantrace.incident/1", "job": job, "incident": id, "host": host, "trigger": trigger, "reason": reason, "time": crate::clock::rfc3339(now_ns), "time_ns": now_ns.to_string(), "adopted": true });
                     let joined = match self.await_marker(job, &id) {
                         Some(v) => within(&v),
-                        // No marker to be seen in MARKER_WAIT: its opener is slow to write
-                        // it, or this node's NFS client cached the marker's absence (a negative
-                        // lookup, kept until the directory's attributes are revalidated:
-                        // acdirmin, 30 s by default), or the opener died in between. The
-                        // claimed directory's own time says which: made within the window,
-                        // it is this incident for every node, whether it sees the marker
-                        // or not; older, it is passed alike.
-                        None => self
-                            .claimed_at(job, &id)
-                            .is_some_and(|t| (now_ns - t).abs() as f64 <= JOIN_WINDOW_S * 1e9),
+                        // No marker to be seen in MARKER_WAIT: its opener is slow or died
+                        // before writing it, or this node's NFS client cached the marker's
+                        // absence (a negative lookup, kept until the directory's attributes
+                        // are revalidated: acdirmax, 60 s at most). This node then creates
+                        // the marker itself with O_EXCL, which reaches the server: created,
+                        // the claim is this incident from now for every node; EEXIST, the
+                        // marker is there, unseen here, and at most a cached lookup old: the
+                        // incident is this one. No node's choice rests on a directory's time.
+                        None => self.adopt(job, &id, &marker),
                     };
                     if joined {
                         return Ok(id);
@@ -275,15 +276,23 @@ impl Root {
         }
     }
 
-    /// When incident directory `id` of `job` was claimed (its modification time, wall
-    /// clock, ns), when it is the agents'.
-    fn claimed_at(&self, job: &str, id: &str) -> Option<i128> {
+    /// Give a claimed incident without a visible marker one, with O_EXCL: whether this
+    /// trigger joins it (created, or already there on the server).
+    fn adopt(&self, job: &str, id: &str, marker: &Value) -> bool {
         let d = self.path.join(job).join(id);
         if !self.trusted_dir(&d) {
-            return None;
+            return false;
         }
-        let m = std::fs::symlink_metadata(&d).ok()?;
-        Some(i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()))
+        let Ok(dir) = safefs::Dir::open(&d) else {
+            return false;
+        };
+        let Ok(body) = serde_json::to_vec_pretty(marker) else {
+            return false;
+        };
+        match dir.write_new(MARKER, &body) {
+            Ok(()) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::AlreadyExists,
+        }
     }
 
     /// The incident the job's nodes agree on for `id`. A numbered incident is already the

@@ -148,24 +148,33 @@ fn nodes_triggering_at_once_converge_to_one_incident_every_time() {
     assert_eq!(ids[39], "inc-000040");
 }
 
-/// A claim whose opener died between its `mkdir` and its marker is passed by every node
-/// alike: they converge on the next number.
+/// A claim whose opener died between its `mkdir` and its marker is adopted alike: the first
+/// node to find it without a marker gives it one (O_EXCL), and every node joins it.
 #[test]
-fn a_claim_without_a_marker_is_passed_alike() {
+fn a_claim_without_a_marker_is_adopted_alike() {
     let t = Tmp::new("dead");
     let root = Root::open(&t.0).unwrap();
     root.job("5").unwrap().create_subdir("inc-000001").unwrap();
     let now = 1_796_000_000_000_000_000i128;
     let a = root.open_incident("5", "n1", "nan", "x", now).unwrap();
     let b = root.open_incident("5", "n2", "nan", "x", now + 1).unwrap();
-    assert_eq!((a.as_str(), b.as_str()), ("inc-000002", "inc-000002"));
+    assert_eq!((a.as_str(), b.as_str()), ("inc-000001", "inc-000001"));
+    let m = root
+        .marker("5", "inc-000001")
+        .expect("adopted with a marker");
+    assert_eq!(
+        (m["host"].as_str(), m["adopted"].as_bool()),
+        (Some("n1"), Some(true))
+    );
+    assert_eq!(root.incidents("5").len(), 1);
 }
 
-/// A claim made just now whose marker this node cannot see (the opener is slow to write it,
-/// or an NFS client cached its absence) is joined by its directory's time after a short
-/// wait: the node does not pass the number and open a second incident of the job.
+/// A claim whose marker this node cannot see (the opener is slow, or this node's NFS client
+/// cached the marker's absence) is joined after a short wait: the node creates the marker
+/// with O_EXCL, which reaches the server, and joins whether it was created or already there.
+/// It does not pass the number and open a second incident of the job.
 #[test]
-fn a_fresh_claim_without_a_visible_marker_is_joined_by_its_time() {
+fn a_claim_without_a_visible_marker_is_joined_after_a_short_wait() {
     let t = Tmp::new("fresh");
     let root = Root::open(&t.0).unwrap();
     root.job("6").unwrap().create_subdir("inc-000001").unwrap();
@@ -178,10 +187,14 @@ fn a_fresh_claim_without_a_visible_marker_is_joined_by_its_time() {
         "a short wait for the marker at most: {:?}",
         t0.elapsed()
     );
-    assert!(
-        root.marker("6", "inc-000001").is_none(),
-        "the joiner writes no marker of its own"
-    );
+    // A marker on the server that this node cannot read (to it, the same as a cached
+    // negative lookup): EEXIST on create, joined.
+    root.job("6").unwrap().create_subdir("inc-000002").unwrap();
+    std::fs::write(t.0.join("6/inc-000002/INCIDENT.json"), "not yet a marker").unwrap();
+    let b = root
+        .open_incident("6", "n2", "nan", "x", now + 900_000_000_000)
+        .unwrap();
+    assert_eq!(b, "inc-000002", "15 min later: 1 is over, 2 is claimed");
 }
 
 /// Two incidents within one window (a node passed a number under an earlier protocol): a
