@@ -42,8 +42,9 @@ pub struct Fault {
 }
 
 /// Two entries' faults within this of each other (same GPU, same signal) are one fault seen by
-/// two bundles (the same Xid in three watched jobs' windows).
-pub const FAULT_SAME_MS: i64 = 2_000;
+/// two bundles (the same Xid in three watched jobs' windows: one kernel timestamp, each
+/// session's clock mapping within a millisecond or so of the others).
+pub const FAULT_SAME_MS: i64 = 250;
 
 fn same_fault(a: &Fault, b: &Fault) -> bool {
     a.pci.eq_ignore_ascii_case(&b.pci)
@@ -74,25 +75,40 @@ impl Entry {
     }
 }
 
-/// How many incidents of `entries` (oldest first) brought a fault of GPU `pci` not seen in an
-/// earlier one: one Xid in three watched jobs' bundles, or in every later incident's window,
-/// counts once (redteam4 D-5). An entry without faults (an earlier agent's) counts as one.
-pub fn distinct_incidents(entries: &[&Entry], pci: &str) -> usize {
-    let mut seen: Vec<&Fault> = Vec::new();
-    let mut n = 0;
-    for e in entries {
+/// For each of `entries` (oldest first), on GPU `pci`: `None` when it brought a fault not
+/// seen in an earlier one (an incident of its own), else `Some(j)`, the entry whose fault it
+/// holds again (the same Xid in another watched job's bundle, or in a later incident's
+/// window). An entry without faults (an earlier agent's) is its own.
+fn incident_of(entries: &[&Entry], pci: &str) -> Vec<Option<usize>> {
+    let mut seen: Vec<(&Fault, usize)> = Vec::new();
+    let mut out = Vec::with_capacity(entries.len());
+    for (i, e) in entries.iter().enumerate() {
         let mut any = false;
         let mut new = false;
+        let mut first_of: Option<usize> = None;
         for f in e.faults_on(pci) {
             any = true;
-            if !seen.iter().any(|s| same_fault(s, f)) {
-                seen.push(f);
-                new = true;
+            match seen.iter().find(|(s, _)| same_fault(s, f)) {
+                Some((_, j)) => first_of = Some(first_of.map_or(*j, |k: usize| k.min(*j))),
+                None => {
+                    seen.push((f, i));
+                    new = true;
+                }
             }
         }
-        n += usize::from(new || !any);
+        out.push(if new || !any { None } else { first_of });
     }
-    n
+    out
+}
+
+/// How many incidents of `entries` (oldest first) brought a fault of GPU `pci` not seen in an
+/// earlier one: one Xid in three watched jobs' bundles, or in every later incident's window,
+/// counts once (redteam4 D-5).
+pub fn distinct_incidents(entries: &[&Entry], pci: &str) -> usize {
+    incident_of(entries, pci)
+        .iter()
+        .filter(|x| x.is_none())
+        .count()
 }
 
 fn fnv1a(b: &[u8]) -> u64 {
@@ -264,19 +280,22 @@ impl History {
         }
         let mut s = String::new();
         for g in &now.gpus {
-            // Earlier incidents: not this one, and not one whose faults on this GPU are all
-            // this incident's own (the same Xid in another watched job's bundle).
-            let earlier: Vec<&Entry> = self
+            // The GPU's entries up to this one, oldest first; the incident this one is (its
+            // own, or the earlier one whose fault it holds again), and the others.
+            let mut all: Vec<&Entry> = self
                 .query(Some(&g.pci), now.time_s - 30 * 86_400)
                 .into_iter()
                 .filter(|e| e.bundle != now.bundle && e.time_s <= now.time_s)
-                .filter(|e| {
-                    let mut f = e.faults_on(&g.pci).peekable();
-                    f.peek().is_none()
-                        || f.any(|f| !now.faults_on(&g.pci).any(|n| same_fault(f, n)))
-                })
                 .collect();
-            let earlier_n = distinct_incidents(&earlier, &g.pci);
+            all.push(now);
+            let of = incident_of(&all, &g.pci);
+            let me = all.len() - 1;
+            let mine = of[me].unwrap_or(me);
+            let earlier: Vec<&Entry> = (0..me)
+                .filter(|i| of[*i].is_none() && *i != mine)
+                .map(|i| all[i])
+                .collect();
+            let earlier_n = earlier.len();
             let name = match &g.uuid {
                 Some(u) => format!("GPU {} ({u})", g.pci),
                 None => format!("GPU {}", g.pci),
@@ -309,12 +328,10 @@ impl History {
                 list.join(", "),
                 if earlier.len() > 5 { ", ..." } else { "" }
             ));
-            let week_entries: Vec<&Entry> = earlier
+            let week = 1 + earlier
                 .iter()
-                .copied()
                 .filter(|e| e.time_s >= now.time_s - REPEAT_DAYS * 86_400)
-                .collect();
-            let week = 1 + distinct_incidents(&week_entries, &g.pci);
+                .count();
             if week >= REPEAT_COUNT {
                 s.push_str(&format!("  **Repeat offender: implicated {week} times in {REPEAT_DAYS} days: drain the node and send {name} for service** (dcgmi diag -r 3, then the vendor).\n"));
             }

@@ -503,12 +503,12 @@ static PCI_IN_TEXT: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new
 });
 
 /// A finding that implicates a GPU in the node's history: the GPU's own hardware, on the
-/// kernel's or NVML's evidence, on a GPU of this job (redteam4 D-5, D-6: an Xid NVIDIA lists
-/// as possibly the application's, a power cap, a corrected ECC error are not a fault of it,
-/// and another GPU's Xid is not this job's incident).
+/// kernel's or NVML's evidence (redteam4 D-6: an Xid NVIDIA lists as possibly the
+/// application's, a power cap, a corrected ECC error are not a fault of it). Any GPU of the
+/// node, the job's or not (the job's GPUs are unknown without NVML): the history counts each
+/// fault once however many jobs' bundles hold it (`implicated_faults`, D-5).
 fn implicates_a_gpu(f: &Finding) -> bool {
     f.family == Family::Gpu
-        && f.touches_job
         && !rules::is_job_words(f.signal)
         && !matches!(
             f.signal,
@@ -524,13 +524,26 @@ pub fn implicated_faults(
     a: &Analysis,
     reference_wall_ns: i128,
 ) -> Vec<(String, &'static str, i64)> {
-    let mut out = Vec::new();
+    let mut out: Vec<(String, &'static str, i64)> = Vec::new();
+    let base_ms = (reference_wall_ns / 1_000_000) as i64;
     for f in a.suspects.iter().filter(|f| implicates_a_gpu(f)) {
-        let t_ms = (reference_wall_ns / 1_000_000) as i64 + (f.first_rel_s * 1000.0).round() as i64;
+        // A finding folds every line of its kind: its earliest and the one nearest the
+        // reference (a new Xid that triggered this dump, after one an earlier bundle had).
+        let mut times = vec![base_ms + (f.first_rel_s * 1000.0).round() as i64];
+        let near = base_ms + (f.rel_s * 1000.0).round() as i64;
+        if (near - times[0]).abs() > 250 {
+            times.push(near);
+        }
         for c in PCI_IN_TEXT.captures_iter(&f.text) {
             let pci = c[1].to_ascii_lowercase();
-            if out.len() < 64 && !out.iter().any(|(p, s, _)| *p == pci && *s == f.signal) {
-                out.push((pci, f.signal, t_ms));
+            for t in &times {
+                if out.len() < 64
+                    && !out
+                        .iter()
+                        .any(|(p, s, x)| *p == pci && *s == f.signal && x == t)
+                {
+                    out.push((pci.clone(), f.signal, *t));
+                }
             }
         }
     }
