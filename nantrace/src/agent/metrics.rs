@@ -519,6 +519,30 @@ mod tests {
         let fatal = format!("xid=~\"{}\"", critical.join("|"));
         let uses = rules.matches(&fatal).count();
         assert!(uses >= 3, "the fatal-Xid selector is not the catalog's critical list {fatal} (found {uses} times)");
+        // The repeat-offender rule counts the catalog's hardware Xids on the node's own GPUs
+        // (redteam4 D-6: not 13/31/43, not `not_on_node`).
+        let hw: Vec<String> = (0..1000)
+            .filter(|x| {
+                crate::classify::xid_entry(*x).is_some()
+                    && !crate::classify::xid_maybe_application(*x)
+            })
+            .map(|x| x.to_string())
+            .collect();
+        let hw = format!("xid=~\"{}\",gpu!=\"not_on_node\"", hw.join("|"));
+        let offender = rules
+            .split("- alert: ")
+            .find(|a| a.starts_with("NantraceGpuRepeatOffender"))
+            .expect("the repeat-offender rule");
+        let expr = offender
+            .lines()
+            .find(|l| l.trim_start().starts_with("expr:"))
+            .unwrap_or("");
+        assert_eq!(
+            expr.matches("nantrace_xid_total").count(),
+            expr.matches(&format!("nantrace_xid_total{{{hw}}}")).count(),
+            "every Xid count of NantraceGpuRepeatOffender selects the catalog's hardware Xids on the node's GPUs: {hw}"
+        );
+        assert!(!hw.contains("|13|") && !hw.contains("|31|"), "{hw}");
     }
 
     #[test]
