@@ -229,9 +229,13 @@ pub fn snapshot_with(job: &BTreeSet<u32>, pyspy: Result<&PathBuf, &String>) -> V
     order.sort_by_key(|&i| (ranks_all[i].is_none(), ranks_all[i].map(|r| (!r.1, r.0))));
     let chosen: Vec<usize> = order.into_iter().take(PROCESSES_MAX).collect();
     let pids: Vec<u32> = chosen.iter().map(|&i| all[i]).collect();
+    let ta = Instant::now();
     let a = sample(&pids);
     std::thread::sleep(SAMPLE_GAP);
+    let tb = Instant::now();
     let b = sample(&pids);
+    // The samples' real distance (many threads take long to read).
+    let gap_ms = tb.duration_since(ta).as_millis() as u64;
     let mut procs = Vec::new();
     for (k, &i) in chosen.iter().enumerate() {
         let pid = all[i];
@@ -279,6 +283,7 @@ pub fn snapshot_with(job: &BTreeSet<u32>, pyspy: Result<&PathBuf, &String>) -> V
             "pid": pid,
             "comm": read_small(Path::new(&format!("/proc/{pid}/comm")), 64).map(|c| clean(&c, 16)).unwrap_or_default(),
             "threads_total": tb.len().max(ta.len()),
+            "threads_capped": tb.len().max(ta.len()) >= THREADS_SCAN_MAX,
             "thread_states": states,
             "threads": threads,
         });
@@ -296,7 +301,7 @@ pub fn snapshot_with(job: &BTreeSet<u32>, pyspy: Result<&PathBuf, &String>) -> V
     }
     let mut out = json!({
         "samples": 2,
-        "gap_ms": SAMPLE_GAP.as_millis() as u64,
+        "gap_ms": gap_ms,
         "processes": procs,
     });
     if all.len() > PROCESSES_MAX {

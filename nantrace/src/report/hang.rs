@@ -167,7 +167,10 @@ pub fn judge<'a>(
     }
     let world: Option<BTreeSet<u32>> = world.filter(|w| *w <= 1 << 20).map(|w| (0..w).collect());
     let mut unnamed = None;
-    for (pg, g) in &groups {
+    // The default group first, then by number (not "10" before "2").
+    let mut order: Vec<(&String, &Group)> = groups.iter().collect();
+    order.sort_by_key(|(pg, _)| (pg.parse::<u64>().unwrap_or(u64::MAX), (*pg).clone()));
+    for (pg, g) in order {
         let h = judge_group(pg, g, world.as_ref(), local);
         if h.kind != Kind::Unnamed {
             return Some(h);
