@@ -146,28 +146,95 @@ pub fn cgroup(pid: u32) -> Value {
     out
 }
 
+/// The Slurm job a process's cgroup puts it in (the first `job_N` under Slurm's own
+/// hierarchy: v1 `/slurm/uid_U/job_N/...`, v2 `.../slurmstepd.scope/job_N/...`): the kernel's
+/// word, which the job's environment cannot change (redteam4 D-11).
+pub fn slurm_job_from_cgroup(cgroup_text: &str) -> Option<String> {
+    static JOB: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"(?:^|/)slurm(?:stepd\.scope)?/(?:uid_\d+/)?job_(\d{1,20})(?:/|$)")
+            .unwrap()
+    });
+    parse_cgroup_file(cgroup_text)
+        .iter()
+        .find_map(|l| JOB.captures(&l.2).map(|c| c[1].to_string()))
+}
+
+/// `NodeList=` of `scontrol show job` (Slurm's word, not the job's environment).
+pub fn node_list_of(scontrol: &str) -> Option<String> {
+    scontrol.split_whitespace().find_map(|w| {
+        w.strip_prefix("NodeList=")
+            .filter(|v| !v.is_empty() && *v != "(null)" && v.len() <= 4096)
+            .map(String::from)
+    })
+}
+
 pub fn snapshot(pid: Option<u32>, env: &BTreeMap<String, String>) -> Value {
-    let slurm = env.get("SLURM_JOB_ID").map(|id| {
-        let scontrol = std::process::Command::new("scontrol")
+    let cg_text = pid
+        .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/cgroup")).ok())
+        .unwrap_or_default();
+    slurm_snapshot(&cg_text, env, &|id: &str| {
+        std::process::Command::new("scontrol")
             .args(["show", "job", id])
             .output()
             .ok()
             .filter(|o| o.status.success())
-            .map(|o| super::redact::text(&String::from_utf8_lossy(&o.stdout)));
-        json!({
-            "job_id": id,
-            "step_id": env.get("SLURM_STEP_ID"),
-            "user": env.get("SLURM_JOB_USER"),
-            "partition": env.get("SLURM_JOB_PARTITION"),
-            "node_list": env.get("SLURM_JOB_NODELIST").or(env.get("SLURM_NODELIST")),
-            "nodes": env.get("SLURM_JOB_NUM_NODES"),
-            "procid": env.get("SLURM_PROCID"),
-            "scontrol_show_job": scontrol.unwrap_or_else(|| "scontrol not available".into()),
-        })
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    })
+    .map_or_else(
+        || scheduler_rest(pid, &cg_text, env, Value::Null),
+        |s| scheduler_rest(pid, &cg_text, env, s),
+    )
+}
+
+/// The Slurm section: the job the cgroup says (else the environment's claim), `scontrol`'s
+/// node list for it (else the environment's), and what the environment claimed when it
+/// differs.
+fn slurm_snapshot(
+    cg_text: &str,
+    env: &BTreeMap<String, String>,
+    scontrol: &dyn Fn(&str) -> Option<String>,
+) -> Option<Value> {
+    let from_cg = slurm_job_from_cgroup(cg_text);
+    let claimed = env.get("SLURM_JOB_ID").cloned();
+    let id = from_cg.clone().or(claimed.clone())?;
+    let shown = scontrol(&id);
+    let env_nodes = env
+        .get("SLURM_JOB_NODELIST")
+        .or(env.get("SLURM_NODELIST"))
+        .cloned();
+    let nodes = shown.as_deref().and_then(node_list_of);
+    let mut v = json!({
+        "job_id": id,
+        "job_id_from": if from_cg.is_some() { "cgroup" } else { "environment (the job's claim)" },
+        "step_id": env.get("SLURM_STEP_ID"),
+        "user": env.get("SLURM_JOB_USER"),
+        "partition": env.get("SLURM_JOB_PARTITION"),
+        "node_list": nodes.clone().or(env_nodes.clone()),
+        "node_list_from": if nodes.is_some() { "scontrol" } else { "environment (the job's claim)" },
+        "nodes": env.get("SLURM_JOB_NUM_NODES"),
+        "procid": env.get("SLURM_PROCID"),
+        "scontrol_show_job": shown.map_or_else(|| "scontrol not available".into(), |t| super::redact::text(&t)),
     });
-    let cg_text = pid
-        .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/cgroup")).ok())
-        .unwrap_or_default();
+    if claimed
+        .as_ref()
+        .is_some_and(|c| Some(c) != from_cg.as_ref())
+        && from_cg.is_some()
+    {
+        v["claimed_job_id"] = json!(claimed);
+    }
+    if nodes.is_some() && env_nodes.is_some() && env_nodes != nodes {
+        v["claimed_node_list"] = json!(env_nodes);
+    }
+    Some(v)
+}
+
+fn scheduler_rest(
+    pid: Option<u32>,
+    cg_text: &str,
+    env: &BTreeMap<String, String>,
+    slurm: Value,
+) -> Value {
+    let cg_text = cg_text.to_string();
     let k8s = parse_cgroup_file(&cg_text)
         .iter()
         .find_map(|l| kubernetes_from_cgroup(&l.2))
@@ -280,6 +347,53 @@ mod tests {
         let s = snapshot(None, &env);
         assert_eq!(s["slurm"]["job_id"], "4242");
         assert_eq!(s["slurm"]["node_list"], "gpu[01-04]");
+        assert_eq!(s["slurm"]["job_id_from"], "environment (the job's claim)");
         assert_eq!(s["kubernetes"], Value::Null);
+    }
+
+    /// redteam4 D-11 (F4, F6): a job that sets `SLURM_JOB_ID=15` inside its own job 16 and
+    /// `SLURM_JOB_NODELIST='vm,gpu[0001-4000]'` got job 15's `scontrol show job` and 4000
+    /// MISSING nodes. The cgroup says the job (the kernel's word), scontrol the node list.
+    #[test]
+    fn the_slurm_job_is_the_cgroups_and_its_nodes_scontrols() {
+        let mut env = BTreeMap::new();
+        env.insert("SLURM_JOB_ID".to_string(), "15".to_string());
+        env.insert(
+            "SLURM_JOB_NODELIST".to_string(),
+            "vm,gpu[0001-4000]".to_string(),
+        );
+        let asked = std::cell::RefCell::new(Vec::new());
+        let scontrol = |id: &str| {
+            asked.borrow_mut().push(id.to_string());
+            Some(format!(
+                "JobId={id} JobName=train UserId=alice(1001)\n   NodeList=vm BatchHost=vm\n"
+            ))
+        };
+        for cg in [
+            "12:memory:/slurm/uid_1001/job_16/step_0\n11:cpu,cpuacct:/slurm/uid_1001/job_16/step_0/task_0\n",
+            "0::/system.slice/slurmstepd.scope/job_16/step_0/user/task_0\n",
+        ] {
+            let s = slurm_snapshot(cg, &env, &scontrol).unwrap();
+            assert_eq!(s["job_id"], "16", "{cg}");
+            assert_eq!(s["job_id_from"], "cgroup");
+            assert_eq!(s["claimed_job_id"], "15");
+            assert_eq!(s["node_list"], "vm");
+            assert_eq!(s["node_list_from"], "scontrol");
+            assert_eq!(s["claimed_node_list"], "vm,gpu[0001-4000]");
+        }
+        assert_eq!(
+            *asked.borrow(),
+            ["16", "16"],
+            "scontrol asked about the job's own id only"
+        );
+        // A cgroup of the user's own making that names another job, under its delegated
+        // subtree: the first Slurm job on the path is the job's.
+        let nested =
+            "0::/system.slice/slurmstepd.scope/job_16/step_0/user/slurmstepd.scope/job_15\n";
+        assert_eq!(slurm_job_from_cgroup(nested).as_deref(), Some("16"));
+        assert_eq!(
+            slurm_job_from_cgroup("0::/user.slice/user-1001.slice/job_15\n"),
+            None
+        );
     }
 }
