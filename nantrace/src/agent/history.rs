@@ -1,7 +1,8 @@
 //! The agent's memory of its incidents across restarts: a small append-only index in the
 //! spool (`<spool>/.history.jsonl`, 0600), one JSON line per incident with an FNV-1a checksum
 //! of its entry, so a torn last line after a crash (or an edited one) is skipped and counted,
-//! never believed. Bounded: past `MAX_ENTRIES` the newest half is kept (rewritten whole, by
+//! never believed. Bounded: past `MAX_ENTRIES` half is kept, the entries without GPU evidence
+//! dropped first (rewritten whole, by
 //! rename). Lost or missing, it is rebuilt from the bundles in the spool, each of which holds
 //! its own entry (`history.json`, written beside report.md).
 //!
@@ -111,6 +112,38 @@ pub fn distinct_incidents(entries: &[&Entry], pci: &str) -> usize {
         .count()
 }
 
+/// Down to `keep` entries (oldest first in `entries`): the oldest that implicate no GPU go
+/// first, then, only if GPU entries alone are more than `keep`, the oldest of those. A flood
+/// of incidents without GPU evidence (one user's jobs exiting 1 every second) cannot push a
+/// GPU's record out (redteam4 D-10).
+fn evict(entries: &mut Vec<Entry>, keep: usize) {
+    let mut excess = entries.len().saturating_sub(keep);
+    if excess == 0 {
+        return;
+    }
+    let mut drop = vec![false; entries.len()];
+    for (i, e) in entries.iter().enumerate() {
+        if excess == 0 {
+            break;
+        }
+        if e.gpus.is_empty() {
+            drop[i] = true;
+            excess -= 1;
+        }
+    }
+    for d in &mut drop {
+        if excess == 0 {
+            break;
+        }
+        if !*d {
+            *d = true;
+            excess -= 1;
+        }
+    }
+    let mut it = drop.into_iter();
+    entries.retain(|_| !it.next().unwrap_or(false));
+}
+
 fn fnv1a(b: &[u8]) -> u64 {
     b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &c| {
         (h ^ u64::from(c)).wrapping_mul(0x0100_0000_01b3)
@@ -175,7 +208,7 @@ impl History {
                     }
                 }
                 if h.entries.len() > MAX_ENTRIES {
-                    h.entries.drain(..h.entries.len() - MAX_ENTRIES);
+                    evict(&mut h.entries, MAX_ENTRIES);
                 }
             }
             Err(_) => {
@@ -200,8 +233,7 @@ impl History {
             }
         }
         found.sort_by_key(|e| e.time_s);
-        let n = found.len().saturating_sub(MAX_ENTRIES);
-        found.drain(..n);
+        evict(&mut found, MAX_ENTRIES);
         self.entries = found;
         self.rebuilt = true;
         let _ = self.rewrite();
@@ -224,7 +256,7 @@ impl History {
         let line = line_of(&e) + "\n";
         self.entries.push(e);
         if self.entries.len() > MAX_ENTRIES {
-            self.entries.drain(..MAX_ENTRIES / 2);
+            evict(&mut self.entries, MAX_ENTRIES / 2);
             return self.rewrite();
         }
         use std::os::unix::fs::OpenOptionsExt as _;

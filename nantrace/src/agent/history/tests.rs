@@ -244,3 +244,41 @@ fn one_fault_in_three_watched_jobs_bundles_is_one_incident() {
     assert_eq!(again.bad_lines, 0);
     assert_eq!(again.per_gpu().get("0000:00:02.0"), Some(&3));
 }
+
+/// redteam4 D-10 (H6): one user's 1-s jobs exiting 1 made 46 incidents in 21 s; past
+/// MAX_ENTRIES the oldest half was dropped, so about 30 min of that pushed a GPU's record out.
+/// Entries without GPU evidence go first: the GPU's three incidents stay a repeat offender
+/// through a flood past MAX_ENTRIES (an eviction), and a restart reads them back.
+#[test]
+fn a_flood_of_incidents_without_gpu_evidence_does_not_erase_a_gpus_record() {
+    let s = Spool::new("flood");
+    let mut h = History::open(&s.0);
+    let gpu = [("0000:3b:00.0", None)];
+    for i in 0..3 {
+        h.add(entry(
+            T0 + i * 3600,
+            &s.bundle(1 + i as u32),
+            &gpu,
+            "PROBABLY THE MACHINE (GPU)",
+        ))
+        .unwrap();
+    }
+    let junk = s.bundle(99);
+    for i in 0..(MAX_ENTRIES + 100) as i64 {
+        h.add(entry(T0 + 20_000 + i, &junk, &[], "NOT THE MACHINE"))
+            .unwrap();
+    }
+    assert!(h.entries.len() <= MAX_ENTRIES, "{}", h.entries.len());
+    assert_eq!(h.query(Some("0000:3b:00.0"), 0).len(), 3);
+    let again = History::open(&s.0);
+    assert_eq!(again.query(Some("0000:3b:00.0"), 0).len(), 3);
+    let now = entry(
+        T0 + 4 * 3600,
+        &s.bundle(50),
+        &gpu,
+        "PROBABLY THE MACHINE (GPU)",
+    );
+    let mut again = again;
+    again.add(now.clone()).unwrap();
+    assert!(again.section(&now).unwrap().contains("Repeat offender"));
+}
