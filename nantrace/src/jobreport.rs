@@ -329,7 +329,7 @@ pub fn cli(dir: &Path, json: bool, write: bool) -> anyhow::Result<()> {
     if json {
         crate::sayout!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        crate::term::print_out(&crate::term::clean_lines(&md));
+        crate::term::print_report(&md);
     }
     if write {
         let d = crate::safefs::Dir::open_private(dir)

@@ -520,9 +520,7 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Report { bundle, write, .. } => {
             let (a, t, snap) = nantrace::report::for_bundle(&bundle)?;
-            nantrace::term::print_out(&nantrace::term::clean_lines(&nantrace::report::markdown(
-                &a, &t,
-            )));
+            nantrace::term::print_report(&nantrace::report::markdown(&a, &t));
             if write {
                 // Only into a bundle directory that is ours alone; files replaced by rename (4.11).
                 let dir = nantrace::safefs::Dir::open_private(&bundle)

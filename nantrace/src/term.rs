@@ -25,6 +25,37 @@ macro_rules! sayout {
 }
 
 /// `print!` (no newline) that ignores write errors.
+/// A report in Markdown as plain text for a terminal: no `**` emphasis, no `\|`-style
+/// escapes, no HTML entities (the text was made safe by `report::md` and `clean` first; on a
+/// terminal nothing renders Markdown, so what those escapes protect is shown as itself).
+pub fn plain(md: &str) -> String {
+    let s = md.replace("**", "");
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars().peekable();
+    while let Some(c) = it.next() {
+        if c == '\\' && it.peek().is_some_and(|n| "\\`*[]~|".contains(*n)) {
+            out.extend(it.next());
+        } else {
+            out.push(c);
+        }
+    }
+    out.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+}
+
+/// A Markdown report to stdout: plain text when stdout is a terminal, Markdown otherwise
+/// (a file or a pipe keeps what report.md holds).
+pub fn print_report(md: &str) {
+    use std::io::IsTerminal as _;
+    let md = clean_lines(md);
+    if std::io::stdout().is_terminal() {
+        print_out(&plain(&md));
+    } else {
+        print_out(&md);
+    }
+}
+
 pub fn print_out(s: &str) {
     let mut o = std::io::stdout().lock();
     let _ = o.write_all(s.as_bytes());
@@ -62,6 +93,14 @@ pub fn clean_lines(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_markdown_report_reads_as_plain_text_on_a_terminal() {
+        let md = "**PROBABLY THE MACHINE (GPU)**: job output: \\[rank0\\]: x \\| y \\*z\\* &lt;b&gt; a &amp;lt; b\n| a | b |";
+        assert_eq!(
+            super::plain(md),
+            "PROBABLY THE MACHINE (GPU): job output: [rank0]: x | y *z* <b> a &lt; b\n| a | b |"
+        );
+    }
     use super::*;
 
     #[test]
