@@ -59,7 +59,9 @@ fn fmt_val(v: f64, unit: &str) -> String {
     if unit == "KiB" && a >= 1_048_576.0 {
         return format!("{:.2} GiB", v / 1_048_576.0);
     }
-    let n = if a != 0.0 && a < 1e-3 {
+    // Very small and very large (a diverged loss of 4.99e36) in exponent form: a label stays
+    // inside its margin.
+    let n = if (a != 0.0 && a < 1e-3) || a >= 1e7 {
         format!("{v:.2e}")
     } else if a >= 100.0 || v.fract() == 0.0 {
         format!("{v:.0}")
@@ -440,6 +442,13 @@ pre{{background:#f4f6f7;padding:8px;overflow:auto;max-height:360px;font-size:12p
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn axis_labels_of_huge_or_tiny_values_stay_short() {
+        assert_eq!(super::fmt_val(4.99e36, ""), "4.99e36");
+        assert_eq!(super::fmt_val(65536.0, ""), "65536");
+        assert_eq!(super::fmt_val(0.0001234, "s"), "1.23e-4 s");
+    }
     use serde_json::json;
 
     #[test]

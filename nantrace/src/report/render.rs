@@ -225,8 +225,9 @@ pub fn facts_lines(fa: &Value) -> (Vec<String>, Vec<(String, String, String)>) {
         .iter()
         .map(|l| {
             (
-                l["step"].to_string(),
-                l["loss"].to_string(),
+                // "inf", "NaN" as the job printed them, not as JSON strings in quotes.
+                or_none(&l["step"]),
+                or_none(&l["loss"]),
                 format!("{:.2}", l["offset_s"].as_f64().unwrap_or(0.0)),
             )
         })
