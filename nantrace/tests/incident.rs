@@ -286,30 +286,162 @@ fn job_exiting_1_gives_an_exit_bundle_and_exit_0_none() {
     let _ = std::fs::remove_dir_all(&out0);
 }
 
-/// Not privileged: the log-following path runs without probes (`--no-probes`).
+/// How long a step of these tests may wait for nantrace: seconds on the host, far less than
+/// this in the slowest TCG guest.
+const STEP_LIMIT: Duration = Duration::from_secs(60);
+
+/// A nantrace process whose stderr lines are collected by a thread.
+struct Nt {
+    child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Nt {
+    fn spawn(args: &[&str]) -> Self {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (l, err) = (lines.clone(), child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                l.lock().unwrap().push(line);
+            }
+        });
+        Nt { child, lines }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn stderr(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+
+    fn wait_line(&self, what: &str, pred: impl Fn(&str) -> bool) {
+        wait_until(
+            what,
+            || self.lines.lock().unwrap().iter().any(|l| pred(l)),
+            || self.stderr(),
+        );
+    }
+
+    fn wait(mut self) -> (std::process::ExitStatus, String) {
+        let t0 = std::time::Instant::now();
+        let st = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st;
+            }
+            if t0.elapsed() > STEP_LIMIT {
+                let _ = self.child.kill();
+                panic!(
+                    "nantrace did not exit; its threads:\n{}\nits stderr:\n{}",
+                    stacks(self.pid()),
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // Its stderr is read to the end once it has exited.
+        std::thread::sleep(Duration::from_millis(100));
+        (st, self.stderr())
+    }
+}
+
+impl Drop for Nt {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Wait for `cond` ([`STEP_LIMIT`] at most); on a timeout, fail with `what` and `evidence()`.
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool, evidence: impl Fn() -> String) {
+    let t0 = std::time::Instant::now();
+    while !cond() {
+        assert!(
+            t0.elapsed() < STEP_LIMIT,
+            "{what}: not within {STEP_LIMIT:?}\n{}",
+            evidence()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Where process `pid` stands in `path`: (inode, offset) of each of its descriptors open on
+/// that path (from /proc/PID/fd and fdinfo). How a test knows a follower has read what it
+/// wrote, without sleeping for it.
+fn readers_of(pid: u32, path: &Path) -> Vec<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == path))
+        .filter_map(|e| {
+            let ino = std::fs::metadata(e.path()).ok()?.ino();
+            let info = std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                e.file_name().to_string_lossy()
+            ))
+            .ok()?;
+            let pos = info
+                .lines()
+                .find_map(|l| l.strip_prefix("pos:"))?
+                .trim()
+                .parse()
+                .ok()?;
+            Some((ino, pos))
+        })
+        .collect()
+}
+
+/// Wait until process `pid` has read `path` to its end (the file it names now, not an older
+/// one renamed away).
+fn read_to_the_end(pid: u32, path: &Path, what: &str) {
+    use std::os::unix::fs::MetadataExt as _;
+    wait_until(
+        what,
+        || {
+            let m = std::fs::metadata(path).unwrap();
+            readers_of(pid, path).contains(&(m.ino(), m.len()))
+        },
+        || {
+            format!(
+                "readers {:?}, file {:?}",
+                readers_of(pid, path),
+                std::fs::metadata(path).map(|m| (m.ino(), m.len()))
+            )
+        },
+    );
+}
+
+/// Not privileged: the log-following path runs without probes (`--no-probes`). Each step
+/// waits for the follower to have read the file to its end (its descriptor's offset), not for
+/// a time: the same on the host and in a TCG guest.
 #[test]
 fn attach_follows_rotation_and_truncation() {
     let out = out_dir("attach");
     let log = out.join("train.log");
     std::fs::write(&log, "old line before attach\nstep 1 | loss 3.0\n").unwrap();
-    let mut job = Command::new("sleep").arg("30").spawn().unwrap();
-    let mut nt = Command::new(BIN)
-        .args([
-            "attach",
-            "--no-probes",
-            "--pid",
-            &job.id().to_string(),
-            "--log",
-            log.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--post",
-            "0.5",
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(700));
+    let mut job = Command::new("sleep").arg("600").spawn().unwrap();
+    let nt = Nt::spawn(&[
+        "attach",
+        "--no-probes",
+        "--pid",
+        &job.id().to_string(),
+        "--log",
+        log.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--post",
+        "0.5",
+    ]);
     let append = |p: &Path, s: &str| {
         use std::io::Write;
         let mut f = std::fs::OpenOptions::new()
@@ -319,32 +451,32 @@ fn attach_follows_rotation_and_truncation() {
             .unwrap();
         f.write_all(s.as_bytes()).unwrap();
     };
+    read_to_the_end(nt.pid(), &log, "attach read the log at its start");
     append(&log, "step 2 | loss 2.9\n");
-    std::thread::sleep(Duration::from_millis(400));
+    read_to_the_end(nt.pid(), &log, "step 2 read");
     // Rotation: rename and start a new file.
     std::fs::rename(&log, out.join("train.log.1")).unwrap();
     append(&log, "step 3 | loss 2.8 (after rotation)\n");
-    std::thread::sleep(Duration::from_millis(400));
-    // Truncation (copytruncate), then the NaN.
+    read_to_the_end(nt.pid(), &log, "the new file after the rotation read");
+    // Truncation (copytruncate), then the NaN: the follower must have seen the file empty
+    // (its offset back at 0), else the longer NaN line would be read from its old offset.
     std::fs::write(&log, "").unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    read_to_the_end(nt.pid(), &log, "the truncation seen");
     append(&log, "step 4 | loss nan (after truncation)\n");
     // The bundle is written after the post-window; attach keeps watching while the job lives.
-    let t0 = std::time::Instant::now();
-    while std::fs::read_dir(&out)
-        .unwrap()
-        .flatten()
-        .all(|e| !e.file_name().to_str().unwrap().starts_with("nantrace-"))
-    {
-        assert!(t0.elapsed() < Duration::from_secs(10), "no bundle written");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(
+        "a bundle written",
+        || {
+            std::fs::read_dir(&out)
+                .unwrap()
+                .flatten()
+                .any(|e| e.file_name().to_str().unwrap().starts_with("nantrace-"))
+        },
+        || nt.stderr(),
+    );
     let _ = job.kill();
     let _ = job.wait();
-    let st = nt.wait().unwrap();
-    let mut err = String::new();
-    use std::io::Read;
-    nt.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let (st, err) = nt.wait();
     eprintln!("{err}");
     assert!(st.success());
     let b = only_bundle(&out);
@@ -473,12 +605,34 @@ fn attach_to_a_dead_pid_is_a_clear_error() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
-/// Not privileged: the trigger file and SIGUSR1 (`--no-probes`).
+/// Whether process `pid` catches signal `sig` (its SigCgt mask in /proc/PID/status).
+fn catches(pid: u32, sig: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let m = s
+                .lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))?
+                .trim()
+                .to_string();
+            u64::from_str_radix(&m, 16).ok()
+        })
+        .is_some_and(|m| m & (1 << (sig - 1)) != 0)
+}
+
+/// Not privileged: the trigger file and SIGUSR1 (`--no-probes`). Each job waits for the test
+/// to say it may end (an END file, written once nantrace said what the test waits for), and
+/// each signal is sent once nantrace catches it: no step depends on how fast nantrace starts.
 #[test]
 fn trigger_file_and_sigusr1_each_give_a_bundle() {
     let out = out_dir("tfile");
-    let tf = out.join("DUMP");
-    let (st, _, stderr) = run(&[
+    let (tf, end) = (out.join("DUMP"), out.join("END"));
+    // Ends by itself after 120 s at the latest, whatever happens to the test.
+    let until_end = format!(
+        "i=0; while [ ! -e {} ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done",
+        end.display()
+    );
+    let nt = Nt::spawn(&[
         "run",
         "--no-probes",
         "--post",
@@ -491,10 +645,23 @@ fn trigger_file_and_sigusr1_each_give_a_bundle() {
         "bash",
         "-c",
         &format!(
-            "echo 'step 1 | loss 1.0'; sleep 0.5; touch {}; sleep 1.5",
+            "echo 'step 1 | loss 1.0'; touch {}; {until_end}",
             tf.display()
         ),
     ]);
+    nt.wait_line("the trigger file fired", |l| l.contains("trigger file:"));
+    wait_until(
+        "its bundle",
+        || {
+            std::fs::read_dir(&out)
+                .unwrap()
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("nantrace-"))
+        },
+        || nt.stderr(),
+    );
+    std::fs::write(&end, "").unwrap();
+    let (st, stderr) = nt.wait();
     assert!(st.success(), "{stderr}");
     let t = timeline(&only_bundle(&out));
     assert_eq!(t["trigger"]["kind"], "file");
@@ -502,57 +669,84 @@ fn trigger_file_and_sigusr1_each_give_a_bundle() {
     let _ = std::fs::remove_dir_all(&out);
 
     let out = out_dir("usr1");
-    let mut nt = Command::new(BIN)
-        .args([
-            "run",
-            "--no-probes",
-            "--post",
-            "0.3",
-            "--out",
-            out.to_str().unwrap(),
-            "--",
-            "bash",
-            "-c",
-            "echo 'step 1 | loss 1.0'; sleep 3",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1000));
+    let end = out.join("END");
+    let until_end = format!(
+        "i=0; while [ ! -e {} ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done",
+        end.display()
+    );
+    let nt = Nt::spawn(&[
+        "run",
+        "--no-probes",
+        "--post",
+        "0.3",
+        "--out",
+        out.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        &format!("echo 'step 1 | loss 1.0'; {until_end}"),
+    ]);
+    wait_until(
+        "nantrace catches SIGUSR1",
+        || catches(nt.pid(), libc::SIGUSR1),
+        || nt.stderr(),
+    );
     // SAFETY: signalling our own child.
-    unsafe { libc::kill(nt.id() as i32, libc::SIGUSR1) };
-    assert!(nt.wait().unwrap().success());
+    unsafe { libc::kill(nt.pid() as i32, libc::SIGUSR1) };
+    wait_until(
+        "its bundle",
+        || {
+            std::fs::read_dir(&out)
+                .unwrap()
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("nantrace-"))
+        },
+        || nt.stderr(),
+    );
+    std::fs::write(&end, "").unwrap();
+    let (st, stderr) = nt.wait();
+    assert!(st.success(), "{stderr}");
     let t = timeline(&only_bundle(&out));
     assert_eq!(t["trigger"]["kind"], "usr1");
-    // --no-trigger turns one off: the same SIGUSR1 then writes nothing.
+    // --no-trigger turns one off: the same SIGUSR1 then writes nothing, and nantrace says so.
     let out2 = out_dir("usr1off");
-    let mut nt = Command::new(BIN)
-        .args([
-            "run",
-            "--no-probes",
-            "--no-trigger",
-            "usr1",
-            "--out",
-            out2.to_str().unwrap(),
-            "--",
-            "bash",
-            "-c",
-            "sleep 2",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(800));
-    // SAFETY: as above.
-    unsafe { libc::kill(nt.id() as i32, libc::SIGUSR1) };
-    assert!(nt.wait().unwrap().success());
-    assert_eq!(
-        std::fs::read_dir(&out2).unwrap().count(),
-        0,
-        "usr1 was turned off"
+    let end = out2.join("END");
+    let until_end = format!(
+        "i=0; while [ ! -e {} ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done",
+        end.display()
     );
+    let nt = Nt::spawn(&[
+        "run",
+        "--no-probes",
+        "--no-trigger",
+        "usr1",
+        "--out",
+        out2.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        &until_end,
+    ]);
+    wait_until(
+        "nantrace catches SIGUSR1",
+        || catches(nt.pid(), libc::SIGUSR1),
+        || nt.stderr(),
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(nt.pid() as i32, libc::SIGUSR1) };
+    nt.wait_line("the turned-off trigger said", |l| {
+        l.contains("trigger usr1 is turned off, nothing written")
+    });
+    std::fs::write(&end, "").unwrap();
+    let (st, stderr) = nt.wait();
+    assert!(st.success(), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(&out2)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n != "END")
+        .collect();
+    assert!(left.is_empty(), "usr1 was turned off: {left:?}");
     let _ = std::fs::remove_dir_all(&out);
     let _ = std::fs::remove_dir_all(&out2);
 }

@@ -384,6 +384,83 @@ fn writes_past_a_full_backing_store_give_block_errors() {
     assert_probe_path(&w.stop(), &["block:block_rq_complete"]);
 }
 
+/// The guests' hang of 12-01 (5.10 twice, 7.3 once, 6.12): `nantrace watch` made a new
+/// `ctrl_c()` future at every turn of its loop, so a SIGINT that came while it was writing a
+/// batch had no listener and was lost; once the job was over the watch idled forever and the
+/// test waited on it. Made certain here: nobody reads the watch's stdout while the job floods
+/// it with events, so the watch is blocked writing a batch when the SIGINT comes; then the
+/// flood ends and the reading goes on. The watch must then exit by itself (the lost SIGINT:
+/// it never did, in every run before the fix).
+#[test]
+fn a_sigint_while_watch_is_blocked_writing_still_stops_it() {
+    if !privileged("a_sigint_while_watch_is_blocked_writing_still_stops_it") {
+        return;
+    }
+    let scratch = Scratch::new("sigint");
+    let stop = scratch.join("stop");
+    let mut root = Gated::new(
+        "sigint",
+        &format!(
+            "i=0; while [ $i -lt 200000 ] && [ ! -e {} ]; do /bin/true; i=$((i+1)); done; exit 0",
+            stop.display()
+        ),
+    );
+    let mut w = Watch::start(&["--pid", &root.id().to_string()]);
+    root.go();
+    w.wait_for("the flood's first exec", Duration::from_secs(30), |v| {
+        v["source"] == "exec"
+    });
+    w.pause_reading(true);
+    // Blocked: one of the watch's threads waits in a pipe write (64 KiB of lines unread).
+    let t0 = std::time::Instant::now();
+    let blocked = loop {
+        let in_write = std::fs::read_dir(format!("/proc/{}/task", w.pid()))
+            .map(|rd| {
+                rd.flatten().any(|t| {
+                    std::fs::read_to_string(t.path().join("wchan"))
+                        .is_ok_and(|c| c.contains("pipe_write"))
+                        || std::fs::read_to_string(t.path().join("stack"))
+                            .is_ok_and(|c| c.contains("pipe_write"))
+                })
+            })
+            .unwrap_or(false);
+        if in_write || t0.elapsed() > Duration::from_secs(60) {
+            break in_write;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        blocked,
+        "the watch never blocked writing with its stdout unread; its threads:\n{}",
+        stacks(w.pid())
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(w.pid() as i32, libc::SIGINT) };
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(&stop, "").unwrap();
+    assert!(root.wait().unwrap().success());
+    w.pause_reading(false);
+    if !w.exits_within(Duration::from_secs(60)) {
+        panic!(
+            "the SIGINT sent while the watch was writing was lost: it did not exit within 60 s; its threads:\n{}",
+            stacks(w.pid())
+        );
+    }
+    let t0 = std::time::Instant::now();
+    let acct = loop {
+        if let Some(a) = w.all(|v| v.get("accounting").is_some()).pop() {
+            break a;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no accounting line after the SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let execs = acct["accounting"]["events"]["exec"].as_u64().unwrap_or(0);
+    assert!(execs >= 1, "the flood's execs counted: {acct}");
+}
+
 #[test]
 fn dropped_packets_between_namespaces_give_tcp_retransmits() {
     if !privileged("dropped_packets_between_namespaces_give_tcp_retransmits") {

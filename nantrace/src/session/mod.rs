@@ -149,6 +149,9 @@ pub enum Mode {
 pub struct Session {
     opts: SessionOpts,
     enabled: Enabled,
+    /// The triggers turned off that fired: each is said once (an operator sees why nothing
+    /// was written).
+    said_off: Vec<TriggerKind>,
     host: Host,
     pub info: JobInfo,
     mode: Mode,
@@ -205,6 +208,7 @@ impl Session {
         );
         Self {
             enabled: Enabled::all_but(&opts.no_trigger),
+            said_off: Vec::new(),
             host: Host::read(),
             info,
             mode,
@@ -290,6 +294,14 @@ impl Session {
 
     fn fire(&mut self, f: Fired) {
         if !self.enabled.on(f.kind) {
+            if !self.said_off.contains(&f.kind) {
+                self.said_off.push(f.kind);
+                self.say(&format!(
+                    "nantrace: trigger {} is turned off, nothing written: {}",
+                    f.kind.name(),
+                    crate::term::clean(&f.reason.chars().take(160).collect::<String>())
+                ));
+            }
             return;
         }
         self.say(&format!(

@@ -70,6 +70,9 @@ pub fn spawn_context_refresh(
 
 /// Run a session to its end; returns the job's exit code (run mode) and the bundles written.
 pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
+    // Whether the trigger file was there before anything else: one made after this moment
+    // (by the job, as soon as it starts) is a trigger, however long the probes take to load.
+    let trigger_file_existed = opts.trigger_file.as_ref().map(|p| p.exists());
     let mut scanner = Scanner::new(&opts.nan_patterns).context("--nan-pattern")?;
     scanner.grad_rule = opts.grad_rule;
     // A bundle that cannot be written must be said before hours of training, not after.
@@ -301,7 +304,7 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
         });
     }
     if let Some(tf) = opts.trigger_file.clone() {
-        let existed = tf.exists();
+        let existed = trigger_file_existed.unwrap_or(false);
         let tx2 = tx.clone();
         tokio::spawn(async move {
             let mut was = existed;

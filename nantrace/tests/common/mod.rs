@@ -120,6 +120,8 @@ pub struct Watch {
     pub events: Arc<Mutex<Vec<Value>>>,
     /// Set when the Watch is done with: its guard thread then goes.
     done: Arc<std::sync::atomic::AtomicBool>,
+    /// While set, nobody reads the watch's stdout: its pipe fills and its writes block.
+    paused: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Watch {
@@ -149,9 +151,18 @@ impl Watch {
         });
         let events = Arc::new(Mutex::new(Vec::new()));
         let ev = events.clone();
+        let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let p = paused.clone();
         let stdout = child.stdout.take().unwrap();
         std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            // A small buffer: a pause stops the reading within a few lines.
+            for line in BufReader::with_capacity(512, stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                while p.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 if let Ok(v) = serde_json::from_str::<Value>(&line) {
                     ev.lock().unwrap().push(v);
                 }
@@ -181,6 +192,28 @@ impl Watch {
             child,
             events,
             done,
+            paused,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stop (or go on) reading the watch's stdout.
+    pub fn pause_reading(&self, on: bool) {
+        self.paused.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the watch exits by itself within `limit`.
+    pub fn exits_within(&mut self, limit: Duration) -> bool {
+        let t0 = Instant::now();
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => return true,
+                Ok(None) if t0.elapsed() > limit => return false,
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            }
         }
     }
 
