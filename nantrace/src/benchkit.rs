@@ -326,7 +326,7 @@ pub fn dump(n: u64, out: &std::path::Path) -> Value {
         window_pre_s: 600.0,
         post_s: 0.0,
     };
-    let w = crate::bundle::write(out, &inc, &snapshot);
+    let w = crate::bundle::write(out, &inc, &snapshot, crate::export::derived);
     let s = start.elapsed().as_secs_f64();
     let size: u64 = w
         .as_ref()

@@ -13,6 +13,10 @@ use crate::safefs;
 use crate::trigger::Fired;
 
 pub const SCHEMA: &str = "nantrace.timeline/1";
+/// A timeline of several nodes on one clock (`nantrace merge`, the job report's node views).
+pub const MERGED_SCHEMA: &str = "nantrace.merged/1";
+/// gpucheck.json (`nantrace gpucheck`, added to a NaN bundle after the job).
+pub const GPUCHECK_SCHEMA: &str = "nantrace.gpucheck/1";
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Host {
@@ -80,13 +84,33 @@ pub struct Incident<'a> {
     pub post_s: f64,
 }
 
-pub struct Written {
+pub struct Written<A> {
     pub dir: PathBuf,
     /// Non-empty files written in full; 0 means the bundle holds nothing (full disk).
     pub written: usize,
     pub failures: Vec<String>,
-    /// The report's analysis (its verdict is printed with the summary).
-    pub analysis: crate::report::Analysis,
+    /// What the layers above made of it (the report's analysis: its verdict is printed with
+    /// the summary).
+    pub analysis: A,
+}
+
+/// What the layers above make of a bundle's digest when it is written: their analysis and
+/// the files rendered from it (`export::derived`). The model writes them; it neither analyses
+/// nor renders.
+pub struct Derived<A> {
+    pub analysis: A,
+    /// Written before snapshot.json (report.md, report.txt): on a nearly full disk the answer
+    /// survives.
+    pub answer: Vec<(&'static str, Vec<u8>)>,
+    /// Written after it (report.html, trace.json).
+    pub views: Vec<(&'static str, Vec<u8>)>,
+}
+
+impl<A> Derived<A> {
+    /// Every file, the answer first.
+    pub fn files(self) -> impl Iterator<Item = (&'static str, Vec<u8>)> {
+        self.answer.into_iter().chain(self.views)
+    }
 }
 
 /// Index of the first non-finite log line, if any.
@@ -332,15 +356,21 @@ pub fn digest(inc: &Incident, head: &Value) -> Value {
 }
 
 /// Write the bundle under `out`, one way: the typed events stream into timeline.json,
-/// app.log and kernel.log; the analysis reads a bounded digest of them and renders report.md,
-/// report.txt, trace.json and report.html; the snapshot goes as is. Each file that fails is
-/// reported and the others still written.
+/// app.log and kernel.log; `derive` (the analysis and the renderers, from the layers above)
+/// reads a bounded digest of them and gives report.md, report.txt, trace.json and
+/// report.html; the snapshot goes as is. Each file that fails is reported and the others
+/// still written.
 ///
 /// The directory is created by us (0700) under a random temporary name, filled with O_EXCL
 /// files relative to its descriptor, then claimed under its final name with
 /// `renameat2(RENAME_NOREPLACE)`: a name taken by anything (another instance's bundle, a
 /// dangling symlink) moves on to the next suffix instead of failing (redteam 4.7, 4.13, 6.13).
-pub fn write(out: &Path, inc: &Incident, snapshot: &Value) -> std::io::Result<Written> {
+pub fn write<A>(
+    out: &Path,
+    inc: &Incident,
+    snapshot: &Value,
+    derive: impl FnOnce(&Value, &Value) -> Derived<A>,
+) -> std::io::Result<Written<A>> {
     fs::create_dir_all(out)?;
     let outd = safefs::Dir::open(out)?;
     let stamp = compact_utc(inc.clock.to_wall(inc.triggers[0].mono_ns));
@@ -369,27 +399,28 @@ pub fn write(out: &Path, inc: &Incident, snapshot: &Value) -> std::io::Result<Wr
     let d = digest(inc, &head);
     // timeline.json says what the analysis read of it.
     head["accounting"]["digest"] = d["accounting"]["digest"].clone();
-    // timeline.json (every event, the longest file) on a thread of its own; the trace, then
-    // the report and the HTML from the same digest on another: the dump of a 100 k-event
-    // window takes the longest of the two, not their sum.
+    // timeline.json (every event, the longest file) on a thread of its own; what the layers
+    // above derive from the digest on this one (they take a thread of their own for the
+    // trace): the dump of a 100 k-event window takes the longest of these, not their sum.
     let (analysis, timeline) = std::thread::scope(|s| {
         let timeline =
             s.spawn(|| tmp.write_with("timeline.json", |w| write_timeline(w, inc, &head)));
-        let trace =
-            s.spawn(|| serde_json::to_vec(&crate::export::perfetto::trace(&d)).unwrap_or_default());
-        let a = crate::report::analyze(&d, snapshot);
-        let md = crate::report::markdown(&a, &d);
-        put("report.md", &mut |w| w.write_all(md.as_bytes()));
-        put("report.txt", &mut |w| w.write_all(md.as_bytes()));
+        let Derived {
+            analysis,
+            answer,
+            views,
+        } = derive(&d, snapshot);
+        for (name, data) in &answer {
+            put(name, &mut |w| w.write_all(data));
+        }
+        drop(answer);
         put("snapshot.json", &mut |w| {
             serde_json::to_writer_pretty(&mut *w, snapshot).map_err(std::io::Error::from)
         });
-        let html = crate::export::html::render(&a, &d, snapshot);
-        put("report.html", &mut |w| w.write_all(html.as_bytes()));
-        drop(html);
-        let tr = trace.join().unwrap_or_default();
-        put("trace.json", &mut |w| w.write_all(&tr));
-        (a, timeline.join())
+        for (name, data) in &views {
+            put(name, &mut |w| w.write_all(data));
+        }
+        (analysis, timeline.join())
     });
     match timeline {
         Ok(Ok(n)) if n > 0 => written += 1,

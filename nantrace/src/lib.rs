@@ -4,6 +4,7 @@ pub mod benchkit;
 pub mod bundle;
 pub mod classify;
 pub mod clock;
+pub mod cmd;
 pub mod collect;
 pub mod correlate;
 pub mod decode;

@@ -371,39 +371,6 @@ fn write_0600(path: &std::path::Path, data: &[u8]) -> anyhow::Result<()> {
 
 /// `merge --out`: a new directory (created 0700), or an existing one that is ours alone;
 /// never an input bundle or a directory inside one (5.24); never chmodded (4.14).
-fn merge_out_dir(
-    out: &std::path::Path,
-    inputs: &[PathBuf],
-) -> anyhow::Result<nantrace::safefs::Dir> {
-    for b in inputs {
-        anyhow::ensure!(!nantrace::safefs::is_within(out, b) && !nantrace::safefs::is_within(b, out), "--out {} is (or contains, or is inside) the input bundle {}: it would be overwritten; give a new directory", out.display(), b.display());
-    }
-    match std::fs::symlink_metadata(out) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let parent = out
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(std::path::Path::new("."));
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
-            let name = out
-                .file_name()
-                .and_then(|n| n.to_str())
-                .with_context(|| format!("--out {}: not a directory name", out.display()))?;
-            Ok(nantrace::safefs::Dir::open(parent)?
-                .create_subdir(name)
-                .with_context(|| format!("creating {}", out.display()))?)
-        }
-        Err(e) => Err(e).with_context(|| format!("--out {}", out.display())),
-        Ok(_) => nantrace::safefs::Dir::open_private(out).with_context(|| {
-            format!(
-                "--out {}: give a new directory, or one only you can write",
-                out.display()
-            )
-        }),
-    }
-}
-
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let code = match cli.cmd {
@@ -515,48 +482,15 @@ fn main() -> anyhow::Result<()> {
             write,
             json,
         } if json || nantrace::jobreport::is_job_dir(&bundle) => {
-            nantrace::jobreport::cli(&bundle, json, write)?;
+            nantrace::cmd::report::job_dir(&bundle, json, write)?;
             0
         }
         Cmd::Report { bundle, write, .. } => {
-            let (a, t, snap) = nantrace::report::for_bundle(&bundle)?;
-            nantrace::term::print_report(&nantrace::report::markdown(&a, &t));
-            if write {
-                // Only into a bundle directory that is ours alone; files replaced by rename (4.11).
-                let dir = nantrace::safefs::Dir::open_private(&bundle)
-                    .with_context(|| format!("report --write {}", bundle.display()))?;
-                for (name, data) in nantrace::export::derived(&t, &snap).0 {
-                    dir.replace(&name, &data)
-                        .with_context(|| format!("writing {}/{name}", bundle.display()))?;
-                }
-            }
+            nantrace::cmd::report::bundle(&bundle, write)?;
             0
         }
         Cmd::Merge { bundles, out } => {
-            let mut nodes = bundles
-                .iter()
-                .map(|b| nantrace::merge::load(b))
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            let merged = nantrace::merge::merge(&mut nodes);
-            let trace = nantrace::merge::trace(&merged, &nodes);
-            let snap = nodes[0].snapshot.clone();
-            let a = nantrace::report::analyze(&merged, &snap);
-            let dir = merge_out_dir(&out, &bundles)?;
-            dir.replace("timeline.json", &nantrace::merge::timeline_bytes(&merged)?)?;
-            dir.replace("trace.json", &serde_json::to_vec(&trace)?)?;
-            let md = nantrace::report::markdown(&a, &merged);
-            dir.replace("report.md", md.as_bytes())?;
-            dir.replace(
-                "report.html",
-                nantrace::export::html::render(&a, &merged, &snap).as_bytes(),
-            )?;
-            say!(
-                "nantrace: merged {} bundles into {}: {}",
-                nodes.len(),
-                out.display(),
-                merged["clock_statement"].as_str().unwrap_or("")
-            );
-            sayout!("{}", nantrace::term::clean(&a.verdict));
+            nantrace::cmd::merge::run(&bundles, &out)?;
             0
         }
         Cmd::Snapshot { pid, out } => {

@@ -6,9 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use serde_json::{json, Value};
 
-use crate::export::perfetto;
-
-pub const SCHEMA: &str = "nantrace.merged/1";
+/// A merged timeline's schema (the bundle model owns every file's schema).
+pub use crate::bundle::MERGED_SCHEMA as SCHEMA;
 
 pub struct Node {
     pub name: String,
@@ -183,44 +182,11 @@ pub fn timeline_bytes(merged: &Value) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
-/// trace.json with one group of processes per node.
-pub fn trace(merged: &Value, nodes: &[Node]) -> perfetto::Trace {
-    let base = merged["events"]
-        .as_array()
-        .and_then(|a| a.iter().map(perfetto::wall_us).reduce(f64::min))
-        .unwrap_or(0.0);
-    let mut all = Vec::new();
-    // Each node's events in one pass over the merged timeline, not a pass per node.
-    let mut by_node: std::collections::HashMap<&str, Vec<Value>> = std::collections::HashMap::new();
-    for e in merged["events"].as_array().into_iter().flatten() {
-        if let Some(n) = e["node"].as_str() {
-            by_node.entry(n).or_default().push(e.clone());
-        }
-    }
-    for (i, n) in nodes.iter().enumerate() {
-        let node_events = by_node.remove(n.name.as_str()).unwrap_or_default();
-        let t = json!({ "events": node_events, "job": n.timeline["job"], "schema": SCHEMA });
-        all.extend(perfetto::events(&t, Some((i as u64, &n.name)), base));
-    }
-    // Per-track order is what the format needs; metadata first.
-    all.sort_by(|a, b| {
-        (a.ph != "M")
-            .cmp(&(b.ph != "M"))
-            .then(a.ts.unwrap_or(0.0).total_cmp(&b.ts.unwrap_or(0.0)))
-            .then(perfetto::rank(a.ph).cmp(&perfetto::rank(b.ph)))
-    });
-    perfetto::Trace {
-        trace_events: all,
-        display_time_unit: "ms",
-        other_data: json!({ "generator": "nantrace merge", "clock": merged["clock_statement"] }),
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn node(name: &str, correction: f64, events: &[(&str, &str)]) -> Node {
+    pub(crate) fn node(name: &str, correction: f64, events: &[(&str, &str)]) -> Node {
         let evs: Vec<Value> = events.iter().map(|(t, what)| json!({ "time": t, "source": "kmsg", "text": what, "pid": 1, "comm": "x", "job": false })).collect();
         Node {
             name: name.into(),
@@ -276,12 +242,6 @@ mod tests {
         assert_eq!(m["events"][0]["node"], "b");
         assert_eq!(m["residual_uncertainty_s"], 0.004);
         assert_eq!(m["trigger"]["node"], "b");
-        let t = serde_json::to_value(trace(&m, &nodes)).unwrap();
-        assert!(
-            crate::export::perfetto::validate(&t).is_empty(),
-            "{:?}",
-            crate::export::perfetto::validate(&t)
-        );
     }
 
     #[test]

@@ -17,7 +17,9 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-pub const SCHEMA: &str = "nantrace.gpucheck/1";
+use crate::report::gpucheck::findings;
+
+pub use crate::bundle::GPUCHECK_SCHEMA as SCHEMA;
 const PTX: &str = include_str!("../../data/gpucheck.ptx");
 const KERNELS: [&str; 5] = ["fma_f32", "fma_f16", "fma_bf16", "mem_fill", "mem_check"];
 /// Threads (and result elements) per compute run.
@@ -372,93 +374,6 @@ pub fn run(o: &Opts) -> Value {
     v
 }
 
-/// What the check found, as sentences: a GPU whose repetitions disagree, a GPU that disagrees
-/// with its peers of the same model, memory errors, a check that could not run.
-pub fn findings(v: &Value) -> Vec<String> {
-    let mut out = Vec::new();
-    let gpus = v["gpus"].as_array().cloned().unwrap_or_default();
-    if let Some(e) = v["error"].as_str() {
-        out.push(format!("the check could not run: {e}"));
-    }
-    for g in &gpus {
-        let id = format!("GPU {} ({})", g["index"], g["pci"].as_str().unwrap_or("?"));
-        if let Some(why) = g["skipped"].as_str() {
-            out.push(format!("{id} not checked: {why}"));
-        }
-        if let Some(e) = g["error"].as_str() {
-            out.push(format!("{id}: the check did not complete: {e}"));
-        }
-        for (prec, c) in g["compute"].as_object().into_iter().flatten() {
-            let bad = c["mismatching_reps"].as_array().map_or(0, Vec::len);
-            if bad > 0 {
-                let m = &c["mismatching_reps"][0];
-                out.push(format!(
-                    "{id} gave different {} results in {bad} of {} runs (first in repetition {}, element {}: {} instead of {})",
-                    prec.to_uppercase(),
-                    c["reps"],
-                    m["rep"],
-                    m["first_index"],
-                    m["got_bits"].as_str().unwrap_or("?"),
-                    m["want_bits"].as_str().unwrap_or("?")
-                ));
-            }
-        }
-        for p in g["memory"]["patterns"].as_array().into_iter().flatten() {
-            if p["errors"].as_u64().unwrap_or(0) > 0 {
-                out.push(format!(
-                    "{id}: {} memory errors with the {} pattern (first bad word {})",
-                    p["errors"],
-                    p["pattern"].as_str().unwrap_or("?"),
-                    p["first_bad_word"]
-                ));
-            }
-        }
-    }
-    // Across GPUs of one model: the fingerprint most of them share is the reference.
-    let mut by_model: BTreeMap<(String, String), Vec<(String, String)>> = BTreeMap::new();
-    for g in &gpus {
-        for (prec, c) in g["compute"].as_object().into_iter().flatten() {
-            by_model
-                .entry((g["name"].as_str().unwrap_or("?").to_string(), prec.clone()))
-                .or_default()
-                .push((
-                    format!("GPU {}", g["index"]),
-                    c["fingerprint"].as_str().unwrap_or("").to_string(),
-                ));
-        }
-    }
-    for ((model, prec), list) in by_model {
-        if list.len() < 2 {
-            continue;
-        }
-        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-        for (_, f) in &list {
-            *counts.entry(f.as_str()).or_default() += 1;
-        }
-        let (majority, n) = counts
-            .iter()
-            .max_by_key(|(_, n)| **n)
-            .map(|(f, n)| (*f, *n))
-            .unwrap_or(("", 0));
-        for (gpu, f) in &list {
-            if f != majority {
-                let peers: Vec<&str> = list
-                    .iter()
-                    .filter(|(_, x)| x == majority)
-                    .map(|(g, _)| g.as_str())
-                    .collect();
-                out.push(format!(
-                    "{gpu} gave different {} results than its {model} peers ({}) [{n} of {} agree]",
-                    prec.to_uppercase(),
-                    peers.join(", "),
-                    list.len()
-                ));
-            }
-        }
-    }
-    out
-}
-
 /// Write gpucheck.json into a bundle (a directory that is ours alone, replaced by rename) and
 /// render the bundle's report again so its verdict reads the check.
 pub fn into_bundle(dir: &std::path::Path, v: &Value) -> anyhow::Result<()> {
@@ -467,8 +382,8 @@ pub fn into_bundle(dir: &std::path::Path, v: &Value) -> anyhow::Result<()> {
     d.replace("gpucheck.json", &serde_json::to_vec_pretty(v)?)
         .context("writing gpucheck.json")?;
     let (a, t, snap) = crate::report::for_bundle(dir)?;
-    for (name, data) in crate::export::derived(&t, &snap).0 {
-        d.replace(&name, &data)
+    for (name, data) in crate::export::derived(&t, &snap).files() {
+        d.replace(name, &data)
             .with_context(|| format!("writing {name}"))?;
     }
     let _ = a;

@@ -1,5 +1,8 @@
 //! The job report on node timelines shaped as bundles write them: the guilty node named, the
 //! peers compared, the missing node said, and no machine named where every node is clean.
+use std::path::PathBuf;
+
+use super::load::one_per_host;
 use super::*;
 
 const T0: i128 = 1_796_000_000_000_000_000; // 2026-11-30T..., the job's first NaN

@@ -2,6 +2,7 @@
 //! Ranked suspects come from the signal table in [`rules`]; when nothing fires, the report says
 //! so plainly and lists what was checked.
 pub(crate) mod detect;
+pub mod gpucheck;
 pub mod hang;
 pub mod order;
 pub use order::Order;
@@ -228,7 +229,7 @@ pub fn from_bytes(
     use anyhow::Context as _;
     let t: Value = serde_json::from_slice(timeline).context("timeline.json is not valid JSON")?;
     anyhow::ensure!(
-        t["schema"] == crate::bundle::SCHEMA || t["schema"] == crate::merge::SCHEMA,
+        t["schema"] == crate::bundle::SCHEMA || t["schema"] == crate::bundle::MERGED_SCHEMA,
         "unknown schema {}",
         t["schema"]
     );
@@ -435,7 +436,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     // GPU that disagrees with itself or its peers is the strongest GPU evidence there is.
     if snapshot["gpucheck"].is_object() && snapshot["gpucheck"]["error"].is_null() {
         let sig = rules::signal("gpucheck_mismatch");
-        for f in crate::gpucheck::findings(&snapshot["gpucheck"])
+        for f in gpucheck::findings(&snapshot["gpucheck"])
             .into_iter()
             .filter(|f| !f.contains("did not complete") && !f.contains(" not checked: "))
         {
@@ -881,7 +882,7 @@ fn verdict(
     let g = &snapshot["gpucheck"];
     let advice = "(Silent data corruption, ~1 faulty device in 1000, logs nothing: run `nantrace gpucheck --bundle BUNDLE` once the GPUs are free.)";
     let found = if g.is_object() {
-        crate::gpucheck::findings(g)
+        gpucheck::findings(g)
     } else {
         Vec::new()
     };

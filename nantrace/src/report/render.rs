@@ -275,7 +275,7 @@ pub fn for_bundle(dir: &std::path::Path) -> anyhow::Result<(Analysis, Value, Val
         }
     }
     anyhow::ensure!(
-        t["schema"] == crate::bundle::SCHEMA || t["schema"] == crate::merge::SCHEMA,
+        t["schema"] == crate::bundle::SCHEMA || t["schema"] == crate::bundle::MERGED_SCHEMA,
         "{}: unknown schema {}",
         dir.display(),
         t["schema"]

@@ -736,7 +736,7 @@ fn a_gpucheck_disagreement_is_the_top_suspect_and_a_clean_one_is_said() {
         "memory": { "bytes_tested": 1u64 << 30, "patterns": [{ "pattern": "address", "errors": 0 }], "seconds": 1.0 } })
     };
     let mut s = Scenario::healthy();
-    s.snapshot["gpucheck"] = json!({ "schema": crate::gpucheck::SCHEMA, "gpus": [gpu(0, "aa", json!([])), gpu(1, "aa", json!([])), gpu(2, "bb", json!([{ "rep": 3, "first_index": 7, "want_bits": "0x3c00", "got_bits": "0x3c01" }]))] });
+    s.snapshot["gpucheck"] = json!({ "schema": crate::bundle::GPUCHECK_SCHEMA, "gpus": [gpu(0, "aa", json!([])), gpu(1, "aa", json!([])), gpu(2, "bb", json!([{ "rep": 3, "first_index": 7, "want_bits": "0x3c00", "got_bits": "0x3c01" }]))] });
     let a = s.analyze();
     assert_eq!(top(&a).signal, "gpucheck_mismatch");
     assert!(
@@ -746,7 +746,7 @@ fn a_gpucheck_disagreement_is_the_top_suspect_and_a_clean_one_is_said() {
         a.verdict
     );
     let mut c = Scenario::healthy();
-    c.snapshot["gpucheck"] = json!({ "schema": crate::gpucheck::SCHEMA, "gpus": [gpu(0, "aa", json!([])), gpu(1, "aa", json!([]))] });
+    c.snapshot["gpucheck"] = json!({ "schema": crate::bundle::GPUCHECK_SCHEMA, "gpus": [gpu(0, "aa", json!([])), gpu(1, "aa", json!([]))] });
     let b = c.analyze();
     assert!(
         b.verdict.starts_with("NOT THE MACHINE")
@@ -756,7 +756,7 @@ fn a_gpucheck_disagreement_is_the_top_suspect_and_a_clean_one_is_said() {
     );
     // A GPU another process still used was not checked: said, not a suspect, not "clean".
     let mut d = Scenario::healthy();
-    d.snapshot["gpucheck"] = json!({ "schema": crate::gpucheck::SCHEMA, "gpus": [gpu(0, "aa", json!([])), { "index": 1, "name": "NVIDIA H200", "pci": "0000:01:00.0", "skipped": "busy: python3 4242 compute(s) on it; not checked while another process uses the GPU" }] });
+    d.snapshot["gpucheck"] = json!({ "schema": crate::bundle::GPUCHECK_SCHEMA, "gpus": [gpu(0, "aa", json!([])), { "index": 1, "name": "NVIDIA H200", "pci": "0000:01:00.0", "skipped": "busy: python3 4242 compute(s) on it; not checked while another process uses the GPU" }] });
     let e = d.analyze();
     assert!(
         e.suspects.iter().all(|s| s.signal != "gpucheck_mismatch"),
@@ -770,7 +770,7 @@ fn a_gpucheck_disagreement_is_the_top_suspect_and_a_clean_one_is_said() {
         e.verdict
     );
     let mut m = Scenario::healthy();
-    m.snapshot["gpucheck"] = json!({ "schema": crate::gpucheck::SCHEMA, "gpus": [{ "index": 0, "name": "NVIDIA H200", "pci": "0000:00:00.0", "skipped": "MIG mode is on: the check tests whole GPUs" }] });
+    m.snapshot["gpucheck"] = json!({ "schema": crate::bundle::GPUCHECK_SCHEMA, "gpus": [{ "index": 0, "name": "NVIDIA H200", "pci": "0000:00:00.0", "skipped": "MIG mode is on: the check tests whole GPUs" }] });
     let n = m.analyze();
     assert!(
         n.verdict

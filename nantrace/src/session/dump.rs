@@ -148,8 +148,8 @@ impl OwnedDump {
         inc: &Incident,
         snapshot: &serde_json::Value,
         lines: &mut Vec<String>,
-    ) -> std::io::Result<bundle::Written> {
-        let first = bundle::write(&self.out, inc, snapshot);
+    ) -> std::io::Result<bundle::Written<crate::report::Analysis>> {
+        let first = bundle::write(&self.out, inc, snapshot, crate::export::derived);
         let full = match &first {
             Err(e) => e.kind() == std::io::ErrorKind::StorageFull,
             Ok(w) => w.failures.iter().any(|f| f.contains("No space left")),
@@ -169,7 +169,10 @@ impl OwnedDump {
             return first;
         }
         lines.push(format!("nantrace: the disk was full: removed {} older bundle(s) to make room, and wrote the bundle again", freed.len()));
-        match (first, bundle::write(&self.out, inc, snapshot)) {
+        match (
+            first,
+            bundle::write(&self.out, inc, snapshot, crate::export::derived),
+        ) {
             (Ok(a), Ok(b)) if b.written >= a.written || !a.dir.exists() => {
                 let _ = std::fs::remove_dir_all(&a.dir);
                 Ok(b)

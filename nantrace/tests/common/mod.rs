@@ -633,12 +633,52 @@ impl LoopDev {
 
 impl Drop for LoopDev {
     fn drop(&mut self) {
-        let _ = sh(&format!("losetup -d {}", self.dev));
+        // Bounded, and said when it did not finish: a detach or unmount that hangs must not
+        // hang the suite (the guests' snapshot then shows where).
+        let o = sh(&format!("timeout -k 5 60 losetup -d {}", self.dev));
+        if !o.status.success() {
+            eprintln!(
+                "WARNING: losetup -d {}: {:?} {}",
+                self.dev,
+                o.status,
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
         let _ = std::fs::remove_file(&self.image);
         if let Some(c) = &self.then {
-            let _ = sh(c);
+            let o = sh(&format!("timeout -k 5 60 sh -c '{c}'"));
+            if !o.status.success() {
+                eprintln!(
+                    "WARNING: `{c}`: {:?} {}",
+                    o.status,
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
         }
     }
+}
+
+/// How long a test's job may run ([`Gated::wait`]).
+const JOB_LIMIT: Duration = Duration::from_secs(90);
+
+/// `pid` and every process below it (from /proc/PID/task/*/children).
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() && out.len() < 256 {
+        let p = out[i];
+        if let Ok(rd) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in rd.flatten() {
+                let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                out.extend(
+                    kids.split_whitespace()
+                        .filter_map(|k| k.parse::<u32>().ok()),
+                );
+            }
+        }
+        i += 1;
+    }
+    out
 }
 
 /// A test's job: `sh -c` that waits for its go file (so nantrace has seeded its pid before it
@@ -671,8 +711,24 @@ impl Gated {
         std::fs::write(&self.go, "").unwrap();
     }
 
+    /// Wait for the job's end, [`JOB_LIMIT`] at most (every test's job takes seconds, even in a
+    /// TCG guest): a job that does not end fails the test with the stacks of every process of
+    /// its tree, instead of hanging it.
     pub fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
-        self.child.wait()
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                return Ok(st);
+            }
+            if t0.elapsed() > JOB_LIMIT {
+                let tree: String = descendants(self.child.id())
+                    .into_iter()
+                    .map(stacks)
+                    .collect();
+                panic!("the test's job did not end within {JOB_LIMIT:?}; its processes:\n{tree}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 

@@ -1,0 +1,251 @@
+//! Finding a job's node bundles under a directory and reading them, one per node: bounded,
+//! never through a link, each bundle bound to the name its node's agent gave it.
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use super::{build, JobReport, MAX_NODES};
+use crate::merge::Node;
+
+/// Directory entries looked at while finding bundles, at most.
+const MAX_ENTRIES: usize = 200_000;
+
+/// The node bundles under `dir`: `dir` itself when it is one, else its subdirectories to a
+/// depth of 3 (`<job>/<incident>/<host>/`, or bundles copied by hand into one directory).
+/// Symbolic links are not followed.
+pub fn find_bundles(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    if is_bundle(dir) {
+        return Ok(vec![dir.to_path_buf()]);
+    }
+    let mut out = Vec::new();
+    let mut seen = 0usize;
+    let mut stack = vec![(dir.to_path_buf(), 0u32)];
+    while let Some((d, depth)) = stack.pop() {
+        let rd = match std::fs::read_dir(&d) {
+            Ok(r) => r,
+            Err(e) if depth == 0 => return Err(anyhow::anyhow!("{}: {e}", d.display())),
+            Err(_) => continue,
+        };
+        for ent in rd.flatten() {
+            seen += 1;
+            anyhow::ensure!(seen <= MAX_ENTRIES, "{}: more than {MAX_ENTRIES} entries looked at; point nantrace at the job's incident directory", dir.display());
+            // file_type() does not follow links: a link to a directory is skipped.
+            if !ent.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let p = ent.path();
+            // A copy in progress (`.<host>.tmp-...`) or anything hidden is not a node's bundle.
+            if ent.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            if is_bundle(&p) {
+                out.push(p);
+                anyhow::ensure!(
+                    out.len() <= MAX_NODES,
+                    "{}: more than {MAX_NODES} node bundles",
+                    dir.display()
+                );
+            } else if depth < 2 {
+                stack.push((p, depth + 1));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn is_bundle(d: &Path) -> bool {
+    std::fs::symlink_metadata(d.join("timeline.json")).is_ok_and(|m| m.is_file())
+}
+
+/// Whether `dir` holds node bundles rather than being one.
+pub fn is_job_dir(dir: &Path) -> bool {
+    !is_bundle(dir) && find_bundles(dir).is_ok_and(|b| !b.is_empty())
+}
+
+/// Read and analyse the bundles under `dir`.
+pub fn from_dir(dir: &Path) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
+    let dirs = find_bundles(dir)?;
+    anyhow::ensure!(
+        !dirs.is_empty(),
+        "{}: no node bundle (a directory with timeline.json) in it or below it",
+        dir.display()
+    );
+    let mut nodes = Vec::new();
+    // One file read once (redteam4 D-8: 50 directories of hard links to one 7.5 MB bundle
+    // took 3 GB): a timeline already read under another name is said and skipped.
+    let mut files = BTreeSet::new();
+    for d in &dirs {
+        use std::os::unix::fs::MetadataExt as _;
+        let file = std::fs::symlink_metadata(d.join("timeline.json"))
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
+        if file.is_some_and(|f| files.contains(&f)) {
+            crate::say!(
+                "nantrace: WARNING: {}: its timeline.json is a file already read (a hard link): skipped",
+                d.display()
+            );
+            continue;
+        }
+        match crate::merge::load(d) {
+            Ok(n) => match bound_to_its_directory(&n) {
+                Ok(()) => {
+                    // Recorded once accepted: a refused link under a wrong name does not
+                    // hide the same file under its node's own name.
+                    files.extend(file);
+                    nodes.push(n);
+                }
+                Err(why) => crate::say!("nantrace: WARNING: {}: not read: {why}", d.display()),
+            },
+            Err(e) => crate::say!("nantrace: WARNING: {}: not read: {e:#}", d.display()),
+        }
+    }
+    anyhow::ensure!(
+        !nodes.is_empty(),
+        "{}: none of the {} bundles could be read",
+        dir.display(),
+        dirs.len()
+    );
+    let mut nodes = one_per_host(nodes);
+    let merged = crate::merge::merge(&mut nodes);
+    let r = build(&merged, &nodes);
+    Ok((r, merged, nodes))
+}
+
+/// A bundle in an incident of a job directory sits where its node's agent put it,
+/// `<incident>/<host>[-N]/`: one whose claimed host differs from its directory's name was not
+/// put there by that host's agent (redteam4 D-3: a directory `n3-3` claiming host n1 blamed
+/// n1). Bundles elsewhere (copied by hand) are not bound to a name.
+fn bound_to_its_directory(n: &Node) -> Result<(), String> {
+    let Some(parent) = n.dir.parent() else {
+        return Ok(());
+    };
+    if !parent.join("INCIDENT.json").is_file() {
+        return Ok(());
+    }
+    let name = n
+        .dir
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let claimed = crate::safefs::sanitize(
+        n.timeline["host"]["hostname"].as_str().unwrap_or(""),
+        "host",
+    );
+    // `<host>`, or `<host>-N` for its second and later dumps (a host may end in -12 itself).
+    let ours = name == claimed
+        || name
+            .strip_prefix(claimed.as_str())
+            .and_then(|r| r.strip_prefix('-'))
+            .is_some_and(|k| !k.is_empty() && k.bytes().all(|c| c.is_ascii_digit()));
+    if ours {
+        Ok(())
+    } else {
+        Err(format!(
+            "it claims host {:?} but lies in {name:?} of an incident: only that host's agent puts a bundle under its name",
+            crate::term::clean(&claimed)
+        ))
+    }
+}
+
+/// A node that dumped twice in one incident (the job-wide dump another node asked for, then
+/// its own trigger): one node, its bundles' events together (each once), its first trigger,
+/// its first NaN, the newest accounting and snapshot.
+pub(super) fn one_per_host(nodes: Vec<Node>) -> Vec<Node> {
+    let mut by_host: BTreeMap<String, Vec<Node>> = BTreeMap::new();
+    for n in nodes {
+        let host = n.timeline["host"]["hostname"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        by_host.entry(host).or_default().push(n);
+    }
+    let mut out = Vec::new();
+    for (_, mut group) in by_host {
+        if group.len() == 1 {
+            out.extend(group);
+            continue;
+        }
+        group.sort_by(|a, b| {
+            a.timeline["trigger"]["time"]
+                .as_str()
+                .unwrap_or("")
+                .cmp(b.timeline["trigger"]["time"].as_str().unwrap_or(""))
+        });
+        let mut seen = BTreeSet::new();
+        let mut events = Vec::new();
+        for n in &group {
+            for e in n.timeline["events"].as_array().into_iter().flatten() {
+                let key = format!(
+                    "{}|{}|{}|{}|{}",
+                    e["time"], e["source"], e["pid"], e["line"], e["text"]
+                );
+                if seen.insert(key) {
+                    events.push(e.clone());
+                }
+            }
+        }
+        events.sort_by(|a, b| {
+            a["time"]
+                .as_str()
+                .unwrap_or("")
+                .cmp(b["time"].as_str().unwrap_or(""))
+        });
+        let first_nan = group
+            .iter()
+            .filter_map(|n| {
+                n.timeline["first_nan"]
+                    .as_object()
+                    .map(|_| n.timeline["first_nan"].clone())
+            })
+            .min_by(|a, b| {
+                a["time"]
+                    .as_str()
+                    .unwrap_or("")
+                    .cmp(b["time"].as_str().unwrap_or(""))
+            });
+        let dirs: Vec<String> = group.iter().map(|n| n.dir.display().to_string()).collect();
+        let mut first = group.remove(0);
+        let last = group.pop().unwrap_or_else(|| unreachable!("two or more"));
+        first.timeline["events"] = Value::Array(events);
+        first.timeline["first_nan"] = first_nan.unwrap_or(Value::Null);
+        first.timeline["accounting"] = last.timeline["accounting"].clone();
+        first.timeline["bundles"] = json!(dirs);
+        // The job's connections as any of its dumps listed them: the dump at the job's exit
+        // has none left, the one at the NaN had them all (packet loss on n2 was blamed on n1
+        // when only the last dump's list counted).
+        let sockets = union_job_sockets(
+            std::iter::once(&first.snapshot)
+                .chain(group.iter().map(|n| &n.snapshot))
+                .chain(std::iter::once(&last.snapshot)),
+        );
+        first.snapshot = last.snapshot;
+        // A bundle's snapshot is its node's claim: anything but an object of objects is
+        // left as it is (indexing a non-object would panic).
+        if !sockets.is_empty()
+            && first.snapshot.is_object()
+            && (first.snapshot["network"].is_object() || first.snapshot["network"].is_null())
+        {
+            first.snapshot["network"]["job_sockets"] = Value::Array(sockets);
+        }
+        out.push(first);
+    }
+    out
+}
+
+/// The job's sockets over several snapshots of one node, each (local, remote) once, at most
+/// as many as one snapshot may list.
+fn union_job_sockets<'a>(snapshots: impl Iterator<Item = &'a Value>) -> Vec<Value> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for s in snapshots.flat_map(|s| s["network"]["job_sockets"].as_array().into_iter().flatten()) {
+        if out.len() >= 4096 {
+            break;
+        }
+        if seen.insert((s["local"].to_string(), s["remote"].to_string())) {
+            out.push(s.clone());
+        }
+    }
+    out
+}
