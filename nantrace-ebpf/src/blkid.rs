@@ -29,7 +29,7 @@
 use aya_ebpf::{macros::map, maps::Array};
 use nantrace_common::{BioIssuer, BlockStat, BIO_ISSUER_SLOTS};
 
-use crate::{btf::load, conf};
+use crate::{conf, field::load};
 
 #[map]
 static BIO_ISSUERS: Array<BioIssuer> = Array::with_max_entries(BIO_ISSUER_SLOTS, 0);

@@ -30,17 +30,7 @@ use crate::{
     conf, count_drop, current_pid_tgid, is_job, set_job, EVENTS,
 };
 
-/// A plain load of a `T` at `base + off`. The verifier knows `off` (a read-only global) and
-/// checks it against the struct's BTF; a fault reads zero.
-#[inline(always)]
-pub(crate) fn load<T: Copy + Default>(base: *const u8, off: u32) -> T {
-    if base.is_null() || off == nantrace_common::MISSING {
-        return T::default();
-    }
-    // SAFETY: `base` is a kernel struct pointer given by the tracepoint; the offset is a
-    // member of that struct per the kernel's BTF; the load is checked by the verifier.
-    unsafe { core::ptr::read_volatile(base.add(off as usize) as *const T) }
-}
+use crate::field::load;
 
 #[btf_tracepoint(function = "block_rq_issue")]
 pub fn blk_issue_btf(ctx: BtfTracePointContext) -> i32 {

@@ -11,6 +11,7 @@ mod bench;
 mod blkid;
 mod block;
 mod btf;
+mod field;
 mod oom;
 mod printk;
 mod process;

@@ -18,23 +18,8 @@ pub const MERGED_SCHEMA: &str = "nantrace.merged/1";
 /// gpucheck.json (`nantrace gpucheck`, added to a NaN bundle after the job).
 pub const GPUCHECK_SCHEMA: &str = "nantrace.gpucheck/1";
 
-#[derive(Clone, Debug, Serialize)]
-pub struct Host {
-    pub hostname: String,
-    pub kernel: String,
-    pub boot_id: String,
-}
-
-impl Host {
-    pub fn read() -> Self {
-        let r = |p: &str| fs::read_to_string(p).unwrap_or_default().trim().to_string();
-        Host {
-            hostname: r("/proc/sys/kernel/hostname"),
-            kernel: r("/proc/sys/kernel/osrelease"),
-            boot_id: r("/proc/sys/kernel/random/boot_id"),
-        }
-    }
-}
+/// The node a bundle is from (read where the world is read: `collect::host`).
+pub use crate::collect::host::Host;
 
 /// NTP state from adjtimex(2): how far this node's clock may be from true time.
 pub fn ntp_state() -> Value {

@@ -410,8 +410,9 @@ fn a_sigint_while_watch_is_blocked_writing_still_stops_it() {
     w.wait_for("the flood's first exec", Duration::from_secs(30), |v| {
         v["source"] == "exec"
     });
+    w.shrink_stdout_pipe();
     w.pause_reading(true);
-    // Blocked: one of the watch's threads waits in a pipe write (64 KiB of lines unread).
+    // Blocked: one of the watch's threads waits in a pipe write (a page of lines unread).
     let t0 = std::time::Instant::now();
     let blocked = loop {
         let in_write = std::fs::read_dir(format!("/proc/{}/task", w.pid()))
@@ -473,7 +474,12 @@ fn dropped_packets_between_namespaces_give_tcp_retransmits() {
     // last ACK while `nft` runs), it dropped that ACK, the connection never left SYN_RECV and
     // `accept` waited forever (the 5.10 guest's hang of 12-02: the test joining this thread,
     // `nantrace watch` idle). Every wait here has a limit.
+    // The server holds the connection open until the test has its retransmits (`done`), not
+    // for a read timeout: under load the client's three `nft` calls took longer than the 6 s
+    // the server once read for, the server closed, and the retransmits came in CLOSE_WAIT
+    // (5.10 guest with a busy CPU, 12-02).
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let server = NetPair::in_ns(&net.b, move || {
         let l = TcpListener::bind(("10.213.0.2", port)).unwrap();
         l.set_nonblocking(true).unwrap();
@@ -496,12 +502,8 @@ fn dropped_packets_between_namespaces_give_tcp_retransmits() {
         let mut hello = [0u8; 5];
         s.read_exact(&mut hello).expect("the client's hello");
         let _ = ready_tx.send(());
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = s.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-        }
+        let _ = done_rx.recv_timeout(Duration::from_secs(120));
+        drop(s);
     });
     std::thread::sleep(Duration::from_millis(200));
     let w = Watch::start(&[]);
@@ -542,8 +544,9 @@ fn dropped_packets_between_namespaces_give_tcp_retransmits() {
         w.all(ours).len() >= 2,
         "RTO backoff should give several retransmits in 1.5 s"
     );
-    drop(net);
+    let _ = done_tx.send(());
     let _ = server.join();
+    drop(net);
 }
 
 /// Threads are not processes: a job process that starts three threads makes no fork events

@@ -1,6 +1,7 @@
 //! Userspace collectors: periodic samples into the flight recorder, snapshots at the trigger.
 pub mod env;
 pub mod gpu;
+pub mod host;
 pub mod net;
 pub mod ranks;
 pub mod redact;
@@ -242,7 +243,7 @@ pub fn snapshot(root_pid: Option<u32>) -> Value {
     json!({
         "schema": SNAPSHOT_SCHEMA,
         "time": crate::clock::rfc3339(crate::clock::realtime_ns()),
-        "host": crate::bundle::Host::read(),
+        "host": host::Host::read(),
         "gpu": gpu,
         "system": system::snapshot(&job),
         "network": network,

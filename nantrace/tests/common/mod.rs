@@ -122,6 +122,8 @@ pub struct Watch {
     done: Arc<std::sync::atomic::AtomicBool>,
     /// While set, nobody reads the watch's stdout: its pipe fills and its writes block.
     paused: Arc<std::sync::atomic::AtomicBool>,
+    /// The read end of the watch's stdout (owned by the reader thread).
+    stdout_fd: i32,
 }
 
 impl Watch {
@@ -154,6 +156,7 @@ impl Watch {
         let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let p = paused.clone();
         let stdout = child.stdout.take().unwrap();
+        let stdout_fd = std::os::fd::AsRawFd::as_raw_fd(&stdout);
         std::thread::spawn(move || {
             // A small buffer: a pause stops the reading within a few lines.
             for line in BufReader::with_capacity(512, stdout)
@@ -193,7 +196,16 @@ impl Watch {
             events,
             done,
             paused,
+            stdout_fd,
         }
+    }
+
+    /// Make the watch's stdout pipe one page (from 64 KiB): a paused reader then blocks the
+    /// watch after a few dozen lines.
+    pub fn shrink_stdout_pipe(&self) {
+        // SAFETY: fcntl on a pipe descriptor this Watch's reader thread holds open.
+        let rc = unsafe { libc::fcntl(self.stdout_fd, libc::F_SETPIPE_SZ, 4096) };
+        assert!(rc > 0, "F_SETPIPE_SZ: {}", std::io::Error::last_os_error());
     }
 
     pub fn pid(&self) -> u32 {
