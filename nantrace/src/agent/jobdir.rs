@@ -75,6 +75,49 @@ pub fn job_key(identity: &Value) -> Option<String> {
     .then(|| id.to_string())
 }
 
+/// Whose job a marker is: the job's uid and its cluster's name (slurm.conf's ClusterName),
+/// so that two clusters sharing one job directory, whose job ids repeat, never join or dump
+/// each other's jobs (redteam4 D-7). Null fields are unknown and match anything, as do the
+/// markers of earlier agents, which carry no owner.
+pub fn owner(uid: u32) -> Value {
+    json!({ "uid": uid, "cluster": cluster_name() })
+}
+
+/// This node's Slurm cluster name, from the root-owned slurm.conf (never the job's
+/// environment, which its user sets): lowercased, as Slurm compares it.
+fn cluster_name() -> Option<String> {
+    static NAME: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        ["/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf"]
+            .iter()
+            .find_map(|p| cluster_of(&std::fs::read_to_string(p).ok()?))
+    })
+    .clone()
+}
+
+/// `ClusterName=` of a slurm.conf's text.
+fn cluster_of(conf: &str) -> Option<String> {
+    conf.lines().find_map(|l| {
+        let l = l.split('#').next()?.trim();
+        let (k, v) = l.split_once('=')?;
+        let v = v.trim().to_ascii_lowercase();
+        (k.trim().eq_ignore_ascii_case("clustername")
+            && !v.is_empty()
+            && v.len() <= 64
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+        .then_some(v)
+    })
+}
+
+/// Whether a marker's job is the one `owner` describes (see [`owner`]).
+fn same_owner(marker: &Value, owner: &Value) -> bool {
+    ["uid", "cluster"].iter().all(|k| {
+        let (a, b) = (&marker["owner"][k], &owner[k]);
+        a.is_null() || b.is_null() || a == b
+    })
+}
+
 /// The job directory's root, checked.
 #[derive(Clone, Debug)]
 pub struct Root {
@@ -191,8 +234,28 @@ impl Root {
         reason: &str,
         now_ns: i128,
     ) -> std::io::Result<String> {
+        self.open_incident_of(job, &Value::Null, host, trigger, reason, now_ns)
+    }
+
+    /// As [`Root::open_incident`], for the job `owner` describes ([`owner`]): its marker says
+    /// so, and an incident of another owner under the same job id (another cluster's job) is
+    /// never joined.
+    pub fn open_incident_of(
+        &self,
+        job: &str,
+        owner: &Value,
+        host: &str,
+        trigger: &str,
+        reason: &str,
+        now_ns: i128,
+    ) -> std::io::Result<String> {
         let jd = self.job(job)?;
-        let listed = self.incidents(job);
+        let all = self.incidents(job);
+        let listed: Vec<(String, Value)> = all
+            .iter()
+            .filter(|(_, v)| same_owner(v, owner))
+            .cloned()
+            .collect();
         let within = |v: &Value| {
             time_of(v).is_some_and(|t| (now_ns - t).abs() as f64 <= JOIN_WINDOW_S * 1e9)
         };
@@ -217,14 +280,14 @@ impl Root {
             .filter(|(_, v)| within(v))
             .filter_map(|(id, _)| seq_of(id))
             .min()
-            .or_else(|| listed.iter().filter_map(|(id, _)| seq_of(id)).max())
+            .or_else(|| all.iter().filter_map(|(id, _)| seq_of(id)).max())
             .unwrap_or(1);
         for _ in 0..SEQ_WALK_MAX {
             let id = seq_name(n);
             match jd.create_subdir(&id) {
                 Ok(d) => {
                     let reason: String = crate::term::clean(reason).chars().take(300).collect();
-                    let marker = json!({ "schema": "nantrace.incident/1", "job": job, "incident": id, "host": host, "trigger": trigger, "reason": reason, "time": crate::clock::rfc3339(now_ns), "time_ns": now_ns.to_string() });
+                    let marker = json!({ "schema": "nantrace.incident/1", "job": job, "owner": owner, "incident": id, "host": host, "trigger": trigger, "reason": reason, "time": crate::clock::rfc3339(now_ns), "time_ns": now_ns.to_string() });
                     // Written whole then renamed into place: a node reading it at once sees
                     // all of it or nothing.
                     d.replace(
@@ -235,9 +298,9 @@ impl Root {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     let reason: String = crate::term::clean(reason).chars().take(300).collect();
-                    let marker = json!({ "schema": "nantrace.incident/1", "job": job, "incident": id, "host": host, "trigger": trigger, "reason": reason, "time": crate::clock::rfc3339(now_ns), "time_ns": now_ns.to_string(), "adopted": true });
+                    let marker = json!({ "schema": "nantrace.incident/1", "job": job, "owner": owner, "incident": id, "host": host, "trigger": trigger, "reason": reason, "time": crate::clock::rfc3339(now_ns), "time_ns": now_ns.to_string(), "adopted": true });
                     let joined = match self.await_marker(job, &id) {
-                        Some(v) => within(&v),
+                        Some(v) => within(&v) && same_owner(&v, owner),
                         // No marker to be seen in MARKER_WAIT: its opener is slow or died
                         // before writing it, or this node's NFS client cached the marker's
                         // absence (a negative lookup, kept until the directory's attributes
@@ -400,6 +463,8 @@ pub enum Msg {
     Watch {
         job: String,
         key: String,
+        /// Whose job it is ([`owner`]).
+        owner: Value,
         tx: mpsc::Sender<Input>,
     },
     Unwatch {
@@ -421,6 +486,7 @@ pub enum Msg {
 
 struct Watched {
     job: String,
+    owner: Value,
     tx: mpsc::Sender<Input>,
     /// Incidents already dumped or seen (never dumped twice).
     seen: BTreeSet<String>,
@@ -496,7 +562,12 @@ pub fn spawn(root: Root, host: String, report: Report) -> std_mpsc::Sender<Msg> 
 
 fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report: &Report, m: Msg) {
     match m {
-        Msg::Watch { job, key, tx } => {
+        Msg::Watch {
+            job,
+            key,
+            owner,
+            tx,
+        } => {
             // Incidents long over when the job is first seen here are not this node's to dump;
             // one opened within the join window is (this node saw the job late).
             let now = crate::clock::realtime_ns();
@@ -510,6 +581,7 @@ fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report:
                 key,
                 Watched {
                     job,
+                    owner,
                     tx,
                     seen,
                     current: None,
@@ -532,7 +604,7 @@ fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report:
             {
                 return; // the marker of another node opened it, or this one already did
             }
-            match root.open_incident(&w.job, host, &trigger, &reason, at) {
+            match root.open_incident_of(&w.job, &w.owner, host, &trigger, &reason, at) {
                 Ok(id) => {
                     report(&key, &format!("job-wide incident {id} ({trigger} here)"));
                     w.seen.insert(id.clone());
@@ -552,8 +624,9 @@ fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report:
             };
             let id = match w.current.take() {
                 Some((id, _)) => id,
-                None => match root.open_incident(
+                None => match root.open_incident_of(
                     &w.job,
+                    &w.owner,
                     host,
                     "dump",
                     "a bundle without a trigger of its own",
@@ -609,6 +682,17 @@ fn poll(
             }
             if marker["host"] == safefs::sanitize(host, "host").as_str() {
                 w.seen.insert(id.clone());
+                continue;
+            }
+            if !same_owner(&marker, &w.owner) {
+                // The same job id on another cluster, or another user's job: not this job.
+                w.seen.insert(id.clone());
+                report(key, &format!(
+                    "WARNING: incident {id} under job {} is another job's (owner {}; this job's {}): not dumped",
+                    w.job,
+                    crate::term::clean(&marker["owner"].to_string()),
+                    w.owner
+                ));
                 continue;
             }
             let why = format!(

@@ -264,6 +264,7 @@ impl Agent {
             let _ = jd.send(jobdir::Msg::Watch {
                 job: job.clone(),
                 key: key.clone(),
+                owner: jobdir::owner(f.uid),
                 tx: tx.clone(),
             });
         }

@@ -363,6 +363,7 @@ fn another_nodes_incident_fires_this_nodes_session_once() {
     jd.send(Msg::Watch {
         job: "4711".into(),
         key: "slurm-4711".into(),
+        owner: Value::Null,
         tx,
     })
     .unwrap();
@@ -444,6 +445,7 @@ fn incidents_within_the_join_window_fire_a_third_node_once() {
     jd.send(Msg::Watch {
         job: "5".into(),
         key: "slurm-5".into(),
+        owner: Value::Null,
         tx,
     })
     .unwrap();
@@ -486,4 +488,135 @@ fn incidents_within_the_join_window_fire_a_third_node_once() {
         bundle: None,
     })
     .unwrap();
+}
+
+/// redteam4 D-7: two clusters share one job directory and their job ids repeat. Cluster B's
+/// job 12 neither joins cluster A's incident of its job 12 nor dumps for it; the same owner
+/// (and an earlier agent's marker, which says none) still joins.
+#[test]
+fn the_same_job_id_of_another_cluster_or_user_is_another_job() {
+    let t = Tmp::new("owner");
+    let root = Root::open(&t.0).unwrap();
+    let now = crate::clock::realtime_ns();
+    let a = json!({ "uid": 1001, "cluster": "alpha" });
+    let b = json!({ "uid": 1002, "cluster": "beta" });
+    let ia = root
+        .open_incident_of("12", &a, "n1", "nan", "loss nan", now)
+        .unwrap();
+    assert_eq!(ia, "inc-000001");
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(t.0.join("12").join(&ia).join(MARKER)).unwrap())
+            .unwrap();
+    assert_eq!(m["owner"], a, "the marker says whose job it is");
+    // Cluster B, a second later: its own incident, not A's.
+    let ib = root
+        .open_incident_of("12", &b, "m1", "nan", "loss nan", now + 1_000_000_000)
+        .unwrap();
+    assert_eq!(ib, "inc-000002");
+    // Same uid, other cluster: another job too.
+    let other_cluster = json!({ "uid": 1001, "cluster": "beta" });
+    assert_eq!(
+        root.open_incident_of("12", &other_cluster, "m2", "nan", "x", now + 2_000_000_000)
+            .unwrap(),
+        "inc-000003",
+        "neither A's job (its cluster) nor B's (its uid)"
+    );
+    // A's other nodes join A's; an owner that is not known joins the first.
+    assert_eq!(
+        root.open_incident_of("12", &a, "n2", "job-error", "NCCL", now + 3_000_000_000)
+            .unwrap(),
+        ia
+    );
+    assert_eq!(
+        root.open_incident("12", "n3", "nan", "x", now + 3_000_000_000)
+            .unwrap(),
+        ia
+    );
+
+    // A node of cluster B watching its job 12 is not fired by A's incident, and says why.
+    let t2 = Tmp::new("owner-poll");
+    let root2 = Root::open(&t2.0).unwrap();
+    let (tx, mut rx) = mpsc::channel::<Input>(8);
+    let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let s2 = said.clone();
+    let jd = spawn(
+        root2.clone(),
+        "m1".into(),
+        Box::new(move |k, m| s2.lock().unwrap().push(format!("{k}: {m}"))),
+    );
+    jd.send(Msg::Watch {
+        job: "12".into(),
+        key: "slurm-12".into(),
+        owner: b.clone(),
+        tx,
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let id = root2
+        .open_incident_of(
+            "12",
+            &a,
+            "n1",
+            "nan",
+            "loss nan",
+            crate::clock::realtime_ns(),
+        )
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !said
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("another job's"))
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no warning: {:?}",
+            said.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        rx.try_recv().is_err(),
+        "cluster B's job was dumped for cluster A's incident {id}"
+    );
+    // Its own cluster's incident does fire it.
+    let own = root2
+        .open_incident_of(
+            "12",
+            &b,
+            "m2",
+            "nan",
+            "loss nan",
+            crate::clock::realtime_ns(),
+        )
+        .unwrap();
+    assert_ne!(own, id);
+    let t0 = std::time::Instant::now();
+    let fired = loop {
+        if let Ok(i) = rx.try_recv() {
+            break i;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "its own cluster's incident did not fire it: {:?}",
+            said.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let Input::Fire(_, why, _) = fired else {
+        panic!("not a fire")
+    };
+    assert!(why.contains(&own), "{why}");
+}
+
+#[test]
+fn the_cluster_name_is_slurm_confs() {
+    assert_eq!(
+        cluster_of("# c\nSlurmctldHost=h\nClusterName=Alpha-1 # the lab\n").as_deref(),
+        Some("alpha-1")
+    );
+    assert_eq!(cluster_of("clustername = beta\n").as_deref(), Some("beta"));
+    assert_eq!(cluster_of("#ClusterName=gamma\n"), None);
+    assert_eq!(cluster_of("ClusterName=../x\n"), None);
 }
