@@ -605,6 +605,16 @@ fn attach_to_a_dead_pid_is_a_clear_error() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// A process's signal masks and threads: what a lost signal leaves to read.
+fn signal_state(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let masks: Vec<&str> = status
+        .lines()
+        .filter(|l| l.starts_with("Sig") || l.starts_with("ShdPnd"))
+        .collect();
+    format!("{}\n{}", masks.join("\n"), stacks(pid))
+}
+
 /// Whether process `pid` catches signal `sig` (its SigCgt mask in /proc/PID/status).
 fn catches(pid: u32, sig: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -622,7 +632,9 @@ fn catches(pid: u32, sig: i32) -> bool {
 
 /// Not privileged: the trigger file and SIGUSR1 (`--no-probes`). Each job waits for the test
 /// to say it may end (an END file, written once nantrace said what the test waits for), and
-/// each signal is sent once nantrace catches it: no step depends on how fast nantrace starts.
+/// each signal is sent once nantrace says its signals are armed (their listeners exist: the
+/// caught-signal mask alone shows a moment before, and a SIGUSR1 sent then was lost in a
+/// loaded TCG guest): no step depends on how fast nantrace starts.
 #[test]
 fn trigger_file_and_sigusr1_each_give_a_bundle() {
     let out = out_dir("tfile");
@@ -686,10 +698,12 @@ fn trigger_file_and_sigusr1_each_give_a_bundle() {
         "-c",
         &format!("echo 'step 1 | loss 1.0'; {until_end}"),
     ]);
-    wait_until(
-        "nantrace catches SIGUSR1",
-        || catches(nt.pid(), libc::SIGUSR1),
-        || nt.stderr(),
+    nt.wait_line("its signals armed", |l| {
+        l.contains("nantrace: signals armed")
+    });
+    assert!(
+        catches(nt.pid(), libc::SIGUSR1),
+        "armed, and SIGUSR1 caught"
     );
     // SAFETY: signalling our own child.
     unsafe { libc::kill(nt.pid() as i32, libc::SIGUSR1) };
@@ -701,7 +715,7 @@ fn trigger_file_and_sigusr1_each_give_a_bundle() {
                 .flatten()
                 .any(|e| e.file_name().to_string_lossy().starts_with("nantrace-"))
         },
-        || nt.stderr(),
+        || format!("{}\n{}", nt.stderr(), signal_state(nt.pid())),
     );
     std::fs::write(&end, "").unwrap();
     let (st, stderr) = nt.wait();
@@ -727,10 +741,12 @@ fn trigger_file_and_sigusr1_each_give_a_bundle() {
         "-c",
         &until_end,
     ]);
-    wait_until(
-        "nantrace catches SIGUSR1",
-        || catches(nt.pid(), libc::SIGUSR1),
-        || nt.stderr(),
+    nt.wait_line("its signals armed", |l| {
+        l.contains("nantrace: signals armed")
+    });
+    assert!(
+        catches(nt.pid(), libc::SIGUSR1),
+        "armed, and SIGUSR1 caught"
     );
     // SAFETY: as above.
     unsafe { libc::kill(nt.pid() as i32, libc::SIGUSR1) };

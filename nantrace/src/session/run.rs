@@ -302,6 +302,19 @@ pub async fn run(job: Job, opts: SessionOpts) -> anyhow::Result<Outcome> {
                 }
             }
         });
+        // Said once the listeners exist (tokio installs a signal's handler a moment before
+        // its listener subscribes: a SIGUSR1 sent in between, as soon as the handler shows in
+        // /proc/PID/status, was lost in a loaded TCG guest). Operators learn how to ask for a
+        // dump; the tests wait for this line before they signal.
+        crate::say!(
+            "nantrace: signals armed: SIGUSR1 to pid {} {}",
+            std::process::id(),
+            if opts.no_trigger.contains(&TriggerKind::Usr1) {
+                "is turned off (--no-trigger usr1)"
+            } else {
+                "dumps a bundle now"
+            }
+        );
     }
     if let Some(tf) = opts.trigger_file.clone() {
         let existed = trigger_file_existed.unwrap_or(false);
