@@ -519,7 +519,10 @@ fn a_job_wide_incident_in_the_job_directory_is_dumped_here_and_ours_is_shared() 
 }
 
 /// Draining through the real Slurm (`drain = "slurm"`, issue 25): an Xid 13 (possibly the
-/// job's own code) leaves the node alone; an Xid 79 while a GPU job runs leaves it DRAIN with
+/// job's own code) leaves the node alone; an Xid 79 written into /dev/kmsg from user space
+/// (how this test injects it, and how a relay such as journald's `ForwardToKMsg` would bring a
+/// user's text) does not drain by default, and the report says why (redteam4 D-14); with
+/// `drain_on_user_written_kmsg = true` (restarted), an Xid 79 while a GPU job runs leaves it DRAIN with
 /// nantrace's reason (`sinfo -R`), said in the bundle's report and in the incident's record
 /// (what the webhook gets); a person's resume stands; the next incident within the hour is
 /// held back by the cap (1 per hour), and the report says so with the command.
@@ -555,7 +558,7 @@ fn an_xid_79_drains_the_node_in_slurm_with_a_reason_once_within_the_cap() {
             .unwrap_or("?")
             .to_string()
     };
-    let a = Agent::start_env(
+    let mut a = Agent::start_env(
         "drain",
         19487,
         &[
@@ -581,17 +584,20 @@ fn an_xid_79_drains_the_node_in_slurm_with_a_reason_once_within_the_cap() {
         ),
     );
     let key = format!("slurm-{id}");
-    let t0 = Instant::now();
-    while !a.ctl(&["jobs"]).to_string().contains(&key) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "Slurm job {id} not watched: {}",
-            a.ctl(&["jobs"])
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_secs(1));
-    let newest_report = |n: usize| {
+    let wait_watched = |a: &Agent| {
+        let t0 = Instant::now();
+        while !a.ctl(&["jobs"]).to_string().contains(&key) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "Slurm job {id} not watched: {}",
+                a.ctl(&["jobs"])
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    wait_watched(&a);
+    let newest_report = |a: &Agent, n: usize| {
         let b = a.wait_bundles(n, Duration::from_secs(40));
         assert!(b.len() >= n, "bundle {n} never came: {b:?}");
         let mut b: Vec<_> = b.into_iter().collect();
@@ -620,7 +626,7 @@ fn an_xid_79_drains_the_node_in_slurm_with_a_reason_once_within_the_cap() {
     kmsg("NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 0): Out Of Range Address");
     std::thread::sleep(Duration::from_millis(500));
     a.ctl(&["dump", "--job", &id]);
-    let md = newest_report(1);
+    let md = newest_report(&a, 1);
     assert!(
         md.contains("not_needed: no drain: the verdict is POSSIBLY THE MACHINE"),
         "{md}"
@@ -639,9 +645,40 @@ fn an_xid_79_drains_the_node_in_slurm_with_a_reason_once_within_the_cap() {
     if into_hour > 3540 {
         std::thread::sleep(Duration::from_secs(3601 - into_hour));
     }
+    // Xid 79 written into /dev/kmsg from user space: the verdict reads it, the drain does
+    // not act on it (the default), and says why.
+    kmsg("NVRM: Xid (PCI:0000:3b:00): 79, pid=4241, name=python3, GPU has fallen off the bus.");
+    let md = newest_report(&a, 2);
+    assert!(
+        md.contains("not_needed: no drain: the kernel log line")
+            && md.contains("pid=4241")
+            && md.contains("from user space (facility 1), not by the kernel"),
+        "{md}"
+    );
+    assert!(
+        !state().contains("DRAIN"),
+        "drained on a user-written line: {}",
+        state()
+    );
+    let m = a.wait_metrics(Duration::from_secs(10), |m| {
+        m.contains("nantrace_drains_total{result=\"not_needed\"} 2")
+    });
+    assert!(
+        m.contains("nantrace_drains_total{result=\"not_needed\"} 2"),
+        "{m}"
+    );
+    // This suite injects faults that way: let root's lines drain, as a test cluster would.
+    std::fs::write(
+        &cfg,
+        "drain = \"slurm\"\ndrain_max_per_hour = 1\nslurm_jobs = \"all\"\ndrain_on_user_written_kmsg = true\n",
+    )
+    .unwrap();
+    a = a.restart();
+    wait_watched(&a);
+    let have = a.wait_bundles(0, Duration::ZERO).len();
     // Xid 79: drained, with nantrace's reason.
     kmsg("NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus.");
-    let md = newest_report(2);
+    let md = newest_report(&a, have + 1);
     assert!(
         md.contains(&format!("drained: drained {host} in Slurm")),
         "{md}"
@@ -682,7 +719,7 @@ fn an_xid_79_drains_the_node_in_slurm_with_a_reason_once_within_the_cap() {
         state()
     );
     kmsg("NVRM: Xid (PCI:0000:5e:00): 79, pid=4242, name=python3, GPU has fallen off the bus.");
-    let md = newest_report(3);
+    let md = newest_report(&a, have + 2);
     assert!(
         md.contains("held_by_cap: drain held back: 1 drain(s) this hour already on this node")
             && md.contains("scontrol update NodeName="),
@@ -696,7 +733,8 @@ fn an_xid_79_drains_the_node_in_slurm_with_a_reason_once_within_the_cap() {
     let m = a.wait_metrics(Duration::from_secs(10), |m| {
         m.contains("nantrace_drains_total{result=\"held_by_cap\"} 1")
     });
-    for r in ["drained", "held_by_cap", "not_needed"] {
+    // Counted since the restart.
+    for r in ["drained", "held_by_cap"] {
         assert!(
             m.contains(&format!("nantrace_drains_total{{result=\"{r}\"}} 1")),
             "{r}: {m}"

@@ -224,6 +224,52 @@ fn a_renamed_network_device_is_not_machine_evidence() {
     let _ = sh(&format!("ip netns del {ns}"));
 }
 
+/// redteam4 D-14, what a drain checks (`agent::drain::check_writer`): `/dev/kmsg` says who
+/// wrote a line. A line root writes into /dev/kmsg (as this suite injects faults, and as
+/// journald's `ForwardToKMsg` relays a user's text) is user space's, facility 1 (LOG_USER, set
+/// by the kernel); a record the kernel wrote itself (a device renamed here) is the kernel's;
+/// a line after a newline inside one record is no record's start.
+#[test]
+fn who_wrote_a_line_is_what_dev_kmsg_says() {
+    use nantrace::klog::{who_wrote, Writer};
+    if !privileged("who_wrote_a_line_is_what_dev_kmsg_says") {
+        return;
+    }
+    let n = std::process::id() % 100_000;
+    let forged = format!(
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid={n}, name=whowrote, GPU has fallen off the bus."
+    );
+    kmsg(&format!("<3>{forged}"));
+    let quoted = format!("NVRM: Xid (PCI:0000:3b:00): 79, pid={n}, name=quoted, GPU has fallen off the bus.");
+    kmsg(&format!("<3>tmpfs: Unknown parameter 'x\n{quoted}'"));
+    let ns = format!("ntww-{n}");
+    let _ = sh(&format!("ip netns del {ns} 2>/dev/null"));
+    sh_ok(&format!(
+        "ip netns add {ns} && ip -n {ns} link add ntwa{n} type veth peer name ntwp{n} && \
+         ip -n {ns} link set ntwa{n} name ntwb{n}"
+    ));
+    let renamed = format!("ntwb{n}: renamed from ntwa{n}");
+    let lines = [forged, renamed, quoted];
+    let t0 = std::time::Instant::now();
+    let got = loop {
+        let got = who_wrote(&lines).expect("read /dev/kmsg");
+        if got[1] == Writer::Kernel || t0.elapsed() > Duration::from_secs(5) {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = sh(&format!("ip netns del {ns}"));
+    assert_eq!(
+        got,
+        [
+            Writer::UserSpace { facility: 1 },
+            Writer::Kernel,
+            Writer::NotFound
+        ],
+        "who wrote {lines:?}"
+    );
+}
+
 fn mono_ns() -> u64 {
     let mut t = libc::timespec {
         tv_sec: 0,

@@ -64,6 +64,11 @@ pub struct Config {
     /// At most this many drains per clock hour: across the cluster where `job_dir` is set
     /// (slots in `<job_dir>/.drains/`), else on this node. What the cap holds back is said.
     pub drain_max_per_hour: u32,
+    /// Whether a kernel log line written into `/dev/kmsg` from user space (a facility other
+    /// than the kernel's) may drain: false (the default) drains only on lines the kernel wrote
+    /// itself or on NVML's and tracepoints' records; true is for test clusters that inject
+    /// faults by writing `/dev/kmsg` as root, never where journald forwards users' text there.
+    pub drain_on_user_written_kmsg: bool,
     /// This node's name in Slurm ("" = the short host name, as slurm.conf's NodeName usually is).
     pub slurm_node_name: String,
 }
@@ -98,6 +103,7 @@ impl Default for Config {
             job_dir: PathBuf::new(),
             drain: "off".into(),
             drain_max_per_hour: 1,
+            drain_on_user_written_kmsg: false,
             slurm_node_name: String::new(),
         }
     }

@@ -4,7 +4,8 @@
 //! command into the report and the webhook for a person (`drain = "recommend"`).
 //!
 //! Only evidence a user cannot forge drains: PROBABLY THE MACHINE from the kernel's or NVML's
-//! own records (a fatal Xid, an uncorrected ECC error or remap failure, a fatal AER error, an
+//! own records, checked before the drain (`check_writer`: a kernel log line must be one the
+//! kernel wrote, at a record's start, as `/dev/kmsg` says) (a fatal Xid, an uncorrected ECC error or remap failure, a fatal AER error, an
 //! uncorrected machine check, a gpucheck mismatch), never POSSIBLY, UNDECIDED, NOT THE MACHINE
 //! or the job's own words. A node already DRAIN or DOWN is left alone, one incident drains at
 //! most once (a person's `scontrol update state=resume` stands), and at most
@@ -112,6 +113,40 @@ pub fn decide(d: &Dumped, incident: &str) -> Result<String, String> {
         ),
         200,
     ))
+}
+
+/// Whether the top suspect's evidence is the kernel's own, before a drain acts on it: seen by
+/// a witness no user writes (NVML, a tracepoint's fields), or kernel log lines that
+/// `/dev/kmsg` records as the kernel's (facility 0, at a record's start: `klog::Writer`).
+/// Text a user wrote into the log through a relay (journald's `ForwardToKMsg`), a line
+/// after a newline inside another record, or a line no longer in the kernel's buffer to
+/// check never drains (redteam4 D-1, D-2, D-14). `user_written_ok` also accepts lines root's
+/// processes wrote into `/dev/kmsg` (`drain_on_user_written_kmsg`). `who` is
+/// `klog::who_wrote` (a parameter for the tests).
+pub fn check_writer(
+    lines: &[String],
+    unforgeable: bool,
+    user_written_ok: bool,
+    who: impl Fn(&[String]) -> std::io::Result<Vec<crate::klog::Writer>>,
+) -> Result<(), String> {
+    use crate::klog::Writer;
+    if unforgeable {
+        return Ok(());
+    }
+    if lines.is_empty() {
+        return Err("the evidence has neither a kernel log line nor an NVML or tracepoint record to check its writer by".into());
+    }
+    let writers = who(lines).map_err(|e| {
+        format!("who wrote the kernel log line cannot be checked (/dev/kmsg: {e})")
+    })?;
+    if writers.contains(&Writer::Kernel)
+        || (user_written_ok && writers.iter().any(|w| matches!(w, Writer::UserSpace { .. })))
+    {
+        return Ok(());
+    }
+    let w = writers.first().copied().unwrap_or(Writer::NotFound);
+    let line: String = crate::term::clean(&lines[0]).chars().take(160).collect();
+    Err(format!("the kernel log line \"{line}\" was {}", w.describe()))
 }
 
 /// The record of drains: one file per slot `<hour>-<k>` (k < the cap), made with O_EXCL so
@@ -233,6 +268,8 @@ pub struct Drainer {
     pub ledger: Option<Ledger>,
     /// The scontrol to run ("scontrol" from PATH).
     pub scontrol: PathBuf,
+    /// `drain_on_user_written_kmsg`.
+    pub user_written_kmsg: bool,
 }
 
 /// Run scontrol with a deadline; (success, stdout + stderr).
@@ -443,6 +480,7 @@ pub fn start(
         cap: cfg.drain_max_per_hour,
         ledger,
         scontrol: PathBuf::from("scontrol"),
+        user_written_kmsg: cfg.drain_on_user_written_kmsg,
     }))
 }
 
@@ -466,9 +504,15 @@ pub fn after_dump(
         .map_or_else(|| "?".to_string(), |n| n.to_string_lossy().into_owned());
     let ask = decide(d, &incident);
     let dr = drainer.clone();
+    let (lines, unforgeable) = (d.top_kernel_lines.clone(), d.top_unforgeable);
     let spawned = std::thread::Builder::new()
         .name("nantrace-drain".into())
         .spawn(move || {
+            // Read /dev/kmsg here, off the agent's loop, and only for a drain it would do.
+            let ask = ask.and_then(|reason| {
+                check_writer(&lines, unforgeable, dr.user_written_kmsg, crate::klog::who_wrote)
+                    .map(|()| reason)
+            });
             let now_s = (crate::clock::realtime_ns() / 1_000_000_000) as i64;
             let o = dr.act(ask, &incident, now_s);
             metrics.inc("nantrace_drains_total", &[("result", o.action)]);

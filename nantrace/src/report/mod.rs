@@ -47,6 +47,14 @@ pub struct Finding {
     /// listed, never the verdict.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub consequence: bool,
+    /// The kernel log lines behind it as nantrace recorded them (at most 4): what a drain
+    /// checks against `/dev/kmsg`'s record of who wrote them (`agent::drain`).
+    #[serde(skip)]
+    pub kernel_lines: Vec<String>,
+    /// Also seen by a witness no user can write: NVML, a tracepoint's own fields (not
+    /// printk text), nantrace's own check.
+    #[serde(skip)]
+    pub unforgeable: bool,
 }
 
 impl Finding {
@@ -165,6 +173,8 @@ impl Acc {
                         score: 0.0,
                         action: None,
                         consequence: false,
+                        kernel_lines: Vec::new(),
+                        unforgeable: false,
                     },
                 );
             }
@@ -175,6 +185,23 @@ impl Acc {
     fn set_first(&mut self, sig: &'static Signal, key: &str, first: f64) {
         if let Some(f) = self.out.get_mut(&format!("{}/{key}", sig.id)) {
             f.first_rel_s = f.first_rel_s.min(first);
+        }
+    }
+
+    /// Who saw the event `e` behind a finding: a kernel log line (kept, for the drain's check of
+    /// its writer) or a witness whose fields no user writes (NVML, a tracepoint).
+    fn witness(&mut self, sig: &'static Signal, key: &str, e: &Value) {
+        let Some(f) = self.out.get_mut(&format!("{}/{key}", sig.id)) else {
+            return;
+        };
+        let printk = matches!(e["source"].as_str(), Some("kmsg" | "xid" | "aer"));
+        match e["text"].as_str() {
+            Some(t) if printk => {
+                if f.kernel_lines.len() < 4 && !f.kernel_lines.iter().any(|l| l == t) {
+                    f.kernel_lines.push(t.to_string());
+                }
+            }
+            _ => f.unforgeable = true,
         }
     }
 
@@ -445,7 +472,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             .filter(|f| !f.contains("did not complete") && !f.contains(" not checked: "))
         {
             let score = f64::from(sig.severity) * 1.25;
-            suspects.push(Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: 0.0, first_rel_s: 0.0, text: format!("nantrace gpucheck after the incident: {f}"), touches_job: true, count: 1, score, action: Some("take the GPU out of service and run the vendor's diagnostics (dcgmi diag -r 3)"), consequence: false });
+            suspects.push(Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: 0.0, first_rel_s: 0.0, text: format!("nantrace gpucheck after the incident: {f}"), touches_job: true, count: 1, score, action: Some("take the GPU out of service and run the vendor's diagnostics (dcgmi diag -r 3)"), consequence: false, kernel_lines: Vec::new(), unforgeable: true });
         }
     }
     suspects.sort_by(|a, b| b.score.total_cmp(&a.score));

@@ -49,6 +49,8 @@ impl DumpDone {
                 top_suspect: None,
                 top_signal: None,
                 top_action: None,
+                top_kernel_lines: Vec::new(),
+                top_unforgeable: false,
                 gpus: Vec::new(),
                 faults: Vec::new(),
                 trigger: String::new(),
@@ -89,6 +91,8 @@ impl OwnedDump {
             top_suspect: None,
             top_signal: None,
             top_action: None,
+            top_kernel_lines: Vec::new(),
+            top_unforgeable: false,
             gpus: Vec::new(),
             faults: Vec::new(),
             trigger: self
@@ -117,6 +121,8 @@ impl OwnedDump {
                 result.top_suspect = top.map(|f| f.text.clone());
                 result.top_signal = top.map(|f| f.signal);
                 result.top_action = top.and_then(|f| f.action);
+                result.top_kernel_lines = top.map(|f| f.kernel_lines.clone()).unwrap_or_default();
+                result.top_unforgeable = top.is_some_and(|f| f.unforgeable);
                 result.gpus = crate::report::implicated_gpus(&w.analysis, &snapshot);
                 // The analysis counts from the first NaN, else the first trigger.
                 let reference = crate::bundle::first_nan(inc.events)

@@ -120,6 +120,10 @@ pub struct Dumped {
     /// when it has one: what a drain decides on (`agent::drain`).
     pub top_signal: Option<&'static str>,
     pub top_action: Option<&'static str>,
+    /// The top suspect's kernel log lines, and whether a witness no user writes (NVML, a
+    /// tracepoint) saw it too: what a drain checks before it acts (`agent::drain`).
+    pub top_kernel_lines: Vec<String>,
+    pub top_unforgeable: bool,
     /// The GPUs the verdict implicates on the kernel's or NVML's evidence: (PCI, UUID).
     pub gpus: Vec<(String, Option<String>)>,
     /// The faults behind `gpus`, each once: (PCI, signal, wall time in ms).

@@ -16,6 +16,8 @@ fn dumped(
         top_suspect: Some(top.into()),
         top_signal: Some(signal),
         top_action: action,
+        top_kernel_lines: Vec::new(),
+        top_unforgeable: true,
         gpus: Vec::new(),
         faults: Vec::new(),
         trigger: "xid".into(),
@@ -174,6 +176,7 @@ impl Fake {
             cap,
             ledger: Some(Ledger::open(&self.dir, "this node").unwrap()),
             scontrol: self.dir.join("scontrol"),
+            user_written_kmsg: false,
         }
     }
 
@@ -301,4 +304,34 @@ fn a_failing_or_hung_scontrol_is_said_and_frees_its_slot() {
     let o = missing.act(Ok("r".into()), "inc3", 7200);
     assert_eq!(o.action, "failed");
     assert!(o.text.contains("unknown"), "{}", o.text);
+}
+
+/// redteam4 D-1, D-2, D-14: a drain rests on what the kernel wrote. A line written into
+/// /dev/kmsg from user space (a relay of a user's text), a line inside another record or no
+/// longer in the buffer never drains; the kernel's own line does, and so does a finding NVML or
+/// a tracepoint also saw, whatever the log says. Root's injected lines drain only with
+/// `drain_on_user_written_kmsg`.
+#[test]
+fn a_drain_rests_on_a_line_the_kernel_wrote() {
+    use crate::klog::Writer;
+    let xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.".to_string();
+    let lines = vec![xid.clone()];
+    let says = |w: Writer| move |l: &[String]| Ok(vec![w; l.len()]);
+    assert_eq!(check_writer(&lines, false, false, says(Writer::Kernel)), Ok(()));
+    let e = check_writer(&lines, false, false, says(Writer::UserSpace { facility: 1 })).unwrap_err();
+    assert!(e.contains("from user space (facility 1), not by the kernel") && e.contains("NVRM: Xid"), "{e}");
+    assert_eq!(check_writer(&lines, false, true, says(Writer::UserSpace { facility: 1 })), Ok(()));
+    let e = check_writer(&lines, false, true, says(Writer::NotFound)).unwrap_err();
+    assert!(e.contains("not found at a record's start"), "{e}");
+    let e = check_writer(&lines, false, false, |_: &[String]| Err(std::io::Error::from_raw_os_error(libc::EACCES))).unwrap_err();
+    assert!(e.contains("cannot be checked"), "{e}");
+    assert!(check_writer(&[], false, false, says(Writer::Kernel)).is_err());
+    // NVML's or a tracepoint's record: nothing to check in the log.
+    assert_eq!(check_writer(&[], true, false, says(Writer::NotFound)), Ok(()));
+    // One of the lines the kernel's: the fault is real.
+    let two = vec![xid.clone(), xid];
+    assert_eq!(
+        check_writer(&two, false, false, |_: &[String]| Ok(vec![Writer::UserSpace { facility: 1 }, Writer::Kernel])),
+        Ok(())
+    );
 }

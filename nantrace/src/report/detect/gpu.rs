@@ -47,6 +47,12 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
                     &format!("{xid}/{pci}"),
                     e["action"].as_str().unwrap_or(""),
                 );
+                acc.witness(sig, &format!("{xid}/{pci}"), e);
+                if let Some((_, n)) = nvml_xids.iter().find(|(r, n)| {
+                    n["xid"].as_u64() == Some(xid) && n["pci"] == pci && (r - rel).abs() < 5.0
+                }) {
+                    acc.witness(sig, &format!("{xid}/{pci}"), n);
+                }
             }
             "gpu_fallen_off_bus" => {
                 let pci = e["pci"].as_str().unwrap_or("?");
@@ -57,6 +63,7 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
                     gpu_of_job(pci, None),
                     || format!("GPU {pci} has fallen off the bus (NVRM, no Xid)"),
                 );
+                acc.witness(signal("gpu_fallen_off_bus"), &format!("79/{pci}"), e);
             }
             "sxid" => {
                 let sx = e["sxid"].as_u64().unwrap_or(0);
@@ -108,6 +115,7 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
             acc.add(sig, &key, *rel, gpu_of_job(pci, None), || {
                 format!("Xid {xid} ({meaning}) on {pci} (NVML event)")
             });
+            acc.witness(sig, &key, n);
         }
     }
     for (rel, e) in ctx.src(Source::GpuChange) {
@@ -136,5 +144,6 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
             continue;
         };
         acc.add(sig, c, *rel, touches, || c.to_string());
+        acc.witness(sig, c, e);
     }
 }

@@ -37,6 +37,7 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
                             .collect::<String>()
                     )
                 });
+                acc.witness(sig, "mce", e);
             }
             "soft_lockup" => acc.add(signal("soft_lockup"), "lockup", *rel, false, || {
                 format!("soft lockup: CPU#{} stuck for {} s", e["cpu"], e["seconds"])

@@ -24,6 +24,7 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
                     acc.add(sig, &dev, *rel, touches, || {
                         format!("PCIe AER {} on {dev}{ty}", sev.replace('_', " "))
                     });
+                    acc.witness(sig, &dev, e);
                 }
                 // Corrected errors count only as a burst (threshold), below.
                 _ => corrected
