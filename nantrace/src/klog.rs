@@ -309,7 +309,9 @@ pub fn spawn_reader(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Writer {
     Kernel,
-    UserSpace { facility: u32 },
+    UserSpace {
+        facility: u32,
+    },
     /// No record starting with this text is left in the kernel's buffer (overwritten, or the
     /// line was never a record's start).
     NotFound,
@@ -364,9 +366,9 @@ fn record_is(r: &Record<'_>, line: &str) -> bool {
     let raw = unescape(r.text);
     let first = raw.split('\n').next().unwrap_or("").trim_end();
     let cut = nantrace_common::PRINTK_MSG_LEN - 1;
-    [r.text.trim_end(), first].iter().any(|t| {
-        *t == line || (line.len() >= cut.saturating_sub(8) && t.starts_with(line))
-    })
+    [r.text.trim_end(), first]
+        .iter()
+        .any(|t| *t == line || (line.len() >= cut.saturating_sub(8) && t.starts_with(line)))
 }
 
 /// Who wrote `line`, from the records `/dev/kmsg` yields (each `prio,seq,ts,flags;text`):
@@ -568,18 +570,35 @@ mod tests {
     /// nantrace recorded it (the probe's raw text, /dev/kmsg's escaped one).
     #[test]
     fn who_wrote_a_line_is_the_records_facility_at_the_records_start() {
-        let xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus.";
+        let xid =
+            "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus.";
         let user = format!("11,901,5000,-;{xid}");
         let kernel = format!("4,902,6000,-;{xid}\n SUBSYSTEM=pci");
-        assert_eq!(who_wrote_in([user.as_str()], xid), Writer::UserSpace { facility: 1 });
-        assert_eq!(who_wrote_in([user.as_str(), kernel.as_str()], xid), Writer::Kernel);
+        assert_eq!(
+            who_wrote_in([user.as_str()], xid),
+            Writer::UserSpace { facility: 1 }
+        );
+        assert_eq!(
+            who_wrote_in([user.as_str(), kernel.as_str()], xid),
+            Writer::Kernel
+        );
         let inside = format!("3,903,7000,-;tmpfs: Unknown parameter 'x\\x0a{xid}'");
         assert_eq!(who_wrote_in([inside.as_str()], xid), Writer::NotFound);
-        assert_eq!(who_wrote_in(["6,1,1,-;eth0: link up"], xid), Writer::NotFound);
+        assert_eq!(
+            who_wrote_in(["6,1,1,-;eth0: link up"], xid),
+            Writer::NotFound
+        );
         // A record with an escaped newline: its first line is the record's start.
-        let two = "4,904,8000,-;NVRM: GPU at PCI:0000:3b:00: GPU-1\\x0aNVRM: GPU Board Serial Number: 1";
-        assert_eq!(who_wrote_in([two], "NVRM: GPU at PCI:0000:3b:00: GPU-1"), Writer::Kernel);
-        assert_eq!(who_wrote_in([two], "NVRM: GPU Board Serial Number: 1"), Writer::NotFound);
+        let two =
+            "4,904,8000,-;NVRM: GPU at PCI:0000:3b:00: GPU-1\\x0aNVRM: GPU Board Serial Number: 1";
+        assert_eq!(
+            who_wrote_in([two], "NVRM: GPU at PCI:0000:3b:00: GPU-1"),
+            Writer::Kernel
+        );
+        assert_eq!(
+            who_wrote_in([two], "NVRM: GPU Board Serial Number: 1"),
+            Writer::NotFound
+        );
         assert_eq!(unescape("a\\x5cb\\x0ac"), "a\\b\nc");
     }
 }

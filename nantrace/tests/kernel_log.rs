@@ -240,7 +240,9 @@ fn who_wrote_a_line_is_what_dev_kmsg_says() {
         "NVRM: Xid (PCI:0000:3b:00): 79, pid={n}, name=whowrote, GPU has fallen off the bus."
     );
     kmsg(&format!("<3>{forged}"));
-    let quoted = format!("NVRM: Xid (PCI:0000:3b:00): 79, pid={n}, name=quoted, GPU has fallen off the bus.");
+    let quoted = format!(
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid={n}, name=quoted, GPU has fallen off the bus."
+    );
     kmsg(&format!("<3>tmpfs: Unknown parameter 'x\n{quoted}'"));
     let ns = format!("ntww-{n}");
     let _ = sh(&format!("ip netns del {ns} 2>/dev/null"));

@@ -413,9 +413,11 @@ fn run_kernel(
         for f in &failed {
             let rerun = read(&dir.join(format!("rerun.{path}.{t}.{f}.log")));
             let again = read(&dir.join(format!("rerun.{path}.{t}.{f}.rc")));
+            // A wrong answer is never flaky (issue 30): the second run alone is evidence for
+            // whoever reads the failure, not a pass.
             if passed_alone(&rerun, &again) {
-                o.flaky.push(format!(
-                    "{t} ({path}): {f} failed, then passed alone{}",
+                o.problems.push(format!(
+                    "{t} ({path}): {f} FAILED, then passed alone (a test that fails once is a bug to find){}",
                     panic_of(&log, f)
                 ));
             } else {
@@ -626,11 +628,24 @@ pub fn vm_test(args: &Args, nt: &Path) -> Result<()> {
     for k in selected {
         eprintln!("xtask: vm-test: {} ...", k.label);
         let mut o = run_kernel(k, &base.join(k.label), nt, &bins)?;
-        // A guest that did not finish (a guest kernel panic, as 6.18's "Oops: int3" in
-        // syscall_trace_enter once under multi-threaded TCG, or a hang) boots once more. If the
-        // second boot passes, the first is reported FLAKY with the end of its console, never
-        // hidden; if not, both boots' problems stand.
-        if !o.finished {
+        // A guest that died of a named emulator failure (`console::emulator_signature`: 6.18's
+        // "Oops: int3" in syscall_trace_enter once under multi-threaded TCG) boots once more. If
+        // the second boot passes, the first is reported FLAKY with the end of its console, never
+        // hidden; if not, both boots' problems stand. A hang or a timeout is a failure at once.
+        let signature = if o.finished {
+            None
+        } else {
+            console::emulator_signature(
+                &std::fs::read_to_string(base.join(k.label).join("serial.log")).unwrap_or_default(),
+            )
+        };
+        if !o.finished && signature.is_none() {
+            eprintln!(
+                "xtask: vm-test: {}: the guest did not finish, and its console shows no emulator failure nantrace knows: a failure, not booted again",
+                k.label
+            );
+        }
+        if let Some(sig) = signature {
             let first: Vec<String> = o
                 .problems
                 .iter()
@@ -650,7 +665,7 @@ pub fn vm_test(args: &Args, nt: &Path) -> Result<()> {
                 })
                 .collect();
             eprintln!(
-                "xtask: vm-test: {}: the guest did not finish; booting it once more: {}",
+                "xtask: vm-test: {}: the guest died of {sig}; booting it once more: {}",
                 k.label,
                 first.join("; ")
             );
@@ -660,7 +675,7 @@ pub fn vm_test(args: &Args, nt: &Path) -> Result<()> {
                 a.flaky.insert(
                     0,
                     format!(
-                        "the first boot did not finish (its logs: {}): {}",
+                        "the first boot died of {sig} (its logs: {}): {}",
                         base.join(k.label).display(),
                         first.join("; ")
                     ),

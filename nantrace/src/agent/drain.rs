@@ -136,17 +136,22 @@ pub fn check_writer(
     if lines.is_empty() {
         return Err("the evidence has neither a kernel log line nor an NVML or tracepoint record to check its writer by".into());
     }
-    let writers = who(lines).map_err(|e| {
-        format!("who wrote the kernel log line cannot be checked (/dev/kmsg: {e})")
-    })?;
+    let writers = who(lines)
+        .map_err(|e| format!("who wrote the kernel log line cannot be checked (/dev/kmsg: {e})"))?;
     if writers.contains(&Writer::Kernel)
-        || (user_written_ok && writers.iter().any(|w| matches!(w, Writer::UserSpace { .. })))
+        || (user_written_ok
+            && writers
+                .iter()
+                .any(|w| matches!(w, Writer::UserSpace { .. })))
     {
         return Ok(());
     }
     let w = writers.first().copied().unwrap_or(Writer::NotFound);
     let line: String = crate::term::clean(&lines[0]).chars().take(160).collect();
-    Err(format!("the kernel log line \"{line}\" was {}", w.describe()))
+    Err(format!(
+        "the kernel log line \"{line}\" was {}",
+        w.describe()
+    ))
 }
 
 /// The record of drains: one file per slot `<hour>-<k>` (k < the cap), made with O_EXCL so
@@ -510,8 +515,13 @@ pub fn after_dump(
         .spawn(move || {
             // Read /dev/kmsg here, off the agent's loop, and only for a drain it would do.
             let ask = ask.and_then(|reason| {
-                check_writer(&lines, unforgeable, dr.user_written_kmsg, crate::klog::who_wrote)
-                    .map(|()| reason)
+                check_writer(
+                    &lines,
+                    unforgeable,
+                    dr.user_written_kmsg,
+                    crate::klog::who_wrote,
+                )
+                .map(|()| reason)
             });
             let now_s = (crate::clock::realtime_ns() / 1_000_000_000) as i64;
             let o = dr.act(ask, &incident, now_s);

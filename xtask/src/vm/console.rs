@@ -65,8 +65,30 @@ pub(super) fn story(serial: &str) -> String {
     out
 }
 
+/// The emulator's own failures, named, that a guest may die of: TCG executing an `int3` that
+/// the guest kernel left while patching a jump label or a static call (the oops seen under
+/// multi-threaded TCG on 6.12 and 6.18, 2026-12-01; docs/kernel-matrix.md). Only a guest that
+/// died of one of these boots again and may be reported FLAKY; a hang, a timeout or a wrong
+/// answer is a failure.
+pub(super) fn emulator_signature(serial: &str) -> Option<&'static str> {
+    serial
+        .lines()
+        .any(|l| l.contains("Oops: int3"))
+        .then_some("Oops: int3 (TCG and a patched jump label)")
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_the_named_emulator_oops_is_a_signature() {
+        assert!(
+            super::emulator_signature("[ 185.39] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI\n")
+                .is_some()
+        );
+        assert!(super::emulator_signature("[ 9.0] nantrace: kernel log source check\n").is_none());
+        assert!(super::emulator_signature("[ 9.0] BUG: unable to handle page fault\n").is_none());
+    }
+
     /// The end of the serial console of CI's 6.12 guest that panicked (2026-12-01), with a
     /// made-up head: the oops line and the RIP come out, the register dump does not.
     #[test]

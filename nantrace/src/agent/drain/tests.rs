@@ -314,24 +314,49 @@ fn a_failing_or_hung_scontrol_is_said_and_frees_its_slot() {
 #[test]
 fn a_drain_rests_on_a_line_the_kernel_wrote() {
     use crate::klog::Writer;
-    let xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.".to_string();
+    let xid =
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.".to_string();
     let lines = vec![xid.clone()];
     let says = |w: Writer| move |l: &[String]| Ok(vec![w; l.len()]);
-    assert_eq!(check_writer(&lines, false, false, says(Writer::Kernel)), Ok(()));
-    let e = check_writer(&lines, false, false, says(Writer::UserSpace { facility: 1 })).unwrap_err();
-    assert!(e.contains("from user space (facility 1), not by the kernel") && e.contains("NVRM: Xid"), "{e}");
-    assert_eq!(check_writer(&lines, false, true, says(Writer::UserSpace { facility: 1 })), Ok(()));
+    assert_eq!(
+        check_writer(&lines, false, false, says(Writer::Kernel)),
+        Ok(())
+    );
+    let e = check_writer(
+        &lines,
+        false,
+        false,
+        says(Writer::UserSpace { facility: 1 }),
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("from user space (facility 1), not by the kernel") && e.contains("NVRM: Xid"),
+        "{e}"
+    );
+    assert_eq!(
+        check_writer(&lines, false, true, says(Writer::UserSpace { facility: 1 })),
+        Ok(())
+    );
     let e = check_writer(&lines, false, true, says(Writer::NotFound)).unwrap_err();
     assert!(e.contains("not found at a record's start"), "{e}");
-    let e = check_writer(&lines, false, false, |_: &[String]| Err(std::io::Error::from_raw_os_error(libc::EACCES))).unwrap_err();
+    let e = check_writer(&lines, false, false, |_: &[String]| {
+        Err(std::io::Error::from_raw_os_error(libc::EACCES))
+    })
+    .unwrap_err();
     assert!(e.contains("cannot be checked"), "{e}");
     assert!(check_writer(&[], false, false, says(Writer::Kernel)).is_err());
     // NVML's or a tracepoint's record: nothing to check in the log.
-    assert_eq!(check_writer(&[], true, false, says(Writer::NotFound)), Ok(()));
+    assert_eq!(
+        check_writer(&[], true, false, says(Writer::NotFound)),
+        Ok(())
+    );
     // One of the lines the kernel's: the fault is real.
     let two = vec![xid.clone(), xid];
     assert_eq!(
-        check_writer(&two, false, false, |_: &[String]| Ok(vec![Writer::UserSpace { facility: 1 }, Writer::Kernel])),
+        check_writer(&two, false, false, |_: &[String]| Ok(vec![
+            Writer::UserSpace { facility: 1 },
+            Writer::Kernel
+        ])),
         Ok(())
     );
 }
