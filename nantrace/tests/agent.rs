@@ -487,10 +487,18 @@ fn a_gpu_implicated_again_after_a_restart_is_a_repeat_offender() {
         return;
     }
     let (devdir, dev) = common::agent::fake_gpu("hist");
+    // The Xids are written into /dev/kmsg from user space: count them, as a test cluster would.
+    let cfg = devdir.join("agent.toml");
+    std::fs::write(&cfg, "trust_user_written_kmsg = true\n").unwrap();
     let mut a = Agent::start(
         "hist",
         19488,
-        &["--gpu-device", devdir.join("nvidia").to_str().unwrap()],
+        &[
+            "--gpu-device",
+            devdir.join("nvidia").to_str().unwrap(),
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
     );
     let (mut gpu, _) = start_job(
         &a.dir,

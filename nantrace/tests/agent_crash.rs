@@ -455,19 +455,7 @@ fn a_job_whose_main_thread_exited_is_watched_and_its_nan_dumped() {
     let src = a.dir.join("zleader.c");
     std::fs::write(&src, "#include <pthread.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <unistd.h>\nstatic void *w(void *a) { sleep(2); for (int i = 0; i < 4; i++) { printf(\"step %d loss 0.5\\n\", i); fflush(stdout); sleep(1); } printf(\"step 4 loss nan\\n\"); fflush(stdout); sleep(20); exit(3); }\nint main(void) { pthread_t t; pthread_create(&t, 0, w, 0); pthread_exit(0); }\n").unwrap();
     let exe = a.dir.join("nt-zleader");
-    let o = Command::new("gcc")
-        .arg("-O0")
-        .arg("-pthread")
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("gcc (CI installs it)");
-    assert!(
-        o.status.success(),
-        "gcc: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    common::gcc(&src, &exe, &["-pthread"]);
     let (mut j, _) = start_job(&a.dir, "nt-zl-job", &format!("exec {}", exe.display()));
     std::thread::sleep(Duration::from_millis(500));
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", j.id())).unwrap_or_default();

@@ -86,18 +86,7 @@ fn an_xid_forged_in_a_file_name_is_not_an_xid() {
     let forged =
         "x\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.\n";
     let exe = dir.0.join(forged);
-    let o = std::process::Command::new("gcc")
-        .arg("-O0")
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("gcc (CI installs it)");
-    assert!(
-        o.status.success(),
-        "gcc: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    gcc(&src, &exe, &[]);
     // Segfault reports are printed when debug.exception-trace is 1 (the default).
     let trace = std::fs::read_to_string("/proc/sys/debug/exception-trace").unwrap_or_default();
     for env in [&[][..], &[("NANTRACE_KLOG", "kmsg")][..]] {
@@ -251,7 +240,8 @@ fn who_wrote_a_line_is_what_dev_kmsg_says() {
          ip -n {ns} link set ntwa{n} name ntwb{n}"
     ));
     let renamed = format!("ntwb{n}: renamed from ntwa{n}");
-    let lines = [forged, renamed, quoted];
+    let now = mono_ns();
+    let lines = [(forged, now), (renamed, now), (quoted, now)];
     let t0 = std::time::Instant::now();
     let got = loop {
         let got = who_wrote(&lines).expect("read /dev/kmsg");

@@ -65,10 +65,11 @@ pub struct Config {
     /// (slots in `<job_dir>/.drains/`), else on this node. What the cap holds back is said.
     pub drain_max_per_hour: u32,
     /// Whether a kernel log line written into `/dev/kmsg` from user space (a facility other
-    /// than the kernel's) may drain: false (the default) drains only on lines the kernel wrote
-    /// itself or on NVML's and tracepoints' records; true is for test clusters that inject
-    /// faults by writing `/dev/kmsg` as root, never where journald forwards users' text there.
-    pub drain_on_user_written_kmsg: bool,
+    /// than the kernel's) may drain the node or count against a GPU in the incident history:
+    /// false (the default) acts only on lines the kernel wrote itself and on NVML's and
+    /// tracepoints' records; true is for test clusters that inject faults by writing
+    /// `/dev/kmsg` as root, never where journald forwards users' text there.
+    pub trust_user_written_kmsg: bool,
     /// This node's name in Slurm ("" = the short host name, as slurm.conf's NodeName usually is).
     pub slurm_node_name: String,
 }
@@ -103,7 +104,7 @@ impl Default for Config {
             job_dir: PathBuf::new(),
             drain: "off".into(),
             drain_max_per_hour: 1,
-            drain_on_user_written_kmsg: false,
+            trust_user_written_kmsg: false,
             slurm_node_name: String::new(),
         }
     }

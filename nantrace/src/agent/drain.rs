@@ -121,13 +121,13 @@ pub fn decide(d: &Dumped, incident: &str) -> Result<String, String> {
 /// Text a user wrote into the log through a relay (journald's `ForwardToKMsg`), a line
 /// after a newline inside another record, or a line no longer in the kernel's buffer to
 /// check never drains (redteam4 D-1, D-2, D-14). `user_written_ok` also accepts lines root's
-/// processes wrote into `/dev/kmsg` (`drain_on_user_written_kmsg`). `who` is
+/// processes wrote into `/dev/kmsg` (`trust_user_written_kmsg`). `who` is
 /// `klog::who_wrote` (a parameter for the tests).
 pub fn check_writer(
-    lines: &[String],
+    lines: &[crate::klog::Line],
     unforgeable: bool,
     user_written_ok: bool,
-    who: impl Fn(&[String]) -> std::io::Result<Vec<crate::klog::Writer>>,
+    who: impl Fn(&[crate::klog::Line]) -> std::io::Result<Vec<crate::klog::Writer>>,
 ) -> Result<(), String> {
     use crate::klog::Writer;
     if unforgeable {
@@ -147,7 +147,7 @@ pub fn check_writer(
         return Ok(());
     }
     let w = writers.first().copied().unwrap_or(Writer::NotFound);
-    let line: String = crate::term::clean(&lines[0]).chars().take(160).collect();
+    let line: String = crate::term::clean(&lines[0].0).chars().take(160).collect();
     Err(format!(
         "the kernel log line \"{line}\" was {}",
         w.describe()
@@ -273,7 +273,7 @@ pub struct Drainer {
     pub ledger: Option<Ledger>,
     /// The scontrol to run ("scontrol" from PATH).
     pub scontrol: PathBuf,
-    /// `drain_on_user_written_kmsg`.
+    /// `trust_user_written_kmsg`.
     pub user_written_kmsg: bool,
 }
 
@@ -485,7 +485,7 @@ pub fn start(
         cap: cfg.drain_max_per_hour,
         ledger,
         scontrol: PathBuf::from("scontrol"),
-        user_written_kmsg: cfg.drain_on_user_written_kmsg,
+        user_written_kmsg: cfg.trust_user_written_kmsg,
     }))
 }
 
@@ -514,17 +514,30 @@ pub fn after_dump(
         .name("nantrace-drain".into())
         .spawn(move || {
             // Read /dev/kmsg here, off the agent's loop, and only for a drain it would do.
-            let ask = ask.and_then(|reason| {
+            // A verdict that would drain on a record nobody can vouch for is said as such
+            // (`unverified`, on stderr too), with the command for a person who knows better.
+            let checked = ask.as_ref().ok().map(|_| {
                 check_writer(
                     &lines,
                     unforgeable,
                     dr.user_written_kmsg,
                     crate::klog::who_wrote,
                 )
-                .map(|()| reason)
             });
             let now_s = (crate::clock::realtime_ns() / 1_000_000_000) as i64;
-            let o = dr.act(ask, &incident, now_s);
+            let o = match (ask, checked) {
+                (Ok(reason), Some(Err(why))) => {
+                    let command = dr.command(&reason);
+                    Outcome {
+                        action: "unverified",
+                        text: format!(
+                            "no drain: {why}; if the fault is real, run by hand: {command}"
+                        ),
+                        command: Some(command),
+                    }
+                }
+                (ask, _) => dr.act(ask, &incident, now_s),
+            };
             metrics.inc("nantrace_drains_total", &[("result", o.action)]);
             if o.action != "not_needed" {
                 crate::say!("nantrace: {label}{}", crate::term::clean(&o.text));

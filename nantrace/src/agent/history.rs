@@ -459,15 +459,43 @@ pub fn start(
     std::sync::Arc::new(std::sync::Mutex::new(h))
 }
 
+/// The GPUs of `d` whose faults rest on no record the kernel, NVML or a tracepoint wrote
+/// (a kernel log line written into /dev/kmsg from user space, or one no longer in the buffer
+/// to check), with why: the history never counts them (redteam4 D-14; the drain's rule,
+/// `drain::check_writer`). `who` is `klog::who_wrote`.
+pub fn doubtful_gpus(
+    d: &crate::session::Dumped,
+    trust_user_written: bool,
+    who: impl Fn(&[crate::klog::Line]) -> std::io::Result<Vec<crate::klog::Writer>>,
+) -> Vec<(String, String)> {
+    d.gpu_witnesses
+        .iter()
+        .filter_map(|w| {
+            super::drain::check_writer(&w.lines, w.unforgeable, trust_user_written, &who)
+                .err()
+                .map(|why| (w.pci.clone(), why))
+        })
+        .collect()
+}
+
 /// After a bundle: its entry in the index and in the bundle, the History section appended to
-/// its report.md, the metrics; the section (or null) for the incident's record.
+/// its report.md, the metrics; the section (or null) for the incident's record. A GPU whose
+/// faults only a user could have written (`doubtful_gpus`) is not counted, and the section
+/// says so.
 pub fn record(
     h: &std::sync::Mutex<History>,
     metrics: &super::Metrics,
     d: &crate::session::Dumped,
     job: &str,
     bundle: &Path,
+    trust_user_written: bool,
 ) -> Value {
+    let doubtful = if d.gpus.is_empty() {
+        Vec::new()
+    } else {
+        doubtful_gpus(d, trust_user_written, crate::klog::who_wrote)
+    };
+    let counted = |pci: &str| !doubtful.iter().any(|(p, _)| p == pci);
     let now_s = (crate::clock::realtime_ns() / 1_000_000_000) as i64;
     let e = Entry {
         time_s: now_s,
@@ -478,6 +506,7 @@ pub fn record(
         gpus: d
             .gpus
             .iter()
+            .filter(|(pci, _)| counted(pci))
             .map(|(pci, uuid)| Gpu {
                 pci: pci.clone(),
                 uuid: uuid.clone(),
@@ -487,6 +516,7 @@ pub fn record(
         faults: d
             .faults
             .iter()
+            .filter(|(pci, _, _)| counted(pci))
             .map(|(pci, signal, t)| Fault {
                 pci: pci.clone(),
                 signal: (*signal).to_string(),
@@ -517,7 +547,17 @@ pub fn record(
             h.dir.join(FILE).display()
         );
     }
-    let section = h.section(&e);
+    let mut section = h.section(&e);
+    if !doubtful.is_empty() {
+        let mut s = section.take().map(|s| s + "\n\n").unwrap_or_default();
+        for (pci, why) in &doubtful {
+            s.push_str(&format!(
+                "GPU {pci} is not counted in this node's history: {}.\n",
+                crate::report::md(why)
+            ));
+        }
+        section = Some(s.trim_end().to_string());
+    }
     set_gauges(&h, metrics);
     drop(h);
     for pci in &new_on {

@@ -17,6 +17,8 @@ pub(super) struct Hook {
     pub host: String,
     pub job_uid: u32,
     pub gpucheck: bool,
+    /// `trust_user_written_kmsg`: the history counts GPUs on lines root's processes wrote.
+    pub trust_user_written_kmsg: bool,
     pub metrics: Arc<Metrics>,
     pub state: Arc<Mutex<State>>,
     pub webhook: Option<mpsc::Sender<Value>>,
@@ -65,7 +67,14 @@ impl Hook {
         }
         drop(st);
         if let Some(dir) = &d.dir {
-            rec["history"] = history::record(&self.history, &self.metrics, d, &self.key, dir);
+            rec["history"] = history::record(
+                &self.history,
+                &self.metrics,
+                d,
+                &self.key,
+                dir,
+                self.trust_user_written_kmsg,
+            );
         }
         let (state, webhook, metrics) = (
             self.state.clone(),

@@ -40,7 +40,7 @@ const FAMILIES: &[(&str, &str, &str)] = &[
     ("nantrace_gpu_implicated_total", "counter", "Incidents whose verdict implicated this GPU on the kernel's or NVML's evidence, by GPU PCI address (from the durable incident history: it survives restarts)."),
     ("nantrace_gpu_incidents_7d", "gauge", "Incidents that implicated this GPU in the last 7 days, from the durable incident history, by GPU PCI address."),
     ("nantrace_last_incident_timestamp_seconds", "gauge", "Unix time of this node's last incident bundle."),
-    ("nantrace_drains_total", "counter", "What each incident did about draining this node (drain in agent.toml), by result: drained, recommended, held_by_cap, already_drained, not_needed, failed."),
+    ("nantrace_drains_total", "counter", "What each incident did about draining this node (drain in agent.toml), by result: drained, recommended, held_by_cap, already_drained, not_needed, unverified, failed."),
 ];
 
 #[derive(Default)]

@@ -275,6 +275,7 @@ impl Agent {
             host: self.host.clone(),
             job_uid: f.uid,
             gpucheck: self.cfg.gpucheck_after_nan,
+            trust_user_written_kmsg: self.cfg.trust_user_written_kmsg,
             metrics: self.metrics.clone(),
             state: self.state.clone(),
             webhook: self.webhook.clone(),

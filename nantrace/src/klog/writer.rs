@@ -4,6 +4,15 @@ use std::io::Read as _;
 
 use super::{parse_record, Record};
 
+/// A kernel log line as nantrace recorded it (the probe's text or `/dev/kmsg`'s escaped one)
+/// and its time on the monotonic clock.
+pub type Line = (String, u64);
+
+/// How far (ns) a record's time may be from the line's for the record to be that line: the
+/// probe's time and the record's stamp are taken microseconds apart, 5.10's console path may
+/// print late.
+const NEAR_NS: u64 = 10_000_000_000;
+
 /// Who wrote a kernel log line, as `/dev/kmsg` records it. A record's facility is 0 only when
 /// the kernel logged it itself: every write into `/dev/kmsg` from user space gets a facility
 /// of its own (LOG_USER when the writer gave none; `devkmsg_write` in kernel/printk), so a
@@ -15,6 +24,9 @@ pub enum Writer {
     UserSpace {
         facility: u32,
     },
+    /// Records of this text are in the buffer, but none near the line's time (an earlier
+    /// record of the same text vouches for nothing: a replay).
+    OtherTime,
     /// No record starting with this text is left in the kernel's buffer (overwritten, or the
     /// line was never a record's start).
     NotFound,
@@ -27,6 +39,7 @@ impl Writer {
             Writer::UserSpace { facility } => format!(
                 "written into /dev/kmsg from user space (facility {facility}), not by the kernel"
             ),
+            Writer::OtherTime => "in the kernel's buffer (/dev/kmsg) only at other times than this line's, so not checked".into(),
             Writer::NotFound => {
                 "not found at a record's start in the kernel's buffer (/dev/kmsg) to check who wrote it"
                     .into()
@@ -37,7 +50,7 @@ impl Writer {
 
 /// `\xNN` escapes of a `/dev/kmsg` record's text undone (the kernel escapes control bytes,
 /// bytes above 0x7e and the backslash).
-fn unescape(s: &str) -> String {
+pub fn unescape(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -58,63 +71,118 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// A line as the kernel logged it: each line of the probe's text without the console's
+/// prefixes (`[   15.330000] `, `[T123] `, 5.10's console path), trailing blanks gone.
+fn bare(text: &str) -> String {
+    let one = |mut l: &str| -> String {
+        for _ in 0..2 {
+            let t = l.trim_start();
+            let Some((inside, rest)) = t.strip_prefix('[').and_then(|r| r.split_once(']')) else {
+                break;
+            };
+            let inside = inside.trim();
+            let stamp = inside.parse::<f64>().is_ok()
+                || (inside.len() > 1
+                    && inside.starts_with(['T', 'C'])
+                    && inside[1..].bytes().all(|c| c.is_ascii_digit()));
+            if !stamp {
+                break;
+            }
+            l = rest.strip_prefix(' ').unwrap_or(rest);
+        }
+        l.trim_end().to_string()
+    };
+    text.trim_end()
+        .split('\n')
+        .map(one)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Whether the record `r` starts with the kernel log line `line` as nantrace recorded it (the
-/// probe's text, cut at its length, or `/dev/kmsg`'s escaped text): the record's first line,
-/// never a line inside it (a user's text after a newline the kernel did not write).
+/// probe's text, cut at its length, or `/dev/kmsg`'s escaped text): the whole record or its
+/// first line, never a line inside it (a user's text after a newline the kernel did not write).
 fn record_is(r: &Record<'_>, line: &str) -> bool {
-    let line = line.trim_end();
+    let line = bare(line);
     if line.is_empty() {
         return false;
     }
     let raw = unescape(r.text);
+    let whole = raw.trim_end();
     let first = raw.split('\n').next().unwrap_or("").trim_end();
     let cut = nantrace_common::PRINTK_MSG_LEN - 1;
-    [r.text.trim_end(), first]
+    [r.text.trim_end(), whole, first]
         .iter()
-        .any(|t| *t == line || (line.len() >= cut.saturating_sub(8) && t.starts_with(line)))
+        .any(|t| *t == line || (line.len() >= cut.saturating_sub(8) && t.starts_with(&line)))
 }
 
-/// Who wrote `line`, from the records `/dev/kmsg` yields (each `prio,seq,ts,flags;text`):
-/// the kernel when any record starting with it has facility 0, else the first writer found.
-pub fn who_wrote_in<I, S>(records: I, line: &str) -> Writer
+/// Who wrote each line, from the records that start with it: (the line's index, facility,
+/// record time in ns on the records' clock). `offset_ns` takes the records' clock to the
+/// monotonic one; only records within `NEAR_NS` of the line's time count (None: any time).
+fn judge(lines: &[Line], found: &[(usize, u32, u64)], offset_ns: Option<i64>) -> Vec<Writer> {
+    lines
+        .iter()
+        .enumerate()
+        .map(|(i, (_, mono))| {
+            let mut any = false;
+            let mut w = Writer::NotFound;
+            for &(_, facility, ts) in found.iter().filter(|f| f.0 == i) {
+                any = true;
+                let near = offset_ns.is_none_or(|o| {
+                    (ts as i64).saturating_add(o).abs_diff(*mono as i64) <= NEAR_NS
+                });
+                if !near {
+                    continue;
+                }
+                if facility == 0 {
+                    return Writer::Kernel;
+                }
+                if w == Writer::NotFound {
+                    w = Writer::UserSpace { facility };
+                }
+            }
+            if any && w == Writer::NotFound {
+                Writer::OtherTime
+            } else {
+                w
+            }
+        })
+        .collect()
+}
+
+/// Who wrote each of `lines`, from the records `/dev/kmsg` yields (each
+/// `prio,seq,ts,flags;text`), with `offset_ns` as in `judge`.
+pub fn who_wrote_in<I, S>(records: I, lines: &[Line], offset_ns: Option<i64>) -> Vec<Writer>
 where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
-    let mut found = Writer::NotFound;
+    let mut found = Vec::new();
     for rec in records {
-        let Some(r) = parse_record(rec.as_ref()) else {
-            continue;
-        };
-        if !record_is(&r, line) {
-            continue;
-        }
-        if r.facility == 0 {
-            return Writer::Kernel;
-        }
-        if found == Writer::NotFound {
-            found = Writer::UserSpace {
-                facility: r.facility,
-            };
+        if let Some(r) = parse_record(rec.as_ref()) {
+            for (i, (l, _)) in lines.iter().enumerate() {
+                if found.len() < 4096 && record_is(&r, l) {
+                    found.push((i, r.facility, r.ts_usec.saturating_mul(1000)));
+                }
+            }
         }
     }
-    found
+    judge(lines, &found, offset_ns)
 }
 
-/// Who wrote each of `lines`, read from `/dev/kmsg` from its oldest record (root; bounded: 2M
-/// records, 256 MiB, 3 s).
-pub fn who_wrote(lines: &[String]) -> std::io::Result<Vec<Writer>> {
+/// Every record `/dev/kmsg` still holds, oldest first, as read (`prio,seq,ts,flags;text`), to
+/// `f` (root; bounded: 2M records, 256 MiB, 3 s).
+pub fn each_record(mut f: impl FnMut(&str)) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = std::fs::OpenOptions::new()
+    let mut file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open("/dev/kmsg")?;
-    let mut out = vec![Writer::NotFound; lines.len()];
     let mut buf = vec![0u8; 8192];
     let (mut n_rec, mut bytes) = (0u64, 0u64);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
     while n_rec < 2_000_000 && bytes < 256 << 20 && std::time::Instant::now() < deadline {
-        let n = match f.read(&mut buf) {
+        let n = match file.read(&mut buf) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
             // Overwritten while read: go on at the oldest record left.
@@ -124,29 +192,51 @@ pub fn who_wrote(lines: &[String]) -> std::io::Result<Vec<Writer>> {
         };
         n_rec += 1;
         bytes += n as u64;
-        let rec = String::from_utf8_lossy(&buf[..n]);
-        for (w, l) in out.iter_mut().zip(lines) {
-            if *w != Writer::Kernel {
-                match who_wrote_in([rec.as_ref()], l) {
-                    Writer::NotFound => {}
-                    Writer::Kernel => *w = Writer::Kernel,
-                    u if *w == Writer::NotFound => *w = u,
-                    _ => {}
-                }
+        f(&String::from_utf8_lossy(&buf[..n]));
+    }
+    Ok(())
+}
+
+/// Who wrote each of `lines`, from the records `/dev/kmsg` still holds. A marker written
+/// first (at level 7, as at startup) fits the records' clock to the monotonic one, so that
+/// only a record at the line's own time vouches for it.
+pub fn who_wrote(lines: &[Line]) -> std::io::Result<Vec<Writer>> {
+    let nonce = (u64::from(std::process::id()) << 32) ^ crate::clock::monotonic_ns() ^ 0x5eed;
+    let written = super::write_marker(nonce).ok();
+    let want = format!("{} {nonce:016x}", super::MARKER);
+    let mut found = Vec::new();
+    let mut marker_ts = None;
+    each_record(|rec| {
+        let Some(r) = parse_record(rec) else { return };
+        if r.text.starts_with(&want) {
+            marker_ts = Some(r.ts_usec.saturating_mul(1000));
+        }
+        for (i, (l, _)) in lines.iter().enumerate() {
+            if found.len() < 4096 && record_is(&r, l) {
+                found.push((i, r.facility, r.ts_usec.saturating_mul(1000)));
             }
         }
-    }
-    Ok(out)
+    })?;
+    let offset = match (written, marker_ts) {
+        (Some(w), Some(ts)) => Some(w as i64 - ts as i64),
+        _ => None,
+    };
+    Ok(judge(lines, &found, offset))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn l(t: &str, mono: u64) -> Vec<Line> {
+        vec![(t.to_string(), mono)]
+    }
+
     /// redteam4 D-14: what a user-space writer put into /dev/kmsg (journald's ForwardToKMsg,
     /// `logger`, a test) is not the kernel's line, and a line after a newline inside another
-    /// record (D-2's mount option) is not a record's start; a kernel record is, in either form
-    /// nantrace recorded it (the probe's raw text, /dev/kmsg's escaped one).
+    /// record (D-2's mount option) is not a record's start; a kernel record is, in every form
+    /// nantrace records it (the probe's raw text, with a console's prefixes, /dev/kmsg's
+    /// escaped one, a multi-line record whole).
     #[test]
     fn who_wrote_a_line_is_the_records_facility_at_the_records_start() {
         let xid =
@@ -154,30 +244,80 @@ mod tests {
         let user = format!("11,901,5000,-;{xid}");
         let kernel = format!("4,902,6000,-;{xid}\n SUBSYSTEM=pci");
         assert_eq!(
-            who_wrote_in([user.as_str()], xid),
-            Writer::UserSpace { facility: 1 }
+            who_wrote_in([user.as_str()], &l(xid, 0), None),
+            [Writer::UserSpace { facility: 1 }]
         );
         assert_eq!(
-            who_wrote_in([user.as_str(), kernel.as_str()], xid),
-            Writer::Kernel
+            who_wrote_in([user.as_str(), kernel.as_str()], &l(xid, 0), None),
+            [Writer::Kernel]
         );
         let inside = format!("3,903,7000,-;tmpfs: Unknown parameter 'x\\x0a{xid}'");
-        assert_eq!(who_wrote_in([inside.as_str()], xid), Writer::NotFound);
         assert_eq!(
-            who_wrote_in(["6,1,1,-;eth0: link up"], xid),
-            Writer::NotFound
-        );
-        // A record with an escaped newline: its first line is the record's start.
-        let two =
-            "4,904,8000,-;NVRM: GPU at PCI:0000:3b:00: GPU-1\\x0aNVRM: GPU Board Serial Number: 1";
-        assert_eq!(
-            who_wrote_in([two], "NVRM: GPU at PCI:0000:3b:00: GPU-1"),
-            Writer::Kernel
+            who_wrote_in([inside.as_str()], &l(xid, 0), None),
+            [Writer::NotFound]
         );
         assert_eq!(
-            who_wrote_in([two], "NVRM: GPU Board Serial Number: 1"),
-            Writer::NotFound
+            who_wrote_in(["6,1,1,-;eth0: link up"], &l(xid, 0), None),
+            [Writer::NotFound]
+        );
+        // A record with an escaped newline: its first line is the record's start, and so is
+        // the whole record (the probe's text of one printk call, raw newlines and all).
+        let two = "4,904,8000,-;NVRM: GPU at PCI:0000:3b:00: GPU-1\\x0aNVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.";
+        assert_eq!(
+            who_wrote_in([two], &l("NVRM: GPU at PCI:0000:3b:00: GPU-1", 0), None),
+            [Writer::Kernel]
+        );
+        assert_eq!(
+            who_wrote_in(
+                [two],
+                &l(
+                    "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+                    0
+                ),
+                None
+            ),
+            [Writer::NotFound]
+        );
+        let raw = "NVRM: GPU at PCI:0000:3b:00: GPU-1\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n";
+        assert_eq!(who_wrote_in([two], &l(raw, 0), None), [Writer::Kernel]);
+        // 5.10's console path: each line with the console's time (and caller) in front.
+        let console = format!("[   15.330000] [T812] {xid}");
+        assert_eq!(
+            who_wrote_in([kernel.as_str()], &l(&console, 0), None),
+            [Writer::Kernel]
         );
         assert_eq!(unescape("a\\x5cb\\x0ac"), "a\\b\nc");
+    }
+
+    /// redteam4 D-14 (review): an earlier kernel record of the same text vouches only for a
+    /// line at its own time: a user's copy of a real Xid written later is not the kernel's.
+    #[test]
+    fn only_a_record_at_the_lines_time_vouches_for_it() {
+        let xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.";
+        // The records' clock is 2 s behind the monotonic one; the kernel wrote it at 100 s,
+        // a relay copied it at 5000 s.
+        let off = Some(2_000_000_000);
+        let old = format!("3,10,98000000,-;{xid}");
+        let copy = format!("11,90,4998000000,-;{xid}");
+        assert_eq!(
+            who_wrote_in([old.as_str()], &l(xid, 100_000_000_000), off),
+            [Writer::Kernel]
+        );
+        assert_eq!(
+            who_wrote_in([old.as_str()], &l(xid, 5_000_000_000_000), off),
+            [Writer::OtherTime]
+        );
+        assert_eq!(
+            who_wrote_in(
+                [old.as_str(), copy.as_str()],
+                &l(xid, 5_000_000_000_000),
+                off
+            ),
+            [Writer::UserSpace { facility: 1 }]
+        );
+        assert_eq!(
+            who_wrote_in([old.as_str()], &l(xid, 5_000_000_000_000), None),
+            [Writer::Kernel]
+        );
     }
 }

@@ -77,3 +77,42 @@ pub fn implicated_gpus(a: &Analysis, snapshot: &Value) -> Vec<(String, Option<St
     }
     out
 }
+
+/// Who saw a GPU's implicating faults: a witness no user writes (NVML, a tracepoint), and the
+/// kernel log lines behind them (at most 8), for the agent to check who wrote those before the
+/// history counts the GPU (`agent::history::record`, as a drain does).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuWitness {
+    pub pci: String,
+    pub unforgeable: bool,
+    pub lines: Vec<crate::klog::Line>,
+}
+
+/// The witnesses of each GPU `implicated_gpus` names, in its order.
+pub fn implicated_witnesses(a: &Analysis) -> Vec<GpuWitness> {
+    let mut out: Vec<GpuWitness> = Vec::new();
+    for f in a.suspects.iter().filter(|f| implicates_a_gpu(f)) {
+        for c in PCI_IN_TEXT.captures_iter(&f.text) {
+            let pci = c[1].to_ascii_lowercase();
+            let i = match out.iter().position(|w| w.pci == pci) {
+                Some(i) => i,
+                None if out.len() < 16 => {
+                    out.push(GpuWitness {
+                        pci,
+                        ..GpuWitness::default()
+                    });
+                    out.len() - 1
+                }
+                None => continue,
+            };
+            let w = &mut out[i];
+            w.unforgeable |= f.unforgeable;
+            for l in &f.kernel_lines {
+                if w.lines.len() < 8 && !w.lines.contains(l) {
+                    w.lines.push(l.clone());
+                }
+            }
+        }
+    }
+    out
+}

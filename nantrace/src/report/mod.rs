@@ -11,7 +11,7 @@ mod implicated;
 mod render;
 pub mod rules;
 mod verdict;
-pub use implicated::{implicated_faults, implicated_gpus};
+pub use implicated::{implicated_faults, implicated_gpus, implicated_witnesses, GpuWitness};
 
 pub use render::{facts_lines, for_bundle, markdown, md, order_lines};
 
@@ -50,7 +50,7 @@ pub struct Finding {
     /// The kernel log lines behind it as nantrace recorded them (at most 4): what a drain
     /// checks against `/dev/kmsg`'s record of who wrote them (`agent::drain`).
     #[serde(skip)]
-    pub kernel_lines: Vec<String>,
+    pub kernel_lines: Vec<crate::klog::Line>,
     /// Also seen by a witness no user can write: NVML, a tracepoint's own fields (not
     /// printk text), nantrace's own check.
     #[serde(skip)]
@@ -197,8 +197,9 @@ impl Acc {
         let printk = matches!(e["source"].as_str(), Some("kmsg" | "xid" | "aer"));
         match e["text"].as_str() {
             Some(t) if printk => {
-                if f.kernel_lines.len() < 4 && !f.kernel_lines.iter().any(|l| l == t) {
-                    f.kernel_lines.push(t.to_string());
+                let mono = e["mono_ns"].as_u64().unwrap_or(0);
+                if f.kernel_lines.len() < 4 && !f.kernel_lines.iter().any(|l| l.0 == t) {
+                    f.kernel_lines.push((t.to_string(), mono));
                 }
             }
             _ => f.unforgeable = true,

@@ -53,6 +53,7 @@ impl DumpDone {
                 top_unforgeable: false,
                 gpus: Vec::new(),
                 faults: Vec::new(),
+                gpu_witnesses: Vec::new(),
                 trigger: String::new(),
             },
             lanes: None,
@@ -95,6 +96,7 @@ impl OwnedDump {
             top_unforgeable: false,
             gpus: Vec::new(),
             faults: Vec::new(),
+            gpu_witnesses: Vec::new(),
             trigger: self
                 .triggers
                 .first()
@@ -124,6 +126,7 @@ impl OwnedDump {
                 result.top_kernel_lines = top.map(|f| f.kernel_lines.clone()).unwrap_or_default();
                 result.top_unforgeable = top.is_some_and(|f| f.unforgeable);
                 result.gpus = crate::report::implicated_gpus(&w.analysis, &snapshot);
+                result.gpu_witnesses = crate::report::implicated_witnesses(&w.analysis);
                 // The analysis counts from the first NaN, else the first trigger.
                 let reference = crate::bundle::first_nan(inc.events)
                     .map(|e| e.mono_ns)

@@ -110,7 +110,7 @@ pub struct Outcome {
 }
 
 /// One bundle written (or not), as the agent's metrics and webhook see it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Dumped {
     pub dir: Option<PathBuf>,
     pub verdict: Option<String>,
@@ -122,12 +122,14 @@ pub struct Dumped {
     pub top_action: Option<&'static str>,
     /// The top suspect's kernel log lines, and whether a witness no user writes (NVML, a
     /// tracepoint) saw it too: what a drain checks before it acts (`agent::drain`).
-    pub top_kernel_lines: Vec<String>,
+    pub top_kernel_lines: Vec<crate::klog::Line>,
     pub top_unforgeable: bool,
     /// The GPUs the verdict implicates on the kernel's or NVML's evidence: (PCI, UUID).
     pub gpus: Vec<(String, Option<String>)>,
     /// The faults behind `gpus`, each once: (PCI, signal, wall time in ms).
     pub faults: Vec<(String, &'static str, i64)>,
+    /// Who saw each of `gpus`' faults (what the history checks before it counts them).
+    pub gpu_witnesses: Vec<crate::report::GpuWitness>,
     pub trigger: String,
 }
 

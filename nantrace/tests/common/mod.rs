@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod agent;
+pub mod slurm;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_nantrace");
 
@@ -767,4 +768,21 @@ pub fn pid_from(path: &std::path::Path, what: &str) -> u32 {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Compile the C program `src` into `exe` with gcc (CI installs it), `-O0` and `extra`.
+pub fn gcc(src: &Path, exe: &Path, extra: &[&str]) {
+    let o = Command::new("gcc")
+        .arg("-O0")
+        .args(extra)
+        .arg("-o")
+        .arg(exe)
+        .arg(src)
+        .output()
+        .expect("gcc (CI installs it)");
+    assert!(
+        o.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }

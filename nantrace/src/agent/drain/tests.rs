@@ -20,6 +20,7 @@ fn dumped(
         top_unforgeable: true,
         gpus: Vec::new(),
         faults: Vec::new(),
+        gpu_witnesses: Vec::new(),
         trigger: "xid".into(),
     }
 }
@@ -310,14 +311,14 @@ fn a_failing_or_hung_scontrol_is_said_and_frees_its_slot() {
 /// /dev/kmsg from user space (a relay of a user's text), a line inside another record or no
 /// longer in the buffer never drains; the kernel's own line does, and so does a finding NVML or
 /// a tracepoint also saw, whatever the log says. Root's injected lines drain only with
-/// `drain_on_user_written_kmsg`.
+/// `trust_user_written_kmsg`.
 #[test]
 fn a_drain_rests_on_a_line_the_kernel_wrote() {
     use crate::klog::Writer;
     let xid =
         "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.".to_string();
-    let lines = vec![xid.clone()];
-    let says = |w: Writer| move |l: &[String]| Ok(vec![w; l.len()]);
+    let lines = vec![(xid.clone(), 5)];
+    let says = |w: Writer| move |l: &[crate::klog::Line]| Ok(vec![w; l.len()]);
     assert_eq!(
         check_writer(&lines, false, false, says(Writer::Kernel)),
         Ok(())
@@ -337,9 +338,11 @@ fn a_drain_rests_on_a_line_the_kernel_wrote() {
         check_writer(&lines, false, true, says(Writer::UserSpace { facility: 1 })),
         Ok(())
     );
+    let e = check_writer(&lines, false, true, says(Writer::OtherTime)).unwrap_err();
+    assert!(e.contains("only at other times"), "{e}");
     let e = check_writer(&lines, false, true, says(Writer::NotFound)).unwrap_err();
     assert!(e.contains("not found at a record's start"), "{e}");
-    let e = check_writer(&lines, false, false, |_: &[String]| {
+    let e = check_writer(&lines, false, false, |_: &[crate::klog::Line]| {
         Err(std::io::Error::from_raw_os_error(libc::EACCES))
     })
     .unwrap_err();
@@ -351,9 +354,9 @@ fn a_drain_rests_on_a_line_the_kernel_wrote() {
         Ok(())
     );
     // One of the lines the kernel's: the fault is real.
-    let two = vec![xid.clone(), xid];
+    let two = vec![(xid.clone(), 5), (xid, 6)];
     assert_eq!(
-        check_writer(&two, false, false, |_: &[String]| Ok(vec![
+        check_writer(&two, false, false, |_: &[crate::klog::Line]| Ok(vec![
             Writer::UserSpace { facility: 1 },
             Writer::Kernel
         ])),

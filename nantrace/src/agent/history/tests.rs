@@ -282,3 +282,52 @@ fn a_flood_of_incidents_without_gpu_evidence_does_not_erase_a_gpus_record() {
     again.add(now.clone()).unwrap();
     assert!(again.section(&now).unwrap().contains("Repeat offender"));
 }
+
+/// redteam4 D-14 for the history: a GPU named only by a kernel log line written into
+/// /dev/kmsg from user space (a relay of a user's text) or no longer in the buffer is not
+/// counted, and why is said; the kernel's own line, NVML's record, or root's line with
+/// `trust_user_written_kmsg` count.
+#[test]
+fn a_gpu_named_only_by_a_user_written_line_is_not_counted() {
+    use crate::klog::Writer;
+    use crate::report::GpuWitness;
+    let line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.";
+    let d = crate::session::Dumped {
+        gpus: vec![("0000:3b:00.0".into(), None), ("0000:5e:00.0".into(), None)],
+        gpu_witnesses: vec![
+            GpuWitness {
+                pci: "0000:3b:00.0".into(),
+                unforgeable: false,
+                lines: vec![(line.into(), 5)],
+            },
+            GpuWitness {
+                pci: "0000:5e:00.0".into(),
+                unforgeable: true,
+                lines: Vec::new(),
+            },
+        ],
+        ..Default::default()
+    };
+    let user = |l: &[crate::klog::Line]| Ok(vec![Writer::UserSpace { facility: 1 }; l.len()]);
+    let doubtful = doubtful_gpus(&d, false, user);
+    assert_eq!(doubtful.len(), 1, "{doubtful:?}");
+    assert_eq!(doubtful[0].0, "0000:3b:00.0");
+    assert!(
+        doubtful[0].1.contains("from user space (facility 1)"),
+        "{doubtful:?}"
+    );
+    assert!(doubtful_gpus(&d, true, user).is_empty());
+    assert!(doubtful_gpus(&d, false, |l: &[crate::klog::Line]| Ok(vec![
+        Writer::Kernel;
+        l.len()
+    ]))
+    .is_empty());
+    let gone = doubtful_gpus(&d, true, |l: &[crate::klog::Line]| {
+        Ok(vec![Writer::NotFound; l.len()])
+    });
+    assert_eq!(
+        gone.len(),
+        1,
+        "a line no longer in the buffer proves nothing: {gone:?}"
+    );
+}
