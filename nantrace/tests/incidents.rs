@@ -6,6 +6,8 @@
 //! to read the log right). The verdict's family is scored against the thread's cause, per
 //! incident, in three parts scored on their own (`PARTS`): held-out excerpts were never read
 //! while the rules were built. Not privileged: pure analysis.
+mod common;
+
 use std::collections::BTreeMap;
 
 use nantrace::session::LineReader;
@@ -80,6 +82,12 @@ fn expected(cause: &str) -> &'static [&'static str] {
 
 /// The timeline a node would have recorded for this output: the kernel and NVML watched.
 fn analyse(inc: &Incident) -> nantrace::report::Analysis {
+    let (t, snapshot) = bundle_of(inc);
+    nantrace::report::analyze(&t, &snapshot)
+}
+
+/// The timeline and snapshot of an excerpt, as a session would have written them.
+fn bundle_of(inc: &Incident) -> (serde_json::Value, serde_json::Value) {
     let mut reader = LineReader::new(nantrace::nanscan::Scanner::default());
     let mut events = Vec::new();
     let mut first_nan = None;
@@ -128,7 +136,27 @@ fn analyse(inc: &Incident) -> nantrace::report::Analysis {
         "events": events,
     });
     let snapshot = json!({ "gpu": { "available": true, "device_count": 8, "devices": [] } });
-    nantrace::report::analyze(&t, &snapshot)
+    (t, snapshot)
+}
+
+/// Golden outputs (issue 32, `golden.rs`): every excerpt's report.md as recorded in
+/// `tests/golden/incidents/`, so that a reshaping that changes a verdict or its wording on a
+/// real failure shows here.
+#[test]
+fn every_excerpts_report_is_as_recorded() {
+    let mut bad = common::golden::Mismatches::default();
+    for part in ["incidents", "hangs"] {
+        for inc in corpus_in(&format!("tests/corpus/{part}")) {
+            let (t, snapshot) = bundle_of(&inc);
+            let a = nantrace::report::analyze(&t, &snapshot);
+            let stem = inc.file.trim_end_matches(".log");
+            bad.check(
+                &format!("{part}/{stem}.md"),
+                &nantrace::report::markdown(&a, &t),
+            );
+        }
+    }
+    bad.assert();
 }
 
 #[test]

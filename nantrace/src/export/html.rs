@@ -142,8 +142,10 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
     let ref_off = timeline["first_nan"]["offset_s"].as_f64().unwrap_or(0.0);
     let rel = |e: &Value| e["offset_s"].as_f64().unwrap_or(0.0) - ref_off;
     // One pass: time and source of every event (map lookups are the cost on 100 k events).
-    let mut by_src: std::collections::HashMap<&str, Vec<(f64, &Value)>> =
-        std::collections::HashMap::new();
+    // Ordered: the page is the same for the same bundle (which event's tooltip a thinned
+    // marker shows, the order of the markers), so reports can be compared byte for byte.
+    let mut by_src: std::collections::BTreeMap<&str, Vec<(f64, &Value)>> =
+        std::collections::BTreeMap::new();
     for e in evs {
         by_src
             .entry(e["source"].as_str().unwrap_or(""))

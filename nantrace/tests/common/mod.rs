@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod agent;
+pub mod golden;
 pub mod slurm;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_nantrace");
