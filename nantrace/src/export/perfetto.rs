@@ -7,6 +7,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+mod tracks;
+use tracks::Procs;
+
 /// One Trace Event Format record (typed: building 100 k of them as `Value` maps cost twice as
 /// much in the dump).
 #[derive(Clone, Debug, Serialize)]
@@ -121,326 +124,23 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
     };
     let empty = Vec::new();
     let evs = timeline["events"].as_array().unwrap_or(&empty);
-    // Within one node, mono_ns orders exactly and is cheap; merged timelines (whose mono
-    // clocks differ per node) go through the corrected wall time.
-    let use_mono = node.is_none() && evs.iter().all(|e| e["mono_ns"].is_u64());
-    let mono0 = evs
-        .iter()
-        .filter_map(|e| e["mono_ns"].as_u64())
-        .min()
-        .unwrap_or(0);
-    let ts_of = |e: &Value| -> f64 {
-        if use_mono {
-            (e["mono_ns"].as_u64().unwrap_or(mono0) - mono0) as f64 / 1000.0
-        } else {
-            wall_us(e) - base_wall_us
-        }
-    };
-    let end_ts = evs.iter().map(ts_of).fold(0.0, f64::max);
+    let clock = Clock::of(evs, node.is_none(), base_wall_us);
+    let end_ts = evs.iter().map(|e| clock.ts(e)).fold(0.0, f64::max);
     let start_ts = evs
         .iter()
-        .map(ts_of)
+        .map(|e| clock.ts(e))
         .fold(f64::INFINITY, f64::min)
         .min(end_ts);
-    let mut open: BTreeMap<u64, (f64, String)> = BTreeMap::new();
-    let root = timeline["job"]["root_pid"].as_u64();
-    let mut lifetimes: Vec<(u64, f64, f64, String)> = Vec::new();
+    let mut procs = Procs {
+        open: BTreeMap::new(),
+        lifetimes: Vec::new(),
+        start_ts,
+    };
     for e in evs {
-        let ts = ts_of(e);
-        let src = e["source"].as_str().unwrap_or("?");
-        let fam = family(src);
-        let pid = e["pid"].as_u64().unwrap_or(0);
-        let comm = e["comm"].as_str().unwrap_or("");
-        match src {
-            "log" => {
-                if let Some(l) = e["loss"].as_f64() {
-                    b.counter(ts, 5, "loss", json!({ "loss": l }));
-                }
-                if let Some(s) = e["loss_scale"].as_f64() {
-                    b.counter(ts, 5, "loss scale", json!({ "loss_scale": s }));
-                }
-                if e["fault"].is_object() {
-                    let f = &e["fault"];
-                    let name = format!(
-                        "{}: {}",
-                        f["family"].as_str().unwrap_or("?"),
-                        f["what"].as_str().unwrap_or("?")
-                    );
-                    b.instant(
-                        ts,
-                        5,
-                        3,
-                        "job errors",
-                        &name,
-                        json!({ "line": e["line"], "code": f["code"], "rank": f["rank"] }),
-                        false,
-                    );
-                }
-                if e["nonfinite"] == true {
-                    b.instant(
-                        ts,
-                        5,
-                        1,
-                        "non-finite values",
-                        "non-finite loss",
-                        json!({ "line": e["line"] }),
-                        false,
-                    );
-                } else if e["overflow"] == true {
-                    b.instant(
-                        ts,
-                        5,
-                        2,
-                        "fp16 overflow",
-                        "gradient overflow",
-                        json!({ "line": e["line"] }),
-                        false,
-                    );
-                }
-            }
-            "gpu" => {
-                let g = e["gpu"].as_u64().unwrap_or(0);
-                for (k, label) in [
-                    ("temp_c", "temperature C"),
-                    ("power_w", "power W"),
-                    ("util_gpu_pct", "utilization %"),
-                    ("sm_clock_mhz", "SM clock MHz"),
-                ] {
-                    if let Some(v) = e[k].as_f64() {
-                        b.counter(ts, 2, &format!("GPU{g} {label}"), json!({ k: v }));
-                    }
-                }
-            }
-            "system" => {
-                for (k, label) in [
-                    ("mem_available_kb", "memory available KiB"),
-                    ("swap_used_kb", "swap used KiB"),
-                    ("cpu_busy_pct", "CPU busy %"),
-                    ("iowait_pct", "iowait %"),
-                    ("swap_in_kb_s", "swap-in KiB/s"),
-                ] {
-                    if let Some(v) = e[k].as_f64() {
-                        b.counter(ts, 3, label, json!({ k: v }));
-                    }
-                }
-            }
-            "job_procs" => {
-                if let Some(v) = e["job_rss_kb"].as_f64() {
-                    b.counter(ts, 3, "job RSS KiB", json!({ "rss_kb": v }));
-                }
-            }
-            "disk" => {
-                if let Some(m) = e["disks"].as_object() {
-                    for (d, v) in m {
-                        b.counter(
-                            ts,
-                            7,
-                            &format!("{d} await ms"),
-                            json!({ "r_await_ms": v["r_await_ms"], "w_await_ms": v["w_await_ms"] }),
-                        );
-                    }
-                }
-            }
-            "block" => {
-                let dev = e["dev"].as_str().unwrap_or("?");
-                b.counter(
-                    ts,
-                    7,
-                    &format!("I/O latency ms {dev}"),
-                    json!({ "latency_ms": e["latency_ms"] }),
-                );
-                if e["error"].as_i64().is_some_and(|x| x != 0) {
-                    b.instant(
-                        ts,
-                        7,
-                        hash(dev),
-                        &format!("block {dev}"),
-                        "I/O error",
-                        json!({ "error": e["error"], "sector": e["sector"] }),
-                        false,
-                    );
-                }
-            }
-            "net" => {
-                if let Some(v) = e["tcp_retrans_per_s"].as_f64() {
-                    b.counter(ts, 6, "TCP retransmits/s", json!({ "retrans_per_s": v }));
-                }
-            }
-            "tcp_retransmit" => {
-                let peer = format!("{}:{}", e["daddr"].as_str().unwrap_or("?"), e["dport"]);
-                b.instant(
-                    ts,
-                    6,
-                    hash(&peer),
-                    &format!("peer {peer}"),
-                    "retransmit",
-                    json!({ "saddr": e["saddr"], "sport": e["sport"], "state": e["state"] }),
-                    false,
-                );
-            }
-            "fork" => {
-                let child = e["child_pid"].as_u64().unwrap_or(0);
-                open.insert(
-                    child,
-                    (ts, e["child_comm"].as_str().unwrap_or("").to_string()),
-                );
-                b.instant(
-                    ts,
-                    4,
-                    pid,
-                    &format!("{comm} {pid}"),
-                    &format!("fork {child}"),
-                    json!({ "child_comm": e["child_comm"] }),
-                    false,
-                );
-            }
-            "exit" => {
-                let (start, name) = open.remove(&pid).unwrap_or((start_ts, comm.to_string()));
-                lifetimes.push((pid, start, ts, name));
-                let what = match (e["exit_code"].as_i64(), e["signal"].as_str()) {
-                    (_, Some(s)) if e["core_dumped"] == true => format!("{s} (core dumped)"),
-                    (_, Some(s)) => s.to_string(),
-                    (Some(c), _) => format!("exit {c}"),
-                    _ => "exit".into(),
-                };
-                b.instant(ts, 4, pid, &format!("{comm} {pid}"), &what, json!({ "exit_code": e["exit_code"], "signal": e["signal"], "core_dumped": e["core_dumped"] == true }), false);
-            }
-            "exec" | "signal" | "oom" => {
-                let name = match src {
-                    "signal" => format!(
-                        "{} -> {}",
-                        e["signal"].as_str().unwrap_or("?"),
-                        e["target_pid"]
-                    ),
-                    "oom" => format!("OOM kill {}", e["victim_pid"]),
-                    _ => format!("exec {}", e["filename"].as_str().unwrap_or("")),
-                };
-                let tid = if src == "exec" {
-                    pid
-                } else {
-                    e["target_pid"]
-                        .as_u64()
-                        .or(e["victim_pid"].as_u64())
-                        .unwrap_or(pid)
-                };
-                b.instant(
-                    ts,
-                    4,
-                    tid,
-                    &format!("process {tid}"),
-                    &name,
-                    e.clone(),
-                    src == "oom",
-                );
-            }
-            "kmsg" | "xid" | "aer" => {
-                let name = match e["class"].as_str() {
-                    Some("xid") => format!("Xid {}", e["xid"]),
-                    Some(c) => c.to_string(),
-                    None if src == "aer" => "AER".to_string(),
-                    None => "kmsg".to_string(),
-                };
-                let global = matches!(e["severity"].as_str(), Some("critical"));
-                b.instant(
-                    ts,
-                    1,
-                    if src == "kmsg" { 1 } else { 2 },
-                    if src == "kmsg" {
-                        "kernel log"
-                    } else {
-                        "hardware errors"
-                    },
-                    &name,
-                    json!({ "text": e["text"], "severity": e["severity"] }),
-                    global,
-                );
-            }
-            "gpu_change" | "nvml_xid" | "net_change" | "scheduler_change" => {
-                let name = e["change"]
-                    .as_str()
-                    .map(String::from)
-                    .unwrap_or_else(|| format!("NVML Xid {}", e["xid"]));
-                b.instant(ts, fam, 1, src, &name, e.clone(), false);
-            }
-            "trigger" => b.instant(
-                ts,
-                8,
-                1,
-                "triggers",
-                &format!("TRIGGER {}", e["kind"].as_str().unwrap_or("")),
-                json!({ "reason": e["reason"] }),
-                true,
-            ),
-            _ => {}
-        }
+        b.event(e, clock.ts(e), &mut procs);
     }
-    // Job processes still running at the end of the window.
-    for (pid, (start, name)) in open {
-        lifetimes.push((pid, start, end_ts, name));
-    }
-    if let Some(r) = root {
-        if !lifetimes.iter().any(|l| l.0 == r) {
-            lifetimes.push((r, start_ts, end_ts, "job root".into()));
-        }
-    }
-    for (pid, start, end, name) in lifetimes {
-        let (p, t) = b.thread(4, pid, &format!("{name} {pid}"));
-        b.out.push(Ev {
-            name: format!("{name} {pid}"),
-            ph: "B",
-            s: None,
-            ts: Some(start),
-            pid: p,
-            tid: t,
-            args: Value::Null,
-        });
-        b.out.push(Ev {
-            name: format!("{name} {pid}"),
-            ph: "E",
-            s: None,
-            ts: Some(end.max(start)),
-            pid: p,
-            tid: t,
-            args: Value::Null,
-        });
-    }
-    let prefix = node.map_or(String::new(), |n| format!("{}: ", n.1));
-    let mut meta = Vec::new();
-    let families: std::collections::BTreeSet<(u64, &str)> = crate::source::Source::ALL
-        .iter()
-        .map(|s| s.trace_family())
-        .collect();
-    for (fam, name) in &families {
-        meta.push(Ev {
-            name: "process_name".into(),
-            ph: "M",
-            s: None,
-            ts: None,
-            pid: b.pid(*fam),
-            tid: 0,
-            args: json!({ "name": format!("{prefix}{name}") }),
-        });
-        meta.push(Ev {
-            name: "process_sort_index".into(),
-            ph: "M",
-            s: None,
-            ts: None,
-            pid: b.pid(*fam),
-            tid: 0,
-            args: json!({ "sort_index": b.pid(*fam) }),
-        });
-    }
-    for ((p, t), n) in &b.threads {
-        meta.push(Ev {
-            name: "thread_name".into(),
-            ph: "M",
-            s: None,
-            ts: None,
-            pid: *p,
-            tid: *t,
-            args: json!({ "name": n }),
-        });
-    }
+    b.lifetimes(procs, timeline["job"]["root_pid"].as_u64(), end_ts);
+    let mut meta = b.metadata(node.map_or(String::new(), |n| format!("{}: ", n.1)));
     // Stable order: by time, B before instants before E at the same time (keeps spans matched).
     b.out.sort_by(|x, y| {
         x.ts.unwrap_or(0.0)
@@ -449,6 +149,39 @@ pub fn events(timeline: &Value, node: Option<(u64, &str)>, base_wall_us: f64) ->
     });
     meta.extend(b.out);
     meta
+}
+
+/// A trace's clock: within one node, mono_ns orders exactly and is cheap; merged timelines
+/// (whose mono clocks differ per node) go through the corrected wall time.
+struct Clock {
+    use_mono: bool,
+    mono0: u64,
+    base_wall_us: f64,
+}
+
+impl Clock {
+    fn of(evs: &[Value], one_node: bool, base_wall_us: f64) -> Self {
+        let use_mono = one_node && evs.iter().all(|e| e["mono_ns"].is_u64());
+        let mono0 = evs
+            .iter()
+            .filter_map(|e| e["mono_ns"].as_u64())
+            .min()
+            .unwrap_or(0);
+        Clock {
+            use_mono,
+            mono0,
+            base_wall_us,
+        }
+    }
+
+    /// µs from the trace's start.
+    fn ts(&self, e: &Value) -> f64 {
+        if self.use_mono {
+            (e["mono_ns"].as_u64().unwrap_or(self.mono0) - self.mono0) as f64 / 1000.0
+        } else {
+            wall_us(e) - self.base_wall_us
+        }
+    }
 }
 
 /// Wall time of an event in µs since the epoch (from its RFC 3339 `time`).
