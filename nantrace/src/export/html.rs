@@ -137,27 +137,103 @@ fn zero(timeline: &Value) -> &'static str {
 }
 
 pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
-    let empty = Vec::new();
-    let evs = timeline["events"].as_array().unwrap_or(&empty);
-    let ref_off = timeline["first_nan"]["offset_s"].as_f64().unwrap_or(0.0);
-    let rel = |e: &Value| e["offset_s"].as_f64().unwrap_or(0.0) - ref_off;
-    // One pass: time and source of every event (map lookups are the cost on 100 k events).
-    // Ordered: the page is the same for the same bundle (which event's tooltip a thinned
-    // marker shows, the order of the markers), so reports can be compared byte for byte.
-    let mut by_src: std::collections::BTreeMap<&str, Vec<(f64, &Value)>> =
-        std::collections::BTreeMap::new();
-    for e in evs {
-        by_src
-            .entry(e["source"].as_str().unwrap_or(""))
-            .or_default()
-            .push((rel(e), e));
+    let idx = Index::of(timeline);
+    let svg = lanes_svg(a, timeline, &idx);
+    let (loss_chart, gpu_chart, sys_chart) = charts(&idx, snapshot);
+    let (order, sus) = suspects_html(a);
+    let (checked, facts) = facts_html(a);
+    format!(
+        r#"<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>nantrace report — {host}</title>
+<style>
+body{{font:14px/1.4 system-ui,sans-serif;margin:16px;color:#17202a;max-width:1140px}}
+h1{{font-size:20px;margin:0 0 8px}} h2{{font-size:16px;margin:18px 0 6px}} h3{{font-size:13px;margin:10px 0 2px;color:#566573}}
+#verdict{{padding:10px;border-left:6px solid {vcol};background:#fdfefe;font-weight:600}}
+.lane,.tick,.ylab{{font-size:11px;fill:#566573}} .legend{{font-size:11px;font-weight:600}} .nan{{font-size:11px;fill:#c0392b}} .sus{{font-size:10px;fill:#8e44ad}}
+li.suspect.machine{{color:#922b21}} .fam{{font-size:11px;color:#566573}}
+pre{{background:#f4f6f7;padding:8px;overflow:auto;max-height:360px;font-size:12px}}
+#losses{{border-collapse:collapse;font-size:12px}} #losses td,#losses th{{border:1px solid #d5d8dc;padding:2px 8px;text-align:right}}
+</style></head><body>
+<h1>nantrace incident report</h1>
+<div id="verdict">{verdict}</div>
+<p>{reference}<br>trigger: {tkind} at {ttime}</p>
+{order}<h2>Ranked suspects</h2><ol id="suspects">{sus}</ol>
+<h2>Timeline (seconds relative to the {zero})</h2>
+{svg}
+{loss_chart}
+{gpu_chart}
+{sys_chart}
+<h2>What was checked</h2><ul id="checked">{checked}</ul>
+<h2>Facts for the ML team</h2>{facts}
+</body></html>
+"#,
+        host = esc(timeline["host"]["hostname"].as_str().unwrap_or("?")),
+        zero = zero(timeline),
+        vcol = if a.machine { "#c0392b" } else { "#27ae60" },
+        verdict = esc(&a.verdict),
+        reference = esc(&a.reference),
+        tkind = esc(timeline["trigger"]["kind"].as_str().unwrap_or("?")),
+        ttime = esc(timeline["trigger"]["time"].as_str().unwrap_or("?")),
+    )
+}
+
+/// Every event's time relative to the reference (the first NaN), by source, and the axis that
+/// spans them. Ordered: the page is the same for the same bundle (which event's tooltip a
+/// thinned marker shows, the order of the markers), so reports can be compared byte for byte.
+struct Index<'a> {
+    by_src: std::collections::BTreeMap<&'a str, Vec<(f64, &'a Value)>>,
+    ax: Axis,
+}
+
+impl<'a> Index<'a> {
+    fn of(timeline: &'a Value) -> Self {
+        let evs = timeline["events"].as_array().map_or(&[][..], Vec::as_slice);
+        let ref_off = timeline["first_nan"]["offset_s"].as_f64().unwrap_or(0.0);
+        let rel = |e: &Value| e["offset_s"].as_f64().unwrap_or(0.0) - ref_off;
+        // One pass: time and source of every event (map lookups are the cost on 100 k events).
+        let mut by_src: std::collections::BTreeMap<&str, Vec<(f64, &Value)>> =
+            std::collections::BTreeMap::new();
+        for e in evs {
+            by_src
+                .entry(e["source"].as_str().unwrap_or(""))
+                .or_default()
+                .push((rel(e), e));
+        }
+        let all = || by_src.values().flatten();
+        let lo = all().map(|p| p.0).fold(0.0f64, f64::min);
+        let hi = all().map(|p| p.0).fold(0.0f64, f64::max).max(lo + 1.0);
+        Index {
+            by_src,
+            ax: Axis { lo, hi },
+        }
     }
-    let all = || by_src.values().flatten();
-    let lo = all().map(|p| p.0).fold(0.0f64, f64::min);
-    let hi = all().map(|p| p.0).fold(0.0f64, f64::max).max(lo + 1.0);
-    let ax = Axis { lo, hi };
-    let lane_h = 26.0;
-    let top = 30.0;
+
+    /// One counter of one source, at most ~2 points per pixel column.
+    fn series(&self, src: &str, key: &str) -> Vec<(f64, f64)> {
+        let v: Vec<(f64, f64)> = self
+            .by_src
+            .get(src)
+            .into_iter()
+            .flatten()
+            .filter_map(|(r, e)| Some((*r, e[key].as_f64()?)))
+            .filter(|p| p.1.is_finite())
+            .collect();
+        let step = (v.len() / 2000).max(1);
+        v.into_iter().step_by(step).collect()
+    }
+}
+
+const LANE_H: f64 = 26.0;
+const TOP: f64 = 30.0;
+
+/// The event lanes: a lane per kind of event, the ticks, a marker per event (thinned), time
+/// zero and the suspects.
+fn lanes_svg(a: &Analysis, timeline: &Value, idx: &Index<'_>) -> String {
+    let (ax, lo, hi) = (&idx.ax, idx.ax.lo, idx.ax.hi);
+    let (lane_h, top) = (LANE_H, TOP);
     let mut svg = String::new();
     let height = top + lane_h * LANES.len() as f64 + 30.0;
     svg.push_str(&format!(r#"<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" role="img" aria-label="event lanes">"#));
@@ -165,9 +241,23 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
         let y = top + lane_h * i as f64;
         svg.push_str(&format!(r##"<rect x="{LEFT}" y="{y}" width="{}" height="{lane_h}" fill="{}"/><text x="4" y="{}" class="lane">{}</text>"##, W - LEFT - 20.0, if i % 2 == 0 { "#f4f6f7" } else { "#fbfcfc" }, y + 17.0, esc(name)));
     }
-    // Ticks.
-    // At most ~12 ticks whatever the span (a 1970 clock or an offset of 1e300 s in a hostile
-    // bundle once made this loop run for ever: redteam 5.19-5.21).
+    ticks(&mut svg, ax, height);
+    event_marks(&mut svg, idx);
+    // Time zero (the first NaN, the first non-finite value or the trigger) and suspects.
+    let x0 = ax.x(0.0);
+    svg.push_str(&format!(r##"<line x1="{x0:.1}" y1="{}" x2="{x0:.1}" y2="{}" stroke="#c0392b" stroke-width="2"/><text x="{x0:.1}" y="18" class="nan">{}</text>"##, top - 6.0, height - 22.0, zero(timeline)));
+    for (i, s) in a.suspects.iter().enumerate().take(9) {
+        let x = ax.x(s.rel_s.clamp(lo, hi));
+        svg.push_str(&format!(r##"<g class="suspect-mark"><line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{}" stroke="#8e44ad" stroke-dasharray="4 3"/><text x="{:.1}" y="{}" class="sus">#{}</text><title>{}</title></g>"##, height - 22.0, x + 2.0, top + 10.0 + 11.0 * (i % 3) as f64, i + 1, esc(&s.text)));
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// At most ~12 ticks whatever the span (a 1970 clock or an offset of 1e300 s in a hostile
+/// bundle once made this loop run for ever: redteam 5.19-5.21).
+fn ticks(svg: &mut String, ax: &Axis, height: f64) {
+    let (lo, hi, top) = (ax.lo, ax.hi, TOP);
     let span = hi - lo;
     let step = [0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0]
         .into_iter()
@@ -184,10 +274,14 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
             svg.push_str(&format!(r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{}" stroke="#d5d8dc"/><text x="{x:.1}" y="{}" class="tick">{t:+.1}s</text>"##, height - 22.0, height - 8.0));
         }
     }
-    // Events (samples are counters, drawn below, not dots). A dense window is thinned to one
-    // marker per lane per pixel column, so the page stays small and fast.
+}
+
+/// Events (samples are counters, drawn below, not dots). A dense window is thinned to one
+/// marker per lane per pixel column, so the page stays small and fast.
+fn event_marks(svg: &mut String, idx: &Index<'_>) {
+    let (lane_h, top) = (LANE_H, TOP);
     let mut drawn = std::collections::HashSet::new();
-    for (src, list) in &by_src {
+    for (src, list) in &idx.by_src {
         let src = *src;
         // Samples are counters (charts below): they have no lane.
         let Some(l) = lane_of(src) else { continue };
@@ -200,7 +294,7 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
             {
                 continue;
             }
-            let x = ax.x(*r);
+            let x = idx.ax.x(*r);
             let col = color(e);
             if !drawn.insert((l, x as i64, col)) {
                 continue;
@@ -215,67 +309,55 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
             svg.push_str(&format!(r#"<circle class="ev" cx="{x:.1}" cy="{y:.1}" r="4" fill="{col}"><title>{} {:+.3}s {}</title></circle>"#, esc(src), r, esc(&label.chars().take(200).collect::<String>())));
         }
     }
-    // Time zero (the first NaN, the first non-finite value or the trigger) and suspects.
-    let x0 = ax.x(0.0);
-    svg.push_str(&format!(r##"<line x1="{x0:.1}" y1="{}" x2="{x0:.1}" y2="{}" stroke="#c0392b" stroke-width="2"/><text x="{x0:.1}" y="18" class="nan">{}</text>"##, top - 6.0, height - 22.0, zero(timeline)));
-    for (i, s) in a.suspects.iter().enumerate().take(9) {
-        let x = ax.x(s.rel_s.clamp(lo, hi));
-        svg.push_str(&format!(r##"<g class="suspect-mark"><line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{}" stroke="#8e44ad" stroke-dasharray="4 3"/><text x="{:.1}" y="{}" class="sus">#{}</text><title>{}</title></g>"##, height - 22.0, x + 2.0, top + 10.0 + 11.0 * (i % 3) as f64, i + 1, esc(&s.text)));
-    }
-    svg.push_str("</svg>");
+}
 
-    // Counter charts.
-    let series = |src: &str, key: &str| -> Vec<(f64, f64)> {
-        let v: Vec<(f64, f64)> = by_src
-            .get(src)
-            .into_iter()
-            .flatten()
-            .filter_map(|(r, e)| Some((*r, e[key].as_f64()?)))
-            .filter(|p| p.1.is_finite())
-            .collect();
-        // At most ~2 points per pixel column.
-        let step = (v.len() / 2000).max(1);
-        v.into_iter().step_by(step).collect()
-    };
-    // (points, colour, name, unit, log scale): each series in its own labelled band.
-    type Line<'a> = (Vec<(f64, f64)>, &'a str, &'a str, &'a str, bool);
-    let chart = |id: &str, title: &str, lines: Vec<Line>| -> String {
-        let bh = 46.0;
-        let shown: Vec<&Line> = lines.iter().filter(|l| l.0.len() >= 2).collect();
-        let h = (bh + 8.0) * shown.len().max(1) as f64;
-        let mut c = format!(
-            r#"<h3>{}</h3><svg id="{id}" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{}">"#,
-            esc(title),
-            h + 12.0
-        );
-        c.push_str(&format!(
-            r##"<rect x="{LEFT}" y="5" width="{}" height="{h}" fill="#fbfcfc" stroke="#d5d8dc"/>"##,
-            W - LEFT - 20.0
+/// (points, colour, name, unit, log scale): each series in its own labelled band.
+type Series<'a> = (Vec<(f64, f64)>, &'a str, &'a str, &'a str, bool);
+
+/// One counter chart: a band per series with enough points, time zero across.
+fn chart(ax: &Axis, id: &str, title: &str, lines: Vec<Series<'_>>) -> String {
+    let x0 = ax.x(0.0);
+    let bh = 46.0;
+    let shown: Vec<&Series> = lines.iter().filter(|l| l.0.len() >= 2).collect();
+    let h = (bh + 8.0) * shown.len().max(1) as f64;
+    let mut c = format!(
+        r#"<h3>{}</h3><svg id="{id}" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{}">"#,
+        esc(title),
+        h + 12.0
+    );
+    c.push_str(&format!(
+        r##"<rect x="{LEFT}" y="5" width="{}" height="{h}" fill="#fbfcfc" stroke="#d5d8dc"/>"##,
+        W - LEFT - 20.0
+    ));
+    for (i, (pts, col, name, unit, log)) in shown.iter().enumerate() {
+        c.push_str(&band(
+            pts,
+            ax,
+            9.0 + (bh + 8.0) * i as f64,
+            bh,
+            col,
+            name,
+            unit,
+            *log,
         ));
-        for (i, (pts, col, name, unit, log)) in shown.iter().enumerate() {
-            c.push_str(&band(
-                pts,
-                &ax,
-                9.0 + (bh + 8.0) * i as f64,
-                bh,
-                col,
-                name,
-                unit,
-                *log,
-            ));
-        }
-        if shown.is_empty() {
-            c.push_str(&format!(
-                r#"<text x="{}" y="30" class="lane">no data in this window</text>"#,
-                LEFT + 10.0
-            ));
-        }
+    }
+    if shown.is_empty() {
         c.push_str(&format!(
-            r##"<line x1="{x0:.1}" y1="5" x2="{x0:.1}" y2="{}" stroke="#c0392b"/></svg>"##,
-            h + 5.0
+            r#"<text x="{}" y="30" class="lane">no data in this window</text>"#,
+            LEFT + 10.0
         ));
-        c
-    };
+    }
+    c.push_str(&format!(
+        r##"<line x1="{x0:.1}" y1="5" x2="{x0:.1}" y2="{}" stroke="#c0392b"/></svg>"##,
+        h + 5.0
+    ));
+    c
+}
+
+/// The loss, GPU and system charts.
+fn charts(idx: &Index<'_>, snapshot: &Value) -> (String, String, String) {
+    let series = |src: &str, key: &str| idx.series(src, key);
+    let chart = |id: &str, title: &str, lines: Vec<Series>| chart(&idx.ax, id, title, lines);
     let loss_chart = chart(
         "loss",
         "Loss and fp16 loss scale",
@@ -346,7 +428,11 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
             ),
         ],
     );
+    (loss_chart, gpu_chart, sys_chart)
+}
 
+/// The cause and its consequences, when the log shows both, and the ranked suspects.
+fn suspects_html(a: &Analysis) -> (String, String) {
     let mut sus = String::new();
     if a.suspects.is_empty() {
         sus.push_str("<li class=\"none\">none: no signal in the table fired</li>");
@@ -373,6 +459,12 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
             .collect();
         format!("<h2>Cause and consequences</h2><ul id=\"order\">{items}</ul>")
     });
+    (order, sus)
+}
+
+/// What was checked, and the facts as the ML team reads them (versions, precision,
+/// scheduler, limits, the last losses), the JSON one click away.
+fn facts_html(a: &Analysis) -> (String, String) {
     let checked: String = a
         .checked
         .iter()
@@ -404,42 +496,7 @@ pub fn render(a: &Analysis, timeline: &Value, snapshot: &Value) -> String {
         "<details><summary>all facts as JSON</summary><pre id=\"facts-json\">{}</pre></details>",
         esc(&serde_json::to_string_pretty(&a.facts).unwrap_or_default())
     ));
-    format!(
-        r#"<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>nantrace report — {host}</title>
-<style>
-body{{font:14px/1.4 system-ui,sans-serif;margin:16px;color:#17202a;max-width:1140px}}
-h1{{font-size:20px;margin:0 0 8px}} h2{{font-size:16px;margin:18px 0 6px}} h3{{font-size:13px;margin:10px 0 2px;color:#566573}}
-#verdict{{padding:10px;border-left:6px solid {vcol};background:#fdfefe;font-weight:600}}
-.lane,.tick,.ylab{{font-size:11px;fill:#566573}} .legend{{font-size:11px;font-weight:600}} .nan{{font-size:11px;fill:#c0392b}} .sus{{font-size:10px;fill:#8e44ad}}
-li.suspect.machine{{color:#922b21}} .fam{{font-size:11px;color:#566573}}
-pre{{background:#f4f6f7;padding:8px;overflow:auto;max-height:360px;font-size:12px}}
-#losses{{border-collapse:collapse;font-size:12px}} #losses td,#losses th{{border:1px solid #d5d8dc;padding:2px 8px;text-align:right}}
-</style></head><body>
-<h1>nantrace incident report</h1>
-<div id="verdict">{verdict}</div>
-<p>{reference}<br>trigger: {tkind} at {ttime}</p>
-{order}<h2>Ranked suspects</h2><ol id="suspects">{sus}</ol>
-<h2>Timeline (seconds relative to the {zero})</h2>
-{svg}
-{loss_chart}
-{gpu_chart}
-{sys_chart}
-<h2>What was checked</h2><ul id="checked">{checked}</ul>
-<h2>Facts for the ML team</h2>{facts}
-</body></html>
-"#,
-        host = esc(timeline["host"]["hostname"].as_str().unwrap_or("?")),
-        zero = zero(timeline),
-        vcol = if a.machine { "#c0392b" } else { "#27ae60" },
-        verdict = esc(&a.verdict),
-        reference = esc(&a.reference),
-        tkind = esc(timeline["trigger"]["kind"].as_str().unwrap_or("?")),
-        ttime = esc(timeline["trigger"]["time"].as_str().unwrap_or("?")),
-    )
+    (checked, facts)
 }
 
 #[cfg(test)]
