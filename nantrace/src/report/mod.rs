@@ -278,110 +278,14 @@ pub fn from_bytes(
 /// Evaluate every signal over the incident.
 pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     let nan_off = f(&timeline["first_nan"]["offset_s"]);
-    let ref_off = nan_off.unwrap_or(0.0);
-    let empty = Vec::new();
-    let evs = timeline["events"].as_array().unwrap_or(&empty);
-    let root = timeline["job"]["root_pid"].as_u64();
-    // The job's processes: events they caused. A signal event's `job` flag is about its target
-    // (the sender can be anyone), so it does not make its sender a job process.
-    let mut job_pids: BTreeSet<u64> = evs
-        .iter()
-        .filter(|e| e["job"] == true && e["source"] != "signal")
-        .filter_map(|e| e["pid"].as_u64())
-        .collect();
-    job_pids.extend(root);
-    for e in evs
-        .iter()
-        .filter(|e| e["source"] == "fork" && e["job"] == true)
-    {
-        job_pids.extend(e["child_pid"].as_u64());
-    }
-    let events: Vec<(f64, &Value)> = evs
-        .iter()
-        .map(|e| (f(&e["offset_s"]).unwrap_or(0.0) - ref_off, e))
-        .collect();
-    let mut by_src: std::collections::HashMap<&str, Vec<(f64, &Value)>> =
-        std::collections::HashMap::new();
-    for (r, e) in &events {
-        by_src
-            .entry(e["source"].as_str().unwrap_or(""))
-            .or_default()
-            .push((*r, *e));
-    }
-    let ctx = Ctx {
-        by_src,
-        job_gpus: job_gpus(snapshot, &job_pids),
-        gpu_total_mib: snapshot["gpu"]["devices"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|d| {
-                Some((
-                    d["pci"].as_str()?.to_string(),
-                    d["memory"]["total_bytes"].as_f64()? / 1_048_576.0,
-                ))
-            })
-            .collect(),
-        nvml: snapshot["gpu"]["available"] == true,
-        job_peers: snapshot["network"]["job_sockets"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|s| [s["remote"].as_str(), s["local"].as_str()])
-            .flatten()
-            .map(String::from)
-            .collect(),
-        job_pids,
-        root,
-        stacks: &snapshot["stacks"],
-        hung: timeline["trigger"]["kind"] == "stall"
-            || timeline["events"].as_array().is_some_and(|ev| {
-                ev.iter().any(|e| {
-                    e["source"] == "log"
-                        && e["fault"]["family"].as_str()
-                            == Some(crate::joblog::JobFamily::Hang.as_str())
-                })
-            }),
-    };
+    let ctx = Ctx::of(timeline, snapshot, nan_off.unwrap_or(0.0));
     let mut acc = Acc {
         out: BTreeMap::new(),
     };
-
     detect::all(&ctx, &mut acc);
-    // Row remapping state at the trigger (NVML): a failed remap, or rows waiting for a reset.
-    for d in snapshot["gpu"]["devices"].as_array().into_iter().flatten() {
-        let (rr, pci) = (&d["remapped_rows"], d["pci"].as_str().unwrap_or("?"));
-        let touches = ctx.job_gpus.contains(pci);
-        if rr["failure_occurred"] == true {
-            acc.add(
-                rules::signal("gpu_remap_failure"),
-                pci,
-                0.0,
-                touches,
-                || {
-                    format!(
-                        "row remapping failed on {pci} (NVML: {} uncorrectable remapped rows)",
-                        rr["uncorrectable"]
-                    )
-                },
-            );
-        } else if rr["pending"] == true {
-            acc.add(rules::signal("gpu_remap_pending"), pci, 0.0, touches, || format!("rows of {pci} wait for a GPU reset to be remapped (NVML: {} uncorrectable, {} correctable remapped rows)", rr["uncorrectable"], rr["correctable"]));
-        }
-    }
-
-    // What the first non-finite line holds: a NaN, or an Inf with a finite loss (the demo's
-    // `loss 4.98e36 | grad_norm inf` is not a NaN); from the bundle, else read again.
+    remap_state(&ctx, snapshot, &mut acc);
     let first = &timeline["first_nan"];
-    let what = first["what"]
-        .as_str()
-        .map(|w| (w.to_string(), first["is_nan"] != false))
-        .or_else(|| first["line"].as_str().and_then(crate::nanscan::describe));
-    let ref_name = match (nan_off, &what) {
-        (None, _) => "the trigger",
-        (Some(_), Some((_, false))) => "the first non-finite value",
-        _ => "the first NaN",
-    };
+    let (what, ref_name) = first_value(first, nan_off);
     // Training steps the job logged, by time against the reference: a warning the job ran on
     // long after (a transport it then did without) is context, not the cause.
     let steps: Vec<f64> = ctx
@@ -406,7 +310,159 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     if let Some(o) = order.as_mut() {
         o.reference = ref_name;
     }
-    for s in &mut suspects {
+    score(
+        &mut suspects,
+        order.as_mut(),
+        &steps,
+        nan_off.is_some(),
+        ref_name,
+    );
+    gpucheck_suspects(snapshot, &mut suspects);
+    suspects.sort_by(|a, b| b.score.total_cmp(&a.score));
+    let (verdict, family) = verdict::verdict(
+        &suspects,
+        timeline,
+        snapshot,
+        window_minutes(timeline),
+        ref_name,
+    );
+    let machine = suspects.iter().any(Finding::blames_machine);
+    let reference = reference_text(timeline, nan_off, what.as_ref());
+    let mut checked = facts::checked(timeline, snapshot);
+    checked.extend(context);
+    Analysis {
+        verdict,
+        family,
+        machine,
+        reference,
+        suspects,
+        checked,
+        facts: facts::facts(timeline, snapshot),
+        order: order.filter(|o| !o.consequences.is_empty()),
+    }
+}
+
+impl<'a> Ctx<'a> {
+    /// What the detectors read: every event by source with its time against the reference,
+    /// the job's processes, GPUs and peers, whether NVML answered, whether the job hung.
+    fn of(timeline: &'a Value, snapshot: &'a Value, ref_off: f64) -> Self {
+        let evs = timeline["events"].as_array().map_or(&[][..], Vec::as_slice);
+        let root = timeline["job"]["root_pid"].as_u64();
+        // The job's processes: events they caused. A signal event's `job` flag is about its target
+        // (the sender can be anyone), so it does not make its sender a job process.
+        let mut job_pids: BTreeSet<u64> = evs
+            .iter()
+            .filter(|e| e["job"] == true && e["source"] != "signal")
+            .filter_map(|e| e["pid"].as_u64())
+            .collect();
+        job_pids.extend(root);
+        for e in evs
+            .iter()
+            .filter(|e| e["source"] == "fork" && e["job"] == true)
+        {
+            job_pids.extend(e["child_pid"].as_u64());
+        }
+        let events: Vec<(f64, &Value)> = evs
+            .iter()
+            .map(|e| (f(&e["offset_s"]).unwrap_or(0.0) - ref_off, e))
+            .collect();
+        let mut by_src: std::collections::HashMap<&str, Vec<(f64, &Value)>> =
+            std::collections::HashMap::new();
+        for (r, e) in &events {
+            by_src
+                .entry(e["source"].as_str().unwrap_or(""))
+                .or_default()
+                .push((*r, *e));
+        }
+        Ctx {
+            by_src,
+            job_gpus: job_gpus(snapshot, &job_pids),
+            gpu_total_mib: snapshot["gpu"]["devices"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|d| {
+                    Some((
+                        d["pci"].as_str()?.to_string(),
+                        d["memory"]["total_bytes"].as_f64()? / 1_048_576.0,
+                    ))
+                })
+                .collect(),
+            nvml: snapshot["gpu"]["available"] == true,
+            job_peers: snapshot["network"]["job_sockets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|s| [s["remote"].as_str(), s["local"].as_str()])
+                .flatten()
+                .map(String::from)
+                .collect(),
+            job_pids,
+            root,
+            stacks: &snapshot["stacks"],
+            hung: timeline["trigger"]["kind"] == "stall"
+                || timeline["events"].as_array().is_some_and(|ev| {
+                    ev.iter().any(|e| {
+                        e["source"] == "log"
+                            && e["fault"]["family"].as_str()
+                                == Some(crate::joblog::JobFamily::Hang.as_str())
+                    })
+                }),
+        }
+    }
+}
+
+/// Row remapping state at the trigger (NVML): a failed remap, or rows waiting for a reset.
+fn remap_state(ctx: &Ctx<'_>, snapshot: &Value, acc: &mut Acc) {
+    for d in snapshot["gpu"]["devices"].as_array().into_iter().flatten() {
+        let (rr, pci) = (&d["remapped_rows"], d["pci"].as_str().unwrap_or("?"));
+        let touches = ctx.job_gpus.contains(pci);
+        if rr["failure_occurred"] == true {
+            acc.add(
+                rules::signal("gpu_remap_failure"),
+                pci,
+                0.0,
+                touches,
+                || {
+                    format!(
+                        "row remapping failed on {pci} (NVML: {} uncorrectable remapped rows)",
+                        rr["uncorrectable"]
+                    )
+                },
+            );
+        } else if rr["pending"] == true {
+            acc.add(rules::signal("gpu_remap_pending"), pci, 0.0, touches, || format!("rows of {pci} wait for a GPU reset to be remapped (NVML: {} uncorrectable, {} correctable remapped rows)", rr["uncorrectable"], rr["correctable"]));
+        }
+    }
+}
+
+/// What the first non-finite line holds: a NaN, or an Inf with a finite loss (the demo's
+/// `loss 4.98e36 | grad_norm inf` is not a NaN); from the bundle, else read again. And the
+/// reference's name.
+fn first_value(first: &Value, nan_off: Option<f64>) -> (Option<(String, bool)>, &'static str) {
+    let what = first["what"]
+        .as_str()
+        .map(|w| (w.to_string(), first["is_nan"] != false))
+        .or_else(|| first["line"].as_str().and_then(crate::nanscan::describe));
+    let ref_name = match (nan_off, &what) {
+        (None, _) => "the trigger",
+        (Some(_), Some((_, false))) => "the first non-finite value",
+        _ => "the first NaN",
+    };
+    (what, ref_name)
+}
+
+/// Each suspect's score (severity, closeness to the reference, the job's own), its count and
+/// time in its text; the job's network and hang lines after its first failure of another kind
+/// (`order`) or after its NaN marked as consequences.
+fn score(
+    suspects: &mut [Finding],
+    mut order: Option<&mut order::Order>,
+    steps: &[f64],
+    after_a_nan: bool,
+    ref_name: &str,
+) {
+    for s in suspects.iter_mut() {
         let closeness = 1.0 / (1.0 + s.rel_s.abs() / 60.0);
         s.score = f64::from(s.severity)
             * (0.5 + 0.5 * closeness)
@@ -424,8 +480,8 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         // rank, are what that failure did to the other ranks; an ambiguous GPU error after a
         // network failure is what the failed transfers did (`order`).
         if let Some(o) = order
-            .as_mut()
-            .filter(|o| o.explains(s.signal, s.first_rel_s, &steps))
+            .as_deref_mut()
+            .filter(|o| o.explains(s.signal, s.first_rel_s, steps))
         {
             s.score *= 0.2;
             s.consequence = true;
@@ -453,7 +509,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         // stopped, its peers lost it), not its cause: they never outrank what came before.
         // No slack here (a cause's 0.2 s of delivery slack is for lines that can be causes):
         // a peer's `connection lost` 189 ms after the NaN is after it (the VM cluster's n1).
-        if nan_off.is_some()
+        if after_a_nan
             && s.first_rel_s > 0.0
             && matches!(
                 s.signal,
@@ -464,8 +520,11 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             s.text.push_str(" (after it: a consequence, not its cause)");
         }
     }
-    // A silent-data-corruption check run after the incident (gpucheck.json in the bundle): a
-    // GPU that disagrees with itself or its peers is the strongest GPU evidence there is.
+}
+
+/// A silent-data-corruption check run after the incident (gpucheck.json in the bundle): a
+/// GPU that disagrees with itself or its peers is the strongest GPU evidence there is.
+fn gpucheck_suspects(snapshot: &Value, suspects: &mut Vec<Finding>) {
     if snapshot["gpucheck"].is_object() && snapshot["gpucheck"]["error"].is_null() {
         let sig = rules::signal("gpucheck_mismatch");
         for f in gpucheck::findings(&snapshot["gpucheck"])
@@ -476,23 +535,27 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             suspects.push(Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: 0.0, first_rel_s: 0.0, text: format!("nantrace gpucheck after the incident: {f}"), touches_job: true, count: 1, score, action: Some("take the GPU out of service and run the vendor's diagnostics (dcgmi diag -r 3)"), consequence: false, kernel_lines: Vec::new(), unforgeable: true });
         }
     }
-    suspects.sort_by(|a, b| b.score.total_cmp(&a.score));
+}
 
-    // A bundle's window as it says, within what nantrace records (a week); anything else
-    // (a user's bundle with 1e300, redteam3 D-14) is not printed as a number of minutes.
-    let window_min = match &timeline["window"]["pre_s"] {
+/// A bundle's window as it says, within what nantrace records (a week); anything else (a
+/// user's bundle with 1e300, redteam3 D-14) is not printed as a number of minutes.
+fn window_minutes(timeline: &Value) -> f64 {
+    match &timeline["window"]["pre_s"] {
         Value::Null => 10.0,
         v => v
             .as_f64()
             .filter(|v| v.is_finite() && *v > 0.0 && *v <= WINDOW_MAX_S)
             .map_or(f64::NAN, |v| v / 60.0),
-    };
-    let (verdict, family) = verdict::verdict(&suspects, timeline, snapshot, window_min, ref_name);
-    let machine: Vec<&Finding> = suspects.iter().filter(|s| s.blames_machine()).collect();
-    let reference = match nan_off {
+    }
+}
+
+/// The reference the times count from, in words.
+fn reference_text(timeline: &Value, nan_off: Option<f64>, what: Option<&(String, bool)>) -> String {
+    let first = &timeline["first_nan"];
+    match nan_off {
         Some(_) => format!(
             "{} at {} ({}): {}",
-            match &what {
+            match what {
                 Some((w, true)) => format!("first NaN ({w})"),
                 Some((w, false)) => format!("first non-finite value ({w}; no NaN yet)"),
                 None => "first NaN".into(),
@@ -506,18 +569,6 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
             timeline["trigger"]["kind"].as_str().unwrap_or("?"),
             timeline["trigger"]["time"].as_str().unwrap_or("?")
         ),
-    };
-    let mut checked = facts::checked(timeline, snapshot);
-    checked.extend(context);
-    Analysis {
-        verdict,
-        family,
-        machine: !machine.is_empty(),
-        reference,
-        suspects,
-        checked,
-        facts: facts::facts(timeline, snapshot),
-        order: order.filter(|o| !o.consequences.is_empty()),
     }
 }
 
