@@ -152,146 +152,192 @@ pub(super) fn verdict(
     window_min: f64,
     ref_name: &str,
 ) -> (String, String) {
-    let first = |pred: &dyn Fn(&Finding) -> bool| suspects.iter().find(|s| pred(s));
-    let label = |f: &Finding| f.family.label().to_string();
-    // A GPU fault of the kind the job's own code can cause (Xid 13/31/43, illegal address),
-    // next to the job's own software error (a device-side assert): the error explains it.
-    let ambiguous_gpu = |f: &Finding| {
-        matches!(
-            f.signal,
-            "xid_app_possible" | "joblog_gpu_ambiguous" | "joblog_gpu_oom_not_limit"
-        )
-    };
-    // Only a cause explains (a device-side assert, an invalid CUDA call): the abort or the
-    // segfault that follows a GPU fault is its consequence, not its explanation.
-    if let Some(sw) = first(&|s| s.signal == "joblog_software_bug") {
-        let machine: Vec<&Finding> = suspects.iter().filter(|s| s.blames_machine()).collect();
-        if !machine.is_empty()
-            && machine.iter().all(|m| {
-                ambiguous_gpu(m)
-                    && (m.rel_s - sw.rel_s).abs() <= rules::signal("joblog_software_bug").threshold
-            })
-        {
-            return (
-                format!(
-                    "NOT THE MACHINE ({}): {}; the GPU fault next to it follows from it: {}",
-                    sw.family.label(),
-                    sw.text,
-                    machine[0].text
-                ),
-                label(sw),
-            );
-        }
-    }
-    if let Some(top) = first(&|s| s.blames_machine()) {
-        let job_sw = first(&|s| matches!(s.family, Family::Software | Family::GpuMemoryLimit))
-            .map_or(String::new(), |s| {
-                format!(" (the job also reported: {})", s.text)
-            });
-        // The GPU faulted, but NVIDIA's catalog (or CUDA) says the job's own code can cause it.
-        let ambiguous = matches!(
-            top.signal,
-            "xid_app_possible" | "joblog_gpu_ambiguous" | "joblog_gpu_oom_not_limit"
-        );
-        // The job's words alone (any user can print a kernel's or a driver's line): at most
-        // POSSIBLY, and the family says so. Where the kernel log was watched and shows no such
-        // fault, that is evidence against them, and the verdict says it.
-        // A thread's state the job can cause (its own FUSE daemon holding it in D state)
-        // does not lift the job's words above them (review of 12-02).
-        if rules::is_job_words(top.signal)
-            && suspects
+    software_explains_the_gpu(suspects)
+        .or_else(|| machine(suspects, timeline, snapshot))
+        .or_else(|| job_side(suspects))
+        .or_else(|| {
+            suspects
                 .iter()
-                .filter(|s| s.blames_machine())
-                .all(|s| rules::is_job_words(s.signal) || rules::user_controllable(s.signal))
-        {
-            let watched = timeline["accounting"]["probes_attached"]
-                .as_array()
-                .is_some_and(|a| {
-                    a.iter().any(|p| {
-                        p.as_str().is_some_and(|p| {
-                            p.starts_with("printk:") || p == "kmsg" || p.ends_with("/dev/kmsg")
-                        })
-                    })
-                });
-            let nvml = snapshot["gpu"]["available"].as_bool() == Some(true);
-            let against = match (watched, nvml) {
-                (true, true) => "; the kernel log, watched, and NVML show no such fault",
-                (true, false) => "; the kernel log, watched, shows no such fault",
-                (false, true) => "; NVML shows no such fault, and the kernel log was not watched",
-                (false, false) => "; neither the kernel log nor NVML was watched to confirm it",
-            };
-            let or_code = if ambiguous {
-                ", or the job's own code"
-            } else {
-                ""
-            };
-            return (format!("POSSIBLY THE MACHINE ({}{or_code}), in the job's own words only: {}{against}{job_sw}", top.family.label(), top.text), format!("{}{}", top.family.label(), rules::JOB_WORDS_SUFFIX));
-        }
-        return if top.severity >= 60 {
-            (
-                format!(
-                    "PROBABLY THE MACHINE ({}): {}{job_sw}",
-                    top.family.label(),
-                    top.text
-                ),
-                label(top),
-            )
-        } else if ambiguous {
-            (
-                format!(
-                    "POSSIBLY THE MACHINE ({}, or the job's own code): {}{job_sw}",
-                    top.family.label(),
-                    top.text
-                ),
-                label(top),
-            )
-        } else {
-            (
-                format!(
-                    "POSSIBLY THE MACHINE ({}, weak signals only): {}{job_sw}",
-                    top.family.label(),
-                    top.text
-                ),
-                label(top),
-            )
-        };
-    }
-    if let Some(top) = first(&|s| matches!(s.family, Family::Software | Family::GpuMemoryLimit)) {
-        let why = if top.family == Family::GpuMemoryLimit {
-            "a resource limit, not a fault: reduce the batch or sequence length, or use more GPUs"
-        } else {
-            "a bug or a configuration problem in the job, not a machine fault"
-        };
-        return (
+                .find(|s| s.family == Family::Hang && !s.consequence)
+                .map(|top| hang_verdict(top, timeline, snapshot))
+        })
+        .or_else(|| cannot_tell(timeline, snapshot))
+        .or_else(|| {
+            (timeline["trigger"]["kind"] == "stall").then(|| stall_verdict(timeline, snapshot))
+        })
+        .unwrap_or_else(|| not_the_machine(timeline, snapshot, window_min, ref_name))
+}
+
+/// The first suspect `pred` holds for (they are ranked).
+fn first<'a>(suspects: &'a [Finding], pred: impl Fn(&Finding) -> bool) -> Option<&'a Finding> {
+    suspects.iter().find(|s| pred(s))
+}
+
+fn label(f: &Finding) -> String {
+    f.family.label().to_string()
+}
+
+/// A GPU fault of the kind the job's own code can cause (Xid 13/31/43, illegal address).
+fn ambiguous_gpu(f: &Finding) -> bool {
+    matches!(
+        f.signal,
+        "xid_app_possible" | "joblog_gpu_ambiguous" | "joblog_gpu_oom_not_limit"
+    )
+}
+
+/// Such a GPU fault next to the job's own software error (a device-side assert): the error
+/// explains it. Only a cause explains (a device-side assert, an invalid CUDA call): the abort
+/// or the segfault that follows a GPU fault is its consequence, not its explanation.
+fn software_explains_the_gpu(suspects: &[Finding]) -> Option<(String, String)> {
+    let sw = first(suspects, |s| s.signal == "joblog_software_bug")?;
+    let machine: Vec<&Finding> = suspects.iter().filter(|s| s.blames_machine()).collect();
+    (!machine.is_empty()
+        && machine.iter().all(|m| {
+            ambiguous_gpu(m)
+                && (m.rel_s - sw.rel_s).abs() <= rules::signal("joblog_software_bug").threshold
+        }))
+    .then(|| {
+        (
             format!(
-                "NOT THE MACHINE ({}): {}; {why}",
-                top.family.label(),
-                top.text
+                "NOT THE MACHINE ({}): {}; the GPU fault next to it follows from it: {}",
+                sw.family.label(),
+                sw.text,
+                machine[0].text
             ),
-            label(top),
-        );
+            label(sw),
+        )
+    })
+}
+
+/// The machine's evidence: PROBABLY on a strong signal, POSSIBLY on a weak or ambiguous one
+/// or on the job's words alone.
+fn machine(suspects: &[Finding], timeline: &Value, snapshot: &Value) -> Option<(String, String)> {
+    let top = first(suspects, Finding::blames_machine)?;
+    let job_sw = first(suspects, |s| {
+        matches!(s.family, Family::Software | Family::GpuMemoryLimit)
+    })
+    .map_or(String::new(), |s| {
+        format!(" (the job also reported: {})", s.text)
+    });
+    // The GPU faulted, but NVIDIA's catalog (or CUDA) says the job's own code can cause it.
+    let ambiguous = ambiguous_gpu(top);
+    // The job's words alone (any user can print a kernel's or a driver's line): at most
+    // POSSIBLY, and the family says so. A thread's state the job can cause (its own FUSE
+    // daemon holding it in D state) does not lift the job's words above them (review of
+    // 12-02).
+    if rules::is_job_words(top.signal)
+        && suspects
+            .iter()
+            .filter(|s| s.blames_machine())
+            .all(|s| rules::is_job_words(s.signal) || rules::user_controllable(s.signal))
+    {
+        return Some(job_words_only(top, ambiguous, &job_sw, timeline, snapshot));
     }
-    if let Some(top) = first(&|s| s.family == Family::Hang && !s.consequence) {
-        return hang_verdict(top, timeline, snapshot);
-    }
+    let (head, qualifier) = if top.severity >= 60 {
+        ("PROBABLY", "")
+    } else if ambiguous {
+        ("POSSIBLY", ", or the job's own code")
+    } else {
+        ("POSSIBLY", ", weak signals only")
+    };
+    Some((
+        format!(
+            "{head} THE MACHINE ({}{qualifier}): {}{job_sw}",
+            top.family.label(),
+            top.text
+        ),
+        label(top),
+    ))
+}
+
+/// POSSIBLY on the job's words alone. Where the kernel log was watched and shows no such
+/// fault, that is evidence against them, and the verdict says it.
+fn job_words_only(
+    top: &Finding,
+    ambiguous: bool,
+    job_sw: &str,
+    timeline: &Value,
+    snapshot: &Value,
+) -> (String, String) {
+    let watched = timeline["accounting"]["probes_attached"]
+        .as_array()
+        .is_some_and(|a| {
+            a.iter().any(|p| {
+                p.as_str().is_some_and(|p| {
+                    p.starts_with("printk:") || p == "kmsg" || p.ends_with("/dev/kmsg")
+                })
+            })
+        });
+    let nvml = snapshot["gpu"]["available"].as_bool() == Some(true);
+    let against = match (watched, nvml) {
+        (true, true) => "; the kernel log, watched, and NVML show no such fault",
+        (true, false) => "; the kernel log, watched, shows no such fault",
+        (false, true) => "; NVML shows no such fault, and the kernel log was not watched",
+        (false, false) => "; neither the kernel log nor NVML was watched to confirm it",
+    };
+    let or_code = if ambiguous {
+        ", or the job's own code"
+    } else {
+        ""
+    };
+    (
+        format!(
+            "POSSIBLY THE MACHINE ({}{or_code}), in the job's own words only: {}{against}{job_sw}",
+            top.family.label(),
+            top.text
+        ),
+        format!("{}{}", top.family.label(), rules::JOB_WORDS_SUFFIX),
+    )
+}
+
+/// The job's own software or configuration, or a resource limit it hit.
+fn job_side(suspects: &[Finding]) -> Option<(String, String)> {
+    let top = first(suspects, |s| {
+        matches!(s.family, Family::Software | Family::GpuMemoryLimit)
+    })?;
+    let why = if top.family == Family::GpuMemoryLimit {
+        "a resource limit, not a fault: reduce the batch or sequence length, or use more GPUs"
+    } else {
+        "a bug or a configuration problem in the job, not a machine fault"
+    };
+    Some((
+        format!(
+            "NOT THE MACHINE ({}): {}; {why}",
+            top.family.label(),
+            top.text
+        ),
+        label(top),
+    ))
+}
+
+/// Neither probes nor NVML: nothing seen to answer with.
+fn cannot_tell(timeline: &Value, snapshot: &Value) -> Option<(String, String)> {
     let acc = &timeline["accounting"];
     let probes = acc["probes_attached"]
         .as_array()
         .is_some_and(|a| !a.is_empty());
     let nvml = snapshot["gpu"]["available"].as_bool() == Some(true);
-    if !probes && !nvml {
-        return (
+    (!probes && !nvml).then(|| {
+        (
             format!(
                 "CANNOT TELL: nantrace saw neither kernel events ({}) nor GPU health (NVML: {}); the job's output names no machine fault. Run as root with the probes to answer.",
                 acc["probes_error"].as_str().unwrap_or("probes not loaded"),
                 snapshot["gpu"]["reason"].as_str().unwrap_or("not available")
             ),
             "unknown".into(),
-        );
-    }
-    if timeline["trigger"]["kind"] == "stall" {
-        return stall_verdict(timeline, snapshot);
-    }
+        )
+    })
+}
+
+/// Nothing found in a window nantrace saw: the model side, and what a silent data
+/// corruption check said or would say.
+fn not_the_machine(
+    timeline: &Value,
+    snapshot: &Value,
+    window_min: f64,
+    ref_name: &str,
+) -> (String, String) {
+    let acc = &timeline["accounting"];
     let incomplete = incomplete_classes(acc);
     let window = if incomplete.is_empty() {
         if window_min.is_finite() {
