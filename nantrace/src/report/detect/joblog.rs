@@ -80,68 +80,29 @@ type Slot = (
 );
 
 pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
-    let lines: Vec<Line<'_>> = ctx
-        .all(Source::Log)
-        .filter(|(r, _)| *r <= window_end)
-        .filter_map(|(r, e)| {
-            let f = &e["fault"];
-            let family = JobFamily::parse(f["family"].as_str()?)?;
-            Some(Line {
-                rel: *r,
-                family,
-                kind: f["kind"].as_str().unwrap_or("?"),
-                what: f["what"].as_str().unwrap_or("?"),
-                code: f["code"].as_str(),
-                generic: f["generic"] == true,
-                rank: f["rank"].as_u64(),
-                group: f["group"].as_u64().unwrap_or(0),
-                text: e["line"].as_str().unwrap_or(""),
-            })
-        })
-        .collect();
+    let lines = fault_lines(ctx, window_end);
     if lines.is_empty() {
         return;
     }
-    // Hardware Xids (kernel log or NVML) near a GPU fault decide whether it is the hardware.
-    let xids: Vec<(f64, u32, String, bool)> = [Source::Xid, Source::NvmlXid]
-        .into_iter()
-        .flat_map(|s| ctx.all(s))
-        .filter_map(|(r, e)| {
-            let x = u32::try_from(e["xid"].as_u64()?).ok()?;
-            let pci = e["pci"].as_str().unwrap_or("?").to_string();
-            let job = ctx.job_gpus.is_empty()
-                || ctx.job_gpus.contains(&pci)
-                || e["xid_pid"]
-                    .as_u64()
-                    .is_some_and(|p| ctx.job_pids.contains(&p));
-            Some((*r, x, pci, job))
-        })
-        .collect();
     let generic_window = signal("joblog_network_generic").threshold;
-    let corroborate_window = signal("joblog_gpu_corroborated").threshold;
-    let has_network = lines
-        .iter()
-        .any(|l| l.family == JobFamily::Network && !l.generic)
-        || ctx
-            .all(Source::Kmsg)
-            .any(|(_, e)| matches!(e["class"].as_str(), Some("link_down" | "nic_error")));
-
-    // A SIGKILL that someone outside the job sent (the kernel saw who): the job's `Killed` /
-    // `exitcode: -9` lines are that kill, not the OOM killer.
-    let killed_from_outside = ctx.all(Source::Signal).any(|(_, e)| {
-        e["signal"] == "SIGKILL"
-            && e["target_pid"]
-                .as_u64()
-                .is_some_and(|t| ctx.job_pids.contains(&t))
-            && !e["pid"].as_u64().is_some_and(|p| ctx.job_pids.contains(&p))
-    });
+    let near = Near {
+        xids: hardware_xids(ctx),
+        corroborate_window: signal("joblog_gpu_corroborated").threshold,
+        has_network: lines
+            .iter()
+            .any(|l| l.family == JobFamily::Network && !l.generic)
+            || ctx
+                .all(Source::Kmsg)
+                .any(|(_, e)| matches!(e["class"].as_str(), Some("link_down" | "nic_error"))),
+        // The shortest collective timeout any watchdog line names.
+        timeout_ms: lines
+            .iter()
+            .filter(|o| o.family == JobFamily::Hang)
+            .filter_map(|o| watchdog_timeout_ms(o.code))
+            .min(),
+    };
+    let killed_from_outside = killed_from_outside(ctx);
     let mut merged: std::collections::BTreeMap<String, Slot> = Default::default();
-    // The shortest collective timeout any watchdog line names.
-    let timeout_ms = lines
-        .iter()
-        .filter(|o| o.family == JobFamily::Hang)
-        .filter_map(|o| watchdog_timeout_ms(o.code))
-        .min();
     for l in &lines {
         if killed_from_outside && l.family == JobFamily::HostMemory && l.code == Some("SIGKILL") {
             continue;
@@ -158,91 +119,7 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
             continue;
         }
         let code = l.code.map_or(String::new(), |c| format!(" ({c})"));
-        let (sig, note) = match l.family {
-            JobFamily::GpuHw => {
-                let x = xids
-                    .iter()
-                    .filter(|x| x.3 && (x.0 - l.rel).abs() <= corroborate_window)
-                    .min_by(|a, b| (a.0 - l.rel).abs().total_cmp(&(b.0 - l.rel).abs()));
-                (
-                    signal("joblog_gpu_hw"),
-                    x.map_or_else(
-                        || {
-                            "; no Xid from the kernel or NVML near it: the job's own words"
-                                .to_string()
-                        },
-                        |x| format!("; the kernel saw Xid {} on {}", x.1, x.2),
-                    ),
-                )
-            }
-            JobFamily::GpuAmbiguous => {
-                let near: Vec<&(f64, u32, String, bool)> = xids
-                    .iter()
-                    .filter(|x| x.3 && (x.0 - l.rel).abs() <= corroborate_window)
-                    .collect();
-                if let Some(hw) = near
-                    .iter()
-                    .find(|x| !crate::classify::xid_maybe_application(x.1))
-                {
-                    let (name, _) = crate::classify::xid_info(hw.1);
-                    (
-                        signal("joblog_gpu_corroborated"),
-                        format!(
-                            "; with Xid {} ({name}) on {} {:.1} s {}: hardware",
-                            hw.1,
-                            hw.2,
-                            (hw.0 - l.rel).abs(),
-                            if hw.0 <= l.rel { "before" } else { "after" }
-                        ),
-                    )
-                } else if let Some(app) = near.first() {
-                    (signal("joblog_gpu_ambiguous"), format!("; Xid {} on {} confirms a GPU fault, which NVIDIA lists as possibly the application's: hardware or software", app.1, app.2))
-                } else {
-                    (
-                        signal("joblog_gpu_ambiguous"),
-                        "; no hardware Xid near it: hardware or software".to_string(),
-                    )
-                }
-            }
-            JobFamily::Network if l.generic => (signal("joblog_network_generic"), String::new()),
-            JobFamily::Network => (signal("joblog_network"), String::new()),
-            JobFamily::Hang => (
-                signal("joblog_hang"),
-                if has_network {
-                    "; a network error is also in the window: that points at the network".into()
-                } else {
-                    hang_note(timeout_ms)
-                },
-            ),
-            JobFamily::HostMemory => (signal("joblog_host_memory"), String::new()),
-            JobFamily::GpuOom => {
-                let j = super::gpumem::judge(ctx, l.rel, l.text, ctx.nvml);
-                (
-                    signal(if j.limit {
-                        "joblog_gpu_oom"
-                    } else {
-                        "joblog_gpu_oom_not_limit"
-                    }),
-                    j.note,
-                )
-            }
-            JobFamily::Storage => (signal("joblog_storage"), String::new()),
-            JobFamily::Software
-                if matches!(
-                    l.kind,
-                    "device_side_assert"
-                        | "cuda_misuse"
-                        | "shape_or_device_mismatch"
-                        | "invalid_device"
-                        | "no_kernel_image"
-                        | "cuda_code_config"
-                        | "pytorch_internal_assert"
-                ) =>
-            {
-                (signal("joblog_software_bug"), String::new())
-            }
-            JobFamily::Software => (signal("joblog_software"), String::new()),
-        };
+        let (sig, note) = signal_of(ctx, l, &near);
         let key = format!("{}/{}/{}", sig.id, l.kind, l.code.unwrap_or(""));
         let slot = merged.entry(key).or_insert_with(|| {
             (
@@ -277,5 +154,167 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc, window_end: f64) {
             acc.add(sig, &key, rel, touches, || text.clone());
         }
         acc.set_first(sig, &key, first);
+    }
+}
+
+/// The job's failure lines in the window.
+fn fault_lines<'a>(ctx: &'a Ctx<'_>, window_end: f64) -> Vec<Line<'a>> {
+    ctx.all(Source::Log)
+        .filter(|(r, _)| *r <= window_end)
+        .filter_map(|(r, e)| {
+            let f = &e["fault"];
+            let family = JobFamily::parse(f["family"].as_str()?)?;
+            Some(Line {
+                rel: *r,
+                family,
+                kind: f["kind"].as_str().unwrap_or("?"),
+                what: f["what"].as_str().unwrap_or("?"),
+                code: f["code"].as_str(),
+                generic: f["generic"] == true,
+                rank: f["rank"].as_u64(),
+                group: f["group"].as_u64().unwrap_or(0),
+                text: e["line"].as_str().unwrap_or(""),
+            })
+        })
+        .collect()
+}
+
+/// Hardware Xids (kernel log or NVML) near a GPU fault decide whether it is the hardware:
+/// (time, Xid, PCI, on a GPU of the job).
+fn hardware_xids(ctx: &Ctx<'_>) -> Vec<(f64, u32, String, bool)> {
+    [Source::Xid, Source::NvmlXid]
+        .into_iter()
+        .flat_map(|s| ctx.all(s))
+        .filter_map(|(r, e)| {
+            let x = u32::try_from(e["xid"].as_u64()?).ok()?;
+            let pci = e["pci"].as_str().unwrap_or("?").to_string();
+            let job = ctx.job_gpus.is_empty()
+                || ctx.job_gpus.contains(&pci)
+                || e["xid_pid"]
+                    .as_u64()
+                    .is_some_and(|p| ctx.job_pids.contains(&p));
+            Some((*r, x, pci, job))
+        })
+        .collect()
+}
+
+/// A SIGKILL that someone outside the job sent (the kernel saw who): the job's `Killed` /
+/// `exitcode: -9` lines are that kill, not the OOM killer.
+fn killed_from_outside(ctx: &Ctx<'_>) -> bool {
+    ctx.all(Source::Signal).any(|(_, e)| {
+        e["signal"] == "SIGKILL"
+            && e["target_pid"]
+                .as_u64()
+                .is_some_and(|t| ctx.job_pids.contains(&t))
+            && !e["pid"].as_u64().is_some_and(|p| ctx.job_pids.contains(&p))
+    })
+}
+
+/// What the rest of the window says about a line: Xids near it, a network error, the
+/// watchdog's timeout.
+struct Near {
+    xids: Vec<(f64, u32, String, bool)>,
+    corroborate_window: f64,
+    has_network: bool,
+    timeout_ms: Option<u64>,
+}
+
+/// A failure line's signal, and what the window adds to its text.
+fn signal_of(
+    ctx: &Ctx<'_>,
+    l: &Line<'_>,
+    near: &Near,
+) -> (&'static crate::report::rules::Signal, String) {
+    match l.family {
+        JobFamily::GpuHw => gpu_hw(l, near),
+        JobFamily::GpuAmbiguous => gpu_ambiguous(l, near),
+        JobFamily::Network if l.generic => (signal("joblog_network_generic"), String::new()),
+        JobFamily::Network => (signal("joblog_network"), String::new()),
+        JobFamily::Hang => (
+            signal("joblog_hang"),
+            if near.has_network {
+                "; a network error is also in the window: that points at the network".into()
+            } else {
+                hang_note(near.timeout_ms)
+            },
+        ),
+        JobFamily::HostMemory => (signal("joblog_host_memory"), String::new()),
+        JobFamily::GpuOom => {
+            let j = super::gpumem::judge(ctx, l.rel, l.text, ctx.nvml);
+            (
+                signal(if j.limit {
+                    "joblog_gpu_oom"
+                } else {
+                    "joblog_gpu_oom_not_limit"
+                }),
+                j.note,
+            )
+        }
+        JobFamily::Storage => (signal("joblog_storage"), String::new()),
+        JobFamily::Software
+            if matches!(
+                l.kind,
+                "device_side_assert"
+                    | "cuda_misuse"
+                    | "shape_or_device_mismatch"
+                    | "invalid_device"
+                    | "no_kernel_image"
+                    | "cuda_code_config"
+                    | "pytorch_internal_assert"
+            ) =>
+        {
+            (signal("joblog_software_bug"), String::new())
+        }
+        JobFamily::Software => (signal("joblog_software"), String::new()),
+    }
+}
+
+/// A hardware GPU error in the job's words: the kernel's Xid near it, or the job's word alone.
+fn gpu_hw(l: &Line<'_>, near: &Near) -> (&'static crate::report::rules::Signal, String) {
+    let xids = &near.xids;
+    let corroborate_window = near.corroborate_window;
+    let x = xids
+        .iter()
+        .filter(|x| x.3 && (x.0 - l.rel).abs() <= corroborate_window)
+        .min_by(|a, b| (a.0 - l.rel).abs().total_cmp(&(b.0 - l.rel).abs()));
+    (
+        signal("joblog_gpu_hw"),
+        x.map_or_else(
+            || "; no Xid from the kernel or NVML near it: the job's own words".to_string(),
+            |x| format!("; the kernel saw Xid {} on {}", x.1, x.2),
+        ),
+    )
+}
+
+/// A GPU error the job's own code can cause: hardware when a hardware Xid is near it.
+fn gpu_ambiguous(l: &Line<'_>, near: &Near) -> (&'static crate::report::rules::Signal, String) {
+    let xids = &near.xids;
+    let corroborate_window = near.corroborate_window;
+    let near: Vec<&(f64, u32, String, bool)> = xids
+        .iter()
+        .filter(|x| x.3 && (x.0 - l.rel).abs() <= corroborate_window)
+        .collect();
+    if let Some(hw) = near
+        .iter()
+        .find(|x| !crate::classify::xid_maybe_application(x.1))
+    {
+        let (name, _) = crate::classify::xid_info(hw.1);
+        (
+            signal("joblog_gpu_corroborated"),
+            format!(
+                "; with Xid {} ({name}) on {} {:.1} s {}: hardware",
+                hw.1,
+                hw.2,
+                (hw.0 - l.rel).abs(),
+                if hw.0 <= l.rel { "before" } else { "after" }
+            ),
+        )
+    } else if let Some(app) = near.first() {
+        (signal("joblog_gpu_ambiguous"), format!("; Xid {} on {} confirms a GPU fault, which NVIDIA lists as possibly the application's: hardware or software", app.1, app.2))
+    } else {
+        (
+            signal("joblog_gpu_ambiguous"),
+            "; no hardware Xid near it: hardware or software".to_string(),
+        )
     }
 }
