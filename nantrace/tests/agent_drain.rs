@@ -314,6 +314,9 @@ fn an_xid_79_drains_the_node_in_slurm_with_a_reason_once_within_the_cap() {
         "nantrace_drains_total{result=\"drained\"} 1",
     ]);
 }
+/// A forged record's name and how to know it in the kernel log.
+type Forged<'a> = &'a dyn Fn(&str) -> bool;
+
 /// The records `/dev/kmsg` holds after sequence number `after`: (seq, facility, text with the
 /// kernel's escapes undone).
 fn kernel_records_after(after: u64) -> Vec<(u64, u32, String)> {
@@ -420,7 +423,7 @@ fn forged_kernel_records_of_every_kind_never_drain_nor_count_against_a_gpu() {
         "the vsyscall forger did not fault"
     );
     // Each forged record, as the kernel wrote it.
-    let wanted: [(&str, &dyn Fn(&str) -> bool); 5] = [
+    let wanted: [(&str, Forged); 5] = [
         ("a device renamed mce_notify_irq", &|t| {
             t.starts_with("mce_notify_irq: renamed from fatal")
         }),

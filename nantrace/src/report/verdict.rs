@@ -169,7 +169,7 @@ pub(super) fn verdict(
 }
 
 /// The first suspect `pred` holds for (they are ranked).
-fn first<'a>(suspects: &'a [Finding], pred: impl Fn(&Finding) -> bool) -> Option<&'a Finding> {
+fn first(suspects: &[Finding], pred: impl Fn(&Finding) -> bool) -> Option<&Finding> {
     suspects.iter().find(|s| pred(s))
 }
 
