@@ -236,9 +236,66 @@ fn judge_group(
     local: Option<&BTreeSet<u32>>,
 ) -> Hang {
     let seen: Vec<u32> = g.ranks.keys().copied().collect();
-    // The ranks of the world with no line: of the job's world for the default group (its
-    // ranks are the world's), else none (a subgroup's members are not known).
-    let missing: Vec<u32> = match world {
+    let missing = missing_ranks(pg, g, &seen, world, local);
+    let mut h = Hang {
+        kind: Kind::Unnamed,
+        pg: pg.to_string(),
+        ranks: Vec::new(),
+        collective: None,
+        op: None,
+        seen: seen.clone(),
+        missing,
+        detail: String::new(),
+        evidence: String::new(),
+        evidence_node: None,
+        hint: String::new(),
+        timeout_ms: g.timeout_ms,
+    };
+    if desync_report(&mut h, g) || mismatch(&mut h, g) {
+        return h;
+    }
+    if g.ranks.len() < 2 {
+        if let Some((r, s)) = g.ranks.iter().next() {
+            h.collective = s.waits_in.or(s.enqueued);
+            h.detail = format!("only rank {r}'s lines are there");
+            evidence(&mut h, g, *r);
+        }
+        silent(&mut h, g);
+        return h;
+    }
+    let enq: Vec<(u32, i64)> = g
+        .ranks
+        .iter()
+        .filter_map(|(r, s)| s.enqueued.map(|e| (*r, e)))
+        .collect();
+    if !enq.is_empty()
+        && enq.iter().all(|(_, e)| *e < 0)
+        && g.ranks.values().all(|s| s.waits_in.is_none_or(|w| w < 0))
+    {
+        h.kind = Kind::BeforeFirst;
+        h.ranks.clone_from(&seen);
+        h.detail = format!(
+            "{} with no collective enqueued (last enqueued -1)",
+            ranks_word(&seen)
+        );
+        evidence(&mut h, g, seen[0]);
+        return h;
+    }
+    lagging(&mut h, g, &enq, &seen);
+    h
+}
+
+/// The ranks of the world with no line: of the job's world for the default group (its ranks
+/// are the world's), else none (a subgroup's members are not known); only this node's when
+/// `local` says which are.
+fn missing_ranks(
+    pg: &str,
+    g: &Group,
+    seen: &[u32],
+    world: Option<&BTreeSet<u32>>,
+    local: Option<&BTreeSet<u32>>,
+) -> Vec<u32> {
+    match world {
         Some(w) if pg == "0" => w
             .iter()
             .filter(|r| !g.ranks.contains_key(r))
@@ -259,29 +316,19 @@ fn judge_group(
     }
     .into_iter()
     .filter(|r| local.is_none_or(|l| l.contains(r)))
-    .collect();
-    let mut h = Hang {
-        kind: Kind::Unnamed,
-        pg: pg.to_string(),
-        ranks: Vec::new(),
-        collective: None,
-        op: None,
-        seen: seen.clone(),
-        missing,
-        detail: String::new(),
-        evidence: String::new(),
-        evidence_node: None,
-        hint: String::new(),
-        timeout_ms: g.timeout_ms,
-    };
-    let of = |r: u32| g.ranks.get(&r);
-    let evidence = |h: &mut Hang, r: u32| {
-        if let Some(s) = of(r) {
-            h.evidence.clone_from(&s.line);
-            h.evidence_node.clone_from(&s.node);
-        }
-    };
-    // torch's own report first: it compared every rank's trace.
+    .collect()
+}
+
+/// The line of rank `r` as the hang's evidence, with its node.
+fn evidence(h: &mut Hang, g: &Group, r: u32) {
+    if let Some(s) = g.ranks.get(&r) {
+        h.evidence.clone_from(&s.line);
+        h.evidence_node.clone_from(&s.node);
+    }
+}
+
+/// torch's own report first: it compared every rank's trace.
+fn desync_report(h: &mut Hang, g: &Group) -> bool {
     if let Some((r, n, line, node)) = g.not_joined.as_ref().or(g.not_finished.as_ref()) {
         let joined = g.not_joined.is_none();
         h.kind = if joined { Kind::GpuSide } else { Kind::CpuSide };
@@ -298,7 +345,7 @@ fn judge_group(
         );
         h.evidence.clone_from(line);
         h.evidence_node.clone_from(node);
-        return h;
+        return true;
     }
     if let Some((r, line, node)) = &g.lagging {
         h.kind = Kind::Reported;
@@ -306,9 +353,13 @@ fn judge_group(
         h.detail = format!("torch's desync report names {} as lagging", ranks_word(r));
         h.evidence.clone_from(line);
         h.evidence_node.clone_from(node);
-        return h;
+        return true;
     }
-    // One collective, different operations or sizes across ranks: the job's code.
+    false
+}
+
+/// One collective, different operations or sizes across ranks: the job's code.
+fn mismatch(h: &mut Hang, g: &Group) -> bool {
     // collective -> (operation, size) -> the ranks that timed out in it so.
     type Kinds = BTreeMap<(String, Option<u64>), Vec<u32>>;
     let mut by_seq: BTreeMap<i64, Kinds> = BTreeMap::new();
@@ -361,37 +412,18 @@ fn judge_group(
         // The minority is named.
         if let Some((_, r)) = kinds.iter().min_by_key(|(_, r)| r.len()) {
             h.ranks.clone_from(r);
-            evidence(&mut h, r[0]);
+            evidence(h, g, r[0]);
         }
-        return h;
+        return true;
     }
-    if g.ranks.len() < 2 {
-        if let Some((r, s)) = g.ranks.iter().next() {
-            h.collective = s.waits_in.or(s.enqueued);
-            h.detail = format!("only rank {r}'s lines are there");
-            evidence(&mut h, *r);
-        }
-        silent(&mut h, g);
-        return h;
-    }
-    let enq: Vec<(u32, i64)> = g
-        .ranks
-        .iter()
-        .filter_map(|(r, s)| s.enqueued.map(|e| (*r, e)))
-        .collect();
-    if !enq.is_empty()
-        && enq.iter().all(|(_, e)| *e < 0)
-        && g.ranks.values().all(|s| s.waits_in.is_none_or(|w| w < 0))
-    {
-        h.kind = Kind::BeforeFirst;
-        h.ranks.clone_from(&seen);
-        h.detail = format!(
-            "{} with no collective enqueued (last enqueued -1)",
-            ranks_word(&seen)
-        );
-        evidence(&mut h, seen[0]);
-        return h;
-    }
+    false
+}
+
+/// The collective the others wait in, and the rank behind it: never enqueued it (the CPU
+/// side), or enqueued but completions lagging by two or more (the GPU, NCCL or link side);
+/// else every rank seen in it and none done.
+fn lagging(h: &mut Hang, g: &Group, enq: &[(u32, i64)], seen: &[u32]) {
+    let of = |r: u32| g.ranks.get(&r);
     // The collective the others wait in.
     // A timeout at a collective the rank had already completed is not one it waits in.
     let target = g
@@ -401,7 +433,7 @@ fn judge_group(
         .min()
         .or_else(|| enq.iter().map(|x| x.1).max());
     let Some(target) = target else {
-        return h;
+        return;
     };
     h.collective = Some(target);
     h.op = g.ranks.values().find_map(|s| {
@@ -432,8 +464,8 @@ fn judge_group(
             h.hint = "; nothing was in flight on it (enqueued = completed): torch 2.8 and later count a collective as enqueued once its NCCL call returns, so a rank blocked inside that call looks the same: a strong hint, not proof".into();
         }
         let first = h.ranks[0];
-        evidence(&mut h, first);
-        return h;
+        evidence(h, g, first);
+        return;
     }
     let comp: Vec<(u32, i64)> = g
         .ranks
@@ -455,17 +487,16 @@ fn judge_group(
             h.detail =
                 format!("all enqueued {target}; its last completed {last}, the others' {best}");
             let first = h.ranks[0];
-            evidence(&mut h, first);
-            return h;
+            evidence(h, g, first);
+            return;
         }
     }
     h.detail = format!(
         "{} enqueued collective {target} and none completed it",
-        ranks_word(&seen)
+        ranks_word(seen)
     );
-    evidence(&mut h, seen[0]);
-    silent(&mut h, g);
-    h
+    evidence(h, g, seen[0]);
+    silent(h, g);
 }
 
 /// Every rank seen timed out in one collective and a few ranks of the world printed no line
