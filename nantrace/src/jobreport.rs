@@ -143,10 +143,81 @@ fn gpu_of(f: &Finding, event_pcis: &[String], snapshot: &Value) -> Option<String
 
 /// The job's answer from its merged timeline and its nodes.
 pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
+    let (summaries, views, link_views) = summarize(merged, nodes);
+    let missing = missing_nodes(&summaries, nodes);
+    let jobs: Vec<String> = summaries
+        .iter()
+        .filter_map(|s| s.job["slurm_job_id"].as_str().map(String::from))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let mut outl = outliers(
+        &summaries
+            .iter()
+            .map(|s| (s.name.clone(), s.measures.clone()))
+            .collect::<Vec<_>>(),
+    );
+    // Lossy links: their bad end, from the job's own sockets, over the busier end's count.
+    if let Some(l) = peers::bad_end(&link_views) {
+        outl.retain(|o| o.measure != "tcp_retransmits");
+        outl.insert(0, l);
+    }
+    drop(link_views);
+
+    let reference = reference_text(merged);
+    let nan_off = merged["first_nan"]["offset_s"].as_f64().unwrap_or(0.0);
+    let steps = job_steps(merged, nan_off);
+    let first_failure = crate::report::order::first_cause_in(logs(merged, nan_off), &steps);
+    let hang = JobHang::read(merged, &summaries, nodes, nan_off)
+        // A hang that only began after the job's first NaN is what the NaN did (rank 0
+        // stopped and the others waited): the NaN is the answer.
+        .filter(|h| !merged["first_nan"].is_object() || h.first_rel_s <= 0.0);
+    let (verdict, family, node, gpu, action) = verdict(
+        &summaries,
+        &outl,
+        &missing,
+        nodes,
+        &views,
+        &Explained {
+            has_nan: merged["first_nan"].is_object(),
+            first_failure: first_failure.as_ref(),
+            steps: &steps,
+            hang: hang.as_ref(),
+        },
+    );
+    JobReport {
+        verdict,
+        family,
+        node,
+        gpu,
+        action,
+        reference,
+        nodes: summaries,
+        missing,
+        jobs,
+        outliers: outl,
+        clock_statement: merged["clock_statement"].as_str().unwrap_or("").to_string(),
+        first_failure,
+    }
+}
+
+/// Each node's summary (its own analysis on the job's clock, its peer measures), its links
+/// and the PCI addresses its events name (to name the culprit's GPU). Each node's events come
+/// from one pass over the merged timeline (a pass per node was the job report's N² at 1024
+/// nodes), and each node's view lives only while it is analysed.
+#[expect(
+    clippy::type_complexity,
+    reason = "three parallel lists, named at the caller"
+)]
+fn summarize(
+    merged: &Value,
+    nodes: &[Node],
+) -> (
+    Vec<NodeSummary>,
+    Vec<Vec<String>>,
+    Vec<(String, peers::Links)>,
+) {
     let mut summaries = Vec::new();
-    // Each node's events, in one pass over the merged timeline (a pass per node was the
-    // job report's N² at 1024 nodes); each node's view lives only while it is analysed, and
-    // only the PCI addresses its events name are kept (to name the culprit's GPU).
     let mut by_node: std::collections::HashMap<&str, Vec<&Value>> =
         std::collections::HashMap::new();
     for e in merged["events"].as_array().into_iter().flatten() {
@@ -194,7 +265,12 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
         pcis.dedup();
         views.push(pcis);
     }
-    // The nodes the job ran on, from what the bundles say; their host names as the bundles do.
+    (summaries, views, link_views)
+}
+
+/// The nodes the job ran on, from what the bundles say, that sent no bundle (their host
+/// names as the bundles write them).
+fn missing_nodes(summaries: &[NodeSummary], nodes: &[Node]) -> Vec<String> {
     let expected: BTreeSet<String> = summaries
         .iter()
         .filter_map(|s| s.job["node_list"].as_str())
@@ -212,31 +288,16 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
                 .to_string()
         })
         .collect();
-    let missing: Vec<String> = expected
+    expected
         .iter()
         .filter(|e| !present.contains(e.split('.').next().unwrap_or("")))
         .cloned()
-        .collect();
-    let jobs: Vec<String> = summaries
-        .iter()
-        .filter_map(|s| s.job["slurm_job_id"].as_str().map(String::from))
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let mut outl = outliers(
-        &summaries
-            .iter()
-            .map(|s| (s.name.clone(), s.measures.clone()))
-            .collect::<Vec<_>>(),
-    );
-    // Lossy links: their bad end, from the job's own sockets, over the busier end's count.
-    if let Some(l) = peers::bad_end(&link_views) {
-        outl.retain(|o| o.measure != "tcp_retransmits");
-        outl.insert(0, l);
-    }
-    drop(link_views);
+        .collect()
+}
 
-    let reference = match merged["first_nan"]["node"].as_str() {
+/// What the job's times count from, in words.
+fn reference_text(merged: &Value) -> String {
+    match merged["first_nan"]["node"].as_str() {
         Some(node) => format!(
             "the job's first NaN, on {node} at {}: {}",
             merged["first_nan"]["time"].as_str().unwrap_or("?"),
@@ -247,21 +308,27 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
             merged["trigger"]["kind"].as_str().unwrap_or("?"),
             merged["trigger"]["node"].as_str().unwrap_or("?")
         ),
-    };
-    // The job's first failure on any node: every node's log lines on the merged clock.
-    let nan_off = merged["first_nan"]["offset_s"].as_f64().unwrap_or(0.0);
-    let logs = || {
-        merged["events"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|e| e["source"] == "log")
-            .filter_map(|e| Some((e["offset_s"].as_f64()? - nan_off, e)))
-    };
-    // Each step once (every rank may print it): the earliest time any node logged it.
+    }
+}
+
+/// Every node's log lines on the merged clock, against the job's first NaN.
+fn logs(merged: &Value, nan_off: f64) -> impl Iterator<Item = (f64, &Value)> {
+    merged["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["source"] == "log")
+        .filter_map(move |e| Some((e["offset_s"].as_f64()? - nan_off, e)))
+}
+
+/// The job's training steps, each once (every rank may print it): the earliest time any node
+/// logged it; lines with a loss and no step number each count.
+fn job_steps(merged: &Value, nan_off: f64) -> Vec<f64> {
     let mut by_step: BTreeMap<i64, f64> = BTreeMap::new();
     let mut unnumbered = Vec::new();
-    for (t, e) in logs().filter(|(_, e)| !e["loss"].is_null() || !e["step"].is_null()) {
+    for (t, e) in
+        logs(merged, nan_off).filter(|(_, e)| !e["loss"].is_null() || !e["step"].is_null())
+    {
         match e["step"].as_i64() {
             Some(n) => {
                 let v = by_step.entry(n).or_insert(t);
@@ -270,39 +337,7 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
             None => unnumbered.push(t),
         }
     }
-    let steps: Vec<f64> = by_step.into_values().chain(unnumbered).collect();
-    let first_failure = crate::report::order::first_cause_in(logs(), &steps);
-    let hang = JobHang::read(merged, &summaries, nodes, nan_off)
-        // A hang that only began after the job's first NaN is what the NaN did (rank 0
-        // stopped and the others waited): the NaN is the answer.
-        .filter(|h| !merged["first_nan"].is_object() || h.first_rel_s <= 0.0);
-    let (verdict, family, node, gpu, action) = verdict(
-        &summaries,
-        &outl,
-        &missing,
-        nodes,
-        &views,
-        &Explained {
-            has_nan: merged["first_nan"].is_object(),
-            first_failure: first_failure.as_ref(),
-            steps: &steps,
-            hang: hang.as_ref(),
-        },
-    );
-    JobReport {
-        verdict,
-        family,
-        node,
-        gpu,
-        action,
-        reference,
-        nodes: summaries,
-        missing,
-        jobs,
-        outliers: outl,
-        clock_statement: merged["clock_statement"].as_str().unwrap_or("").to_string(),
-        first_failure,
-    }
+    by_step.into_values().chain(unnumbered).collect()
 }
 
 mod hang;
