@@ -7,16 +7,26 @@ use crate::report::rules::signal;
 use crate::source::Source;
 
 pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
-    let gpu_of_job = |pci: &str, pid: Option<u64>| {
-        ctx.job_gpus.contains(pci) || pid.is_some_and(|p| ctx.job_pids.contains(&p))
-    };
     let nvml_xids: Vec<(f64, &Value)> = ctx.src(Source::NvmlXid).map(|(r, e)| (*r, *e)).collect();
+    kernel_lines(ctx, acc, &nvml_xids);
+    nvml_events(ctx, acc, &nvml_xids);
+    nvml_changes(ctx, acc);
+}
+
+/// Whether the GPU at `pci` (or the process an Xid names) is the job's.
+fn gpu_of_job(ctx: &Ctx<'_>, pci: &str, pid: Option<u64>) -> bool {
+    ctx.job_gpus.contains(pci) || pid.is_some_and(|p| ctx.job_pids.contains(&p))
+}
+
+/// The kernel log's Xids (with NVIDIA's action, and NVML's witness when it saw the same),
+/// fallen-off-the-bus lines, NVSwitch SXids, crashes of job processes in the GPU libraries.
+fn kernel_lines(ctx: &Ctx<'_>, acc: &mut Acc, nvml_xids: &[(f64, &Value)]) {
     for (rel, e) in &kernel_events(ctx) {
         match e["class"].as_str().unwrap_or("") {
             "xid" => {
                 let xid = e["xid"].as_u64().unwrap_or(0);
                 let pci = e["pci"].as_str().unwrap_or("?");
-                let touches = gpu_of_job(pci, e["xid_pid"].as_u64());
+                let touches = gpu_of_job(ctx, pci, e["xid_pid"].as_u64());
                 let maybe_app =
                     crate::classify::xid_maybe_application(u32::try_from(xid).unwrap_or(0));
                 let sig = match (xid, e["severity"].as_str().unwrap_or("")) {
@@ -60,7 +70,7 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
                     signal("gpu_fallen_off_bus"),
                     &format!("79/{pci}"),
                     *rel,
-                    gpu_of_job(pci, None),
+                    gpu_of_job(ctx, pci, None),
                     || format!("GPU {pci} has fallen off the bus (NVRM, no Xid)"),
                 );
                 acc.witness(signal("gpu_fallen_off_bus"), &format!("79/{pci}"), e);
@@ -94,8 +104,11 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
             _ => {}
         }
     }
-    // NVML's Xid events: one suspect with the kernel's line when both saw it.
-    for (rel, n) in &nvml_xids {
+}
+
+/// NVML's Xid events: one suspect with the kernel's line when both saw it.
+fn nvml_events(ctx: &Ctx<'_>, acc: &mut Acc, nvml_xids: &[(f64, &Value)]) {
+    for (rel, n) in nvml_xids {
         let xid = n["xid"].as_u64().unwrap_or(0);
         let pci = n["pci"].as_str().unwrap_or("?");
         let (meaning, sev) = crate::classify::xid_info(xid as u32);
@@ -112,12 +125,16 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
             } else {
                 signal("xid_error")
             };
-            acc.add(sig, &key, *rel, gpu_of_job(pci, None), || {
+            acc.add(sig, &key, *rel, gpu_of_job(ctx, pci, None), || {
                 format!("Xid {xid} ({meaning}) on {pci} (NVML event)")
             });
             acc.witness(sig, &key, n);
         }
     }
+}
+
+/// NVML's changes between samples: ECC, row remapping, NVLink, PCIe replays, throttling.
+fn nvml_changes(ctx: &Ctx<'_>, acc: &mut Acc) {
     for (rel, e) in ctx.src(Source::GpuChange) {
         let c = e["change"].as_str().unwrap_or("");
         let pci = e["pci"].as_str().unwrap_or("?");
