@@ -262,19 +262,43 @@ const LINK_LOSSY: usize = 5;
 /// the one with no clean link while the other end has one (a NIC or cable fault shows on all
 /// of its node's links; rank 0's link to a third node stayed clean). None when it cannot tell.
 pub(super) fn bad_end(nodes: &[(String, Links)]) -> Option<Outlier> {
+    let (pairs, used) = link_counts(nodes);
+    // Clean: a link of the job with no retransmit at all (one with a few is neither).
+    let any_retx: BTreeSet<(String, String)> = pairs.keys().map(|(a, b)| pair_key(a, b)).collect();
+    let lossy: Vec<(Pair, (usize, usize))> = pairs
+        .into_iter()
+        .filter(|(_, (a, b))| a + b >= LINK_LOSSY)
+        .collect();
+    if lossy.is_empty() {
+        return None;
+    }
+    let culprit = culprit(&lossy, &used, &any_retx)?;
+    Some(describe(culprit, &lossy, &used, &any_retx, nodes.len()))
+}
+
+/// An unordered pair of nodes, owned.
+fn pair_key(a: &str, b: &str) -> (String, String) {
+    if a < b {
+        (a.into(), b.into())
+    } else {
+        (b.into(), a.into())
+    }
+}
+
+/// Per unordered pair of nodes: retransmits from each end, counted only on the job's own
+/// connections; and the pairs the job uses.
+#[expect(clippy::type_complexity, reason = "counts per pair, named in the doc")]
+fn link_counts(
+    nodes: &[(String, Links)],
+) -> (
+    BTreeMap<(&str, &str), (usize, usize)>,
+    BTreeSet<(String, String)>,
+) {
     let owner: BTreeMap<&str, &str> = nodes
         .iter()
         .flat_map(|(n, l)| l.own.iter().map(move |a| (a.as_str(), n.as_str())))
         .collect();
-    // Per unordered pair of nodes: retransmits from each end, and whether the job uses it.
     let mut pairs: BTreeMap<(&str, &str), (usize, usize)> = BTreeMap::new();
-    let key = |a: &'_ str, b: &'_ str| -> (String, String) {
-        if a < b {
-            (a.into(), b.into())
-        } else {
-            (b.into(), a.into())
-        }
-    };
     let mut used: BTreeSet<(String, String)> = BTreeSet::new();
     // The job's connections as either end listed them at its dump: a retransmit counts only
     // on one of them (not another program's between the same nodes, as slurmd's, nor an
@@ -291,7 +315,7 @@ pub(super) fn bad_end(nodes: &[(String, Links)]) -> Option<Outlier> {
     for (n, l) in nodes {
         for p in &l.peers {
             if let Some(&m) = owner.get(p.as_str()).filter(|m| **m != n.as_str()) {
-                used.insert(key(n, m));
+                used.insert(pair_key(n, m));
             }
         }
         for ((src, dst), c) in &l.retransmits {
@@ -313,37 +337,47 @@ pub(super) fn bad_end(nodes: &[(String, Links)]) -> Option<Outlier> {
             }
         }
     }
-    let pairs_seen: Vec<(&str, &str)> = pairs.keys().copied().collect();
-    let lossy: Vec<(Pair, (usize, usize))> = pairs
-        .into_iter()
-        .filter(|(_, (a, b))| a + b >= LINK_LOSSY)
-        .collect();
-    if lossy.is_empty() {
-        return None;
-    }
+    (pairs, used)
+}
+
+/// The node at the end of every lossy link; of a single lossy link, the end that has no clean
+/// link while the other end has one; else none.
+fn culprit<'a>(
+    lossy: &[(Pair<'a>, (usize, usize))],
+    used: &BTreeSet<(String, String)>,
+    any_retx: &BTreeSet<(String, String)>,
+) -> Option<&'a str> {
     let mut candidates: BTreeSet<&str> = [lossy[0].0 .0, lossy[0].0 .1].into_iter().collect();
     for ((a, b), _) in &lossy[1..] {
         candidates.retain(|c| c == a || c == b);
     }
-    // Clean: a link of the job with no retransmit at all (one with a few is neither).
-    let any_retx: BTreeSet<(String, String)> = pairs_seen.iter().map(|(a, b)| key(a, b)).collect();
     let clean = |n: &str| {
         used.iter()
             .filter(|(a, b)| (a == n || b == n) && !any_retx.contains(&(a.clone(), b.clone())))
             .count()
     };
-    let culprit = match candidates.len() {
-        1 => *candidates.iter().next()?,
+    match candidates.len() {
+        1 => candidates.iter().next().copied(),
         2 => {
             let v: Vec<&str> = candidates.iter().copied().collect();
             match (clean(v[0]), clean(v[1])) {
-                (0, c) if c > 0 => v[0],
-                (c, 0) if c > 0 => v[1],
-                _ => return None,
+                (0, c) if c > 0 => Some(v[0]),
+                (c, 0) if c > 0 => Some(v[1]),
+                _ => None,
             }
         }
-        _ => return None,
-    };
+        _ => None,
+    }
+}
+
+/// The culprit as an outlier, in words: every lossy link, the other nodes' clean ones.
+fn describe(
+    culprit: &str,
+    lossy: &[(Pair<'_>, (usize, usize))],
+    used: &BTreeSet<(String, String)>,
+    any_retx: &BTreeSet<(String, String)>,
+    n_nodes: usize,
+) -> Outlier {
     let total: usize = lossy.iter().map(|(_, (a, b))| a + b).sum();
     let desc: Vec<String> = lossy
         .iter()
@@ -376,14 +410,14 @@ pub(super) fn bad_end(nodes: &[(String, Links)]) -> Option<Outlier> {
             )
         }
     );
-    Some(Outlier {
+    Outlier {
         node: culprit.to_string(),
         measure: "tcp_lossy_links",
         family: "network",
         value: total as f64,
         peers_median: 0.0,
-        peers: nodes.len().saturating_sub(1),
+        peers: n_nodes.saturating_sub(1),
         text,
         other_ends,
-    })
+    }
 }
