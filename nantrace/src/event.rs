@@ -375,29 +375,17 @@ impl Event {
         m.insert("tid".into(), self.tid().into());
         m.insert("comm".into(), comm_str(&self.comm).into());
         m.insert("job".into(), self.job().into());
+        self.detail_json(&mut m);
+        Value::Object(m)
+    }
+
+    /// The fields of what happened, by kind.
+    fn detail_json(&self, m: &mut Map<String, Value>) {
         let mut put = |k: &str, v: Value| {
             m.insert(k.to_string(), v);
         };
         match &self.detail {
-            Detail::Kmsg(k) => {
-                put("text", k.text.as_ref().into());
-                if self.kmsg_truncated() {
-                    put("truncated", true.into());
-                }
-                if let Some(c) = k.class.as_deref() {
-                    put(
-                        "severity",
-                        serde_json::to_value(c.severity()).unwrap_or(Value::Null),
-                    );
-                    if let Ok(Value::Object(cm)) = serde_json::to_value(c) {
-                        for (key, v) in cm {
-                            if key != "severity" {
-                                put(&key, v);
-                            }
-                        }
-                    }
-                }
-            }
+            Detail::Kmsg(k) => self.kmsg_json(k, &mut put),
             Detail::Aer(a) => {
                 put("device", a.device.clone().into());
                 put("status", format!("{:#010x}", a.status).into());
@@ -469,26 +457,7 @@ impl Event {
                 core_dumped,
                 ..
             } => {
-                put(
-                    "exit_code",
-                    if *code >= 0 {
-                        (*code).into()
-                    } else {
-                        Value::Null
-                    },
-                );
-                put(
-                    "signal",
-                    if *signal > 0 {
-                        signal_name(*signal).into()
-                    } else {
-                        Value::Null
-                    },
-                );
-                put("signo", (*signal).into());
-                if *core_dumped {
-                    put("core_dumped", true.into());
-                }
+                exit_json(*code, *signal, *core_dumped, &mut put);
             }
             Detail::Signal {
                 sig,
@@ -505,44 +474,7 @@ impl Event {
                 put("target_comm", comm_str(target_comm).into());
                 put("result", (*result).into());
             }
-            Detail::Log(l) => {
-                put("line", l.text.as_ref().into());
-                put(
-                    "stream",
-                    match l.stream {
-                        1 => "stdout",
-                        2 => "stderr",
-                        3 => "stdout+stderr",
-                        _ => "file",
-                    }
-                    .into(),
-                );
-                if l.nonfinite {
-                    put("nonfinite", true.into());
-                }
-                if let Some(s) = l.step {
-                    put("step", s.into());
-                }
-                if let Some(v) = l.loss {
-                    put(
-                        "loss",
-                        if v.is_finite() {
-                            v.into()
-                        } else {
-                            v.to_string().into()
-                        },
-                    );
-                }
-                if let Some(v) = l.loss_scale {
-                    put("loss_scale", v.into());
-                }
-                if l.overflow {
-                    put("overflow", true.into());
-                }
-                if let Some(f) = &l.fault {
-                    put("fault", serde_json::to_value(f).unwrap_or(Value::Null));
-                }
-            }
+            Detail::Log(l) => log_json(l, &mut put),
             Detail::Sample { fields, .. } => {
                 for (k, v) in fields.iter() {
                     put(k, v.clone());
@@ -553,7 +485,88 @@ impl Event {
                 put("reason", reason.as_str().into());
             }
         }
-        Value::Object(m)
+    }
+
+    /// A kernel log line: its text, and its class's fields.
+    fn kmsg_json(&self, k: &Kmsg, put: &mut impl FnMut(&str, Value)) {
+        put("text", k.text.as_ref().into());
+        if self.kmsg_truncated() {
+            put("truncated", true.into());
+        }
+        if let Some(c) = k.class.as_deref() {
+            put(
+                "severity",
+                serde_json::to_value(c.severity()).unwrap_or(Value::Null),
+            );
+            if let Ok(Value::Object(cm)) = serde_json::to_value(c) {
+                for (key, v) in cm {
+                    if key != "severity" {
+                        put(&key, v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An exit: its code, or the signal that ended it, and a core dump.
+fn exit_json(code: i32, signal: i32, core_dumped: bool, put: &mut impl FnMut(&str, Value)) {
+    put(
+        "exit_code",
+        if code >= 0 { code.into() } else { Value::Null },
+    );
+    put(
+        "signal",
+        if signal > 0 {
+            signal_name(signal).into()
+        } else {
+            Value::Null
+        },
+    );
+    put("signo", signal.into());
+    if core_dumped {
+        put("core_dumped", true.into());
+    }
+}
+
+/// A line of the job's output: the line, its stream, what the NaN scanner and the failure
+/// classifier read in it.
+fn log_json(l: &LogLine, put: &mut impl FnMut(&str, Value)) {
+    put("line", l.text.as_ref().into());
+    put(
+        "stream",
+        match l.stream {
+            1 => "stdout",
+            2 => "stderr",
+            3 => "stdout+stderr",
+            _ => "file",
+        }
+        .into(),
+    );
+    if l.nonfinite {
+        put("nonfinite", true.into());
+    }
+    if let Some(s) = l.step {
+        put("step", s.into());
+    }
+    if let Some(v) = l.loss {
+        put(
+            "loss",
+            if v.is_finite() {
+                v.into()
+            } else {
+                v.to_string().into()
+            },
+        );
+    }
+    if let Some(v) = l.loss_scale {
+        put("loss_scale", v.into());
+    }
+    if l.overflow {
+        put("overflow", true.into());
+    }
+    if let Some(f) = &l.fault {
+        put("fault", serde_json::to_value(f).unwrap_or(Value::Null));
     }
 }
 
