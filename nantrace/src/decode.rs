@@ -58,149 +58,176 @@ fn base(h: &EventHeader, detail: Detail) -> Event {
 pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
     let h: EventHeader = read(buf, 0)?;
     let kind = EventKind::from_u32(h.kind).ok_or(DecodeError::UnknownKind(h.kind))?;
-    Ok(match kind {
-        EventKind::Printk => {
-            let e: PrintkEvent = read(buf, h.kind)?;
-            let n = (e.len as usize).min(e.msg.len());
-            let text = cstr(&e.msg[..n]);
-            let text = text.trim_end_matches('\n').to_string();
-            let class = crate::classify::classify_record(&text, false).map(Box::new);
-            let mut e = base(
-                &h,
-                Detail::Kmsg(Kmsg {
-                    text: text.into(),
-                    class,
-                }),
-            );
-            if h.flags & FLAG_TRUNCATED != 0 {
-                e.set_kmsg_truncated();
-            }
-            e
-        }
-        EventKind::Aer => {
-            let e: AerEvent = read(buf, h.kind)?;
-            base(
-                &h,
-                Detail::Aer(Box::new(Aer {
-                    device: cstr(&e.dev_name),
-                    status: e.status,
-                    severity: e.severity,
-                    tlp_header: (e.tlp_header_valid != 0).then_some(e.tlp_header),
-                })),
-            )
-        }
-        EventKind::Oom => {
-            let e: OomEvent = read(buf, h.kind)?;
-            let kb = OOM_KB_PER_UNIT.load(std::sync::atomic::Ordering::Relaxed);
-            base(
-                &h,
-                Detail::Oom(Box::new(Oom {
-                    victim_pid: e.victim_pid,
-                    victim_comm: Comm::from_bytes(e.victim_comm),
-                    victim_job: e.victim_job != 0,
-                    uid: e.uid,
-                    total_vm: e.total_vm.saturating_mul(kb),
-                    anon_rss: e.anon_rss.saturating_mul(kb),
-                    file_rss: e.file_rss.saturating_mul(kb),
-                    shmem_rss: e.shmem_rss.saturating_mul(kb),
-                    pgtables: e.pgtables.saturating_mul(kb),
-                    oom_score_adj: e.oom_score_adj,
-                })),
-            )
-        }
-        EventKind::Block => {
-            let e: BlockEvent = read(buf, h.kind)?;
-            let mut rwbs = [0u8; 6];
-            rwbs.copy_from_slice(&e.rwbs[..6]);
-            let error = e.error.clamp(i32::from(i16::MIN), i32::from(i16::MAX)) as i16;
-            let latency_us = u32::try_from(e.latency_ns / 1000).unwrap_or(u32::MAX);
-            base(
-                &h,
-                Detail::Block {
-                    dev: e.dev,
-                    error,
-                    sector: e.sector,
-                    latency_us,
-                    nr_sector: e.nr_sector,
-                    rwbs,
-                },
-            )
-        }
-        EventKind::TcpRetransmit => {
-            let e: TcpRetransmitEvent = read(buf, h.kind)?;
-            let (saddr, daddr) = if e.family == 2 {
-                (
-                    IpAddr::V4(Ipv4Addr::new(
-                        e.saddr[0], e.saddr[1], e.saddr[2], e.saddr[3],
-                    )),
-                    IpAddr::V4(Ipv4Addr::new(
-                        e.daddr[0], e.daddr[1], e.daddr[2], e.daddr[3],
-                    )),
-                )
-            } else {
-                (
-                    IpAddr::V6(Ipv6Addr::from(e.saddr)),
-                    IpAddr::V6(Ipv6Addr::from(e.daddr)),
-                )
-            };
-            base(
-                &h,
-                Detail::Tcp(Box::new(Tcp {
-                    state: e.state,
-                    sport: e.sport,
-                    dport: e.dport,
-                    saddr,
-                    daddr,
-                })),
-            )
-        }
-        EventKind::Fork => {
-            let e: ForkEvent = read(buf, h.kind)?;
-            base(
-                &h,
-                Detail::Fork {
-                    child_pid: e.child_pid,
-                    child_comm: Comm::from_bytes(e.child_comm),
-                    tid: 0,
-                },
-            )
-        }
-        EventKind::Exec => {
-            let e: ExecEvent = read(buf, h.kind)?;
-            base(
-                &h,
-                Detail::Exec {
-                    filename: cstr(&e.filename).into(),
-                },
-            )
-        }
-        EventKind::Exit => {
-            let e: ExitEvent = read(buf, h.kind)?;
-            base(
-                &h,
-                Detail::Exit {
-                    code: e.code,
-                    signal: e.signal,
-                    tid: 0,
-                    core_dumped: e.core_dumped != 0,
-                },
-            )
-        }
-        EventKind::Signal => {
-            let e: SignalEvent = read(buf, h.kind)?;
-            base(
-                &h,
-                Detail::Signal {
-                    sig: e.sig,
-                    code: e.code,
-                    target_pid: e.target_pid,
-                    result: e.result,
-                    target_comm: Comm::from_bytes(e.target_comm),
-                    tid: 0,
-                },
-            )
-        }
-    })
+    match kind {
+        EventKind::Printk => printk(&h, buf),
+        EventKind::Aer => aer(&h, buf),
+        EventKind::Oom => oom(&h, buf),
+        EventKind::Block => block(&h, buf),
+        EventKind::TcpRetransmit => tcp_retransmit(&h, buf),
+        EventKind::Fork => fork(&h, buf),
+        EventKind::Exec => exec(&h, buf),
+        EventKind::Exit => exit(&h, buf),
+        EventKind::Signal => signal(&h, buf),
+    }
+}
+
+/// A kernel log record, classified.
+fn printk(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
+    let e: PrintkEvent = read(buf, h.kind)?;
+    let n = (e.len as usize).min(e.msg.len());
+    let text = cstr(&e.msg[..n]);
+    let text = text.trim_end_matches('\n').to_string();
+    let class = crate::classify::classify_record(&text, false).map(Box::new);
+    let mut e = base(
+        h,
+        Detail::Kmsg(Kmsg {
+            text: text.into(),
+            class,
+        }),
+    );
+    if h.flags & FLAG_TRUNCATED != 0 {
+        e.set_kmsg_truncated();
+    }
+    Ok(e)
+}
+
+/// A PCIe AER error from the tracepoint.
+fn aer(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
+    let e: AerEvent = read(buf, h.kind)?;
+    Ok(base(
+        &h,
+        Detail::Aer(Box::new(Aer {
+            device: cstr(&e.dev_name),
+            status: e.status,
+            severity: e.severity,
+            tlp_header: (e.tlp_header_valid != 0).then_some(e.tlp_header),
+        })),
+    ))
+}
+
+/// An OOM kill, its sizes in KiB (the tracepoint's unit, read at start).
+fn oom(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
+    let e: OomEvent = read(buf, h.kind)?;
+    let kb = OOM_KB_PER_UNIT.load(std::sync::atomic::Ordering::Relaxed);
+    Ok(base(
+        &h,
+        Detail::Oom(Box::new(Oom {
+            victim_pid: e.victim_pid,
+            victim_comm: Comm::from_bytes(e.victim_comm),
+            victim_job: e.victim_job != 0,
+            uid: e.uid,
+            total_vm: e.total_vm.saturating_mul(kb),
+            anon_rss: e.anon_rss.saturating_mul(kb),
+            file_rss: e.file_rss.saturating_mul(kb),
+            shmem_rss: e.shmem_rss.saturating_mul(kb),
+            pgtables: e.pgtables.saturating_mul(kb),
+            oom_score_adj: e.oom_score_adj,
+        })),
+    ))
+}
+
+/// A block request completed: device, error, latency.
+fn block(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
+    let e: BlockEvent = read(buf, h.kind)?;
+    let mut rwbs = [0u8; 6];
+    rwbs.copy_from_slice(&e.rwbs[..6]);
+    let error = e.error.clamp(i32::from(i16::MIN), i32::from(i16::MAX)) as i16;
+    let latency_us = u32::try_from(e.latency_ns / 1000).unwrap_or(u32::MAX);
+    Ok(base(
+        &h,
+        Detail::Block {
+            dev: e.dev,
+            error,
+            sector: e.sector,
+            latency_us,
+            nr_sector: e.nr_sector,
+            rwbs,
+        },
+    ))
+}
+
+/// A TCP retransmission, IPv4 or IPv6.
+fn tcp_retransmit(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
+    let e: TcpRetransmitEvent = read(buf, h.kind)?;
+    let (saddr, daddr) = if e.family == 2 {
+        (
+            IpAddr::V4(Ipv4Addr::new(
+                e.saddr[0], e.saddr[1], e.saddr[2], e.saddr[3],
+            )),
+            IpAddr::V4(Ipv4Addr::new(
+                e.daddr[0], e.daddr[1], e.daddr[2], e.daddr[3],
+            )),
+        )
+    } else {
+        (
+            IpAddr::V6(Ipv6Addr::from(e.saddr)),
+            IpAddr::V6(Ipv6Addr::from(e.daddr)),
+        )
+    };
+    Ok(base(
+        &h,
+        Detail::Tcp(Box::new(Tcp {
+            state: e.state,
+            sport: e.sport,
+            dport: e.dport,
+            saddr,
+            daddr,
+        })),
+    ))
+}
+
+/// A fork in the job.
+fn fork(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
+    let e: ForkEvent = read(buf, h.kind)?;
+    Ok(base(
+        &h,
+        Detail::Fork {
+            child_pid: e.child_pid,
+            child_comm: Comm::from_bytes(e.child_comm),
+            tid: 0,
+        },
+    ))
+}
+
+/// An exec in the job.
+fn exec(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
+    let e: ExecEvent = read(buf, h.kind)?;
+    Ok(base(
+        &h,
+        Detail::Exec {
+            filename: cstr(&e.filename).into(),
+        },
+    ))
+}
+
+/// A job process's exit.
+fn exit(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
+    let e: ExitEvent = read(buf, h.kind)?;
+    Ok(base(
+        &h,
+        Detail::Exit {
+            code: e.code,
+            signal: e.signal,
+            tid: 0,
+            core_dumped: e.core_dumped != 0,
+        },
+    ))
+}
+
+/// A signal to a job process.
+fn signal(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
+    let e: SignalEvent = read(buf, h.kind)?;
+    Ok(base(
+        &h,
+        Detail::Signal {
+            sig: e.sig,
+            code: e.code,
+            target_pid: e.target_pid,
+            result: e.result,
+            target_comm: Comm::from_bytes(e.target_comm),
+            tid: 0,
+        },
+    ))
 }
 
 #[cfg(test)]
