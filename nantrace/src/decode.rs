@@ -95,7 +95,7 @@ fn printk(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
 fn aer(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
     let e: AerEvent = read(buf, h.kind)?;
     Ok(base(
-        &h,
+        h,
         Detail::Aer(Box::new(Aer {
             device: cstr(&e.dev_name),
             status: e.status,
@@ -110,7 +110,7 @@ fn oom(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
     let e: OomEvent = read(buf, h.kind)?;
     let kb = OOM_KB_PER_UNIT.load(std::sync::atomic::Ordering::Relaxed);
     Ok(base(
-        &h,
+        h,
         Detail::Oom(Box::new(Oom {
             victim_pid: e.victim_pid,
             victim_comm: Comm::from_bytes(e.victim_comm),
@@ -134,7 +134,7 @@ fn block(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
     let error = e.error.clamp(i32::from(i16::MIN), i32::from(i16::MAX)) as i16;
     let latency_us = u32::try_from(e.latency_ns / 1000).unwrap_or(u32::MAX);
     Ok(base(
-        &h,
+        h,
         Detail::Block {
             dev: e.dev,
             error,
@@ -165,7 +165,7 @@ fn tcp_retransmit(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
         )
     };
     Ok(base(
-        &h,
+        h,
         Detail::Tcp(Box::new(Tcp {
             state: e.state,
             sport: e.sport,
@@ -180,7 +180,7 @@ fn tcp_retransmit(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
 fn fork(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
     let e: ForkEvent = read(buf, h.kind)?;
     Ok(base(
-        &h,
+        h,
         Detail::Fork {
             child_pid: e.child_pid,
             child_comm: Comm::from_bytes(e.child_comm),
@@ -193,7 +193,7 @@ fn fork(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
 fn exec(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
     let e: ExecEvent = read(buf, h.kind)?;
     Ok(base(
-        &h,
+        h,
         Detail::Exec {
             filename: cstr(&e.filename).into(),
         },
@@ -204,7 +204,7 @@ fn exec(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
 fn exit(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
     let e: ExitEvent = read(buf, h.kind)?;
     Ok(base(
-        &h,
+        h,
         Detail::Exit {
             code: e.code,
             signal: e.signal,
@@ -218,7 +218,7 @@ fn exit(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
 fn signal(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
     let e: SignalEvent = read(buf, h.kind)?;
     Ok(base(
-        &h,
+        h,
         Detail::Signal {
             sig: e.sig,
             code: e.code,
