@@ -245,41 +245,7 @@ enum Cmd {
     },
     /// The node agent: finds training jobs by itself (GPU users, Slurm jobs, pods, command
     /// patterns), records each one, writes bundles to a spool; control socket and /metrics
-    Agent {
-        /// Config file (TOML; every key optional: docs/agent.md)
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Where bundles go (default /var/lib/nantrace/incidents)
-        #[arg(long)]
-        spool: Option<PathBuf>,
-        /// Control socket (default /run/nantrace/agent.sock)
-        #[arg(long)]
-        socket: Option<PathBuf>,
-        /// Prometheus address (default 127.0.0.1:9464; "" = off)
-        #[arg(long)]
-        metrics_addr: Option<String>,
-        /// Also watch processes whose command line matches this regex (repeatable)
-        #[arg(long = "match")]
-        match_commands: Vec<String>,
-        /// Device path prefix that makes a process a GPU job (repeatable; default /dev/nvidia)
-        #[arg(long = "gpu-device")]
-        gpu_devices: Vec<String>,
-        /// Slurm jobs to watch: gpu (default) or all
-        #[arg(long)]
-        slurm_jobs: Option<String>,
-        /// Seconds recorded after a trigger
-        #[arg(long, value_parser = secs(0.0, 3600.0))]
-        post: Option<f64>,
-        /// No eBPF (log and exit evidence only)
-        #[arg(long)]
-        no_probes: bool,
-        /// TESTS ONLY: discover jobs in this /proc-shaped directory
-        #[arg(long, hide = true)]
-        proc_root: Option<PathBuf>,
-        /// TESTS ONLY: the node's PCI devices (metric labels) from this directory, not /sys/bus/pci/devices
-        #[arg(long, hide = true)]
-        pci_devices: Option<PathBuf>,
-    },
+    Agent(AgentCli),
     /// Talk to a running agent: status, jobs, incidents, history [--gpu ID] [--since 30d],
     /// dump [--job ID], report --last, slurm-prolog, slurm-epilog
     Ctl {
@@ -318,30 +284,49 @@ enum Cmd {
     DemoWorker,
     /// Benchmark helpers for `cargo xtask bench` (workload, memory, drain, dump, bpf-stats)
     #[command(hide = true, name = "bench-internal")]
-    BenchInternal {
-        what: String,
-        #[arg(long, default_value_t = 1000)]
-        n: u64,
-        #[arg(long, default_value = "/var/tmp")]
-        dir: PathBuf,
-        #[arg(long)]
-        go: Option<PathBuf>,
-        #[arg(long, default_value_t = 10)]
-        kmsg_every: u32,
-        /// synth, synth-gen: offered events per second, seconds, records per syscall, threads
-        #[arg(long, default_value_t = 500_000)]
-        rate: u64,
-        #[arg(long, default_value_t = 10.0)]
-        seconds: f64,
-        #[arg(long, default_value_t = 32)]
-        burst: u32,
-        #[arg(long, default_value_t = 2)]
-        threads: u32,
-    },
+    BenchInternal(Bench),
     #[command(hide = true, name = "demo-hog")]
     DemoHog { procs: String },
     #[command(hide = true, name = "demo-io-writer")]
     DemoIoWriter { dev: String, procs: String },
+}
+
+/// `nantrace agent`'s options (the rest is in agent.toml).
+#[derive(clap::Args)]
+struct AgentCli {
+    /// Config file (TOML; every key optional: docs/agent.md)
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Where bundles go (default /var/lib/nantrace/incidents)
+    #[arg(long)]
+    spool: Option<PathBuf>,
+    /// Control socket (default /run/nantrace/agent.sock)
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Prometheus address (default 127.0.0.1:9464; "" = off)
+    #[arg(long)]
+    metrics_addr: Option<String>,
+    /// Also watch processes whose command line matches this regex (repeatable)
+    #[arg(long = "match")]
+    match_commands: Vec<String>,
+    /// Device path prefix that makes a process a GPU job (repeatable; default /dev/nvidia)
+    #[arg(long = "gpu-device")]
+    gpu_devices: Vec<String>,
+    /// Slurm jobs to watch: gpu (default) or all
+    #[arg(long)]
+    slurm_jobs: Option<String>,
+    /// Seconds recorded after a trigger
+    #[arg(long, value_parser = secs(0.0, 3600.0))]
+    post: Option<f64>,
+    /// No eBPF (log and exit evidence only)
+    #[arg(long)]
+    no_probes: bool,
+    /// TESTS ONLY: discover jobs in this /proc-shaped directory
+    #[arg(long, hide = true)]
+    proc_root: Option<PathBuf>,
+    /// TESTS ONLY: the node's PCI devices (metric labels) from this directory, not /sys/bus/pci/devices
+    #[arg(long, hide = true)]
+    pci_devices: Option<PathBuf>,
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -363,59 +348,26 @@ fn session_outcome(job: Job, opts: SessionOpts) -> anyhow::Result<nantrace::sess
     Ok(out)
 }
 
-/// A file nantrace writes by itself (snapshot --out): see `safefs::write_file_0600`.
-fn write_0600(path: &std::path::Path, data: &[u8]) -> anyhow::Result<()> {
-    nantrace::safefs::write_file_0600(path, data)
-        .with_context(|| format!("writing {}", path.display()))
-}
-
 /// `merge --out`: a new directory (created 0700), or an existing one that is ours alone;
 /// never an input bundle or a directory inside one (5.24); never chmodded (4.14).
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let code = match cli.cmd {
-        Cmd::Run { rec, who, cmd } => {
-            let choice = match (who.user, who.as_root) {
-                (Some(u), _) => nantrace::privdrop::Choice::User(u),
-                (None, true) => nantrace::privdrop::Choice::AsRoot,
-                (None, false) => nantrace::privdrop::Choice::Auto,
-            };
-            let mut opts = rec.opts();
-            opts.run_as = nantrace::privdrop::resolve(&choice, |k| std::env::var(k).ok())?;
-            opts.unbuffered = !who.no_unbuffered;
-            let out = session_outcome(Job::Spawn(cmd), opts)?;
-            if who.gpucheck {
-                nantrace::gpucheck::after_nan(&out.bundles);
-            }
-            out.exit_code
-        }
-        Cmd::Agent {
-            config,
-            spool,
-            socket,
-            metrics_addr,
-            match_commands,
-            gpu_devices,
-            slurm_jobs,
-            post,
-            no_probes,
-            proc_root,
-            pci_devices,
-        } => {
-            let args = nantrace::agent::Args {
-                config,
-                spool_dir: spool,
-                socket,
-                metrics_addr,
-                match_commands,
-                gpu_devices,
-                slurm_jobs,
-                post_s: post,
-                no_probes,
-                proc_root,
-                pci_devices,
-            };
-            runtime()?.block_on(nantrace::agent::run(args))?;
+        Cmd::Run { rec, who, cmd } => run(&rec, &who, cmd)?,
+        Cmd::Agent(a) => {
+            runtime()?.block_on(nantrace::agent::run(nantrace::agent::Args {
+                config: a.config,
+                spool_dir: a.spool,
+                socket: a.socket,
+                metrics_addr: a.metrics_addr,
+                match_commands: a.match_commands,
+                gpu_devices: a.gpu_devices,
+                slurm_jobs: a.slurm_jobs,
+                post_s: a.post,
+                no_probes: a.no_probes,
+                proc_root: a.proc_root,
+                pci_devices: a.pci_devices,
+            }))?;
             0
         }
         Cmd::Ctl {
@@ -426,43 +378,18 @@ fn main() -> anyhow::Result<()> {
             last: _,
             socket,
             json,
-        } => {
-            let mut req = serde_json::json!({ "cmd": cmd });
-            for (k, v) in [("job", job), ("gpu", gpu), ("since", since)] {
-                if let Some(v) = v {
-                    req[k] = v.into();
-                }
-            }
-            nantrace::agent::ctl::cli(&cmd, req, &socket, json)?;
-            0
-        }
+        } => nantrace::cmd::machine::ctl(
+            &cmd,
+            [("job", job), ("gpu", gpu), ("since", since)],
+            &socket,
+            json,
+        )?,
         Cmd::Attach { pid, logs, rec } => session(Job::Attach { pid, logs }, rec.opts())?,
         Cmd::Demo { scenario, rec } if scenario == "multinode" => {
             nantrace::demo::multinode::cli(&rec.opts().out)?;
             0
         }
-        Cmd::Demo { scenario, rec } => {
-            anyhow::ensure!(
-                nantrace::demo::SCENARIOS.contains(&scenario.as_str()),
-                "unknown scenario {scenario:?}; known: {:?}",
-                nantrace::demo::SCENARIOS
-            );
-            let me = std::env::current_exe().context("locating the nantrace binary")?;
-            let mut opts = rec.opts();
-            opts.injected = (scenario != "numeric").then(|| {
-                format!("demo scenario {scenario}: fault injected through real kernel mechanisms")
-            });
-            say!("nantrace demo: running the built-in training job (scenario {scenario}); it diverges to NaN in a few seconds");
-            let job = Job::Spawn(vec![
-                me.display().to_string(),
-                "demo-train".into(),
-                "--scenario".into(),
-                scenario,
-            ]);
-            let code = session(job, opts)?;
-            say!("nantrace demo: the demo job exited with {code} (it stops itself when its loss is NaN)");
-            0
-        }
+        Cmd::Demo { scenario, rec } => demo(scenario, &rec)?,
         Cmd::Watch {
             pids,
             duration,
@@ -493,20 +420,7 @@ fn main() -> anyhow::Result<()> {
             nantrace::cmd::merge::run(&bundles, &out)?;
             0
         }
-        Cmd::Snapshot { pid, out } => {
-            if let Some(p) = pid {
-                anyhow::ensure!(nantrace::correlate::alive(p), "pid {p} does not exist");
-            }
-            let s = serde_json::to_string_pretty(&nantrace::collect::snapshot(pid))?;
-            match out {
-                Some(path) => {
-                    write_0600(&path, s.as_bytes())?;
-                    say!("nantrace: snapshot written to {}", path.display());
-                }
-                None => sayout!("{s}"),
-            }
-            0
-        }
+        Cmd::Snapshot { pid, out } => nantrace::cmd::machine::snapshot(pid, out.as_deref())?,
         Cmd::Gpucheck {
             gpus,
             reps,
@@ -515,80 +429,113 @@ fn main() -> anyhow::Result<()> {
             out,
             bundle,
             corrupt_test,
-        } => {
-            anyhow::ensure!(
-                (0.0..=0.9).contains(&mem_fraction),
-                "--mem-fraction must be between 0 and 0.9"
-            );
-            let v = nantrace::gpucheck::run(&nantrace::gpucheck::Opts {
+        } => nantrace::cmd::machine::gpucheck(
+            &nantrace::gpucheck::Opts {
                 gpus,
                 reps,
                 iters,
                 mem_fraction,
                 corrupt: corrupt_test,
-            });
-            say!(
-                "{}",
-                nantrace::term::clean_lines(nantrace::gpucheck::summary(&v).trim_end())
-            );
-            let text = serde_json::to_string_pretty(&v)?;
-            match (out, bundle) {
-                (Some(p), _) => write_0600(&p, text.as_bytes())?,
-                (None, Some(b)) => {
-                    nantrace::gpucheck::into_bundle(&b, &v)?;
-                    say!(
-                        "nantrace: gpucheck.json added to {}; report.md rendered again",
-                        b.display()
-                    );
-                }
-                (None, None) => sayout!("{text}"),
-            }
-            nantrace::gpucheck::exit_code(&v)
-        }
-        Cmd::Doctor { json } => {
-            let r = nantrace::doctor::run();
-            if json {
-                sayout!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                nantrace::doctor::print_human(&r);
-            }
-            0
-        }
+            },
+            out.as_deref(),
+            bundle.as_deref(),
+        )?,
+        Cmd::Doctor { json } => nantrace::cmd::machine::doctor(json)?,
         Cmd::DemoTrain { scenario, step_ms } => nantrace::demo::train(&scenario, step_ms),
         Cmd::DemoWorker => nantrace::demo::worker(),
-        Cmd::BenchInternal {
-            what,
-            n,
-            dir,
-            go,
-            kmsg_every,
-            rate,
-            seconds,
-            burst,
-            threads,
-        } => {
-            use nantrace::benchkit as b;
-            let v = match what.as_str() {
-                "workload" => b::workload(n as u32, kmsg_every, &dir, go.as_deref()),
-                "forkstorm" => b::forkstorm(n, go.as_deref()),
-                "memory" => b::memory(n),
-                "drain" => b::drain(n),
-                "dump" => b::dump(n, &dir),
-                "bpf-stats" => b::bpf_stats(),
-                "floor" => b::floor(go.as_deref())?,
-                "microcost" => b::microcost(n)?,
-                "membership" => b::membership(n, &dir)?,
-                "leader-exit" | "thread-exec" | "thread-exit-last" => b::test_job(&what, &dir),
-                "nvml-cost" | "cuda-steps" => b::gpu(&what, seconds, n),
-                "synth" => runtime()?.block_on(b::synth(rate, seconds, burst, threads))?,
-                "synth-gen" => b::synth_gen(rate, seconds, burst, threads, go.as_deref()),
-                other => anyhow::bail!("unknown bench-internal {other}"),
-            };
-            sayout!("{v}");
+        Cmd::BenchInternal(b) => {
+            sayout!("{}", bench_internal(&b)?);
             0
         }
         Cmd::DemoHog { procs } => nantrace::demo::hog(&procs),
         Cmd::DemoIoWriter { dev, procs } => nantrace::demo::io_writer(&dev, &procs),
     };
     std::process::exit(code);
+}
+
+/// `nantrace run`: the job started under the recorder, as the user it should run as.
+fn run(rec: &RecArgs, who: &UserArgs, cmd: Vec<String>) -> anyhow::Result<i32> {
+    let choice = match (&who.user, who.as_root) {
+        (Some(u), _) => nantrace::privdrop::Choice::User(u.clone()),
+        (None, true) => nantrace::privdrop::Choice::AsRoot,
+        (None, false) => nantrace::privdrop::Choice::Auto,
+    };
+    let mut opts = rec.opts();
+    opts.run_as = nantrace::privdrop::resolve(&choice, |k| std::env::var(k).ok())?;
+    opts.unbuffered = !who.no_unbuffered;
+    let out = session_outcome(Job::Spawn(cmd), opts)?;
+    if who.gpucheck {
+        nantrace::gpucheck::after_nan(&out.bundles);
+    }
+    Ok(out.exit_code)
+}
+
+/// `nantrace demo`: the built-in training job under the recorder, its fault injected.
+fn demo(scenario: String, rec: &RecArgs) -> anyhow::Result<i32> {
+    anyhow::ensure!(
+        nantrace::demo::SCENARIOS.contains(&scenario.as_str()),
+        "unknown scenario {scenario:?}; known: {:?}",
+        nantrace::demo::SCENARIOS
+    );
+    let me = std::env::current_exe().context("locating the nantrace binary")?;
+    let mut opts = rec.opts();
+    opts.injected = (scenario != "numeric").then(|| {
+        format!("demo scenario {scenario}: fault injected through real kernel mechanisms")
+    });
+    say!("nantrace demo: running the built-in training job (scenario {scenario}); it diverges to NaN in a few seconds");
+    let job = Job::Spawn(vec![
+        me.display().to_string(),
+        "demo-train".into(),
+        "--scenario".into(),
+        scenario,
+    ]);
+    let code = session(job, opts)?;
+    say!("nantrace demo: the demo job exited with {code} (it stops itself when its loss is NaN)");
+    Ok(0)
+}
+
+/// `bench-internal`'s arguments (the benchmark's own workloads).
+#[derive(clap::Args)]
+struct Bench {
+    what: String,
+    #[arg(long, default_value_t = 1000)]
+    n: u64,
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    #[arg(long)]
+    go: Option<PathBuf>,
+    #[arg(long, default_value_t = 10)]
+    kmsg_every: u32,
+    /// synth, synth-gen: offered events per second, seconds, records per syscall, threads
+    #[arg(long, default_value_t = 500_000)]
+    rate: u64,
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    #[arg(long, default_value_t = 32)]
+    burst: u32,
+    #[arg(long, default_value_t = 2)]
+    threads: u32,
+}
+
+/// One of the benchmark's own workloads (`cargo xtask bench` runs them).
+fn bench_internal(a: &Bench) -> anyhow::Result<serde_json::Value> {
+    use nantrace::benchkit as b;
+    let what = a.what.as_str();
+    let go = a.go.as_deref();
+    Ok(match what {
+        "workload" => b::workload(a.n as u32, a.kmsg_every, &a.dir, go),
+        "forkstorm" => b::forkstorm(a.n, go),
+        "memory" => b::memory(a.n),
+        "drain" => b::drain(a.n),
+        "dump" => b::dump(a.n, &a.dir),
+        "bpf-stats" => b::bpf_stats(),
+        "floor" => b::floor(go)?,
+        "microcost" => b::microcost(a.n)?,
+        "membership" => b::membership(a.n, &a.dir)?,
+        "leader-exit" | "thread-exec" | "thread-exit-last" => b::test_job(what, &a.dir),
+        "nvml-cost" | "cuda-steps" => b::gpu(what, a.seconds, a.n),
+        "synth" => runtime()?.block_on(b::synth(a.rate, a.seconds, a.burst, a.threads))?,
+        "synth-gen" => b::synth_gen(a.rate, a.seconds, a.burst, a.threads, go),
+        other => anyhow::bail!("unknown bench-internal {other}"),
+    })
 }
