@@ -271,7 +271,8 @@ fn prometheus_scrapes_the_agent_and_sees_an_injected_xid() {
 
 /// The job-wide dump through the job directory, on the real Slurm: an incident another node's
 /// agent opened for a job watched here makes this agent dump its window under that incident
-/// within a poll (≤ 1 s to the trigger), and this node's own NaN opens an incident there with
+/// within a poll (≤ 1 s to the trigger) and writes it within `JOB_WIDE_POST_S` (not the
+/// shipped 15 s post-window), and this node's own NaN opens an incident there with
 /// its marker and bundle, which `nantrace report` reads as a job.
 #[test]
 fn a_job_wide_incident_in_the_job_directory_is_dumped_here_and_ours_is_shared() {
@@ -297,10 +298,12 @@ fn a_job_wide_incident_in_the_job_directory_is_dumped_here_and_ours_is_shared() 
     )
     .unwrap();
     let slurm = Slurm::up(Path::new("/bin/true"), Path::new("/bin/true"));
+    // The shipped post-window: a job-wide dump another node asked for still comes within
+    // `JOB_WIDE_POST_S` (issue 30: every node's bundle soon), this node's own after its job.
     let a = Agent::start_env(
         "jobdir",
         19477,
-        &["--config", cfg.to_str().unwrap()],
+        &["--config", cfg.to_str().unwrap(), "--post", "15"],
         &[("SLURM_CONF", &slurm.conf)],
     );
     let work = a.dir.join("work");
@@ -363,6 +366,15 @@ fn a_job_wide_incident_in_the_job_directory_is_dumped_here_and_ours_is_shared() 
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    let took = marked.elapsed();
+    eprintln!(
+        "job-wide dump: marker to bundle {:.1} s (post_s 15)",
+        took.as_secs_f64()
+    );
+    assert!(
+        took < Duration::from_secs_f64(nantrace::session::JOB_WIDE_POST_S + 8.0),
+        "the job-wide bundle took {took:?}: the full post-window, not JOB_WIDE_POST_S"
+    );
     let t = timeline(&here);
     assert_eq!(t["trigger"]["kind"], "job-wide", "{}", t["trigger"]);
     assert!(

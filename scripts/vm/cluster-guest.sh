@@ -36,7 +36,6 @@ slurm_jobs = "all"
 spool_dir = "$R/nt/spool"
 socket = "$R/nt/agent.sock"
 metrics_addr = ""
-post_s = 3.0
 EOF
 "$NT" agent --config $R/nt/agent.toml > $O/agent.log 2>&1 &
 echo $! > $R/nt/agent.pid

@@ -109,6 +109,9 @@ pub struct Outcome {
     pub dumped: bool,
 }
 
+/// The post-window of a job-wide dump another node asked for (at most `post_s`).
+pub const JOB_WIDE_POST_S: f64 = 2.0;
+
 /// One bundle written (or not), as the agent's metrics and webhook see it.
 #[derive(Clone, Debug, Default)]
 pub struct Dumped {
@@ -327,7 +330,15 @@ impl Session {
             },
         ));
         if self.incident.is_empty() {
-            self.deadline = Some(monotonic_ns() + (self.opts.post_s * 1e9) as u64);
+            // Another node's incident (a job-wide dump): what this node holds is what it
+            // recorded until now and what is in flight; the aftermath is the opening node's.
+            // A short window, so the job report has every node soon (issue 30).
+            let post_s = if f.kind == TriggerKind::JobWide {
+                self.opts.post_s.min(JOB_WIDE_POST_S)
+            } else {
+                self.opts.post_s
+            };
+            self.deadline = Some(monotonic_ns() + (post_s * 1e9) as u64);
             if let Some(h) = &self.on_open {
                 h(f.kind.name(), &f.reason);
             }

@@ -108,6 +108,12 @@ impl Agent {
         for d in PCI_DEVICES {
             std::fs::create_dir_all(pci.join(d)).unwrap();
         }
+        // A short post-window unless the test asks for its own.
+        let post: &[&str] = if extra.iter().any(|a| a == "--post") {
+            &[]
+        } else {
+            &["--post", "1.5"]
+        };
         let mut child = Command::new(BIN)
             .args([
                 "agent",
@@ -117,11 +123,10 @@ impl Agent {
                 socket.to_str().unwrap(),
                 "--metrics-addr",
                 &metrics,
-                "--post",
-                "1.5",
                 "--pci-devices",
                 pci.to_str().unwrap(),
             ])
+            .args(post)
             .args(&extra)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
