@@ -129,8 +129,60 @@ impl Config {
     }
 
     pub fn check(&self) -> anyhow::Result<()> {
-        // A pattern that matches an empty string matches every process or every line: pid 1
-        // a job, every line a NaN (redteam3 D-9). `run --nan-pattern` refuses it too.
+        self.check_patterns()?;
+        self.check_gpu_devices()?;
+        self.check_paths()?;
+        for t in &self.no_trigger {
+            anyhow::ensure!(
+                crate::trigger::TriggerKind::parse(t).is_some(),
+                "no_trigger: unknown trigger {t:?}"
+            );
+        }
+        anyhow::ensure!(
+            matches!(self.slurm_jobs.as_str(), "gpu" | "all"),
+            "slurm_jobs must be \"gpu\" or \"all\", not {:?}",
+            self.slurm_jobs
+        );
+        self.check_webhook()?;
+        if !self.metrics_addr.is_empty() {
+            self.metrics_addr
+                .parse::<std::net::SocketAddr>()
+                .with_context(|| format!("metrics_addr {:?}", self.metrics_addr))?;
+        }
+        self.check_numbers()?;
+        anyhow::ensure!(
+            matches!(self.drain.as_str(), "off" | "recommend" | "slurm"),
+            "drain must be \"off\", \"recommend\" or \"slurm\", not {:?}",
+            self.drain
+        );
+        anyhow::ensure!(
+            (1..=1000).contains(&self.drain_max_per_hour),
+            "drain_max_per_hour must be from 1 to 1000"
+        );
+        anyhow::ensure!(
+            self.slurm_node_name.is_empty()
+                || crate::agent::drain::valid_node_name(&self.slurm_node_name),
+            "slurm_node_name {:?}: letters, digits, '-', '_' and '.' only",
+            self.slurm_node_name
+        );
+        anyhow::ensure!(
+            self.webhook_retries <= 10,
+            "webhook_retries must be at most 10"
+        );
+        anyhow::ensure!(
+            (1..=4096).contains(&self.max_jobs),
+            "max_jobs must be from 1 to 4096"
+        );
+        anyhow::ensure!(
+            (1..=4096).contains(&self.max_jobs_per_user),
+            "max_jobs_per_user must be from 1 to 4096"
+        );
+        Ok(())
+    }
+
+    /// A pattern that matches an empty string matches every process or every line: pid 1 a
+    /// job, every line a NaN (redteam3 D-9). `run --nan-pattern` refuses it too.
+    fn check_patterns(&self) -> anyhow::Result<()> {
         for (key, list) in [
             ("match_commands", &self.match_commands),
             ("nan_patterns", &self.nan_patterns),
@@ -141,6 +193,12 @@ impl Config {
                 anyhow::ensure!(!re.is_match("") && !["x", "/usr/sbin/sshd -D", "step 1 loss 0.5"].iter().all(|t| re.is_match(t)), "{key}: {p:?} matches an empty string or any text, so it matches everything: give a pattern that names something");
             }
         }
+        Ok(())
+    }
+
+    /// A prefix of what every process holds (`/dev`, `/dev/n`, `/dev/pts`) makes every process
+    /// a GPU job.
+    fn check_gpu_devices(&self) -> anyhow::Result<()> {
         for d in &self.gpu_devices {
             let name = Path::new(d)
                 .file_name()
@@ -159,6 +217,11 @@ impl Config {
             .any(|c| c.starts_with(d.as_str()));
             anyhow::ensure!(d.starts_with('/') && !d.ends_with('/') && !name.is_empty() && !d.contains("/../") && !common, "gpu_devices: {d:?} must be an absolute device path prefix that names devices (as /dev/nvidia), not a directory or a prefix of /dev/null: every process holds something under /dev");
         }
+        Ok(())
+    }
+
+    /// The spool, socket, job and pod log directories: absolute, not a system directory.
+    fn check_paths(&self) -> anyhow::Result<()> {
         check_dir("spool_dir", &self.spool_dir, true)?;
         check_dir("socket", &self.socket, true)?;
         check_dir("job_dir", &self.job_dir, false)?;
@@ -169,17 +232,12 @@ impl Config {
             "socket {}: put it in a directory of its own (as /run/nantrace/)",
             self.socket.display()
         );
-        for t in &self.no_trigger {
-            anyhow::ensure!(
-                crate::trigger::TriggerKind::parse(t).is_some(),
-                "no_trigger: unknown trigger {t:?}"
-            );
-        }
-        anyhow::ensure!(
-            matches!(self.slurm_jobs.as_str(), "gpu" | "all"),
-            "slurm_jobs must be \"gpu\" or \"all\", not {:?}",
-            self.slurm_jobs
-        );
+        Ok(())
+    }
+
+    /// The webhook's URL goes into a request line: http only, no control characters, no
+    /// credentials.
+    fn check_webhook(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.webhook_url.is_empty() || self.webhook_url.starts_with("http://"), "webhook_url: only http:// is supported (put a local relay in front of an https endpoint)");
         // The URL goes into a request line: no space, CR, LF or other control character can
         // add a header or a second request (redteam3 D-9).
@@ -193,11 +251,11 @@ impl Config {
             "webhook_url {:?}: http://host[:port]/path expected (no user:password@)",
             self.webhook_url
         );
-        if !self.metrics_addr.is_empty() {
-            self.metrics_addr
-                .parse::<std::net::SocketAddr>()
-                .with_context(|| format!("metrics_addr {:?}", self.metrics_addr))?;
-        }
+        Ok(())
+    }
+
+    /// Every number within what makes sense.
+    fn check_numbers(&self) -> anyhow::Result<()> {
         let range = |name: &str, v: f64, lo: f64, hi: f64| -> anyhow::Result<()> {
             anyhow::ensure!(
                 v.is_finite() && v >= lo && v <= hi,
@@ -228,33 +286,6 @@ impl Config {
         anyhow::ensure!(
             (50..=60_000).contains(&self.scan_interval_ms),
             "scan_interval_ms must be from 50 to 60000"
-        );
-        anyhow::ensure!(
-            matches!(self.drain.as_str(), "off" | "recommend" | "slurm"),
-            "drain must be \"off\", \"recommend\" or \"slurm\", not {:?}",
-            self.drain
-        );
-        anyhow::ensure!(
-            (1..=1000).contains(&self.drain_max_per_hour),
-            "drain_max_per_hour must be from 1 to 1000"
-        );
-        anyhow::ensure!(
-            self.slurm_node_name.is_empty()
-                || crate::agent::drain::valid_node_name(&self.slurm_node_name),
-            "slurm_node_name {:?}: letters, digits, '-', '_' and '.' only",
-            self.slurm_node_name
-        );
-        anyhow::ensure!(
-            self.webhook_retries <= 10,
-            "webhook_retries must be at most 10"
-        );
-        anyhow::ensure!(
-            (1..=4096).contains(&self.max_jobs),
-            "max_jobs must be from 1 to 4096"
-        );
-        anyhow::ensure!(
-            (1..=4096).contains(&self.max_jobs_per_user),
-            "max_jobs_per_user must be from 1 to 4096"
         );
         Ok(())
     }
