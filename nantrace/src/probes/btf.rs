@@ -157,22 +157,7 @@ impl Btf {
                     t
                 }
                 KIND_STRUCT | KIND_UNION => {
-                    let mut members = Vec::with_capacity(vlen);
-                    for i in 0..vlen {
-                        let m = o + i * 12;
-                        let off = u32_at(tys, m + 8)?;
-                        let (bit_offset, bitfield) = if kind_flag {
-                            (off & 0x00ff_ffff, off >> 24 != 0)
-                        } else {
-                            (off, false)
-                        };
-                        members.push(Member {
-                            name: u32_at(tys, m)?,
-                            ty: u32_at(tys, m + 4)?,
-                            bit_offset,
-                            bitfield,
-                        });
-                    }
+                    let members = members_at(tys, o, vlen, kind_flag)?;
                     o += vlen * 12;
                     let id = types.len() as u32;
                     if kind == KIND_STRUCT && name != 0 {
@@ -222,12 +207,8 @@ impl Btf {
                     o += vlen * 8;
                     Ty::Proto(params)
                 }
-                KIND_VAR | KIND_DECL_TAG => {
-                    o += 4;
-                    Ty::Other
-                }
-                KIND_DATASEC => {
-                    o += vlen * 12;
+                KIND_VAR | KIND_DECL_TAG | KIND_DATASEC => {
+                    o += if kind == KIND_DATASEC { vlen * 12 } else { 4 };
                     Ty::Other
                 }
                 // FWD (7), FUNC (12): nothing trailing.
@@ -376,6 +357,28 @@ fn cstr(strings: &[u8], off: u32) -> &str {
     let s = strings.get(off as usize..).unwrap_or(&[]);
     let end = s.iter().position(|&b| b == 0).unwrap_or(s.len());
     std::str::from_utf8(&s[..end]).unwrap_or("")
+}
+
+/// A struct's or union's `vlen` members at `o` (12 bytes each: name, type, offset; with
+/// `kind_flag` the offset's top byte is a bitfield's size).
+fn members_at(tys: &[u8], o: usize, vlen: usize, kind_flag: bool) -> Result<Vec<Member>, BtfError> {
+    let mut members = Vec::with_capacity(vlen);
+    for i in 0..vlen {
+        let m = o + i * 12;
+        let off = u32_at(tys, m + 8)?;
+        let (bit_offset, bitfield) = if kind_flag {
+            (off & 0x00ff_ffff, off >> 24 != 0)
+        } else {
+            (off, false)
+        };
+        members.push(Member {
+            name: u32_at(tys, m)?,
+            ty: u32_at(tys, m + 4)?,
+            bit_offset,
+            bitfield,
+        });
+    }
+    Ok(members)
 }
 
 #[cfg(test)]
