@@ -7,12 +7,19 @@ pub fn dir() -> PathBuf {
 }
 
 /// What may differ between two runs of the same rendering: the checkout's own path (a
-/// bundle's directory is quoted in reports). Nothing else is normalised: the inputs are
-/// frozen, so times and versions come from them.
+/// bundle's directory is quoted in reports) and the machine's time zone (a reference's
+/// local time: "2026-12-01 11:00:00 local, UTC+1"). Nothing else is normalised: the inputs
+/// are frozen, so times and versions come from them.
 pub fn normalize(s: &str) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let root = root.parent().unwrap_or(root).display().to_string();
-    s.replace(&root, "<checkout>")
+    static LOCAL: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d local, UTC[+-][0-9.]+")
+            .expect("pattern")
+    });
+    LOCAL
+        .replace_all(&s.replace(&root, "<checkout>"), "<local time>")
+        .into_owned()
 }
 
 /// The text of an HTML page: tags dropped, one line per block (scripts and styles kept as
