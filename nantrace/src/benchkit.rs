@@ -145,10 +145,11 @@ fn synthetic(i: u64, t: u64) -> Event {
             target_comm: comm,
             tid: 0,
         },
-        _ => Detail::Kmsg(Kmsg {
-            text: "nvme nvme0: I/O 123 QID 4 timeout, completion polled".into(),
-            class: None,
-        }),
+        _ => Detail::Kmsg(Kmsg::new(
+            "nvme nvme0: I/O 123 QID 4 timeout, completion polled",
+            None,
+            None,
+        )),
     };
     Event::new(
         t,

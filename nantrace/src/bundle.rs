@@ -277,7 +277,7 @@ fn digest_rank(e: &Event) -> u8 {
         Detail::Log(_) => 9,
         Detail::Fork { .. } | Detail::Exec { .. } | Detail::Block { .. } | Detail::Tcp(_) => 3,
         Detail::Exit { code, signal, .. } if *code == 0 && *signal == 0 => 3,
-        Detail::Kmsg(k) if k.class.is_none() => 3,
+        Detail::Kmsg(k) if k.class().is_none() => 3,
         _ => 0,
     }
 }

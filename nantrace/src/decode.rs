@@ -77,14 +77,8 @@ fn printk(h: &EventHeader, buf: &[u8]) -> Result<Event, DecodeError> {
     let n = (e.len as usize).min(e.msg.len());
     let text = cstr(&e.msg[..n]);
     let text = text.trim_end_matches('\n').to_string();
-    let class = crate::classify::classify_record(&text, false).map(Box::new);
-    let mut e = base(
-        h,
-        Detail::Kmsg(Kmsg {
-            text: text.into(),
-            class,
-        }),
-    );
+    let class = crate::classify::classify_record(&text, false);
+    let mut e = base(h, Detail::Kmsg(Kmsg::new(text, class, None)));
     if h.flags & FLAG_TRUNCATED != 0 {
         e.set_kmsg_truncated();
     }

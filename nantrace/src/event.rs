@@ -83,7 +83,33 @@ pub struct Event {
 pub struct Kmsg {
     pub text: Box<str>,
     /// Boxed: most kernel lines are not classified, and the class is large.
-    pub class: Option<Box<KmsgClass>>,
+    pub classified: Option<Box<Classified>>,
+}
+
+/// A classified kernel line: its class, and its record's sequence number where it was read
+/// from `/dev/kmsg` (the probe has none): a drain finds that record again, whatever the
+/// clocks did since (`klog::who_wrote`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Classified {
+    pub class: KmsgClass,
+    pub seq: Option<u64>,
+}
+
+impl Kmsg {
+    pub fn new(text: impl Into<Box<str>>, class: Option<KmsgClass>, seq: Option<u64>) -> Self {
+        Kmsg {
+            text: text.into(),
+            classified: class.map(|class| Box::new(Classified { class, seq })),
+        }
+    }
+
+    pub fn class(&self) -> Option<&KmsgClass> {
+        self.classified.as_deref().map(|c| &c.class)
+    }
+
+    pub fn seq(&self) -> Option<u64> {
+        self.classified.as_deref().and_then(|c| c.seq)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -200,7 +226,7 @@ pub enum Detail {
 impl Detail {
     pub fn kind(&self) -> Source {
         match self {
-            Detail::Kmsg(k) => match k.class.as_deref() {
+            Detail::Kmsg(k) => match k.class() {
                 Some(KmsgClass::Xid { .. }) => Source::Xid,
                 Some(KmsgClass::Aer { .. }) => Source::Aer,
                 _ => Source::Kmsg,
@@ -339,9 +365,9 @@ impl Event {
         match &self.detail {
             Detail::Kmsg(k) => {
                 a(k.text.len())
-                    + k.class
+                    + k.classified
                         .as_ref()
-                        .map_or(0, |_| a(std::mem::size_of::<KmsgClass>()) + 64)
+                        .map_or(0, |_| a(std::mem::size_of::<Classified>()) + 64)
             }
             Detail::Aer(a_) => a(std::mem::size_of::<Aer>()) + a(a_.device.len()),
             Detail::Oom(_) => a(std::mem::size_of::<Oom>()),
@@ -490,10 +516,13 @@ impl Event {
     /// A kernel log line: its text, and its class's fields.
     fn kmsg_json(&self, k: &Kmsg, put: &mut impl FnMut(&str, Value)) {
         put("text", k.text.as_ref().into());
+        if let Some(q) = k.seq() {
+            put("kmsg_seq", q.into());
+        }
         if self.kmsg_truncated() {
             put("truncated", true.into());
         }
-        if let Some(c) = k.class.as_deref() {
+        if let Some(c) = k.class() {
             put(
                 "severity",
                 serde_json::to_value(c.severity()).unwrap_or(Value::Null),

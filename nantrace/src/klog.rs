@@ -153,7 +153,7 @@ pub fn to_event(r: &Record<'_>, offset_ns: i64) -> Event {
         }
         text = &text[..end];
     }
-    let class = crate::classify::classify_record(text, r.cont).map(Box::new);
+    let class = crate::classify::classify_record(text, r.cont);
     let mono = (r.ts_usec.saturating_mul(1000) as i64)
         .saturating_add(offset_ns)
         .max(0) as u64;
@@ -164,10 +164,7 @@ pub fn to_event(r: &Record<'_>, offset_ns: i64) -> Event {
         pid,
         Comm::NONE,
         false,
-        Detail::Kmsg(Kmsg {
-            text: text.into(),
-            class,
-        }),
+        Detail::Kmsg(Kmsg::new(text, class, Some(r.seq))),
     );
     if truncated {
         e.set_kmsg_truncated();
@@ -350,10 +347,7 @@ mod tests {
             panic!("{e:?}")
         };
         assert!(
-            matches!(
-                k.class.as_deref(),
-                Some(crate::classify::KmsgClass::Xid { .. })
-            ),
+            matches!(k.class(), Some(crate::classify::KmsgClass::Xid { .. })),
             "{k:?}"
         );
         let long = format!("4,1,2,-;{}", "é".repeat(600));
@@ -370,17 +364,14 @@ mod tests {
         let e = to_event(&parse_record(merged).unwrap(), 0);
         let Detail::Kmsg(k) = &e.detail else { panic!() };
         assert!(
-            !matches!(
-                k.class.as_deref(),
-                Some(crate::classify::KmsgClass::Xid { .. })
-            ),
+            !matches!(k.class(), Some(crate::classify::KmsgClass::Xid { .. })),
             "{k:?}"
         );
         // An unmerged continuation record (the `c` flag of older kernels).
         let cont = "4,10,100,c;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.";
         let e = to_event(&parse_record(cont).unwrap(), 0);
         let Detail::Kmsg(k) = &e.detail else { panic!() };
-        assert!(k.class.is_none(), "{k:?}");
+        assert!(k.class().is_none(), "{k:?}");
         // The probe's record of the continuation: ` in <name>`, with real newlines.
         assert!(crate::classify::classify_record(" in x\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n[401000+1000]", false).is_none());
         assert!(crate::classify::classify_record("[   15.330000]  in x\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", false).is_none());

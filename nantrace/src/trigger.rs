@@ -148,7 +148,7 @@ pub fn from_event_seen(e: &Event, seen_nan: bool, seen_job_error: bool) -> Optio
                 crate::event::comm_str(&o.victim_comm)
             ),
         ),
-        Detail::Kmsg(k) => match k.class.as_deref() {
+        Detail::Kmsg(k) => match k.class() {
             Some(c @ (KmsgClass::Xid { .. } | KmsgClass::GpuFallenOffBus { .. }))
                 if c.severity() == Severity::Critical =>
             {
@@ -192,10 +192,7 @@ mod tests {
             0,
             crate::event::Comm::NONE,
             false,
-            Detail::Kmsg(Kmsg {
-                text: text.into(),
-                class: crate::classify::classify(text).map(Box::new),
-            }),
+            Detail::Kmsg(Kmsg::new(text, crate::classify::classify(text), None)),
         )
     }
 

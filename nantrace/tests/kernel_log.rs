@@ -241,7 +241,11 @@ fn who_wrote_a_line_is_what_dev_kmsg_says() {
     ));
     let renamed = format!("ntwb{n}: renamed from ntwa{n}");
     let now = mono_ns();
-    let lines = [(forged, now), (renamed, now), (quoted, now)];
+    let lines = [
+        nantrace::klog::Line::new(forged, now, None),
+        nantrace::klog::Line::new(renamed, now, None),
+        nantrace::klog::Line::new(quoted, now, None),
+    ];
     let t0 = std::time::Instant::now();
     let got = loop {
         let got = who_wrote(&lines).expect("read /dev/kmsg");

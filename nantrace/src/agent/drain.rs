@@ -129,7 +129,6 @@ pub fn check_writer(
     user_written_ok: bool,
     who: impl Fn(&[crate::klog::Line]) -> std::io::Result<Vec<crate::klog::Writer>>,
 ) -> Result<(), String> {
-    use crate::klog::Writer;
     if unforgeable {
         return Ok(());
     }
@@ -138,6 +137,17 @@ pub fn check_writer(
     }
     let writers = who(lines)
         .map_err(|e| format!("who wrote the kernel log line cannot be checked (/dev/kmsg: {e})"))?;
+    judge_writers(lines, &writers, user_written_ok)
+}
+
+/// `check_writer`'s answer from the writers `klog::who_wrote` found for `lines`: one line the
+/// kernel wrote is enough (the fault is real); else why not, with the first line.
+pub fn judge_writers(
+    lines: &[crate::klog::Line],
+    writers: &[crate::klog::Writer],
+    user_written_ok: bool,
+) -> Result<(), String> {
+    use crate::klog::Writer;
     if writers.contains(&Writer::Kernel)
         || (user_written_ok
             && writers
@@ -147,7 +157,10 @@ pub fn check_writer(
         return Ok(());
     }
     let w = writers.first().copied().unwrap_or(Writer::NotFound);
-    let line: String = crate::term::clean(&lines[0].0).chars().take(160).collect();
+    let line: String = crate::term::clean(&lines[0].text)
+        .chars()
+        .take(160)
+        .collect();
     Err(format!(
         "the kernel log line \"{line}\" was {}",
         w.describe()

@@ -468,14 +468,36 @@ pub fn doubtful_gpus(
     trust_user_written: bool,
     who: impl Fn(&[crate::klog::Line]) -> std::io::Result<Vec<crate::klog::Writer>>,
 ) -> Vec<(String, String)> {
-    d.gpu_witnesses
-        .iter()
-        .filter_map(|w| {
-            super::drain::check_writer(&w.lines, w.unforgeable, trust_user_written, &who)
-                .err()
-                .map(|why| (w.pci.clone(), why))
-        })
-        .collect()
+    // One look at /dev/kmsg for every GPU's lines (each look writes a marker and reads the
+    // whole buffer).
+    let to_check: Vec<&crate::report::GpuWitness> =
+        d.gpu_witnesses.iter().filter(|w| !w.unforgeable).collect();
+    let all: Vec<crate::klog::Line> = to_check.iter().flat_map(|w| w.lines.clone()).collect();
+    let writers = if all.is_empty() {
+        Ok(Vec::new())
+    } else {
+        who(&all)
+    };
+    let mut at = 0;
+    let mut out = Vec::new();
+    for w in to_check {
+        let why = match &writers {
+            _ if w.lines.is_empty() => Err("the evidence has neither a kernel log line nor an NVML or tracepoint record to check its writer by".to_string()),
+            Ok(ws) => super::drain::judge_writers(
+                &w.lines,
+                ws.get(at..at + w.lines.len()).unwrap_or(&[]),
+                trust_user_written,
+            ),
+            Err(e) => Err(format!(
+                "who wrote the kernel log line cannot be checked (/dev/kmsg: {e})"
+            )),
+        };
+        at += w.lines.len();
+        if let Err(why) = why {
+            out.push((w.pci.clone(), why));
+        }
+    }
+    out
 }
 
 /// After a bundle: its entry in the index and in the bundle, the History section appended to

@@ -370,7 +370,7 @@ pub(super) fn gpu_label(addr: &str) -> String {
 pub(super) fn observe(m: &Metrics, e: &crate::event::Event) {
     m.inc("nantrace_events_total", &[("source", e.source())]);
     match &e.detail {
-        crate::event::Detail::Kmsg(k) => match k.class.as_deref() {
+        crate::event::Detail::Kmsg(k) => match k.class() {
             Some(crate::classify::KmsgClass::Xid { xid, pci, .. }) => m.inc(
                 "nantrace_xid_total",
                 &[("xid", &xid.to_string()), ("gpu", &pci_label(pci))],

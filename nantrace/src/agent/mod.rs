@@ -129,7 +129,7 @@ impl Agent {
                     None => {
                         if let Some(f) = crate::trigger::from_event(&e, false) {
                             let minor = match &e.detail {
-                                Detail::Kmsg(k) => match k.class.as_deref() {
+                                Detail::Kmsg(k) => match k.class() {
                                     Some(KmsgClass::Xid { pci, .. }) => discover::gpu_minor_of(pci),
                                     _ => None,
                                 },

@@ -79,15 +79,15 @@ pub fn summary(dir: &Path, inc: &Incident, verdict: Option<&str>) -> String {
             crate::term::clean(&l.text.chars().take(80).collect::<String>())
         )
     });
-    let xids: Vec<&Event> = ev.iter().copied().filter(|e| matches!(&e.detail, Detail::Kmsg(k) if matches!(k.class.as_deref(), Some(KmsgClass::Xid { .. }) | Some(KmsgClass::GpuFallenOffBus { .. })))).collect();
+    let xids: Vec<&Event> = ev.iter().copied().filter(|e| matches!(&e.detail, Detail::Kmsg(k) if matches!(k.class(), Some(KmsgClass::Xid { .. }) | Some(KmsgClass::GpuFallenOffBus { .. })))).collect();
     let worst = xids
         .iter()
         .max_by_key(|e| match &e.detail {
-            Detail::Kmsg(k) => k.class.as_deref().map(KmsgClass::severity),
+            Detail::Kmsg(k) => k.class().map(KmsgClass::severity),
             _ => None,
         })
         .map(|e| match &e.detail {
-            Detail::Kmsg(k) => match k.class.as_deref() {
+            Detail::Kmsg(k) => match k.class() {
                 Some(KmsgClass::Xid {
                     xid, pci, severity, ..
                 }) => format!(

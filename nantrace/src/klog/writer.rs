@@ -4,9 +4,28 @@ use std::io::Read as _;
 
 use super::{parse_record, Record};
 
-/// A kernel log line as nantrace recorded it (the probe's text or `/dev/kmsg`'s escaped one)
-/// and its time on the monotonic clock.
-pub type Line = (String, u64);
+/// A kernel log line as nantrace recorded it (the probe's text or `/dev/kmsg`'s escaped one),
+/// its time on the monotonic clock, and its record's sequence number where it was read from
+/// `/dev/kmsg` (then the record itself is found, whatever the clocks did since).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Line {
+    pub text: String,
+    pub mono_ns: u64,
+    pub seq: Option<u64>,
+}
+
+impl Line {
+    pub fn new(text: impl Into<String>, mono_ns: u64, seq: Option<u64>) -> Self {
+        Line {
+            text: text.into(),
+            mono_ns,
+            seq,
+        }
+    }
+}
+
+/// Records of one line's text kept while the buffer is read: the newest.
+const CANDIDATES_PER_LINE: usize = 64;
 
 /// How far (ns) a record's time may be from the line's for the record to be that line: the
 /// probe's time and the record's stamp are taken microseconds apart, 5.10's console path may
@@ -30,6 +49,9 @@ pub enum Writer {
     /// No record starting with this text is left in the kernel's buffer (overwritten, or the
     /// line was never a record's start).
     NotFound,
+    /// The kernel log's clock could not be fitted to the probes' (the check's marker was not
+    /// read back), so no record could be tied to the line's time.
+    NoClock,
 }
 
 impl Writer {
@@ -40,6 +62,7 @@ impl Writer {
                 "written into /dev/kmsg from user space (facility {facility}), not by the kernel"
             ),
             Writer::OtherTime => "in the kernel's buffer (/dev/kmsg) only at other times than this line's, so not checked".into(),
+            Writer::NoClock => "not checked: the kernel log's clock could not be fitted to the probes' (no marker read back from /dev/kmsg)".into(),
             Writer::NotFound => {
                 "not found at a record's start in the kernel's buffer (/dev/kmsg) to check who wrote it"
                     .into()
@@ -99,55 +122,110 @@ fn bare(text: &str) -> String {
         .join("\n")
 }
 
-/// Whether the record `r` starts with the kernel log line `line` as nantrace recorded it (the
-/// probe's text, cut at its length, or `/dev/kmsg`'s escaped text): the whole record or its
-/// first line, never a line inside it (a user's text after a newline the kernel did not write).
-fn record_is(r: &Record<'_>, line: &str) -> bool {
-    let line = bare(line);
-    if line.is_empty() {
+/// A line to look for: its text as the kernel logged it (`bare`), and whether the probe may
+/// have cut it (then a record that starts with it is it).
+struct Wanted {
+    bare: String,
+    cut: bool,
+}
+
+impl Wanted {
+    fn of(l: &Line) -> Self {
+        let cut = nantrace_common::PRINTK_MSG_LEN - 1;
+        Wanted {
+            bare: bare(&l.text),
+            // The probe's text before the console's prefixes were taken off.
+            cut: l.text.trim_end().len() >= cut.saturating_sub(8),
+        }
+    }
+}
+
+/// Whether the record `r` starts with the wanted line: the whole record or its first line,
+/// never a line inside it (a user's text after a newline the kernel did not write).
+fn record_is(r: &Record<'_>, w: &Wanted) -> bool {
+    if w.bare.is_empty() {
         return false;
     }
     let raw = unescape(r.text);
     let whole = raw.trim_end();
     let first = raw.split('\n').next().unwrap_or("").trim_end();
-    let cut = nantrace_common::PRINTK_MSG_LEN - 1;
     [r.text.trim_end(), whole, first]
         .iter()
-        .any(|t| *t == line || (line.len() >= cut.saturating_sub(8) && t.starts_with(&line)))
+        .any(|t| *t == w.bare || (w.cut && t.starts_with(&w.bare)))
 }
 
-/// Who wrote each line, from the records that start with it: (the line's index, facility,
-/// record time in ns on the records' clock). `offset_ns` takes the records' clock to the
-/// monotonic one; only records within `NEAR_NS` of the line's time count (None: any time).
-fn judge(lines: &[Line], found: &[(usize, u32, u64)], offset_ns: Option<i64>) -> Vec<Writer> {
+/// A record that starts with a wanted line: its sequence number, facility and time (ns, on
+/// the records' clock).
+#[derive(Clone, Copy)]
+struct Found {
+    seq: u64,
+    facility: u32,
+    ts_ns: u64,
+}
+
+/// Who wrote each line, from the records that start with it (`found[i]`, the newest kept).
+/// A line read from `/dev/kmsg` is its own record (its sequence number); a line from the
+/// probe is the record within `NEAR_NS` of its time, with `offset_ns` taking the records'
+/// clock to the monotonic one (None: the clocks could not be fitted).
+fn judge(lines: &[Line], found: &[Vec<Found>], offset_ns: Option<i64>) -> Vec<Writer> {
     lines
         .iter()
-        .enumerate()
-        .map(|(i, (_, mono))| {
-            let mut any = false;
-            let mut w = Writer::NotFound;
-            for &(_, facility, ts) in found.iter().filter(|f| f.0 == i) {
-                any = true;
-                let near = offset_ns.is_none_or(|o| {
-                    (ts as i64).saturating_add(o).abs_diff(*mono as i64) <= NEAR_NS
-                });
-                if !near {
-                    continue;
+        .zip(found)
+        .map(|(l, f)| {
+            let writer = |r: &Found| {
+                if r.facility == 0 {
+                    Writer::Kernel
+                } else {
+                    Writer::UserSpace {
+                        facility: r.facility,
+                    }
                 }
-                if facility == 0 {
-                    return Writer::Kernel;
-                }
-                if w == Writer::NotFound {
-                    w = Writer::UserSpace { facility };
-                }
+            };
+            if let Some(q) = l.seq {
+                return f
+                    .iter()
+                    .find(|r| r.seq == q)
+                    .map_or(Writer::NotFound, writer);
             }
-            if any && w == Writer::NotFound {
-                Writer::OtherTime
+            if f.is_empty() {
+                return Writer::NotFound;
+            }
+            let Some(o) = offset_ns else {
+                return Writer::NoClock;
+            };
+            let near: Vec<&Found> = f
+                .iter()
+                .filter(|r| {
+                    (r.ts_ns as i64)
+                        .saturating_add(o)
+                        .abs_diff(l.mono_ns as i64)
+                        <= NEAR_NS
+                })
+                .collect();
+            if near.iter().any(|r| r.facility == 0) {
+                Writer::Kernel
             } else {
-                w
+                near.first().map_or(Writer::OtherTime, |r| writer(r))
             }
         })
         .collect()
+}
+
+/// The records of `rec` that start with one of `wanted`, into `found` (the newest
+/// `CANDIDATES_PER_LINE` of each).
+fn collect(r: &Record<'_>, wanted: &[Wanted], found: &mut [Vec<Found>]) {
+    for (w, f) in wanted.iter().zip(found.iter_mut()) {
+        if record_is(r, w) {
+            if f.len() == CANDIDATES_PER_LINE {
+                f.remove(0);
+            }
+            f.push(Found {
+                seq: r.seq,
+                facility: r.facility,
+                ts_ns: r.ts_usec.saturating_mul(1000),
+            });
+        }
+    }
 }
 
 /// Who wrote each of `lines`, from the records `/dev/kmsg` yields (each
@@ -157,14 +235,11 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
-    let mut found = Vec::new();
+    let wanted: Vec<Wanted> = lines.iter().map(Wanted::of).collect();
+    let mut found = vec![Vec::new(); lines.len()];
     for rec in records {
         if let Some(r) = parse_record(rec.as_ref()) {
-            for (i, (l, _)) in lines.iter().enumerate() {
-                if found.len() < 4096 && record_is(&r, l) {
-                    found.push((i, r.facility, r.ts_usec.saturating_mul(1000)));
-                }
-            }
+            collect(&r, &wanted, &mut found);
         }
     }
     judge(lines, &found, offset_ns)
@@ -197,25 +272,22 @@ pub fn each_record(mut f: impl FnMut(&str)) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Who wrote each of `lines`, from the records `/dev/kmsg` still holds. A marker written
-/// first (at level 7, as at startup) fits the records' clock to the monotonic one, so that
-/// only a record at the line's own time vouches for it.
+/// Who wrote each of `lines`, from the records `/dev/kmsg` still holds, in one pass. A
+/// marker written first (at level 7, as at startup) fits the records' clock to the monotonic
+/// one, for the lines the probe read (those read from `/dev/kmsg` carry their record's number).
 pub fn who_wrote(lines: &[Line]) -> std::io::Result<Vec<Writer>> {
     let nonce = (u64::from(std::process::id()) << 32) ^ crate::clock::monotonic_ns() ^ 0x5eed;
     let written = super::write_marker(nonce).ok();
     let want = format!("{} {nonce:016x}", super::MARKER);
-    let mut found = Vec::new();
+    let wanted: Vec<Wanted> = lines.iter().map(Wanted::of).collect();
+    let mut found = vec![Vec::new(); lines.len()];
     let mut marker_ts = None;
     each_record(|rec| {
         let Some(r) = parse_record(rec) else { return };
         if r.text.starts_with(&want) {
             marker_ts = Some(r.ts_usec.saturating_mul(1000));
         }
-        for (i, (l, _)) in lines.iter().enumerate() {
-            if found.len() < 4096 && record_is(&r, l) {
-                found.push((i, r.facility, r.ts_usec.saturating_mul(1000)));
-            }
-        }
+        collect(&r, &wanted, &mut found);
     })?;
     let offset = match (written, marker_ts) {
         (Some(w), Some(ts)) => Some(w as i64 - ts as i64),
@@ -229,7 +301,7 @@ mod tests {
     use super::*;
 
     fn l(t: &str, mono: u64) -> Vec<Line> {
-        vec![(t.to_string(), mono)]
+        vec![Line::new(t, mono, None)]
     }
 
     /// redteam4 D-14: what a user-space writer put into /dev/kmsg (journald's ForwardToKMsg,
@@ -244,27 +316,27 @@ mod tests {
         let user = format!("11,901,5000,-;{xid}");
         let kernel = format!("4,902,6000,-;{xid}\n SUBSYSTEM=pci");
         assert_eq!(
-            who_wrote_in([user.as_str()], &l(xid, 0), None),
+            who_wrote_in([user.as_str()], &l(xid, 0), Some(0)),
             [Writer::UserSpace { facility: 1 }]
         );
         assert_eq!(
-            who_wrote_in([user.as_str(), kernel.as_str()], &l(xid, 0), None),
+            who_wrote_in([user.as_str(), kernel.as_str()], &l(xid, 0), Some(0)),
             [Writer::Kernel]
         );
         let inside = format!("3,903,7000,-;tmpfs: Unknown parameter 'x\\x0a{xid}'");
         assert_eq!(
-            who_wrote_in([inside.as_str()], &l(xid, 0), None),
+            who_wrote_in([inside.as_str()], &l(xid, 0), Some(0)),
             [Writer::NotFound]
         );
         assert_eq!(
-            who_wrote_in(["6,1,1,-;eth0: link up"], &l(xid, 0), None),
+            who_wrote_in(["6,1,1,-;eth0: link up"], &l(xid, 0), Some(0)),
             [Writer::NotFound]
         );
         // A record with an escaped newline: its first line is the record's start, and so is
         // the whole record (the probe's text of one printk call, raw newlines and all).
         let two = "4,904,8000,-;NVRM: GPU at PCI:0000:3b:00: GPU-1\\x0aNVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.";
         assert_eq!(
-            who_wrote_in([two], &l("NVRM: GPU at PCI:0000:3b:00: GPU-1", 0), None),
+            who_wrote_in([two], &l("NVRM: GPU at PCI:0000:3b:00: GPU-1", 0), Some(0)),
             [Writer::Kernel]
         );
         assert_eq!(
@@ -279,11 +351,11 @@ mod tests {
             [Writer::NotFound]
         );
         let raw = "NVRM: GPU at PCI:0000:3b:00: GPU-1\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n";
-        assert_eq!(who_wrote_in([two], &l(raw, 0), None), [Writer::Kernel]);
+        assert_eq!(who_wrote_in([two], &l(raw, 0), Some(0)), [Writer::Kernel]);
         // 5.10's console path: each line with the console's time (and caller) in front.
         let console = format!("[   15.330000] [T812] {xid}");
         assert_eq!(
-            who_wrote_in([kernel.as_str()], &l(&console, 0), None),
+            who_wrote_in([kernel.as_str()], &l(&console, 0), Some(0)),
             [Writer::Kernel]
         );
         assert_eq!(unescape("a\\x5cb\\x0ac"), "a\\b\nc");
@@ -315,9 +387,25 @@ mod tests {
             ),
             [Writer::UserSpace { facility: 1 }]
         );
+        // The clocks not fitted: nothing ties a record to the line.
         assert_eq!(
             who_wrote_in([old.as_str()], &l(xid, 5_000_000_000_000), None),
+            [Writer::NoClock]
+        );
+        // A line read from /dev/kmsg is its own record, however far the clocks drifted since
+        // the session fitted them (10 ppm over a month is 26 s).
+        let both = [old.as_str(), copy.as_str()];
+        assert_eq!(
+            who_wrote_in(both, &[Line::new(xid, 1, Some(10))], off),
             [Writer::Kernel]
+        );
+        assert_eq!(
+            who_wrote_in(both, &[Line::new(xid, 1, Some(90))], off),
+            [Writer::UserSpace { facility: 1 }]
+        );
+        assert_eq!(
+            who_wrote_in([copy.as_str()], &[Line::new(xid, 1, Some(10))], off),
+            [Writer::NotFound]
         );
     }
 }

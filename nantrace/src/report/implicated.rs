@@ -108,7 +108,7 @@ pub fn implicated_witnesses(a: &Analysis) -> Vec<GpuWitness> {
             let w = &mut out[i];
             w.unforgeable |= f.unforgeable;
             for l in &f.kernel_lines {
-                if w.lines.len() < 8 && !w.lines.contains(l) {
+                if w.lines.len() < 16 && !w.lines.contains(l) {
                     w.lines.push(l.clone());
                 }
             }

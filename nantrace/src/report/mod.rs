@@ -47,7 +47,7 @@ pub struct Finding {
     /// listed, never the verdict.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub consequence: bool,
-    /// The kernel log lines behind it as nantrace recorded them (at most 4): what a drain
+    /// The kernel log lines behind it as nantrace recorded them (at most 8): what a drain
     /// checks against `/dev/kmsg`'s record of who wrote them (`agent::drain`).
     #[serde(skip)]
     pub kernel_lines: Vec<crate::klog::Line>,
@@ -197,9 +197,19 @@ impl Acc {
         let printk = matches!(e["source"].as_str(), Some("kmsg" | "xid" | "aer"));
         match e["text"].as_str() {
             Some(t) if printk => {
-                let mono = e["mono_ns"].as_u64().unwrap_or(0);
-                if f.kernel_lines.len() < 4 && !f.kernel_lines.iter().any(|l| l.0 == t) {
-                    f.kernel_lines.push((t.to_string(), mono));
+                let l = crate::klog::Line::new(
+                    t,
+                    e["mono_ns"].as_u64().unwrap_or(0),
+                    e["kmsg_seq"].as_u64(),
+                );
+                // Each line at its time (a copy of a real line is another line); the first
+                // four and the newest four are kept, so neither earlier nor later copies push
+                // the kernel's own line out of a check alone.
+                if !f.kernel_lines.contains(&l) {
+                    if f.kernel_lines.len() == 8 {
+                        f.kernel_lines.remove(4);
+                    }
+                    f.kernel_lines.push(l);
                 }
             }
             _ => f.unforgeable = true,

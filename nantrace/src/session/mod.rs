@@ -168,6 +168,8 @@ pub struct Session {
     counts: BTreeMap<&'static str, u64>,
     incident: Vec<Fired>,
     deadline: Option<u64>,
+    /// The post-window of the incident being recorded (`post_s`, or `JOB_WIDE_POST_S`).
+    post_used_s: f64,
     seen_nan: bool,
     seen_job_error: bool,
     last_job_error: u64,
@@ -225,6 +227,7 @@ impl Session {
             counts: BTreeMap::new(),
             incident: Vec::new(),
             deadline: None,
+            post_used_s: opts.post_s,
             seen_nan: false,
             seen_job_error: false,
             last_job_error: 0,
@@ -329,15 +332,25 @@ impl Session {
                 reason: Box::new(f.reason.clone()),
             },
         ));
+        // Another node's incident (a job-wide dump): what this node holds is what it recorded
+        // until now and what is in flight; the aftermath is the opening node's. A short
+        // window, so the job report has every node soon (issue 30). This node's own trigger
+        // during it gets its whole post-window (its own aftermath is its evidence).
+        let post_s = if f.kind == TriggerKind::JobWide {
+            self.opts.post_s.min(JOB_WIDE_POST_S)
+        } else {
+            self.opts.post_s
+        };
+        let own_after_job_wide = !self.incident.is_empty()
+            && f.kind != TriggerKind::JobWide
+            && self.incident.iter().all(|t| t.kind == TriggerKind::JobWide);
+        if own_after_job_wide {
+            let until = monotonic_ns() + (post_s * 1e9) as u64;
+            self.deadline = Some(self.deadline.map_or(until, |d| d.max(until)));
+            self.post_used_s = post_s;
+        }
         if self.incident.is_empty() {
-            // Another node's incident (a job-wide dump): what this node holds is what it
-            // recorded until now and what is in flight; the aftermath is the opening node's.
-            // A short window, so the job report has every node soon (issue 30).
-            let post_s = if f.kind == TriggerKind::JobWide {
-                self.opts.post_s.min(JOB_WIDE_POST_S)
-            } else {
-                self.opts.post_s
-            };
+            self.post_used_s = post_s;
             self.deadline = Some(monotonic_ns() + (post_s * 1e9) as u64);
             if let Some(h) = &self.on_open {
                 h(f.kind.name(), &f.reason);
@@ -601,7 +614,7 @@ impl Session {
             lanes: self.rec.take_lanes(),
             shared: shared.unwrap_or_default(),
             window_pre_s: self.opts.window_s,
-            post_s: self.opts.post_s,
+            post_s: self.post_used_s,
             snapshot: self.snapshot_task.take(),
             make_room: self.make_room.clone(),
         };

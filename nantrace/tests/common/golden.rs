@@ -14,8 +14,7 @@ pub fn normalize(s: &str) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let root = root.parent().unwrap_or(root).display().to_string();
     static LOCAL: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
-        regex::Regex::new(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d local, UTC[+-][0-9.]+")
-            .expect("pattern")
+        regex::Regex::new(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d local, UTC[+-][0-9.]+").expect("pattern")
     });
     LOCAL
         .replace_all(&s.replace(&root, "<checkout>"), "<local time>")

@@ -317,7 +317,7 @@ fn a_drain_rests_on_a_line_the_kernel_wrote() {
     use crate::klog::Writer;
     let xid =
         "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.".to_string();
-    let lines = vec![(xid.clone(), 5)];
+    let lines = vec![crate::klog::Line::new(xid.clone(), 5, None)];
     let says = |w: Writer| move |l: &[crate::klog::Line]| Ok(vec![w; l.len()]);
     assert_eq!(
         check_writer(&lines, false, false, says(Writer::Kernel)),
@@ -354,7 +354,10 @@ fn a_drain_rests_on_a_line_the_kernel_wrote() {
         Ok(())
     );
     // One of the lines the kernel's: the fault is real.
-    let two = vec![(xid.clone(), 5), (xid, 6)];
+    let two = vec![
+        crate::klog::Line::new(xid.clone(), 5, None),
+        crate::klog::Line::new(xid, 6, None),
+    ];
     assert_eq!(
         check_writer(&two, false, false, |_: &[crate::klog::Line]| Ok(vec![
             Writer::UserSpace { facility: 1 },

@@ -298,7 +298,7 @@ fn a_gpu_named_only_by_a_user_written_line_is_not_counted() {
             GpuWitness {
                 pci: "0000:3b:00.0".into(),
                 unforgeable: false,
-                lines: vec![(line.into(), 5)],
+                lines: vec![crate::klog::Line::new(line, 5, None)],
             },
             GpuWitness {
                 pci: "0000:5e:00.0".into(),
