@@ -75,7 +75,6 @@ fn the_layers_import_downwards_only_and_in_no_circle() {
     let mut files = Vec::new();
     sources(&root, &root, &mut files);
     assert!(files.len() > 50, "the sources were found: {}", files.len());
-    let re = regex::Regex::new(r"\bcrate::([a-z_][a-z0-9_]*)").unwrap();
     let mut upward = Vec::new();
     let mut unknown = BTreeSet::new();
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
@@ -92,8 +91,8 @@ fn the_layers_import_downwards_only_and_in_no_circle() {
         if RENDERING.contains(&path.as_str()) {
             layer = 5;
         }
-        for c in re.captures_iter(&code(text)) {
-            let to = &c[1];
+        for to in &imports(path, &code(text)) {
+            let to = to.as_str();
             if to == top || MACROS.contains(&to) {
                 continue;
             }
@@ -151,15 +150,52 @@ fn the_layers_import_downwards_only_and_in_no_circle() {
     );
 }
 
+/// The top-level modules a source file at `path` (relative to src/) names: `crate::x`, each
+/// of a grouped `crate::{x, y::z}`, and `super::` chains that climb to the crate's root from
+/// a nested file (`super::super::x` in `report/detect/gpu.rs` is `crate::report::x`... and
+/// one more `super` is `crate::x`).
+fn imports(path: &str, code: &str) -> Vec<String> {
+    let one = regex::Regex::new(r"\bcrate::([a-z_][a-z0-9_]*)").unwrap();
+    let group = regex::Regex::new(r"\bcrate::\{([^}]*)\}").unwrap();
+    let supers = regex::Regex::new(r"\b((?:super::)+)([a-z_][a-z0-9_]*)").unwrap();
+    let mut out: Vec<String> = one.captures_iter(code).map(|c| c[1].to_string()).collect();
+    for c in group.captures_iter(code) {
+        for item in c[1].split(',') {
+            let first = item.trim().split("::").next().unwrap_or("").trim();
+            if !first.is_empty()
+                && first
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            {
+                out.push(first.to_string());
+            }
+        }
+    }
+    // The file's depth in modules: `a/b/c.rs` is crate::a::b::c (3), `a/mod.rs` crate::a (1).
+    let parts: Vec<&str> = path.trim_end_matches(".rs").split('/').collect();
+    let depth = parts.len() - usize::from(parts.last() == Some(&"mod"));
+    for c in supers.captures_iter(code) {
+        if c[1].len() / "super::".len() == depth {
+            out.push(c[2].to_string());
+        }
+    }
+    out
+}
+
 #[test]
 fn the_checker_sees_an_import_that_climbs() {
     // The same reading on a made-up file: a model calling a renderer is found.
-    let re = regex::Regex::new(r"\bcrate::([a-z_][a-z0-9_]*)").unwrap();
     let text = "use x;\n// crate::report in a comment is not an import\nfn f() { crate::export::html::render(); }\n#[cfg(test)]\nmod tests { use crate::agent; }\n";
-    let found: Vec<String> = re
-        .captures_iter(&code(text))
-        .map(|c| c[1].to_string())
-        .collect();
-    assert_eq!(found, ["export"]);
+    assert_eq!(imports("bundle.rs", &code(text)), ["export"]);
     assert!(layer_of("export").unwrap() > layer_of("bundle").unwrap());
+    // Grouped, and climbing with `super::` from a nested file.
+    let grouped = "use crate::{say, export::html, report};\n";
+    assert_eq!(
+        imports("bundle/load.rs", &code(grouped)),
+        ["say", "export", "report"]
+    );
+    let climbing = "use super::super::export::html;\nuse super::Acc;\n";
+    assert_eq!(imports("bundle/load.rs", &code(climbing)), ["export"]);
+    assert_eq!(imports("bundle/x/mod.rs", &code(climbing)), ["export"]);
+    assert!(imports("report/detect/gpu.rs", &code(climbing)).is_empty());
 }
