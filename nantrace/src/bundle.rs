@@ -79,22 +79,39 @@ pub struct Written<A> {
     pub analysis: A,
 }
 
-/// What the layers above make of a bundle's digest when it is written: their analysis and
-/// the files rendered from it (`export::derived`). The model writes them; it neither analyses
-/// nor renders.
-pub struct Derived<A> {
-    pub analysis: A,
-    /// Written before snapshot.json (report.md, report.txt): on a nearly full disk the answer
-    /// survives.
-    pub answer: Vec<(&'static str, Vec<u8>)>,
-    /// Written after it (report.html, trace.json).
-    pub views: Vec<(&'static str, Vec<u8>)>,
+/// A file of a bundle: its name and its bytes.
+pub type File = (&'static str, Vec<u8>);
+
+/// What the layers above make of a bundle's digest (`export::derived`), as work to run in the
+/// order the files are written; the model writes them, it neither analyses nor renders. The
+/// answer (the analysis and report.md, report.txt) is made and written first: on a nearly
+/// full disk, or when the dump is killed, it is what survives; then what is rendered from the
+/// analysis (report.html). `beside` (trace.json) needs no analysis and runs on a thread of
+/// its own from the start.
+pub struct Derived<'a, A> {
+    pub beside: Box<dyn FnOnce() -> Vec<File> + Send + 'a>,
+    pub answer: Box<dyn FnOnce() -> (A, Vec<File>) + 'a>,
+    pub views: Views<'a, A>,
 }
 
-impl<A> Derived<A> {
-    /// Every file, the answer first.
-    pub fn files(self) -> impl Iterator<Item = (&'static str, Vec<u8>)> {
-        self.answer.into_iter().chain(self.views)
+/// What is rendered from the analysis.
+pub type Views<'a, A> = Box<dyn FnOnce(&A) -> Vec<File> + 'a>;
+
+impl<A> Derived<'_, A> {
+    /// The analysis and every file, the answer first (`nantrace report --write`).
+    pub fn run(self) -> (A, Vec<File>) {
+        let Derived {
+            beside,
+            answer,
+            views,
+        } = self;
+        std::thread::scope(|s| {
+            let beside = s.spawn(beside);
+            let (a, mut files) = answer();
+            files.extend(views(&a));
+            files.extend(beside.join().unwrap_or_default());
+            (a, files)
+        })
     }
 }
 
@@ -354,7 +371,7 @@ pub fn write<A>(
     out: &Path,
     inc: &Incident,
     snapshot: &Value,
-    derive: impl FnOnce(&Value, &Value) -> Derived<A>,
+    derive: impl for<'d> FnOnce(&'d Value, &'d Value) -> Derived<'d, A>,
 ) -> std::io::Result<Written<A>> {
     fs::create_dir_all(out)?;
     let outd = safefs::Dir::open(out)?;
@@ -387,14 +404,16 @@ pub fn write<A>(
     // timeline.json (every event, the longest file) on a thread of its own; what the layers
     // above derive from the digest on this one (they take a thread of their own for the
     // trace): the dump of a 100 k-event window takes the longest of these, not their sum.
-    let (analysis, timeline) = std::thread::scope(|s| {
+    let (analysis, timeline, trace_panicked) = std::thread::scope(|s| {
         let timeline =
             s.spawn(|| tmp.write_with("timeline.json", |w| write_timeline(w, inc, &head)));
         let Derived {
-            analysis,
+            beside,
             answer,
             views,
         } = derive(&d, snapshot);
+        let beside = s.spawn(beside);
+        let (analysis, answer) = answer();
         for (name, data) in &answer {
             put(name, &mut |w| w.write_all(data));
         }
@@ -402,11 +421,19 @@ pub fn write<A>(
         put("snapshot.json", &mut |w| {
             serde_json::to_writer_pretty(&mut *w, snapshot).map_err(std::io::Error::from)
         });
-        for (name, data) in &views {
+        for (name, data) in &views(&analysis) {
             put(name, &mut |w| w.write_all(data));
         }
-        (analysis, timeline.join())
+        // A renderer that panicked leaves its file out, said as a failure below.
+        let beside = beside.join();
+        for (name, data) in beside.as_deref().unwrap_or_default() {
+            put(name, &mut |w| w.write_all(data));
+        }
+        (analysis, timeline.join(), beside.is_err())
     });
+    if trace_panicked {
+        failures.push("trace.json: the renderer panicked".into());
+    }
     match timeline {
         Ok(Ok(n)) if n > 0 => written += 1,
         Ok(Ok(_)) => {}

@@ -28,7 +28,7 @@ fn the_recorded_node_bundles_render_as_recorded() {
             &format!("multinode/{node}/report.md"),
             &nantrace::report::markdown(&a, &t),
         );
-        for (name, bytes) in nantrace::export::derived(&t, &snap).files() {
+        for (name, bytes) in nantrace::export::derived(&t, &snap).run().1 {
             bad.check_file(&format!("multinode/{node}/{name}"), name, &bytes);
         }
     }

@@ -13,7 +13,7 @@ pub fn bundle(b: &Path, write: bool) -> anyhow::Result<()> {
     if write {
         let dir = crate::safefs::Dir::open_private(b)
             .with_context(|| format!("report --write {}", b.display()))?;
-        for (name, data) in crate::export::derived(&t, &snap).files() {
+        for (name, data) in crate::export::derived(&t, &snap).run().1 {
             dir.replace(name, &data)
                 .with_context(|| format!("writing {}/{name}", b.display()))?;
         }

@@ -382,7 +382,7 @@ pub fn into_bundle(dir: &std::path::Path, v: &Value) -> anyhow::Result<()> {
     d.replace("gpucheck.json", &serde_json::to_vec_pretty(v)?)
         .context("writing gpucheck.json")?;
     let (a, t, snap) = crate::report::for_bundle(dir)?;
-    for (name, data) in crate::export::derived(&t, &snap).files() {
+    for (name, data) in crate::export::derived(&t, &snap).run().1 {
         d.replace(name, &data)
             .with_context(|| format!("writing {name}"))?;
     }
