@@ -1,0 +1,97 @@
+//! The suspects as the detectors add them: one finding per signal and key, its lines
+//! counted, and who saw them (`witness`: the kernel log's lines for a drain's check, or a
+//! witness no user writes).
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::rules::Signal;
+use super::Finding;
+
+pub(super) struct Acc {
+    pub(super) out: BTreeMap<String, Finding>,
+}
+
+impl Acc {
+    pub(super) fn add(
+        &mut self,
+        sig: &'static Signal,
+        key: &str,
+        rel: f64,
+        touches: bool,
+        text: impl FnOnce() -> String,
+    ) {
+        let k = format!("{}/{key}", sig.id);
+        match self.out.get_mut(&k) {
+            Some(x) => {
+                x.count += 1;
+                x.touches_job |= touches;
+                if rel.abs() < x.rel_s.abs() {
+                    x.rel_s = rel;
+                }
+                x.first_rel_s = x.first_rel_s.min(rel);
+            }
+            None => {
+                self.out.insert(
+                    k,
+                    Finding {
+                        signal: sig.id,
+                        family: sig.family,
+                        severity: sig.severity,
+                        rel_s: rel,
+                        first_rel_s: rel,
+                        text: text(),
+                        touches_job: touches,
+                        count: 1,
+                        score: 0.0,
+                        action: None,
+                        consequence: false,
+                        kernel_lines: Vec::new(),
+                        unforgeable: false,
+                    },
+                );
+            }
+        }
+    }
+
+    /// A finding's earliest line, where its detector merged lines before adding them.
+    pub(super) fn set_first(&mut self, sig: &'static Signal, key: &str, first: f64) {
+        if let Some(f) = self.out.get_mut(&format!("{}/{key}", sig.id)) {
+            f.first_rel_s = f.first_rel_s.min(first);
+        }
+    }
+
+    /// Who saw the event `e` behind a finding: a kernel log line (kept, for the drain's check of
+    /// its writer) or a witness whose fields no user writes (NVML, a tracepoint).
+    pub(super) fn witness(&mut self, sig: &'static Signal, key: &str, e: &Value) {
+        let Some(f) = self.out.get_mut(&format!("{}/{key}", sig.id)) else {
+            return;
+        };
+        let printk = matches!(e["source"].as_str(), Some("kmsg" | "xid" | "aer"));
+        match e["text"].as_str() {
+            Some(t) if printk => {
+                let l = crate::klog::Line::new(
+                    t,
+                    e["mono_ns"].as_u64().unwrap_or(0),
+                    e["kmsg_seq"].as_u64(),
+                );
+                // Each line at its time (a copy of a real line is another line); the first
+                // four and the newest four are kept, so neither earlier nor later copies push
+                // the kernel's own line out of a check alone.
+                if !f.kernel_lines.contains(&l) {
+                    if f.kernel_lines.len() == 8 {
+                        f.kernel_lines.remove(4);
+                    }
+                    f.kernel_lines.push(l);
+                }
+            }
+            _ => f.unforgeable = true,
+        }
+    }
+
+    pub(super) fn set_action(&mut self, sig: &'static Signal, key: &str, action: &str) {
+        if let Some(f) = self.out.get_mut(&format!("{}/{key}", sig.id)) {
+            f.action = Some(crate::classify::action_text(action));
+        }
+    }
+}
