@@ -4,7 +4,7 @@
 //! command into the report and the webhook for a person (`drain = "recommend"`).
 //!
 //! Only evidence a user cannot forge drains: PROBABLY THE MACHINE from the kernel's or NVML's
-//! own records, checked before the drain (`check_writer`: a kernel log line must be one the
+//! own records, checked before the drain (`trust::check_writer`: a kernel log line must be one the
 //! kernel wrote, at a record's start, as `/dev/kmsg` says) (a fatal Xid, an uncorrected ECC error or remap failure, a fatal AER error, an
 //! uncorrected machine check, a gpucheck mismatch), never POSSIBLY, UNDECIDED, NOT THE MACHINE
 //! or the job's own words. A node already DRAIN or DOWN is left alone, one incident drains at
@@ -112,58 +112,6 @@ pub fn decide(d: &Dumped, incident: &str) -> Result<String, String> {
             reason_text(evidence, 100)
         ),
         200,
-    ))
-}
-
-/// Whether the top suspect's evidence is the kernel's own, before a drain acts on it: seen by
-/// a witness no user writes (NVML, a tracepoint's fields), or kernel log lines that
-/// `/dev/kmsg` records as the kernel's (facility 0, at a record's start: `klog::Writer`).
-/// Text a user wrote into the log through a relay (journald's `ForwardToKMsg`), a line
-/// after a newline inside another record, or a line no longer in the kernel's buffer to
-/// check never drains (redteam4 D-1, D-2, D-14). `user_written_ok` also accepts lines root's
-/// processes wrote into `/dev/kmsg` (`trust_user_written_kmsg`). `who` is
-/// `klog::who_wrote` (a parameter for the tests).
-pub fn check_writer(
-    lines: &[crate::klog::Line],
-    unforgeable: bool,
-    user_written_ok: bool,
-    who: impl Fn(&[crate::klog::Line]) -> std::io::Result<Vec<crate::klog::Writer>>,
-) -> Result<(), String> {
-    if unforgeable {
-        return Ok(());
-    }
-    if lines.is_empty() {
-        return Err("the evidence has neither a kernel log line nor an NVML or tracepoint record to check its writer by".into());
-    }
-    let writers = who(lines)
-        .map_err(|e| format!("who wrote the kernel log line cannot be checked (/dev/kmsg: {e})"))?;
-    judge_writers(lines, &writers, user_written_ok)
-}
-
-/// `check_writer`'s answer from the writers `klog::who_wrote` found for `lines`: one line the
-/// kernel wrote is enough (the fault is real); else why not, with the first line.
-pub fn judge_writers(
-    lines: &[crate::klog::Line],
-    writers: &[crate::klog::Writer],
-    user_written_ok: bool,
-) -> Result<(), String> {
-    use crate::klog::Writer;
-    if writers.contains(&Writer::Kernel)
-        || (user_written_ok
-            && writers
-                .iter()
-                .any(|w| matches!(w, Writer::UserSpace { .. })))
-    {
-        return Ok(());
-    }
-    let w = writers.first().copied().unwrap_or(Writer::NotFound);
-    let line: String = crate::term::clean(&lines[0].text)
-        .chars()
-        .take(160)
-        .collect();
-    Err(format!(
-        "the kernel log line \"{line}\" was {}",
-        w.describe()
     ))
 }
 
@@ -530,7 +478,7 @@ pub fn after_dump(
             // A verdict that would drain on a record nobody can vouch for is said as such
             // (`unverified`, on stderr too), with the command for a person who knows better.
             let checked = ask.as_ref().ok().map(|_| {
-                check_writer(
+                super::trust::check_writer(
                     &lines,
                     unforgeable,
                     dr.user_written_kmsg,

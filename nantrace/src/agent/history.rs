@@ -459,47 +459,6 @@ pub fn start(
     std::sync::Arc::new(std::sync::Mutex::new(h))
 }
 
-/// The GPUs of `d` whose faults rest on no record the kernel, NVML or a tracepoint wrote
-/// (a kernel log line written into /dev/kmsg from user space, or one no longer in the buffer
-/// to check), with why: the history never counts them (redteam4 D-14; the drain's rule,
-/// `drain::check_writer`). `who` is `klog::who_wrote`.
-pub fn doubtful_gpus(
-    d: &crate::session::Dumped,
-    trust_user_written: bool,
-    who: impl Fn(&[crate::klog::Line]) -> std::io::Result<Vec<crate::klog::Writer>>,
-) -> Vec<(String, String)> {
-    // One look at /dev/kmsg for every GPU's lines (each look writes a marker and reads the
-    // whole buffer).
-    let to_check: Vec<&crate::report::GpuWitness> =
-        d.gpu_witnesses.iter().filter(|w| !w.unforgeable).collect();
-    let all: Vec<crate::klog::Line> = to_check.iter().flat_map(|w| w.lines.clone()).collect();
-    let writers = if all.is_empty() {
-        Ok(Vec::new())
-    } else {
-        who(&all)
-    };
-    let mut at = 0;
-    let mut out = Vec::new();
-    for w in to_check {
-        let why = match &writers {
-            _ if w.lines.is_empty() => Err("the evidence has neither a kernel log line nor an NVML or tracepoint record to check its writer by".to_string()),
-            Ok(ws) => super::drain::judge_writers(
-                &w.lines,
-                ws.get(at..at + w.lines.len()).unwrap_or(&[]),
-                trust_user_written,
-            ),
-            Err(e) => Err(format!(
-                "who wrote the kernel log line cannot be checked (/dev/kmsg: {e})"
-            )),
-        };
-        at += w.lines.len();
-        if let Err(why) = why {
-            out.push((w.pci.clone(), why));
-        }
-    }
-    out
-}
-
 /// After a bundle: its entry in the index and in the bundle, the History section appended to
 /// its report.md, the metrics; the section (or null) for the incident's record. A GPU whose
 /// faults only a user could have written (`doubtful_gpus`) is not counted, and the section
@@ -515,7 +474,7 @@ pub fn record(
     let doubtful = if d.gpus.is_empty() {
         Vec::new()
     } else {
-        doubtful_gpus(d, trust_user_written, crate::klog::who_wrote)
+        super::trust::doubtful_gpus(d, trust_user_written, crate::klog::who_wrote)
     };
     let counted = |pci: &str| !doubtful.iter().any(|(p, _)| p == pci);
     let now_s = (crate::clock::realtime_ns() / 1_000_000_000) as i64;

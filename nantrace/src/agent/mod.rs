@@ -18,6 +18,7 @@ pub mod metrics;
 pub use crate::collect::ranks;
 mod scanner;
 pub mod spool;
+pub mod trust;
 pub mod webhook;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};

@@ -1,5 +1,5 @@
 //! Who wrote a kernel log line: the kernel, or a process through `/dev/kmsg` (what a drain
-//! checks before it acts, `agent::drain::check_writer`).
+//! checks before it acts, `agent::trust::check_writer`).
 use std::io::Read as _;
 
 use super::{parse_record, Record};

@@ -1,6 +1,7 @@
 use std::os::unix::fs::PermissionsExt as _;
 
 use super::*;
+use crate::agent::trust::check_writer;
 
 fn dumped(
     verdict: &str,

@@ -1,6 +1,7 @@
 use std::os::unix::fs::PermissionsExt as _;
 
 use super::*;
+use crate::agent::trust::doubtful_gpus;
 
 struct Spool(PathBuf);
 

@@ -1,0 +1,96 @@
+//! What may act on a kernel log line: a drain, and the history's count of a GPU, rest only on
+//! a record the kernel wrote (facility 0 in `/dev/kmsg`, at a record's start, the line's own
+//! record) or on NVML's or a tracepoint's (redteam4 D-1, D-2, D-14; `klog::who_wrote`).
+
+/// Whether the top suspect's evidence is the kernel's own, before a drain acts on it: seen by
+/// a witness no user writes (NVML, a tracepoint's fields), or kernel log lines that
+/// `/dev/kmsg` records as the kernel's (facility 0, at a record's start: `klog::Writer`).
+/// Text a user wrote into the log through a relay (journald's `ForwardToKMsg`), a line
+/// after a newline inside another record, or a line no longer in the kernel's buffer to
+/// check never drains (redteam4 D-1, D-2, D-14). `user_written_ok` also accepts lines root's
+/// processes wrote into `/dev/kmsg` (`trust_user_written_kmsg`). `who` is
+/// `klog::who_wrote` (a parameter for the tests).
+pub fn check_writer(
+    lines: &[crate::klog::Line],
+    unforgeable: bool,
+    user_written_ok: bool,
+    who: impl Fn(&[crate::klog::Line]) -> std::io::Result<Vec<crate::klog::Writer>>,
+) -> Result<(), String> {
+    if unforgeable {
+        return Ok(());
+    }
+    if lines.is_empty() {
+        return Err("the evidence has neither a kernel log line nor an NVML or tracepoint record to check its writer by".into());
+    }
+    let writers = who(lines)
+        .map_err(|e| format!("who wrote the kernel log line cannot be checked (/dev/kmsg: {e})"))?;
+    judge_writers(lines, &writers, user_written_ok)
+}
+
+/// `check_writer`'s answer from the writers `klog::who_wrote` found for `lines`: one line the
+/// kernel wrote is enough (the fault is real); else why not, with the first line.
+pub fn judge_writers(
+    lines: &[crate::klog::Line],
+    writers: &[crate::klog::Writer],
+    user_written_ok: bool,
+) -> Result<(), String> {
+    use crate::klog::Writer;
+    if writers.contains(&Writer::Kernel)
+        || (user_written_ok
+            && writers
+                .iter()
+                .any(|w| matches!(w, Writer::UserSpace { .. })))
+    {
+        return Ok(());
+    }
+    let w = writers.first().copied().unwrap_or(Writer::NotFound);
+    let line: String = crate::term::clean(&lines[0].text)
+        .chars()
+        .take(160)
+        .collect();
+    Err(format!(
+        "the kernel log line \"{line}\" was {}",
+        w.describe()
+    ))
+}
+
+/// The GPUs of `d` whose faults rest on no record the kernel, NVML or a tracepoint wrote
+/// (a kernel log line written into /dev/kmsg from user space, or one no longer in the buffer
+/// to check), with why: the history never counts them (redteam4 D-14; the drain's rule,
+/// `check_writer`). `who` is `klog::who_wrote`.
+pub fn doubtful_gpus(
+    d: &crate::session::Dumped,
+    trust_user_written: bool,
+    who: impl Fn(&[crate::klog::Line]) -> std::io::Result<Vec<crate::klog::Writer>>,
+) -> Vec<(String, String)> {
+    // One look at /dev/kmsg for every GPU's lines (each look writes a marker and reads the
+    // whole buffer).
+    let to_check: Vec<&crate::report::GpuWitness> =
+        d.gpu_witnesses.iter().filter(|w| !w.unforgeable).collect();
+    let all: Vec<crate::klog::Line> = to_check.iter().flat_map(|w| w.lines.clone()).collect();
+    let writers = if all.is_empty() {
+        Ok(Vec::new())
+    } else {
+        who(&all)
+    };
+    let mut at = 0;
+    let mut out = Vec::new();
+    for w in to_check {
+        let why = match &writers {
+            _ if w.lines.is_empty() => Err("the evidence has neither a kernel log line nor an NVML or tracepoint record to check its writer by".to_string()),
+            Ok(ws) => judge_writers(
+                &w.lines,
+                ws.get(at..at + w.lines.len()).unwrap_or(&[]),
+                trust_user_written,
+            ),
+            Err(e) => Err(format!(
+                "who wrote the kernel log line cannot be checked (/dev/kmsg: {e})"
+            )),
+        };
+        at += w.lines.len();
+        if let Err(why) = why {
+            out.push((w.pci.clone(), why));
+        }
+    }
+    out
+}
