@@ -13,9 +13,12 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
-use serde_json::Value;
 
 use crate::{root, run};
+
+mod scenario;
+
+use scenario::{run_scenario, Outcome, SCENARIOS};
 
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
 const MODULES: &[&str] = &[
@@ -67,92 +70,6 @@ impl Cluster {
     }
 }
 
-/// One scenario: the job's NaN step (0: none), a fault and when (rank 0's step), which
-/// agent is stopped, and what the job report must say.
-struct Scenario {
-    name: &'static str,
-    nan_at: u32,
-    steps: u32,
-    /// (node, step at which, script)
-    fault: Option<(usize, u32, &'static str)>,
-    clear: Option<(usize, &'static str)>,
-    stop_agent: Option<usize>,
-    /// The verdict starts with this; the named node; the missing nodes.
-    verdict: &'static str,
-    node: Option<&'static str>,
-    missing: &'static [&'static str],
-    contains: &'static str,
-}
-
-const XID: &str = "echo '<3>NVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python3, GPU has fallen off the bus.' > /dev/kmsg";
-/// Half of what n2 sends to rank 0 is lost: its kernel retransmits, the job goes on slowly.
-const DROP: &str = "nft add table inet ntc && nft add chain inet ntc out '{ type filter hook output priority 0; }' && nft add rule inet ntc out tcp dport 29500 numgen random mod 2 0 drop";
-
-/// In this order: a node's window keeps what happened on it (the Xid of the last scenario
-/// would be evidence in every later incident of n2, as on a real node), and the peers are
-/// compared over the two minutes before each incident.
-const SCENARIOS: &[Scenario] = &[
-    Scenario {
-        name: "numeric",
-        nan_at: 15,
-        steps: 60,
-        fault: None,
-        clear: None,
-        stop_agent: None,
-        verdict: "NOT THE MACHINE",
-        node: None,
-        missing: &[],
-        contains: "3 nodes",
-    },
-    Scenario {
-        name: "agent-down-on-n3",
-        nan_at: 12,
-        steps: 60,
-        fault: None,
-        clear: None,
-        stop_agent: Some(2),
-        verdict: "",
-        node: None,
-        missing: &["n3"],
-        contains: "INCOMPLETE: no bundle from n3",
-    },
-    // Packet loss on n2: both ends of the link retransmit (n1 more than n2: its replies go
-    // unacknowledged); the job report names n2 from the job's own sockets (n1's link to n3
-    // stays clean), not the busier end.
-    Scenario {
-        name: "packet-loss-on-n2",
-        nan_at: 45,
-        steps: 60,
-        fault: Some((1, 8, DROP)),
-        clear: Some((1, "nft delete table inet ntc")),
-        stop_agent: None,
-        verdict: "",
-        node: Some("n2"),
-        missing: &[],
-        contains: "network",
-    },
-    Scenario {
-        name: "xid-on-n2",
-        nan_at: 25,
-        steps: 60,
-        fault: Some((1, 12, XID)),
-        clear: None,
-        stop_agent: None,
-        verdict: "PROBABLY THE MACHINE (GPU): n2, GPU 0000:3b:00.0",
-        node: Some("n2"),
-        missing: &[],
-        contains: "Xid 79",
-    },
-];
-
-pub struct Outcome {
-    pub name: &'static str,
-    pub ok: bool,
-    pub verdict: String,
-    pub to_bundles_s: f64,
-    pub problem: String,
-}
-
 fn sh(cmd: &str) -> Result<()> {
     run(Command::new("bash").args(["-c", cmd]))
 }
@@ -190,178 +107,6 @@ MessageTimeout=30\nMailProg=/bin/true\n",
     c
 }
 
-fn report(nt: &Path, dir: &Path) -> Result<Value> {
-    let o = Command::new(nt)
-        .args(["report", "--json"])
-        .arg(dir)
-        .output()?;
-    if !o.status.success() {
-        bail!(
-            "nantrace report {}: {}",
-            dir.display(),
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
-    Ok(serde_json::from_slice(&o.stdout)?)
-}
-
-fn run_scenario(c: &mut Cluster, nt: &Path, s: &Scenario) -> Result<Outcome> {
-    let shared = c.shared.clone();
-    if let Some(n) = s.stop_agent {
-        c.ok(n, "kill $(cat /run/ntc/nt/agent.pid); sleep 1")?;
-    }
-    let step_file = format!("/mnt/shared/out/step.{}", s.name);
-    let env = format!("MASTER_ADDR=10.77.0.11 STEPS={} NAN_AT={} STEP_PAUSE=0.3 STEP_TIMEOUT=8 STEP_FILE={step_file}", s.steps, s.nan_at);
-    let out = c.ok(0, &format!("export SLURM_CONF=/mnt/shared/slurm.conf; sbatch --parsable -N3 --ntasks-per-node=1 -J {} -o /mnt/shared/out/%j.batch --wrap 'srun env {env} /usr/bin/python3 /mnt/shared/cluster-job.py'", s.name))?;
-    let id = out.trim().lines().last().unwrap_or("").trim().to_string();
-    eprintln!("xtask: vm-cluster: {}: Slurm job {id}", s.name);
-    let step = |shared: &Path| {
-        std::fs::read_to_string(shared.join(format!("out/step.{}", s.name)))
-            .ok()
-            .and_then(|t| t.trim().parse::<u32>().ok())
-            .unwrap_or(0)
-    };
-    if let Some((node, at, script)) = s.fault {
-        wait_for(
-            &format!("{}: rank 0 at step {at}", s.name),
-            Duration::from_secs(180),
-            || (step(&shared) >= at).then_some(()),
-        )?;
-        c.ok(node, script)?;
-        eprintln!(
-            "xtask: vm-cluster: {}: fault on {} at step {}",
-            s.name,
-            NODES[node],
-            step(&shared)
-        );
-    }
-    // The job ends (its NaN, or the timeout the fault causes): then every node's bundle.
-    let batch = shared.join(format!("out/{id}.batch"));
-    // srun forwards every rank's output to the batch script's (rank 0 runs on the batch node,
-    // n1): that file is the job's log, as in most Slurm jobs.
-    let rank0 = batch.clone();
-    let ended = wait_for(
-        &format!("{}: the job's end", s.name),
-        Duration::from_secs(240),
-        || {
-            let log = std::fs::read_to_string(&rank0).unwrap_or_default();
-            (log.contains("loss nan") || log.contains("TIMEOUT") || log.contains("done"))
-                .then(Instant::now)
-        },
-    )?;
-    if let Some((node, script)) = s.clear {
-        let _ = c.exec(node, script, Duration::from_secs(30));
-    }
-    let want = 3 - s.stop_agent.map_or(0, |_| 1);
-    let jobs = shared.join("jobs").join(&id);
-    let found = wait_for(
-        &format!(
-            "{}: {want} node bundles under one incident of job {id}",
-            s.name
-        ),
-        Duration::from_secs(90),
-        || {
-            let rd = std::fs::read_dir(&jobs).ok()?;
-            rd.flatten().map(|e| e.path()).find(|inc| {
-                NODES
-                    .iter()
-                    .filter(|n| inc.join(n).join("report.md").exists())
-                    .count()
-                    >= want
-            })
-        },
-    );
-    let mut o = Outcome {
-        name: s.name,
-        ok: false,
-        verdict: String::new(),
-        to_bundles_s: ended.elapsed().as_secs_f64(),
-        problem: String::new(),
-    };
-    let inc = match found {
-        Ok(p) => p,
-        Err(e) => {
-            o.problem = format!(
-                "{e:#}; job directory: {:?}",
-                std::fs::read_dir(&jobs).map(|r| r
-                    .flatten()
-                    .map(|e| e.path().display().to_string())
-                    .collect::<Vec<_>>())
-            );
-            if let Some(n) = s.stop_agent {
-                restart_agent(c, n, nt)?;
-            }
-            return Ok(o);
-        }
-    };
-    o.to_bundles_s = ended.elapsed().as_secs_f64();
-    // The bundles of the other nodes may still be on their way: a moment for the slowest.
-    std::thread::sleep(Duration::from_secs(2));
-    let r = report(nt, &inc)?;
-    o.verdict = r["verdict"].as_str().unwrap_or("").to_string();
-    let mut problems = Vec::new();
-    if !o.verdict.starts_with(s.verdict) {
-        problems.push(format!("verdict does not start with {:?}", s.verdict));
-    }
-    if !o.verdict.contains(s.contains) {
-        problems.push(format!("verdict does not say {:?}", s.contains));
-    }
-    if r["node"].as_str() != s.node {
-        problems.push(format!("named node {} instead of {:?}", r["node"], s.node));
-    }
-    let missing: Vec<&str> = r["missing"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
-    if missing != s.missing {
-        problems.push(format!("missing {missing:?} instead of {:?}", s.missing));
-    }
-    if r["jobs"]
-        .as_array()
-        .is_none_or(|j| j.len() != 1 || j[0] != id.as_str())
-    {
-        problems.push(format!("job ids {}", r["jobs"]));
-    }
-    // One incident, whatever the timing: its marker there, and no second incident of the job
-    // holding a node's bundle (the split of 12-02: n3's incident beside n2's).
-    if !inc.join("INCIDENT.json").is_file() {
-        problems.push(format!("{} has no INCIDENT.json", inc.display()));
-    }
-    let others: Vec<String> = std::fs::read_dir(&jobs)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            *p != inc
-                && !p
-                    .file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
-                && NODES.iter().any(|n| p.join(n).join("report.md").exists())
-        })
-        .map(|p| p.display().to_string())
-        .collect();
-    if !others.is_empty() {
-        problems.push(format!(
-            "the incident split: node bundles also under {others:?}"
-        ));
-    }
-    o.ok = problems.is_empty();
-    o.problem = problems.join("; ");
-    if let Some(n) = s.stop_agent {
-        restart_agent(c, n, nt)?;
-    }
-    Ok(o)
-}
-
-/// Start the agent of `node` again and wait until its probes are attached.
-fn restart_agent(c: &mut Cluster, node: usize, nt: &Path) -> Result<()> {
-    c.ok(node, &format!("n0=$(grep -c 'probes attached' /mnt/agent.log); nohup {} agent --config /run/ntc/nt/agent.toml >> /mnt/agent.log 2>&1 & echo $! > /run/ntc/nt/agent.pid; for i in $(seq 1 600); do [ \"$(grep -c 'probes attached' /mnt/agent.log)\" -gt \"$n0\" ] && exit 0; sleep 0.2; done; echo 'the agent did not start'; exit 1", nt.display()))
-        .map(|_| ())
-}
-
 fn boot(kdir: &Path, out: &Path, netns: &str, i: usize, shared: &Path) -> Result<Child> {
     Command::new("ip")
         .args(["netns", "exec", netns, "bash"])
@@ -382,22 +127,8 @@ fn boot(kdir: &Path, out: &Path, netns: &str, i: usize, shared: &Path) -> Result
         .context("starting qemu")
 }
 
-pub fn vm_cluster(nt: &Path) -> Result<()> {
-    crate::setup::apt_install(&[
-        "qemu-system-x86",
-        "busybox-static",
-        "cpio",
-        "xz-utils",
-        "zstd",
-        "kmod",
-        "debian-archive-keyring",
-        "iproute2",
-        "nftables",
-        "python3",
-    ])?;
-    run(Command::new("bash")
-        .arg(root().join("scripts/slurm-local.sh"))
-        .arg("install"))?;
+/// The cluster's kernel (Debian bookworm's, cached, with [`MODULES`]); its directory.
+fn fetch_kernel() -> Result<PathBuf> {
     let cache = PathBuf::from(
         std::env::var("NANTRACE_VM_CACHE").unwrap_or_else(|_| "/var/cache/nantrace-vm".into()),
     );
@@ -408,12 +139,12 @@ pub fn vm_cluster(nt: &Path) -> Result<()> {
         .args(["cluster-6.1-bookworm", "bookworm", "linux-image-amd64"])
         .args(MODULES);
     run(&mut fetch).context("fetching the cluster's kernel")?;
-    let kdir = cache.join("kernels/cluster-6.1-bookworm");
-    let base = root()
-        .join("target/vm-cluster")
-        .join(format!("{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&base);
-    let shared = base.join("shared");
+    Ok(cache.join("kernels/cluster-6.1-bookworm"))
+}
+
+/// The directory the nodes share: Slurm's and munge's configuration and key, the hosts, the
+/// job's script; the job directories, the job's output, each node's commands.
+fn prepare_shared(shared: &Path) -> Result<()> {
     for d in ["jobs", "out", "cmd/n1", "cmd/n2", "cmd/n3"] {
         std::fs::create_dir_all(shared.join(d))?;
     }
@@ -439,96 +170,165 @@ pub fn vm_cluster(nt: &Path) -> Result<()> {
     sh(&format!(
         "head -c 1024 /dev/urandom > {0}/munge.key && chmod 400 {0}/munge.key",
         shared.display()
-    ))?;
+    ))
+}
+
+/// Each node's directory under `base` (its guest script and vm.env), and its VM booted in
+/// `netns`; the VMs already booted are killed when one does not boot.
+fn boot_nodes(
+    nt: &Path,
+    kdir: &Path,
+    base: &Path,
+    shared: &Path,
+    netns: &str,
+) -> Result<Vec<Child>> {
+    let mut vms = Vec::new();
+    for (i, n) in NODES.iter().enumerate() {
+        let out = base.join(n);
+        std::fs::create_dir_all(&out)?;
+        // The guest's /mnt, a parent of its job_dir: the agent refuses a job_dir with a
+        // directory on the way others can write, whatever the umask.
+        sh(&format!("chmod 755 {0} {0}/.. {0}/../..", out.display()))?;
+        std::fs::copy(
+            root().join("scripts/vm/cluster-guest.sh"),
+            out.join("guest.sh"),
+        )?;
+        std::fs::write(
+            out.join("vm.env"),
+            format!(
+                "NODE={n}\nIP=10.77.0.{}\nNT={}\nREPO={}\n",
+                11 + i,
+                nt.display(),
+                root().display()
+            ),
+        )?;
+        match boot(kdir, &out, netns, i, shared) {
+            Ok(vm) => vms.push(vm),
+            Err(e) => {
+                for vm in &vms {
+                    // SAFETY: as in stop_nodes.
+                    unsafe { libc_kill(-(vm.id() as i32), 9) };
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(vms)
+}
+
+/// Once the three agents are up and Slurm has three idle nodes (`t0`: the boots' start), each
+/// scenario in turn.
+fn scenarios(c: &mut Cluster, nt: &Path, t0: Instant) -> Result<Vec<Outcome>> {
+    let shared = c.shared.clone();
+    wait_for("the three nodes' agents", Duration::from_secs(300), || {
+        NODES
+            .iter()
+            .all(|n| shared.join(format!("ready.{n}")).exists())
+            .then_some(())
+    })?;
+    let idle = wait_for("3 idle Slurm nodes", Duration::from_secs(180), || {
+        let (_, out) = c
+            .exec(
+                0,
+                "SLURM_CONF=/mnt/shared/slurm.conf sinfo -h -N -o '%N %T'",
+                Duration::from_secs(60),
+            )
+            .ok()?;
+        (out.lines().filter(|l| l.ends_with(" idle")).count() == 3).then_some(out)
+    })?;
+    eprintln!(
+        "xtask: vm-cluster: up in {:.0} s: {}",
+        t0.elapsed().as_secs_f64(),
+        idle.replace('\n', ", ")
+    );
+    let mut outs = Vec::new();
+    for s in SCENARIOS {
+        let t = Instant::now();
+        let o = run_scenario(c, nt, s)?;
+        eprintln!(
+            "xtask: vm-cluster: {}: {} in {:.0} s (job end to the node bundles {:.1} s): {}{}",
+            o.name,
+            if o.ok { "ok" } else { "FAILED" },
+            t.elapsed().as_secs_f64(),
+            o.to_bundles_s,
+            o.verdict,
+            if o.problem.is_empty() {
+                String::new()
+            } else {
+                format!(" -- {}", o.problem)
+            }
+        );
+        outs.push(o);
+    }
+    Ok(outs)
+}
+
+/// Ask each node to stop, give the VMs a minute, then kill what is left.
+fn stop_nodes(vms: Vec<Child>, shared: &Path) {
+    for n in NODES {
+        let _ = std::fs::write(shared.join("cmd").join(n).join("stop"), "");
+    }
+    let t1 = Instant::now();
+    for mut vm in vms {
+        while vm.try_wait().ok().flatten().is_none() && t1.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        if vm.try_wait().ok().flatten().is_none() {
+            // SAFETY: signalling the process group this harness started.
+            unsafe { libc_kill(-(vm.id() as i32), 9) };
+        }
+        let _ = vm.wait();
+    }
+}
+
+/// The cluster in `netns`: its taps, the three VMs, the scenarios, the VMs stopped.
+fn in_netns(
+    nt: &Path,
+    kdir: &Path,
+    base: &Path,
+    shared: &Path,
+    netns: &str,
+) -> Result<Vec<Outcome>> {
+    for i in 1..=3 {
+        sh(&format!("ip -n {netns} tuntap add tap{i} mode tap && ip -n {netns} link set tap{i} master br0 && ip -n {netns} link set tap{i} up"))?;
+    }
+    let t0 = Instant::now();
+    let vms = boot_nodes(nt, kdir, base, shared, netns)?;
+    let mut c = Cluster {
+        shared: shared.to_path_buf(),
+        seq: [0; 3],
+    };
+    let r = scenarios(&mut c, nt, t0);
+    stop_nodes(vms, shared);
+    r
+}
+
+pub fn vm_cluster(nt: &Path) -> Result<()> {
+    crate::setup::apt_install(&[
+        "qemu-system-x86",
+        "busybox-static",
+        "cpio",
+        "xz-utils",
+        "zstd",
+        "kmod",
+        "debian-archive-keyring",
+        "iproute2",
+        "nftables",
+        "python3",
+    ])?;
+    run(Command::new("bash")
+        .arg(root().join("scripts/slurm-local.sh"))
+        .arg("install"))?;
+    let kdir = fetch_kernel()?;
+    let base = root()
+        .join("target/vm-cluster")
+        .join(format!("{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let shared = base.join("shared");
+    prepare_shared(&shared)?;
     let netns = format!("ntc{}", std::process::id());
     sh(&format!("ip netns add {netns} && ip -n {netns} link add br0 type bridge && ip -n {netns} addr add 10.77.0.1/24 dev br0 && ip -n {netns} link set br0 up && ip -n {netns} link set lo up"))?;
-    let result = (|| -> Result<Vec<Outcome>> {
-        for i in 1..=3 {
-            sh(&format!("ip -n {netns} tuntap add tap{i} mode tap && ip -n {netns} link set tap{i} master br0 && ip -n {netns} link set tap{i} up"))?;
-        }
-        let mut vms = Vec::new();
-        let t0 = Instant::now();
-        for (i, n) in NODES.iter().enumerate() {
-            let out = base.join(n);
-            std::fs::create_dir_all(&out)?;
-            // The guest's /mnt, a parent of its job_dir: the agent refuses a job_dir with a
-            // directory on the way others can write, whatever the umask.
-            sh(&format!("chmod 755 {0} {0}/.. {0}/../..", out.display()))?;
-            std::fs::copy(
-                root().join("scripts/vm/cluster-guest.sh"),
-                out.join("guest.sh"),
-            )?;
-            std::fs::write(
-                out.join("vm.env"),
-                format!(
-                    "NODE={n}\nIP=10.77.0.{}\nNT={}\nREPO={}\n",
-                    11 + i,
-                    nt.display(),
-                    root().display()
-                ),
-            )?;
-            match boot(&kdir, &out, &netns, i, &shared) {
-                Ok(vm) => vms.push(vm),
-                Err(e) => {
-                    for vm in &vms {
-                        // SAFETY: as below.
-                        unsafe { libc_kill(-(vm.id() as i32), 9) };
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        let mut c = Cluster {
-            shared: shared.clone(),
-            seq: [0; 3],
-        };
-        let r = (|| -> Result<Vec<Outcome>> {
-            wait_for("the three nodes' agents", Duration::from_secs(300), || {
-                NODES
-                    .iter()
-                    .all(|n| shared.join(format!("ready.{n}")).exists())
-                    .then_some(())
-            })?;
-            let idle = wait_for("3 idle Slurm nodes", Duration::from_secs(180), || {
-                let (_, out) = c
-                    .exec(
-                        0,
-                        "SLURM_CONF=/mnt/shared/slurm.conf sinfo -h -N -o '%N %T'",
-                        Duration::from_secs(60),
-                    )
-                    .ok()?;
-                (out.lines().filter(|l| l.ends_with(" idle")).count() == 3).then_some(out)
-            })?;
-            eprintln!(
-                "xtask: vm-cluster: up in {:.0} s: {}",
-                t0.elapsed().as_secs_f64(),
-                idle.replace('\n', ", ")
-            );
-            let mut outs = Vec::new();
-            for s in SCENARIOS {
-                let t = Instant::now();
-                let o = run_scenario(&mut c, nt, s)?;
-                eprintln!("xtask: vm-cluster: {}: {} in {:.0} s (job end to the node bundles {:.1} s): {}{}", o.name, if o.ok { "ok" } else { "FAILED" }, t.elapsed().as_secs_f64(), o.to_bundles_s, o.verdict, if o.problem.is_empty() { String::new() } else { format!(" -- {}", o.problem) });
-                outs.push(o);
-            }
-            Ok(outs)
-        })();
-        for n in NODES {
-            let _ = std::fs::write(shared.join("cmd").join(n).join("stop"), "");
-        }
-        let t1 = Instant::now();
-        for mut vm in vms {
-            while vm.try_wait().ok().flatten().is_none() && t1.elapsed() < Duration::from_secs(60) {
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            if vm.try_wait().ok().flatten().is_none() {
-                // SAFETY: signalling the process group this harness started.
-                unsafe { libc_kill(-(vm.id() as i32), 9) };
-            }
-            let _ = vm.wait();
-        }
-        r
-    })();
+    let result = in_netns(nt, &kdir, &base, &shared, &netns);
     let _ = Command::new("ip").args(["netns", "del", &netns]).status();
     let outs = result.with_context(|| format!("the VM cluster (logs: {})", base.display()))?;
     let bad: Vec<String> = outs

@@ -208,26 +208,18 @@ fn copy_mode(from: &Path, to: &Path, mode: u32) -> Result<()> {
     Ok(())
 }
 
-pub fn dist(check_old_glibc: bool) -> Result<()> {
-    let t0 = Instant::now();
-    if check_old_glibc && euid() != 0 {
-        bail!("--check-old-glibc needs root (debootstrap, chroot, mounts, eBPF)");
-    }
-    let obj = bpf_object()?;
-    setup::apt_install(&["binutils", "tar", "gzip"])?;
-    let tools = zig_tools()?;
-
-    // The build. zig links against glibc stubs of the baseline version: a symbol newer than it
-    // is a link error rather than a surprise on the node.
-    let t_build = Instant::now();
-    let path = std::env::join_paths(std::iter::once(tools.clone()).chain(std::env::split_paths(
-        &std::env::var_os("PATH").unwrap_or_default(),
-    )))?;
+/// The release binary for the baseline's glibc, the probes in `obj` embedded. zig links against
+/// glibc stubs of the baseline version: a symbol newer than it is a link error rather than a
+/// surprise on the node.
+fn zigbuild(tools: &Path, obj: &Path) -> Result<PathBuf> {
+    let path = std::env::join_paths(std::iter::once(tools.to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))?;
     let target = format!("{TRIPLE}.{}.{}", GLIBC_BASELINE.0, GLIBC_BASELINE.1);
     run(Command::new(tools.join("cargo-zigbuild"))
         .current_dir(root())
         .env("PATH", path)
-        .env("NANTRACE_BPF_OBJ", &obj)
+        .env("NANTRACE_BPF_OBJ", obj)
         .args([
             "zigbuild",
             "--locked",
@@ -238,12 +230,13 @@ pub fn dist(check_old_glibc: bool) -> Result<()> {
             &target,
         ]))
     .context("cargo zigbuild failed")?;
-    let built = root().join("target").join(TRIPLE).join("release/nantrace");
-    let build_time = t_build.elapsed();
+    Ok(root().join("target").join(TRIPLE).join("release/nantrace"))
+}
 
-    // The probes are in it, byte for byte.
-    let image = std::fs::read(&built)?;
-    let want = std::fs::read(&obj)?;
+/// The probes are in it, byte for byte.
+fn check_embedded(built: &Path, obj: &Path) -> Result<()> {
+    let image = std::fs::read(built)?;
+    let want = std::fs::read(obj)?;
     if !image.windows(want.len()).any(|w| w == want.as_slice()) {
         bail!(
             "{} does not contain the eBPF object {}",
@@ -251,37 +244,30 @@ pub fn dist(check_old_glibc: bool) -> Result<()> {
             obj.display()
         );
     }
-    let glibc_max = check_glibc(&built)?;
-    let version = output(Command::new(&built).arg("--version"))
-        .and_then(|v| v.strip_prefix("nantrace ").map(str::to_string))
-        .context("the built binary does not run here (`nantrace --version`)")?;
+    Ok(())
+}
 
-    // The tree that becomes the tarball.
-    let name = format!("nantrace-{version}-x86_64-linux-gnu");
-    let dist = root().join("target/dist");
-    let stage = dist.join(&name);
-    if stage.exists() {
-        std::fs::remove_dir_all(&stage)?;
-    }
-    std::fs::create_dir_all(stage.join("bin"))?;
-    let bin = stage.join("bin/nantrace");
-    // Debug info goes next to the tarball (for symbolizing a backtrace from a node), not in it.
-    let debug = dist.join(format!("{name}.debug"));
+/// `bin`: `built` stripped, with a debuglink to `debug`, its debug info.
+fn strip(built: &Path, bin: &Path, debug: &Path) -> Result<()> {
     run(Command::new("objcopy")
         .arg("--only-keep-debug")
-        .arg(&built)
-        .arg(&debug))?;
+        .arg(built)
+        .arg(debug))?;
     run(Command::new("strip")
         .arg("--strip-all")
         .arg("-o")
-        .arg(&bin)
-        .arg(&built))?;
+        .arg(bin)
+        .arg(built))?;
     run(Command::new("objcopy")
         .arg(format!("--add-gnu-debuglink={}", debug.display()))
-        .arg(&bin))?;
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755))?;
-    check_glibc(&bin)?;
+        .arg(bin))?;
+    std::fs::set_permissions(bin, std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
 
+/// The agent's unit, install.sh, the Prometheus rules, the config and the docs into the tree;
+/// a note for each one missing.
+fn copy_files(stage: &Path) -> Result<Vec<String>> {
     let src = root().join("dist");
     copy_mode(
         &src.join("nantrace-agent.service"),
@@ -323,8 +309,12 @@ pub fn dist(check_old_glibc: bool) -> Result<()> {
             notes.push(format!("{doc} does not exist: not in share/doc/nantrace"));
         }
     }
+    Ok(notes)
+}
 
-    // Reproducible: sorted, root-owned, mtime of the last commit, gzip without a timestamp.
+/// `dist`/NAME.tar.gz of the tree `dist`/NAME. Reproducible: sorted, root-owned, mtime of the
+/// last commit, gzip without a timestamp.
+fn pack(dist: &Path, name: &str) -> Result<PathBuf> {
     let mtime = output(
         Command::new("git")
             .current_dir(root())
@@ -333,7 +323,7 @@ pub fn dist(check_old_glibc: bool) -> Result<()> {
     .unwrap_or_else(|| "0".into());
     let tarball = dist.join(format!("{name}.tar.gz"));
     run(Command::new("tar")
-        .current_dir(&dist)
+        .current_dir(dist)
         .args([
             "--sort=name",
             "--owner=0",
@@ -344,7 +334,45 @@ pub fn dist(check_old_glibc: bool) -> Result<()> {
         .arg(format!("--mtime=@{mtime}"))
         .args(["--use-compress-program=gzip -9n", "-cf"])
         .arg(&tarball)
-        .arg(&name))?;
+        .arg(name))?;
+    Ok(tarball)
+}
+
+pub fn dist(check_old_glibc: bool) -> Result<()> {
+    let t0 = Instant::now();
+    if check_old_glibc && euid() != 0 {
+        bail!("--check-old-glibc needs root (debootstrap, chroot, mounts, eBPF)");
+    }
+    let obj = bpf_object()?;
+    setup::apt_install(&["binutils", "tar", "gzip"])?;
+    let tools = zig_tools()?;
+
+    let t_build = Instant::now();
+    let built = zigbuild(&tools, &obj)?;
+    let build_time = t_build.elapsed();
+
+    check_embedded(&built, &obj)?;
+    let glibc_max = check_glibc(&built)?;
+    let version = output(Command::new(&built).arg("--version"))
+        .and_then(|v| v.strip_prefix("nantrace ").map(str::to_string))
+        .context("the built binary does not run here (`nantrace --version`)")?;
+
+    // The tree that becomes the tarball.
+    let name = format!("nantrace-{version}-x86_64-linux-gnu");
+    let dist = root().join("target/dist");
+    let stage = dist.join(&name);
+    if stage.exists() {
+        std::fs::remove_dir_all(&stage)?;
+    }
+    std::fs::create_dir_all(stage.join("bin"))?;
+    let bin = stage.join("bin/nantrace");
+    // Debug info goes next to the tarball (for symbolizing a backtrace from a node), not in it.
+    let debug = dist.join(format!("{name}.debug"));
+    strip(&built, &bin, &debug)?;
+    check_glibc(&bin)?;
+    let notes = copy_files(&stage)?;
+
+    let tarball = pack(&dist, &name)?;
     let listing = output(Command::new("tar").arg("-tvzf").arg(&tarball)).unwrap_or_default();
 
     eprintln!("\nxtask: {}:\n{listing}", tarball.display());

@@ -113,6 +113,80 @@ fn build_cli(release: bool) -> Result<PathBuf> {
         .join("nantrace"))
 }
 
+/// `cargo xtask test`: setup, build, then every test: the unit tests, the privileged integration
+/// tests (on both probe paths), the benchmarks in smoke mode, the kernel matrix and the cluster.
+fn test() -> Result<()> {
+    let route = setup::setup()?;
+    setup::test_deps()?;
+    setup::build_ebpf(&route)?;
+    build_cli(false)?;
+    // SAFETY: geteuid has no failure mode.
+    let root_user = unsafe { libc_geteuid() } == 0;
+    if !root_user {
+        eprintln!("xtask: WARNING: not root: the privileged tests will SKIP (they fail in CI, which runs as root)");
+    }
+    // Unit tests in parallel, then the integration tests that load probes, one at a time
+    // (they share kernel state: tracepoints, cgroups, namespaces, /dev/kmsg).
+    run(Command::new("cargo").current_dir(root()).args([
+        "test",
+        "--locked",
+        "--workspace",
+        "--lib",
+        "--bins",
+    ]))?;
+    run(Command::new("cargo").current_dir(root()).args([
+        "test",
+        "--locked",
+        "-p",
+        "nantrace",
+        "--test",
+        "*",
+        "--",
+        "--test-threads=1",
+    ]))?;
+    // The kernel tests again on the tracefs fallback (the first run used the BTF
+    // programs wherever the kernel has BTF): every probe works on both paths.
+    run(Command::new("cargo")
+        .current_dir(root())
+        .env("NANTRACE_PROBE_PATH", "tracefs")
+        .args([
+            "test",
+            "--locked",
+            "-p",
+            "nantrace",
+            "--test",
+            "kernel_events",
+            "--test",
+            "kernel_membership",
+            "--",
+            "--test-threads=1",
+        ]))?;
+    // The benchmark in smoke mode: proves it still runs (no timing assertions).
+    bench::run(true, &root().join("target/debug/nantrace"))?;
+    bench::jobs::run(
+        true,
+        &root().join("target/debug/nantrace"),
+        Path::new("/dev/null"),
+    )?;
+    // The kernel matrix: the same kernel tests on every kernel of vm.rs, in VMs.
+    if std::env::var("NANTRACE_VM_TEST").is_ok_and(|v| v == "0") {
+        eprintln!("xtask: WARNING: NANTRACE_VM_TEST=0: the kernel matrix and the VM cluster are SKIPPED (CI runs them)");
+        return Ok(());
+    }
+    if !root_user {
+        bail!("the kernel matrix needs root (it downloads kernels with apt and runs the privileged tests in VMs)");
+    }
+    vm::vm_test(
+        &vm::Args {
+            kernels: None,
+            docs: false,
+        },
+        &root().join("target/debug/nantrace"),
+    )?;
+    // The multi-node tests on a cluster of VMs.
+    cluster::vm_cluster(&root().join("target/debug/nantrace"))
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd.unwrap_or(Cmd::Build { release: false }) {
@@ -128,77 +202,7 @@ fn main() -> Result<()> {
             eprintln!("xtask: built {}", bin.display());
             Ok(())
         }
-        Cmd::Test => {
-            let route = setup::setup()?;
-            setup::test_deps()?;
-            setup::build_ebpf(&route)?;
-            build_cli(false)?;
-            // SAFETY: geteuid has no failure mode.
-            let root_user = unsafe { libc_geteuid() } == 0;
-            if !root_user {
-                eprintln!("xtask: WARNING: not root: the privileged tests will SKIP (they fail in CI, which runs as root)");
-            }
-            // Unit tests in parallel, then the integration tests that load probes, one at a time
-            // (they share kernel state: tracepoints, cgroups, namespaces, /dev/kmsg).
-            run(Command::new("cargo").current_dir(root()).args([
-                "test",
-                "--locked",
-                "--workspace",
-                "--lib",
-                "--bins",
-            ]))?;
-            run(Command::new("cargo").current_dir(root()).args([
-                "test",
-                "--locked",
-                "-p",
-                "nantrace",
-                "--test",
-                "*",
-                "--",
-                "--test-threads=1",
-            ]))?;
-            // The kernel tests again on the tracefs fallback (the first run used the BTF
-            // programs wherever the kernel has BTF): every probe works on both paths.
-            run(Command::new("cargo")
-                .current_dir(root())
-                .env("NANTRACE_PROBE_PATH", "tracefs")
-                .args([
-                    "test",
-                    "--locked",
-                    "-p",
-                    "nantrace",
-                    "--test",
-                    "kernel_events",
-                    "--test",
-                    "kernel_membership",
-                    "--",
-                    "--test-threads=1",
-                ]))?;
-            // The benchmark in smoke mode: proves it still runs (no timing assertions).
-            bench::run(true, &root().join("target/debug/nantrace"))?;
-            bench::jobs::run(
-                true,
-                &root().join("target/debug/nantrace"),
-                Path::new("/dev/null"),
-            )?;
-            // The kernel matrix: the same kernel tests on every kernel of vm.rs, in VMs.
-            if std::env::var("NANTRACE_VM_TEST").is_ok_and(|v| v == "0") {
-                eprintln!("xtask: WARNING: NANTRACE_VM_TEST=0: the kernel matrix and the VM cluster are SKIPPED (CI runs them)");
-                return Ok(());
-            }
-            if !root_user {
-                bail!("the kernel matrix needs root (it downloads kernels with apt and runs the privileged tests in VMs)");
-            }
-            vm::vm_test(
-                &vm::Args {
-                    kernels: None,
-                    docs: false,
-                },
-                &root().join("target/debug/nantrace"),
-            )?;
-            // The multi-node tests on a cluster of VMs.
-            cluster::vm_cluster(&root().join("target/debug/nantrace"))
-        }
+        Cmd::Test => test(),
         Cmd::VmCluster => {
             let route = setup::setup()?;
             setup::build_ebpf(&route)?;
