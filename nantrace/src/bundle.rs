@@ -492,4 +492,4 @@ pub fn write<A>(
 
 mod load;
 pub mod recover;
-pub use load::{load, open_plain, WHOLE_TIMELINE_MAX};
+pub use load::{load, load_head, open_plain, WHOLE_TIMELINE_MAX};

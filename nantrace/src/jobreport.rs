@@ -79,7 +79,7 @@ pub struct JobReport {
 
 /// The view of one node on the job's clock: its events, its own accounting, the job's
 /// reference (first NaN of any node).
-fn node_view(merged: &Value, n: &Node, events: Vec<Value>) -> Value {
+fn node_view(first_nan: &Value, n: &Node, events: Vec<Value>) -> Value {
     json!({
         "schema": crate::merge::SCHEMA,
         "host": n.timeline["host"],
@@ -87,7 +87,7 @@ fn node_view(merged: &Value, n: &Node, events: Vec<Value>) -> Value {
         "window": n.timeline["window"],
         "accounting": n.timeline["accounting"],
         "trigger": n.timeline["trigger"],
-        "first_nan": merged["first_nan"],
+        "first_nan": first_nan,
         "events": events,
     })
 }
@@ -143,7 +143,91 @@ fn gpu_of(f: &Finding, event_pcis: &[String], snapshot: &Value) -> Option<String
 
 /// The job's answer from its merged timeline and its nodes.
 pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
-    let (summaries, views, link_views) = summarize(merged, nodes);
+    let mut by_node: std::collections::HashMap<&str, Vec<&Value>> =
+        std::collections::HashMap::new();
+    for e in merged["events"].as_array().into_iter().flatten() {
+        if let Some(n) = e["node"].as_str() {
+            by_node.entry(n).or_default().push(e);
+        }
+    }
+    // Each node's events come from one pass over the merged timeline (a pass per node was
+    // the job report's N² at 1024 nodes), and each node's view lives only while it is
+    // analysed.
+    let parts = nodes
+        .iter()
+        .map(|n| {
+            let events: Vec<Value> = by_node
+                .remove(n.name.as_str())
+                .unwrap_or_default()
+                .into_iter()
+                .cloned()
+                .collect();
+            NodePart::of(&merged["first_nan"], n, events)
+        })
+        .collect();
+    build_from(merged, nodes, parts)
+}
+
+/// One node's part of the job report, taken while its events are at hand: its summary (its
+/// own analysis on the job's clock, its peer measures), its links and the PCI addresses its
+/// events name (to name the culprit's GPU).
+pub struct NodePart {
+    summary: NodeSummary,
+    pcis: Vec<String>,
+    links: peers::Links,
+}
+
+impl NodePart {
+    /// `events`: the node's events on the job's clock; `first_nan`: the job's reference.
+    pub fn of(first_nan: &Value, n: &Node, events: Vec<Value>) -> NodePart {
+        let view = node_view(first_nan, n, events);
+        let a: Analysis = crate::report::analyze(&view, &n.snapshot);
+        let machine: Vec<&Finding> = a.suspects.iter().filter(|s| s.blames_machine()).collect();
+        let first_machine = machine
+            .iter()
+            .find(|s| !job_words(s))
+            .or(machine.first())
+            .map(|f| (*f).clone());
+        let words_only = !machine.is_empty() && machine.iter().all(|s| job_words(s));
+        let summary = NodeSummary {
+            name: n.name.clone(),
+            bundle: n.dir.display().to_string(),
+            job: job_identity(n),
+            verdict: a.verdict.clone(),
+            family: a.family.clone(),
+            machine: a.machine,
+            first_machine,
+            machine_from_job_words_only: words_only,
+            measures: measures(&view),
+        };
+        let links = peers::links(&view, &n.snapshot);
+        let mut pcis: Vec<String> = view["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["pci"].as_str().map(String::from))
+            .collect();
+        pcis.sort();
+        pcis.dedup();
+        NodePart {
+            summary,
+            pcis,
+            links,
+        }
+    }
+}
+
+/// The job's answer from its merged timeline, its nodes and each node's part (in the
+/// nodes' order).
+pub fn build_from(merged: &Value, nodes: &[Node], parts: Vec<NodePart>) -> JobReport {
+    let mut summaries = Vec::with_capacity(parts.len());
+    let mut views = Vec::with_capacity(parts.len());
+    let mut link_views = Vec::with_capacity(parts.len());
+    for p in parts {
+        link_views.push((p.summary.name.clone(), p.links));
+        summaries.push(p.summary);
+        views.push(p.pcis);
+    }
     let missing = missing_nodes(&summaries, nodes);
     let jobs: Vec<String> = summaries
         .iter()
@@ -199,73 +283,6 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
         clock_statement: merged["clock_statement"].as_str().unwrap_or("").to_string(),
         first_failure,
     }
-}
-
-/// Each node's summary (its own analysis on the job's clock, its peer measures), its links
-/// and the PCI addresses its events name (to name the culprit's GPU). Each node's events come
-/// from one pass over the merged timeline (a pass per node was the job report's N² at 1024
-/// nodes), and each node's view lives only while it is analysed.
-#[expect(
-    clippy::type_complexity,
-    reason = "three parallel lists, named at the caller"
-)]
-fn summarize(
-    merged: &Value,
-    nodes: &[Node],
-) -> (
-    Vec<NodeSummary>,
-    Vec<Vec<String>>,
-    Vec<(String, peers::Links)>,
-) {
-    let mut summaries = Vec::new();
-    let mut by_node: std::collections::HashMap<&str, Vec<&Value>> =
-        std::collections::HashMap::new();
-    for e in merged["events"].as_array().into_iter().flatten() {
-        if let Some(n) = e["node"].as_str() {
-            by_node.entry(n).or_default().push(e);
-        }
-    }
-    let mut views = Vec::new();
-    let mut link_views = Vec::new();
-    for n in nodes {
-        let events: Vec<Value> = by_node
-            .remove(n.name.as_str())
-            .unwrap_or_default()
-            .into_iter()
-            .cloned()
-            .collect();
-        let view = node_view(merged, n, events);
-        let a: Analysis = crate::report::analyze(&view, &n.snapshot);
-        let machine: Vec<&Finding> = a.suspects.iter().filter(|s| s.blames_machine()).collect();
-        let first_machine = machine
-            .iter()
-            .find(|s| !job_words(s))
-            .or(machine.first())
-            .map(|f| (*f).clone());
-        let words_only = !machine.is_empty() && machine.iter().all(|s| job_words(s));
-        summaries.push(NodeSummary {
-            name: n.name.clone(),
-            bundle: n.dir.display().to_string(),
-            job: job_identity(n),
-            verdict: a.verdict.clone(),
-            family: a.family.clone(),
-            machine: a.machine,
-            first_machine,
-            machine_from_job_words_only: words_only,
-            measures: measures(&view),
-        });
-        link_views.push((n.name.clone(), peers::links(&view, &n.snapshot)));
-        let mut pcis: Vec<String> = view["events"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e["pci"].as_str().map(String::from))
-            .collect();
-        pcis.sort();
-        pcis.dedup();
-        views.push(pcis);
-    }
-    (summaries, views, link_views)
 }
 
 /// The nodes the job ran on, from what the bundles say, that sent no bundle (their host
@@ -345,7 +362,7 @@ mod load;
 mod verdict;
 use verdict::{verdict, Explained, Verdict};
 mod render;
-pub use load::{find_bundles, from_dir, is_job_dir};
+pub use load::{find_bundles, from_dir, is_job_dir, FULL_LANES_NODES};
 pub use render::markdown;
 #[cfg(test)]
 use render::ranks_text;

@@ -19,7 +19,19 @@ pub struct Node {
 }
 
 pub fn load(dir: &Path) -> anyhow::Result<Node> {
-    let (t, snapshot) = crate::bundle::load(dir).with_context(|| format!("{}", dir.display()))?;
+    load_with(dir, crate::bundle::load)
+}
+
+/// A node's header and snapshot, its events not read (`events` empty).
+pub fn load_head(dir: &Path) -> anyhow::Result<Node> {
+    load_with(dir, crate::bundle::load_head)
+}
+
+fn load_with(
+    dir: &Path,
+    read: fn(&Path) -> anyhow::Result<(Value, Value)>,
+) -> anyhow::Result<Node> {
+    let (t, snapshot) = read(dir).with_context(|| format!("{}", dir.display()))?;
     anyhow::ensure!(
         t["schema"] == crate::bundle::SCHEMA,
         "{}: not a node bundle (schema {})",
@@ -52,118 +64,157 @@ fn shifted(time: &str, by_s: f64) -> (String, i128) {
     (crate::clock::rfc3339(n), n)
 }
 
-/// Merge node timelines into one (schema `nantrace.merged/1`).
-pub fn merge(nodes: &mut [Node]) -> Value {
-    // Unique node names (two bundles from one host stay apart).
-    for i in 0..nodes.len() {
-        if nodes[..i].iter().any(|n| n.name == nodes[i].name) {
-            nodes[i].name = format!("{}#{}", nodes[i].name, i + 1);
-        }
-    }
-    let mut events: Vec<(i128, Value)> = Vec::new();
-    let mut triggers = Vec::new();
-    let mut nans = Vec::new();
-    // The same bundle given twice (or two copies of it) would double every event (5.23): one
-    // incident is one (boot, trigger instant); later copies are skipped, and said.
-    let mut seen = std::collections::BTreeMap::new();
-    let mut skipped = Vec::new();
-    for (i, n) in nodes.iter().enumerate() {
-        let key = (
-            n.timeline["host"]["boot_id"].to_string(),
-            n.timeline["trigger"]["mono_ns"].to_string(),
-        );
-        if key.0 != "null" && key.1 != "null" {
-            if let Some(first) = seen.get(&key) {
-                crate::say!("nantrace: WARNING: {} is the same incident as {} (same boot and trigger): merged once", n.dir.display(), first);
-                skipped.push(i);
-                continue;
+/// The job's clock, from the nodes' headers alone (their events are not needed): which
+/// bundles are the same incident twice, each node's unique name, the first trigger (offsets
+/// count from it) and the first NaN of any node.
+pub struct Clock {
+    pub skipped: Vec<usize>,
+    pub t0: i128,
+    triggers: Vec<(i128, Value)>,
+    first_nan: Option<Value>,
+}
+
+impl Clock {
+    /// Names the nodes uniquely (two bundles from one host stay apart) and reads the clock.
+    pub fn of(nodes: &mut [Node]) -> Clock {
+        for i in 0..nodes.len() {
+            if nodes[..i].iter().any(|n| n.name == nodes[i].name) {
+                nodes[i].name = format!("{}#{}", nodes[i].name, i + 1);
             }
-            seen.insert(key, n.dir.display().to_string());
+        }
+        let mut triggers = Vec::new();
+        let mut nans = Vec::new();
+        // The same bundle given twice (or two copies of it) would double every event (5.23):
+        // one incident is one (boot, trigger instant); later copies are skipped, and said.
+        let mut seen = std::collections::BTreeMap::new();
+        let mut skipped = Vec::new();
+        for (i, n) in nodes.iter().enumerate() {
+            let key = (
+                n.timeline["host"]["boot_id"].to_string(),
+                n.timeline["trigger"]["mono_ns"].to_string(),
+            );
+            if key.0 != "null" && key.1 != "null" {
+                if let Some(first) = seen.get(&key) {
+                    crate::say!("nantrace: WARNING: {} is the same incident as {} (same boot and trigger): merged once", n.dir.display(), first);
+                    skipped.push(i);
+                    continue;
+                }
+                seen.insert(key, n.dir.display().to_string());
+            }
+            let (t, ns) = shifted(
+                n.timeline["trigger"]["time"].as_str().unwrap_or(""),
+                n.correction_s,
+            );
+            triggers.push((ns, json!({ "node": n.name, "kind": n.timeline["trigger"]["kind"], "time": t, "reason": n.timeline["trigger"]["reason"] })));
+            if let Some(tn) = n.timeline["first_nan"]["time"].as_str() {
+                let (t, ns) = shifted(tn, n.correction_s);
+                let mut fnan = n.timeline["first_nan"].clone();
+                if !fnan.is_object() {
+                    continue;
+                }
+                fnan["time"] = json!(t);
+                fnan["node"] = json!(n.name);
+                nans.push((ns, fnan));
+            }
+        }
+        triggers.sort_by_key(|t| t.0);
+        nans.sort_by_key(|t| t.0);
+        let t0 = triggers.first().map_or(0, |t| t.0);
+        let first_nan = nans.first().map(|(ns, v)| {
+            let mut v = v.clone();
+            v["offset_s"] = json!((*ns - t0) as f64 / 1e9);
+            v
+        });
+        Clock {
+            skipped,
+            t0,
+            triggers,
+            first_nan,
         }
     }
-    for (_, n) in nodes
-        .iter_mut()
-        .enumerate()
-        .filter(|(i, _)| !skipped.contains(i))
-    {
-        // The node's events move into the merged timeline (one copy in memory, not two: at
-        // 1024 nodes the copies were most of the job report's memory). Junk (a number, a
-        // string) is not an event: skipped, not a panic (redteam 5.22).
+
+    /// The job's first NaN on any node (`offset_s` on the job's clock), or null.
+    pub fn first_nan(&self) -> Value {
+        self.first_nan.clone().unwrap_or(Value::Null)
+    }
+
+    /// A node's events moved out of its timeline onto the job's clock (`time` corrected,
+    /// `time_node_clock`, `node`, `offset_s` from the first trigger), in the node's order,
+    /// each with its corrected instant.
+    pub fn events_of(&self, n: &mut Node) -> Vec<(i128, Value)> {
+        // The node's events move (one copy in memory, not two: at 1024 nodes the copies were
+        // most of the job report's memory). Junk (a number, a string) is not an event:
+        // skipped, not a panic (redteam 5.22).
         let own = match n.timeline.get_mut("events").map(Value::take) {
             Some(Value::Array(a)) => a,
             _ => Vec::new(),
         };
+        let mut out = Vec::with_capacity(own.len());
         for mut e in own.into_iter().filter(Value::is_object) {
             let (t, ns) = shifted(e["time"].as_str().unwrap_or(""), n.correction_s);
             e["time_node_clock"] = e["time"].clone();
             e["time"] = json!(t);
             e["node"] = json!(n.name);
-            events.push((ns, e));
+            e["offset_s"] = json!((ns - self.t0) as f64 / 1e9);
+            out.push((ns, e));
         }
-        let (t, ns) = shifted(
-            n.timeline["trigger"]["time"].as_str().unwrap_or(""),
-            n.correction_s,
-        );
-        triggers.push((ns, json!({ "node": n.name, "kind": n.timeline["trigger"]["kind"], "time": t, "reason": n.timeline["trigger"]["reason"] })));
-        if let Some(tn) = n.timeline["first_nan"]["time"].as_str() {
-            let (t, ns) = shifted(tn, n.correction_s);
-            let mut fnan = n.timeline["first_nan"].clone();
-            if !fnan.is_object() {
-                continue;
-            }
-            fnan["time"] = json!(t);
-            fnan["node"] = json!(n.name);
-            nans.push((ns, fnan));
+        out
+    }
+
+    /// The merged timeline (schema `nantrace.merged/1`) of the nodes' headers and `events`
+    /// (on the job's clock, in any order: sorted here).
+    pub fn assemble(self, nodes: &[Node], mut events: Vec<(i128, Value)>) -> Value {
+        // Stable: events of one instant keep the order they came in (node by node).
+        events.sort_by_key(|e| e.0);
+        let mut unc: Vec<f64> = nodes.iter().filter_map(|n| n.uncertainty_s).collect();
+        unc.sort_by(|a, b| b.total_cmp(a));
+        let unsynced: Vec<&str> = nodes
+            .iter()
+            .filter(|n| n.uncertainty_s.is_none())
+            .map(|n| n.name.as_str())
+            .collect();
+        let residual = if unsynced.is_empty() {
+            json!(unc.iter().take(2).sum::<f64>())
+        } else {
+            Value::Null
+        };
+        let statement = if unsynced.is_empty() {
+            format!("events of different nodes are ordered to within ±{:.3} ms (sum of the two largest NTP error bounds)", unc.iter().take(2).sum::<f64>() * 1e3)
+        } else {
+            format!("nodes {unsynced:?} report no synchronised clock: cross-node order is only as good as their unsynchronised clocks; within a node, order is exact")
+        };
+        let first = &nodes[0].timeline;
+        json!({
+            "schema": SCHEMA,
+            "nodes": nodes.iter().map(|n| json!({
+                "name": n.name, "bundle": n.dir.display().to_string(), "host": n.timeline["host"],
+                "clock": n.timeline["clock"], "correction_s": n.correction_s, "uncertainty_s": n.uncertainty_s,
+                "trigger": n.timeline["trigger"], "accounting": n.timeline["accounting"],
+            })).collect::<Vec<_>>(),
+            "residual_uncertainty_s": residual,
+            "clock_statement": statement,
+            "host": { "hostname": format!("{} nodes", nodes.len()), "kernel": first["host"]["kernel"] },
+            "trigger": self.triggers.first().map(|t| t.1.clone()),
+            "triggers": self.triggers.into_iter().map(|t| t.1).collect::<Vec<_>>(),
+            "first_nan": self.first_nan,
+            "window": first["window"],
+            "job": first["job"],
+            "accounting": first["accounting"],
+            "events": events.into_iter().map(|e| e.1).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// Merge node timelines into one (schema `nantrace.merged/1`).
+pub fn merge(nodes: &mut [Node]) -> Value {
+    let clock = Clock::of(nodes);
+    let mut events = Vec::new();
+    for (i, n) in nodes.iter_mut().enumerate() {
+        if !clock.skipped.contains(&i) {
+            events.extend(clock.events_of(n));
         }
     }
-    events.sort_by_key(|e| e.0);
-    triggers.sort_by_key(|t| t.0);
-    nans.sort_by_key(|t| t.0);
-    let t0 = triggers.first().map_or(0, |t| t.0);
-    for (ns, e) in &mut events {
-        e["offset_s"] = json!((*ns - t0) as f64 / 1e9);
-    }
-    let first_nan = nans.first().map(|(ns, v)| {
-        let mut v = v.clone();
-        v["offset_s"] = json!((*ns - t0) as f64 / 1e9);
-        v
-    });
-    let mut unc: Vec<f64> = nodes.iter().filter_map(|n| n.uncertainty_s).collect();
-    unc.sort_by(|a, b| b.total_cmp(a));
-    let unsynced: Vec<&str> = nodes
-        .iter()
-        .filter(|n| n.uncertainty_s.is_none())
-        .map(|n| n.name.as_str())
-        .collect();
-    let residual = if unsynced.is_empty() {
-        json!(unc.iter().take(2).sum::<f64>())
-    } else {
-        Value::Null
-    };
-    let statement = if unsynced.is_empty() {
-        format!("events of different nodes are ordered to within ±{:.3} ms (sum of the two largest NTP error bounds)", unc.iter().take(2).sum::<f64>() * 1e3)
-    } else {
-        format!("nodes {unsynced:?} report no synchronised clock: cross-node order is only as good as their unsynchronised clocks; within a node, order is exact")
-    };
-    let first = &nodes[0].timeline;
-    json!({
-        "schema": SCHEMA,
-        "nodes": nodes.iter().map(|n| json!({
-            "name": n.name, "bundle": n.dir.display().to_string(), "host": n.timeline["host"],
-            "clock": n.timeline["clock"], "correction_s": n.correction_s, "uncertainty_s": n.uncertainty_s,
-            "trigger": n.timeline["trigger"], "accounting": n.timeline["accounting"],
-        })).collect::<Vec<_>>(),
-        "residual_uncertainty_s": residual,
-        "clock_statement": statement,
-        "host": { "hostname": format!("{} nodes", nodes.len()), "kernel": first["host"]["kernel"] },
-        "trigger": triggers.first().map(|t| t.1.clone()),
-        "triggers": triggers.into_iter().map(|t| t.1).collect::<Vec<_>>(),
-        "first_nan": first_nan,
-        "window": first["window"],
-        "job": first["job"],
-        "accounting": first["accounting"],
-        "events": events.into_iter().map(|e| e.1).collect::<Vec<_>>(),
-    })
+    clock.assemble(nodes, events)
 }
 
 /// The merged timeline as nantrace writes every timeline.json (one event per line), so

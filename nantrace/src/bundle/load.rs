@@ -33,12 +33,23 @@ fn json_rank(e: &Value) -> u8 {
 /// timeline.json as nantrace writes it (one event per line) is read line by line, so a 200 MB
 /// timeline never becomes one JSON tree; any other layout is parsed whole.
 pub fn load(dir: &Path) -> anyhow::Result<(Value, Value)> {
+    load_with(dir, false)
+}
+
+/// A bundle's timeline without its events (`"events": []`) and its snapshot: what a job's
+/// clock needs from each node before any node's events are read. nantrace's layout is read
+/// up to its first event only.
+pub fn load_head(dir: &Path) -> anyhow::Result<(Value, Value)> {
+    load_with(dir, true)
+}
+
+fn load_with(dir: &Path, head_only: bool) -> anyhow::Result<(Value, Value)> {
     use anyhow::Context as _;
     let path = dir.join("timeline.json");
     if let (Err(e), Some(note)) = (open_plain(&path), incomplete_note(dir)) {
         anyhow::bail!("{}: this bundle is incomplete and has no timeline to read ({e:#}). {note} Its app.log and kernel.log, where present, are as far as it went.", dir.display());
     }
-    let t = match load_streamed(&path)? {
+    let t = match load_streamed(&path, head_only)? {
         Some(t) => t,
         None => {
             // Another layout (compact, or pretty-printed by a tool): parsed whole, within a cap.
@@ -56,7 +67,11 @@ pub fn load(dir: &Path) -> anyhow::Result<(Value, Value)> {
                 Some(note) => format!("{}: not valid JSON: this bundle is incomplete, its writer stopped before the timeline's first event. {note}", path.display()),
                 None => format!("{}: not valid JSON", path.display()),
             })?;
-            digest_whole(&mut t);
+            if head_only {
+                t["events"] = json!([]);
+            } else {
+                digest_whole(&mut t);
+            }
             t
         }
     };
@@ -165,7 +180,7 @@ impl Digest {
 }
 
 /// timeline.json in nantrace's layout, read line by line; `None` when it is in another layout.
-fn load_streamed(path: &Path) -> anyhow::Result<Option<Value>> {
+fn load_streamed(path: &Path, head_only: bool) -> anyhow::Result<Option<Value>> {
     use anyhow::Context as _;
     use std::io::BufRead as _;
     let f = open_plain(path)?;
@@ -196,6 +211,10 @@ fn load_streamed(path: &Path) -> anyhow::Result<Option<Value>> {
                 streamed = true;
                 head.truncate(head.trim_end().trim_end_matches(',').len());
                 head.push_str("\n}");
+                if head_only {
+                    closed = true;
+                    break;
+                }
             } else {
                 if head.len() + line.len() > LINE_MAX * 4 {
                     return Ok(None);
@@ -226,6 +245,12 @@ fn load_streamed(path: &Path) -> anyhow::Result<Option<Value>> {
     let Ok(mut t) = serde_json::from_str::<Value>(&head) else {
         return Ok(None);
     };
+    if head_only {
+        if t.is_object() {
+            t["events"] = json!([]);
+        }
+        return Ok(Some(t));
+    }
     let events = digest.total;
     digest.finish(&mut t);
     if !closed && t.is_object() {

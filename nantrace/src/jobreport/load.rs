@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::{build, JobReport, MAX_NODES};
+use super::{JobReport, MAX_NODES};
 use crate::merge::Node;
 
 /// Directory entries looked at while finding bundles, at most.
@@ -64,19 +64,96 @@ pub fn is_job_dir(dir: &Path) -> bool {
     !is_bundle(dir) && find_bundles(dir).is_ok_and(|b| !b.is_empty())
 }
 
-/// Read and analyse the bundles under `dir`.
+/// Past this many nodes the job report keeps only each node's events that are not the
+/// collectors' samples (GPU, system, disk, network, the job's processes) once the node is
+/// analysed: the merged timeline and trace then have every node's kernel, log and trigger
+/// lanes, and no sample lanes. Up to it, everything (the trace's counters for every node).
+pub const FULL_LANES_NODES: usize = 64;
+
+/// Read and analyse the bundles under `dir`, one node's events in memory at a time: the
+/// headers first (the job's clock and reference need no events), then each node whole, its
+/// part of the report taken, its samples let go (past [`FULL_LANES_NODES`]).
 pub fn from_dir(dir: &Path) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
+    from_dir_with(dir, FULL_LANES_NODES)
+}
+
+pub(super) fn from_dir_with(
+    dir: &Path,
+    full_lanes: usize,
+) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
     let dirs = find_bundles(dir)?;
     anyhow::ensure!(
         !dirs.is_empty(),
         "{}: no node bundle (a directory with timeline.json) in it or below it",
         dir.display()
     );
+    let heads = read_heads(&dirs);
+    anyhow::ensure!(
+        !heads.is_empty(),
+        "{}: none of the {} bundles could be read",
+        dir.display(),
+        dirs.len()
+    );
+    let groups = by_host(heads);
+    let mut nodes: Vec<Node> = groups.iter().map(|g| combine_heads(g)).collect();
+    let clock = crate::merge::Clock::of(&mut nodes);
+    let first_nan = clock.first_nan();
+    let thin = nodes.len() > full_lanes;
+    let mut events = Vec::new();
+    let mut parts = Vec::with_capacity(nodes.len());
+    for (i, group) in groups.iter().enumerate() {
+        let name = nodes[i].name.clone();
+        if !clock.skipped.contains(&i) {
+            if let Some(mut whole) = read_whole(group) {
+                whole.name = name;
+                nodes[i] = whole;
+            }
+        }
+        let own = if clock.skipped.contains(&i) {
+            Vec::new()
+        } else {
+            clock.events_of(&mut nodes[i])
+        };
+        parts.push(super::NodePart::of(
+            &first_nan,
+            &nodes[i],
+            own.iter().map(|(_, e)| e.clone()).collect(),
+        ));
+        events.extend(own.into_iter().filter(|(_, e)| !thin || !is_sample(e)));
+        if thin {
+            nodes[i].snapshot = thin_snapshot(&nodes[i].snapshot);
+        }
+    }
+    let merged = clock.assemble(&nodes, events);
+    let r = super::build_from(&merged, &nodes, parts);
+    Ok((r, merged, nodes))
+}
+
+/// The collectors' samples: most of a node's events, needed only by its own analysis and
+/// its peer measures (taken while the node is read).
+fn is_sample(e: &Value) -> bool {
+    matches!(
+        e["source"].as_str(),
+        Some("gpu" | "system" | "disk" | "net" | "job_procs")
+    )
+}
+
+/// What the job-wide steps read of a node's snapshot once its part is taken: its GPUs (to
+/// name the culprit's), its ranks' stacks (a hang), its scheduler.
+fn thin_snapshot(s: &Value) -> Value {
+    if !s.is_object() {
+        return s.clone();
+    }
+    json!({ "gpu": s["gpu"], "stacks": s["stacks"], "scheduler": s["scheduler"] })
+}
+
+/// Each bundle's header and snapshot (no events), each file once (redteam4 D-8: 50
+/// directories of hard links to one 7.5 MB bundle took 3 GB: a timeline already read under
+/// another name is said and skipped), each bound to its directory's name.
+fn read_heads(dirs: &[PathBuf]) -> Vec<Node> {
     let mut nodes = Vec::new();
-    // One file read once (redteam4 D-8: 50 directories of hard links to one 7.5 MB bundle
-    // took 3 GB): a timeline already read under another name is said and skipped.
     let mut files = BTreeSet::new();
-    for d in &dirs {
+    for d in dirs {
         use std::os::unix::fs::MetadataExt as _;
         let file = std::fs::symlink_metadata(d.join("timeline.json"))
             .ok()
@@ -88,7 +165,7 @@ pub fn from_dir(dir: &Path) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
             );
             continue;
         }
-        match crate::merge::load(d) {
+        match crate::merge::load_head(d) {
             Ok(n) => match bound_to_its_directory(&n) {
                 Ok(()) => {
                     // Recorded once accepted: a refused link under a wrong name does not
@@ -101,16 +178,40 @@ pub fn from_dir(dir: &Path) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
             Err(e) => crate::say!("nantrace: WARNING: {}: not read: {e:#}", d.display()),
         }
     }
-    anyhow::ensure!(
-        !nodes.is_empty(),
-        "{}: none of the {} bundles could be read",
-        dir.display(),
-        dirs.len()
-    );
-    let mut nodes = one_per_host(nodes);
-    let merged = crate::merge::merge(&mut nodes);
-    let r = build(&merged, &nodes);
-    Ok((r, merged, nodes))
+    nodes
+}
+
+/// A node's bundles read whole and made one node; `None` (said) when one can no longer be
+/// read: the node then counts with its header only.
+fn read_whole(group: &[Node]) -> Option<Node> {
+    let mut whole = Vec::with_capacity(group.len());
+    for h in group {
+        match crate::merge::load(&h.dir) {
+            Ok(n) => whole.push(n),
+            Err(e) => {
+                crate::say!("nantrace: WARNING: {}: its events could not be read: {e:#}", h.dir.display());
+                return None;
+            }
+        }
+    }
+    Some(combine(whole))
+}
+
+/// The header of a node that dumped several times, as [`combine`] makes it.
+fn combine_heads(group: &[Node]) -> Node {
+    combine(
+        group
+            .iter()
+            .map(|n| Node {
+                name: n.name.clone(),
+                dir: n.dir.clone(),
+                timeline: n.timeline.clone(),
+                snapshot: n.snapshot.clone(),
+                correction_s: n.correction_s,
+                uncertainty_s: n.uncertainty_s,
+            })
+            .collect(),
+    )
 }
 
 /// A bundle in an incident of a job directory sits where its node's agent put it,
@@ -152,7 +253,13 @@ fn bound_to_its_directory(n: &Node) -> Result<(), String> {
 /// A node that dumped twice in one incident (the job-wide dump another node asked for, then
 /// its own trigger): one node, its bundles' events together (each once), its first trigger,
 /// its first NaN, the newest accounting and snapshot.
+#[cfg(test)]
 pub(super) fn one_per_host(nodes: Vec<Node>) -> Vec<Node> {
+    by_host(nodes).into_iter().map(combine).collect()
+}
+
+/// The bundles of each host (by the host name they claim), each host's in trigger order.
+fn by_host(nodes: Vec<Node>) -> Vec<Vec<Node>> {
     let mut by_host: BTreeMap<String, Vec<Node>> = BTreeMap::new();
     for n in nodes {
         let host = n.timeline["host"]["hostname"]
@@ -161,18 +268,26 @@ pub(super) fn one_per_host(nodes: Vec<Node>) -> Vec<Node> {
             .to_string();
         by_host.entry(host).or_default().push(n);
     }
-    let mut out = Vec::new();
-    for (_, mut group) in by_host {
-        if group.len() == 1 {
-            out.extend(group);
-            continue;
-        }
-        group.sort_by(|a, b| {
-            a.timeline["trigger"]["time"]
-                .as_str()
-                .unwrap_or("")
-                .cmp(b.timeline["trigger"]["time"].as_str().unwrap_or(""))
-        });
+    by_host
+        .into_values()
+        .map(|mut group| {
+            group.sort_by(|a, b| {
+                a.timeline["trigger"]["time"]
+                    .as_str()
+                    .unwrap_or("")
+                    .cmp(b.timeline["trigger"]["time"].as_str().unwrap_or(""))
+            });
+            group
+        })
+        .collect()
+}
+
+/// One host's bundles (in trigger order) as one node.
+fn combine(mut group: Vec<Node>) -> Node {
+    if group.len() == 1 {
+        return group.remove(0);
+    }
+    {
         let mut seen = BTreeSet::new();
         let mut events = Vec::new();
         for n in &group {
@@ -229,9 +344,8 @@ pub(super) fn one_per_host(nodes: Vec<Node>) -> Vec<Node> {
         {
             first.snapshot["network"]["job_sockets"] = Value::Array(sockets);
         }
-        out.push(first);
+        first
     }
-    out
 }
 
 /// The job's sockets over several snapshots of one node, each (local, remote) once, at most

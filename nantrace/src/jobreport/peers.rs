@@ -39,12 +39,13 @@ pub(super) fn measures(view: &Value) -> BTreeMap<&'static str, f64> {
     );
     m.insert("block_errors_or_slow_io", count("block"));
     m.insert("pcie_aer", count("aer"));
-    let gpu: Vec<&Value> = evs
-        .iter()
-        .copied()
-        .filter(|e| e["source"] == "gpu")
-        .collect();
-    let series = |k: &str| {
+    // Per GPU, then the node's most extreme GPU: on a node of 8 GPUs one hot or slow GPU
+    // moves the node's mean by an eighth only, and it is one GPU that fails.
+    let mut by_gpu: BTreeMap<u64, Vec<&Value>> = BTreeMap::new();
+    for e in evs.iter().copied().filter(|e| e["source"] == "gpu") {
+        by_gpu.entry(e["gpu"].as_u64().unwrap_or(0)).or_default().push(e);
+    }
+    let series = |gpu: &[&Value], k: &str| {
         gpu.iter()
             .filter_map(|e| e[k].as_f64())
             .collect::<Vec<f64>>()
@@ -57,17 +58,17 @@ pub(super) fn measures(view: &Value) -> BTreeMap<&'static str, f64> {
     };
     // What a GPU can report (redteam4 D-9: one bundle's 1e6 W made both healthy peers stand
     // out below half "the median"): a node with a value outside is not compared on it.
-    for (name, k, lo, hi) in [
-        ("gpu_power_w_mean", "power_w", 0.0, 2000.0),
-        ("gpu_sm_clock_mhz_mean", "sm_clock_mhz", 0.0, 5000.0),
-        ("gpu_temp_c_mean", "temp_c", -40.0, 150.0),
+    for (name, k, lo, hi, worst) in [
+        ("gpu_power_w_mean", "power_w", 0.0, 2000.0, f64::min as fn(f64, f64) -> f64),
+        ("gpu_sm_clock_mhz_mean", "sm_clock_mhz", 0.0, 5000.0, f64::min),
+        ("gpu_temp_c_mean", "temp_c", -40.0, 150.0, f64::max),
     ] {
-        let v = series(k);
-        if v.iter().any(|x| !(lo..=hi).contains(x)) {
+        let per: Vec<Vec<f64>> = by_gpu.values().map(|g| series(g, k)).collect();
+        if per.iter().flatten().any(|x| !(lo..=hi).contains(x)) {
             crate::say!("nantrace: WARNING: a node's GPU {k} samples lie outside {lo}..{hi} (no GPU reports that): it is not compared with its peers on them");
             continue;
         }
-        if let Some(x) = mean(&v) {
+        if let Some(x) = per.iter().filter_map(|v| mean(v)).reduce(worst) {
             m.insert(name, x);
         }
     }
@@ -75,7 +76,11 @@ pub(super) fn measures(view: &Value) -> BTreeMap<&'static str, f64> {
         ("gpu_ecc_corrected_increase", "ecc_corrected_volatile"),
         ("gpu_pcie_replay_increase", "pcie_replay"),
     ] {
-        if let Some(x) = spread(&series(k)) {
+        if let Some(x) = by_gpu
+            .values()
+            .filter_map(|g| spread(&series(g, k)))
+            .reduce(f64::max)
+        {
             m.insert(name, x);
         }
     }

@@ -77,52 +77,107 @@ impl Lcg {
     }
 }
 
-/// RFC 3339 for `offset_s` around the job's reference, 2026-12-01T10:05:00Z.
+/// RFC 3339 for `offset_s` around the job's reference, 2026-12-01T10:15:00Z.
 fn at(offset_s: f64) -> String {
-    let t = 300.0 + offset_s; // seconds after 10:00:00
+    let t = 900.0 + offset_s; // seconds after 10:00:00
     let whole = t.floor();
     let ns = ((t - whole) * 1e9) as u64;
     let s = whole as u64;
-    format!("2026-12-01T10:{:02}:{:02}.{ns:09}Z", s / 60, s % 60)
+    format!(
+        "2026-12-01T{:02}:{:02}:{:02}.{ns:09}Z",
+        10 + s / 3600,
+        s % 3600 / 60,
+        s % 60
+    )
 }
 
 fn host(i: usize) -> String {
     format!("bn{i:04}")
 }
 
+/// The shape of a node's bundle: its GPUs, how often the collectors sample, the window.
+#[derive(Clone, Copy)]
+struct Shape {
+    gpus: u32,
+    period_s: f64,
+    window_s: f64,
+}
+
+/// What the agent's collectors write over the default window on a node of 8 GPUs: a GPU
+/// sample per GPU, a system and a network sample, each second, for 600 s.
+const REAL: Shape = Shape {
+    gpus: 8,
+    period_s: 1.0,
+    window_s: 600.0,
+};
+
+/// The accuracy jobs: 8 GPUs, the same window, a sample each 5 s (the causes are the same;
+/// 70 jobs of up to 48 nodes at the full rate would take 8 GB to write).
+const LIGHT: Shape = Shape {
+    gpus: 8,
+    period_s: 5.0,
+    window_s: 600.0,
+};
+
+/// The GPU of a node the planted cause is on.
+const FAULTY_GPU: u32 = 5;
+
+fn pci(g: u32) -> String {
+    format!("0000:{:02x}:00.0", 0x18 + g * 0x10)
+}
+
+/// One node's sample events, each a line of the timeline, as the collectors write them.
+fn samples(ev: &mut Vec<(f64, Value)>, shape: Shape, cause: Option<Cause>, rng: &mut Lcg) {
+    let jitter = |rng: &mut Lcg| (rng.below(1000) as f64) / 1000.0 * shape.period_s.min(1.0) * 0.5;
+    let ticks = (shape.window_s / shape.period_s) as u32;
+    for k in 0..ticks {
+        let t = -shape.window_s + 5.0 + f64::from(k) * shape.period_s + jitter(rng);
+        for g in 0..shape.gpus {
+            let (mut temp, mut power, mut ecc) = (
+                61.0 + (rng.below(5) as f64),
+                650.0 + (rng.below(20) as f64),
+                0u64,
+            );
+            if g == FAULTY_GPU {
+                match cause {
+                    Some(Cause::HotGpu) => temp += 25.0,
+                    Some(Cause::LowPower) => power *= 0.45,
+                    Some(Cause::Ecc) if t > -100.0 => ecc = ((t + 100.0) * 0.6) as u64,
+                    _ => {}
+                }
+            }
+            ev.push((t + f64::from(g) * 0.001, json!({ "source": "gpu", "gpu": g, "pci": pci(g), "temp_c": temp, "power_w": power, "power_limit_w": 700.0, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "throttle": [], "util_gpu_pct": 100, "util_mem_pct": 41, "mem_used_mib": 61_440 + g, "mem_total_mib": 143_771, "ecc_corrected_volatile": ecc, "ecc_uncorrected_volatile": 0, "pcie_replay": 0, "comm": "", "job": false, "pid": 0, "tid": 0 })));
+        }
+        ev.push((t + 0.3, json!({ "source": "system", "comm": "", "job": false, "pid": 0, "tid": 0, "load1": 12.5, "mem_available_kb": 1_800_000_000u64, "mem_total_kb": 2_113_000_000u64, "mem_used_kb": 300_000_000u64, "swap_used_kb": 0, "psi_cpu_some_avg10": 1.5, "psi_io_some_avg10": 0.0, "psi_memory_some_avg10": 0.0 })));
+        ev.push((t + 0.4, json!({ "source": "net", "comm": "", "job": false, "pid": 0, "tid": 0, "tcp_out_segs_per_s": 81_000.0, "tcp_retrans_per_s": 0.0 })));
+    }
+}
+
 /// One node's bundle in `dir/<host>/`, as the agent writes it.
-fn write_node(dir: &Path, i: usize, n: usize, cause: Option<Cause>, rng: &mut Lcg) -> Result<u64> {
+fn write_node(
+    dir: &Path,
+    (i, n): (usize, usize),
+    shape: Shape,
+    cause: Option<Cause>,
+    rng: &mut Lcg,
+) -> Result<u64> {
     let name = host(i);
     let d = dir.join(&name);
     std::fs::create_dir_all(&d)?;
     let rank0 = i == 0;
     let mut ev: Vec<(f64, Value)> = Vec::new();
     let jitter = |rng: &mut Lcg| (rng.below(1000) as f64) / 1000.0;
-    for k in 0..60u32 {
-        let t = -300.0 + f64::from(k) * 5.0 + jitter(rng);
-        let (mut temp, mut power, mut ecc) = (
-            61.0 + (rng.below(5) as f64),
-            650.0 + (rng.below(20) as f64),
-            0u64,
-        );
-        match cause {
-            Some(Cause::HotGpu) => temp += 25.0,
-            Some(Cause::LowPower) => power *= 0.45,
-            Some(Cause::Ecc) if t > -100.0 => ecc = u64::from(k) * 3,
-            _ => {}
-        }
-        ev.push((t, json!({ "source": "gpu", "gpu": 0, "pci": "0000:3b:00.0", "temp_c": temp, "power_w": power, "sm_clock_mhz": 1980, "ecc_corrected_volatile": ecc, "pcie_replay": 0 })));
-        ev.push((t + 0.3, json!({ "source": "system", "mem_available_kb": 20_000_000, "swap_in_kb_s": 0.0, "psi_memory_some_avg10": 0.0, "iowait_pct": 1.0 })));
-    }
+    samples(&mut ev, shape, cause, rng);
     if rank0 {
-        for s in 0..300u32 {
-            let t = -300.0 + f64::from(s);
+        let steps = shape.window_s as u32;
+        for s in 0..steps {
+            let t = -shape.window_s + f64::from(s);
             ev.push((t, json!({ "source": "log", "pid": 100, "job": true, "line": format!("step {s} | loss {:.3}", 2.5 - f64::from(s) / 600.0), "step": s, "loss": 2.5 - f64::from(s) / 600.0 })));
         }
-        ev.push((0.0, json!({ "source": "log", "pid": 100, "job": true, "line": "step 300 | loss nan", "step": 300, "loss": "NaN", "nonfinite": true })));
+        ev.push((0.0, json!({ "source": "log", "pid": 100, "job": true, "line": format!("step {steps} | loss nan"), "step": steps, "loss": "NaN", "nonfinite": true })));
     }
     match cause {
-        Some(Cause::Xid) => ev.push((-0.4, json!({ "source": "xid", "text": "NVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python, GPU has fallen off the bus.", "class": "xid", "xid": 79, "pci": "0000:3b:00.0", "severity": "critical", "implicates": "system", "action": "reboot_node", "meaning": "GPU has fallen off the bus", "pid": 0, "job": false }))),
+        Some(Cause::Xid) => ev.push((-0.4, json!({ "source": "xid", "text": format!("NVRM: Xid (PCI:{}): 79, pid=2214, name=python, GPU has fallen off the bus.", &pci(FAULTY_GPU)[..10]), "class": "xid", "xid": 79, "pci": pci(FAULTY_GPU), "severity": "critical", "implicates": "system", "action": "reboot_node", "meaning": "GPU has fallen off the bus", "pid": 0, "job": false }))),
         Some(Cause::Retransmits) => {
             for r in 0..40u32 {
                 ev.push((-20.0 + f64::from(r) * 0.4, json!({ "source": "tcp_retransmit", "daddr": "10.0.0.7", "dport": 29500, "saddr": "10.0.0.9", "sport": 41000, "job": false, "pid": 0 })));
@@ -153,7 +208,7 @@ fn write_node(dir: &Path, i: usize, n: usize, cause: Option<Cause>, rng: &mut Lc
         (
             "first_nan",
             if nan {
-                json!({ "time": at(0.0), "line": "step 300 | loss nan", "step": 300 })
+                json!({ "time": at(0.0), "line": format!("step {0} | loss nan", shape.window_s as u32), "step": shape.window_s as u32 })
             } else {
                 Value::Null
             },
@@ -162,7 +217,7 @@ fn write_node(dir: &Path, i: usize, n: usize, cause: Option<Cause>, rng: &mut Lc
             "job",
             json!({ "root_pid": 100, "identity": { "job": "slurm-4711", "scheduler": { "kind": "slurm", "job_id": "4711" } } }),
         ),
-        ("window", json!({ "pre_s": 300.0 })),
+        ("window", json!({ "pre_s": shape.window_s })),
         (
             "accounting",
             json!({ "probes_attached": ["printk:console", "sched:sched_process_exit", "tcp:tcp_retransmit_skb"], "events": {} }),
@@ -180,7 +235,7 @@ fn write_node(dir: &Path, i: usize, n: usize, cause: Option<Cause>, rng: &mut Lc
     text.push_str("  ]\n}\n");
     std::fs::write(d.join("timeline.json"), &text)?;
     let snapshot = json!({
-        "gpu": { "available": true, "device_count": 1, "devices": [{ "index": 0, "pci": "0000:3b:00.0", "uuid": format!("GPU-{name}"), "compute_processes": [{ "pid": 100 }] }] },
+        "gpu": { "available": true, "device_count": shape.gpus, "devices": (0..shape.gpus).map(|g| json!({ "index": g, "pci": pci(g), "uuid": format!("GPU-{name}-{g}"), "compute_processes": [{ "pid": 100 }] })).collect::<Vec<_>>() },
         "scheduler": { "slurm": { "job_id": "4711", "node_list": format!("bn[0000-{:04}]", n - 1), "procid": i.to_string() } },
     });
     let snap = serde_json::to_vec(&snapshot)?;
@@ -249,7 +304,13 @@ pub fn run(smoke: bool, bin: &Path, out: &Path) -> Result<Value> {
         let t0 = Instant::now();
         let mut bytes = 0;
         for i in 0..n {
-            bytes += write_node(&dir, i, n, (i == culprit).then_some(Cause::Xid), &mut rng)?;
+            bytes += write_node(
+                &dir,
+                (i, n),
+                REAL,
+                (i == culprit).then_some(Cause::Xid),
+                &mut rng,
+            )?;
         }
         let gen_s = t0.elapsed().as_secs_f64();
         let (v, wall, rss) = report(bin, &dir)?;
@@ -273,7 +334,13 @@ pub fn run(smoke: bool, bin: &Path, out: &Path) -> Result<Value> {
         let dir = tmp.join(format!("acc-{j}"));
         let culprit = 1 + rng.below(n as u64 - 1) as usize;
         for i in 0..n {
-            write_node(&dir, i, n, (i == culprit).then_some(cause), &mut rng)?;
+            write_node(
+                &dir,
+                (i, n),
+                LIGHT,
+                (i == culprit).then_some(cause),
+                &mut rng,
+            )?;
         }
         let (v, _, _) = report(bin, &dir)?;
         let named = v["node"].as_str().map(str::to_string);
