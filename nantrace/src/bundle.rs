@@ -441,10 +441,34 @@ pub fn write<A>(
         Err(_) => failures.push("timeline.json: the writer thread panicked".into()),
     }
     drop(d);
+    let base = final_base(out, (&tmp, &tmp_name), base, written, &failures)?;
+    let name = recover::claim(&outd, &tmp_name, &base).map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("{e}; the files are in {}", out.join(&tmp_name).display()),
+        )
+    })?;
+    Ok(Written {
+        dir: out.join(&name),
+        written,
+        failures,
+        analysis,
+    })
+}
+
+/// The name a bundle is claimed under: its own, or with the incomplete suffix and a note
+/// when some files could not be written; an error (and no directory left) when none could.
+fn final_base(
+    out: &Path,
+    (tmp, tmp_name): (&safefs::Dir, &str),
+    base: String,
+    written: usize,
+    failures: &[String],
+) -> std::io::Result<String> {
     if written == 0 {
         // Nothing of it could be written (a full disk): no empty directory is left to pass
         // for a bundle (redteam3 D-12); the caller says so and counts the failure.
-        let _ = std::fs::remove_dir_all(out.join(&tmp_name));
+        let _ = std::fs::remove_dir_all(out.join(tmp_name));
         let kind = if failures.iter().any(|f| f.contains("No space left")) {
             std::io::ErrorKind::StorageFull
         } else {
@@ -458,36 +482,23 @@ pub fn write<A>(
             ),
         ));
     }
-    let base = if failures.is_empty() {
-        base
-    } else {
-        // Some files missing: kept, under a name and with a note that say so.
-        let _ = tmp.write_new(
-            recover::NOTE,
-            format!(
-                "This bundle is incomplete: these files could not be written:\n{}\n",
-                failures
-                    .iter()
-                    .map(|f| format!("- {f}"))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            )
-            .as_bytes(),
-        );
-        format!("{base}{}", recover::SUFFIX)
-    };
-    let name = recover::claim(&outd, &tmp_name, &base).map_err(|e| {
-        std::io::Error::new(
-            e.kind(),
-            format!("{e}; the files are in {}", out.join(&tmp_name).display()),
+    if failures.is_empty() {
+        return Ok(base);
+    }
+    // Some files missing: kept, under a name and with a note that say so.
+    let _ = tmp.write_new(
+        recover::NOTE,
+        format!(
+            "This bundle is incomplete: these files could not be written:\n{}\n",
+            failures
+                .iter()
+                .map(|f| format!("- {f}"))
+                .collect::<Vec<_>>()
+                .join("\n")
         )
-    })?;
-    Ok(Written {
-        dir: out.join(&name),
-        written,
-        failures,
-        analysis,
-    })
+        .as_bytes(),
+    );
+    Ok(format!("{base}{}", recover::SUFFIX))
 }
 
 mod load;

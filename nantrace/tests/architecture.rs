@@ -182,6 +182,35 @@ fn imports(path: &str, code: &str) -> Vec<String> {
     out
 }
 
+/// Function length is clippy's `too_many_lines` at clippy.toml's threshold, run by `cargo
+/// xtask test`; silencing it anywhere counts as a breach (issue 32).
+#[test]
+fn no_function_length_lint_is_silenced() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut files = Vec::new();
+    for crate_dir in ["nantrace/src", "nantrace-common/src", "nantrace-ebpf/src", "xtask/src"] {
+        sources(&root.join(crate_dir), root, &mut files);
+    }
+    assert!(files.len() > 50, "the sources were not found under {}", root.display());
+    let lint = ["too_many", "_lines"].concat();
+    let silenced: Vec<&str> = files
+        .iter()
+        .filter(|(_, text)| {
+            // In an `allow(...)` or `expect(...)` attribute, on one line or several.
+            ["allow(", "expect("].iter().any(|a| {
+                text.match_indices(a).any(|(i, _)| {
+                    let rest = &text[i..];
+                    rest[..rest.find(')').unwrap_or(rest.len())].contains(&lint)
+                })
+            })
+        })
+        .map(|(path, _)| path.as_str())
+        .collect();
+    assert!(silenced.is_empty(), "clippy::{lint} named (an allow or expect of it) in {silenced:?}");
+    let conf = std::fs::read_to_string(root.join("clippy.toml")).expect("clippy.toml");
+    assert!(conf.contains("too-many-lines-threshold = 120"), "clippy.toml: {conf}");
+}
+
 #[test]
 fn the_checker_sees_an_import_that_climbs() {
     // The same reading on a made-up file: a model calling a renderer is found.

@@ -3,6 +3,8 @@
 use std::io::{Read as _, Seek as _, SeekFrom};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -33,167 +35,267 @@ pub fn follow_file(
     owner: Option<u32>,
     scanner: Scanner,
     tx: mpsc::Sender<Input>,
-    behind: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    behind: Arc<AtomicU64>,
 ) {
-    use std::sync::atomic::Ordering;
     std::thread::spawn(move || {
-        let mut am_behind = false;
-        let mut set_behind = |b: bool| {
-            if b != am_behind {
-                am_behind = b;
-                if b {
-                    behind.fetch_add(1, Ordering::SeqCst)
-                } else {
-                    behind.fetch_sub(1, Ordering::SeqCst)
-                };
-            }
+        let behind = Behind {
+            count: behind,
+            am: false,
         };
         let comm = comm_of(pid);
-        let mut reader = LineReader::new(scanner);
-        let mut cri = super::cri::CriJoiner::default();
-        let mut file: Option<(std::fs::File, u64)> = None;
-        let mut pos = 0u64;
-        let mut split = LineSplitter::default();
-        let mut first = true;
-        let mut refused = false;
-        // The file last refused (device, inode): not opened again until it changes, so a FIFO
-        // planted there is not opened every 100 ms (review 8).
-        let mut refused_id: Option<(u64, u64, u32, i64, i64)> = None;
-        let mut refused_at = std::time::Instant::now();
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut lines: Vec<String> = Vec::new();
-        let wake = DirWatch::new(&path);
-        let mut send = |lines: &mut Vec<String>| -> bool {
-            for l in lines.drain(..) {
-                let (stream, text) = match format {
-                    LogFormat::Plain => (0, l),
-                    LogFormat::Cri => match cri.push(&l) {
-                        Some(x) => x,
-                        None => continue,
-                    },
-                };
-                if tx
-                    .blocking_send(Input::Log(log_event(&mut reader, text, stream, pid, comm)))
-                    .is_err()
-                {
-                    return false;
-                }
-            }
-            true
+        let sink = Sink {
+            format,
+            reader: LineReader::new(scanner),
+            cri: super::cri::CriJoiner::default(),
+            pid,
+            comm,
+            tx,
         };
+        Follower {
+            owner,
+            sink,
+            behind,
+            file: None,
+            pos: 0,
+            split: LineSplitter::default(),
+            first: true,
+            refused: false,
+            refused_id: None,
+            refused_at: std::time::Instant::now(),
+            buf: vec![0u8; 64 * 1024],
+            lines: Vec::new(),
+            wake: DirWatch::new(&path),
+            path,
+        }
+        .run();
+    });
+}
+
+/// Whether this follower is one of the session's followers behind their file's end.
+struct Behind {
+    count: Arc<AtomicU64>,
+    am: bool,
+}
+
+impl Behind {
+    fn set(&mut self, b: bool) {
+        if b != self.am {
+            self.am = b;
+            if b {
+                self.count.fetch_add(1, Ordering::SeqCst)
+            } else {
+                self.count.fetch_sub(1, Ordering::SeqCst)
+            };
+        }
+    }
+}
+
+/// Where a followed file's lines go: container records joined into lines, each line scanned
+/// and sent to the session.
+struct Sink {
+    format: LogFormat,
+    reader: LineReader,
+    cri: super::cri::CriJoiner,
+    pid: u32,
+    comm: crate::event::Comm,
+    tx: mpsc::Sender<Input>,
+}
+
+impl Sink {
+    /// Send (and empty) `lines`; false when the session is gone.
+    fn send(&mut self, lines: &mut Vec<String>) -> bool {
+        for l in lines.drain(..) {
+            let (stream, text) = match self.format {
+                LogFormat::Plain => (0, l),
+                LogFormat::Cri => match self.cri.push(&l) {
+                    Some(x) => x,
+                    None => continue,
+                },
+            };
+            if self
+                .tx
+                .blocking_send(Input::Log(log_event(
+                    &mut self.reader,
+                    text,
+                    stream,
+                    self.pid,
+                    self.comm,
+                )))
+                .is_err()
+            {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// A file's identity as last refused: device, inode, type and change time.
+type FileId = (u64, u64, u32, i64, i64);
+
+/// One followed file: the file open now and where in it, and what was refused.
+struct Follower {
+    path: PathBuf,
+    owner: Option<u32>,
+    sink: Sink,
+    behind: Behind,
+    /// The file open now, and its inode.
+    file: Option<(std::fs::File, u64)>,
+    pos: u64,
+    split: LineSplitter,
+    first: bool,
+    refused: bool,
+    /// The file last refused (device, inode): not opened again until it changes, so a FIFO
+    /// planted there is not opened every 100 ms (review 8).
+    refused_id: Option<FileId>,
+    refused_at: std::time::Instant,
+    buf: Vec<u8>,
+    lines: Vec<String>,
+    wake: Option<DirWatch>,
+}
+
+impl Follower {
+    fn run(mut self) {
         loop {
-            if tx.is_closed() {
-                set_behind(false);
+            if self.sink.tx.is_closed() {
+                self.behind.set(false);
                 return;
             }
             // (Re)open on start, after rotation, or when the file appears.
-            let meta = std::fs::metadata(&path).ok();
+            let meta = std::fs::metadata(&self.path).ok();
             // What was refused is known by device, inode, type and change time (an inode number
             // is reused at once: a FIFO then a regular file at the same number, re-review D3),
             // and tried again every 5 s anyway.
-            let id = std::fs::symlink_metadata(&path)
+            let id = std::fs::symlink_metadata(&self.path)
                 .ok()
                 .map(|m| (m.dev(), m.ino(), m.mode(), m.ctime(), m.ctime_nsec()));
-            let rotated = match (&file, &meta) {
-                (Some((_, ino)), Some(m)) => m.ino() != *ino,
-                (None, Some(_)) => {
-                    refused_id.is_none()
-                        || refused_id != id
-                        || refused_at.elapsed() > Duration::from_secs(5)
+            if self.rotated(meta.as_ref(), id) {
+                if !self.reopen(id) {
+                    return;
                 }
-                _ => false,
+            } else if let Some(m) = &meta {
+                self.check_truncated(m);
+            }
+            let Some(budget) = self.read_new() else {
+                return;
             };
-            if rotated {
-                // Read what is left in the old file before switching.
-                if let Some((f, _)) = file.as_mut() {
-                    while let Ok(n) = f.read(&mut buf) {
-                        if n == 0 {
-                            break;
-                        }
-                        split.push(&buf[..n], |l| lines.push(l));
-                    }
-                    split.finish(|l| lines.push(l));
-                    if !send(&mut lines) {
-                        return;
-                    }
-                }
-                file = None;
-                match open_log(&path, owner) {
-                    Ok((mut f, m)) => {
-                        refused = false;
-                        refused_id = None;
-                        // On attach, start up to 256 KiB back so the bundle has the recent
-                        // history; a new file that is already long (a 1 TiB sparse file put
-                        // in the log's place, review 7) likewise.
-                        pos = if first || m.len() > 256 * 1024 {
-                            m.len().saturating_sub(256 * 1024)
-                        } else {
-                            0
-                        };
-                        let _ = f.seek(SeekFrom::Start(pos));
-                        // The first line read from there may be a fragment: it is kept (its
-                        // end can be the line that matters, after a sparse run of zeros).
-                        split = LineSplitter::default();
-                        first = false;
-                        file = Some((f, m.ino()));
-                    }
-                    Err(e) if !refused => {
-                        refused = true;
-                        refused_id = id;
-                        refused_at = std::time::Instant::now();
-                        crate::say!(
-                            "nantrace: WARNING: not reading {}: {e}",
-                            crate::term::clean(&path.display().to_string())
-                        );
-                    }
-                    Err(_) => {
-                        refused_id = id;
-                        refused_at = std::time::Instant::now();
-                    }
-                }
-            } else if let (Some((f, _)), Some(m)) = (file.as_mut(), &meta) {
-                if m.len() < pos {
-                    // Truncated (copytruncate rotation): start again from the top (or 256 KiB
-                    // before the end when it is already long again).
-                    pos = m.len().saturating_sub(256 * 1024);
-                    let _ = f.seek(SeekFrom::Start(pos));
-                    split = LineSplitter::default();
-                }
-            }
-            // At most 16 MiB per round: the session's end and a closed channel are seen
-            // between rounds, whatever the file does.
-            let mut budget = 16usize << 20;
-            if let Some((f, _)) = file.as_mut() {
-                while let Ok(n) = f.read(&mut buf) {
-                    if n == 0 || tx.is_closed() {
-                        break;
-                    }
-                    set_behind(true);
-                    budget = budget.saturating_sub(n);
-                    pos += n as u64;
-                    split.push(&buf[..n], |l| lines.push(l));
-                    if !send(&mut lines) {
-                        set_behind(false);
-                        return;
-                    }
-                    if budget == 0 {
-                        break;
-                    }
-                }
-            }
             if budget == 0 {
                 continue;
             }
-            set_behind(false);
+            self.behind.set(false);
             // Woken by any change in the log's directory (a write, a rotation), else every
             // 100 ms: a line is read right after it is written, before a copytruncate can
             // remove it (redteam 2.13).
-            match &wake {
+            match &self.wake {
                 Some(w) => w.wait(Duration::from_millis(100)),
                 None => std::thread::sleep(Duration::from_millis(100)),
             }
         }
-    });
+    }
+
+    /// Whether to (re)open: the path is another inode than the open file, or a file appeared
+    /// that is not the one last refused (or was refused more than 5 s ago).
+    fn rotated(&self, meta: Option<&std::fs::Metadata>, id: Option<FileId>) -> bool {
+        match (&self.file, meta) {
+            (Some((_, ino)), Some(m)) => m.ino() != *ino,
+            (None, Some(_)) => {
+                self.refused_id.is_none()
+                    || self.refused_id != id
+                    || self.refused_at.elapsed() > Duration::from_secs(5)
+            }
+            _ => false,
+        }
+    }
+
+    /// Read what is left in the old file, then open the path again; false when the session
+    /// is gone.
+    fn reopen(&mut self, id: Option<FileId>) -> bool {
+        if let Some((f, _)) = self.file.as_mut() {
+            while let Ok(n) = f.read(&mut self.buf) {
+                if n == 0 {
+                    break;
+                }
+                self.split.push(&self.buf[..n], |l| self.lines.push(l));
+            }
+            self.split.finish(|l| self.lines.push(l));
+            if !self.sink.send(&mut self.lines) {
+                return false;
+            }
+        }
+        self.file = None;
+        match open_log(&self.path, self.owner) {
+            Ok((mut f, m)) => {
+                self.refused = false;
+                self.refused_id = None;
+                // On attach, start up to 256 KiB back so the bundle has the recent
+                // history; a new file that is already long (a 1 TiB sparse file put
+                // in the log's place, review 7) likewise.
+                self.pos = if self.first || m.len() > 256 * 1024 {
+                    m.len().saturating_sub(256 * 1024)
+                } else {
+                    0
+                };
+                let _ = f.seek(SeekFrom::Start(self.pos));
+                // The first line read from there may be a fragment: it is kept (its
+                // end can be the line that matters, after a sparse run of zeros).
+                self.split = LineSplitter::default();
+                self.first = false;
+                self.file = Some((f, m.ino()));
+            }
+            Err(e) if !self.refused => {
+                self.refused = true;
+                self.refused_id = id;
+                self.refused_at = std::time::Instant::now();
+                crate::say!(
+                    "nantrace: WARNING: not reading {}: {e}",
+                    crate::term::clean(&self.path.display().to_string())
+                );
+            }
+            Err(_) => {
+                self.refused_id = id;
+                self.refused_at = std::time::Instant::now();
+            }
+        }
+        true
+    }
+
+    /// Truncated (copytruncate rotation): start again from the top (or 256 KiB before the
+    /// end when it is already long again).
+    fn check_truncated(&mut self, m: &std::fs::Metadata) {
+        if let Some((f, _)) = self.file.as_mut() {
+            if m.len() < self.pos {
+                self.pos = m.len().saturating_sub(256 * 1024);
+                let _ = f.seek(SeekFrom::Start(self.pos));
+                self.split = LineSplitter::default();
+            }
+        }
+    }
+
+    /// Read and send what was written since the last round, at most 16 MiB: the session's
+    /// end and a closed channel are seen between rounds, whatever the file does. The budget
+    /// left (0: there is more to read at once); None when the session is gone.
+    fn read_new(&mut self) -> Option<usize> {
+        let mut budget = 16usize << 20;
+        if let Some((f, _)) = self.file.as_mut() {
+            while let Ok(n) = f.read(&mut self.buf) {
+                if n == 0 || self.sink.tx.is_closed() {
+                    break;
+                }
+                self.behind.set(true);
+                budget = budget.saturating_sub(n);
+                self.pos += n as u64;
+                self.split.push(&self.buf[..n], |l| self.lines.push(l));
+                if !self.sink.send(&mut self.lines) {
+                    self.behind.set(false);
+                    return None;
+                }
+                if budget == 0 {
+                    break;
+                }
+            }
+        }
+        Some(budget)
+    }
 }
 
 /// Open a log to follow; with `owner`, only a regular file (not a link) owned by that uid,

@@ -1,6 +1,9 @@
 //! The job directory's protocol on a real directory: incidents opened and joined, bundles
 //! placed under them without following links, markers of anyone but the agents ignored.
 use super::*;
+use crate::session::Input;
+use crate::trigger::TriggerKind;
+use tokio::sync::mpsc;
 
 struct Tmp(PathBuf);
 

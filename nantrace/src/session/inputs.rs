@@ -1,0 +1,219 @@
+//! What a session does with each input: kernel events and samples, the job's lines, its end,
+//! triggers from outside. A trigger opens the incident (or joins the one open) and sets when
+//! its post-window ends.
+use super::{Input, Mode, Session, JOB_WIDE_POST_S};
+use crate::clock::monotonic_ns;
+use crate::event::{Detail, Event};
+use crate::trigger::{self, Fired, TriggerKind};
+
+impl Session {
+    fn fire(&mut self, f: Fired) {
+        if !self.enabled.on(f.kind) {
+            if !self.said_off.contains(&f.kind) {
+                self.said_off.push(f.kind);
+                self.say(&format!(
+                    "nantrace: trigger {} is turned off, nothing written: {}",
+                    f.kind.name(),
+                    crate::term::clean(&f.reason.chars().take(160).collect::<String>())
+                ));
+            }
+            return;
+        }
+        self.say(&format!(
+            "nantrace: trigger {}: {}",
+            f.kind.name(),
+            crate::term::clean(&f.reason.chars().take(160).collect::<String>())
+        ));
+        self.rec.push(Event::new(
+            f.mono_ns,
+            0,
+            0,
+            crate::event::Comm::NONE,
+            false,
+            Detail::Trigger {
+                kind: f.kind.name(),
+                reason: Box::new(f.reason.clone()),
+            },
+        ));
+        // Another node's incident (a job-wide dump): what this node holds is what it recorded
+        // until now and what is in flight; the aftermath is the opening node's. A short
+        // window, so the job report has every node soon (issue 30). This node's own trigger
+        // during it gets its whole post-window (its own aftermath is its evidence).
+        let post_s = if f.kind == TriggerKind::JobWide {
+            self.opts.post_s.min(JOB_WIDE_POST_S)
+        } else {
+            self.opts.post_s
+        };
+        let own_after_job_wide = !self.incident.is_empty()
+            && f.kind != TriggerKind::JobWide
+            && self.incident.iter().all(|t| t.kind == TriggerKind::JobWide);
+        if own_after_job_wide {
+            let until = monotonic_ns() + (post_s * 1e9) as u64;
+            self.deadline = Some(self.deadline.map_or(until, |d| d.max(until)));
+            self.post_used_s = post_s;
+        }
+        if self.incident.is_empty() {
+            self.post_used_s = post_s;
+            self.deadline = Some(monotonic_ns() + (post_s * 1e9) as u64);
+            if let Some(h) = &self.on_open {
+                h(f.kind.name(), &f.reason);
+            }
+        }
+        self.incident.push(f);
+    }
+
+    /// A kernel event or a sample of this job.
+    pub fn on_event(&mut self, e: Event) {
+        *self.counts.entry(e.source()).or_default() += 1;
+        if let Some(f) = trigger::from_event(&e, self.seen_nan) {
+            self.fire(f);
+        }
+        if self.mode == Mode::Follow {
+            if let (
+                Detail::Exit {
+                    code,
+                    signal,
+                    core_dumped,
+                    ..
+                },
+                Some(root),
+            ) = (&e.detail, self.info.root_pid)
+            {
+                if e.pid == root {
+                    self.info.exit_code = (*code >= 0).then_some(*code);
+                    self.info.exit_signal = (*signal > 0).then_some(*signal);
+                    self.info.exit_core_dumped = *core_dumped;
+                }
+            }
+        }
+        self.rec.push(e);
+    }
+
+    /// A line of the job's output.
+    pub fn on_log(&mut self, e: Event) {
+        *self.counts.entry("log").or_default() += 1;
+        if let Detail::Log(l) = &e.detail {
+            if l.step.is_some() || l.loss.is_some() {
+                self.last_progress = Some(monotonic_ns());
+                self.stalled = false;
+            }
+        }
+        if let (Some(f), Detail::Log(l)) = (&self.on_fault, &e.detail) {
+            if let Some(fault) = l.fault.as_deref() {
+                f(fault.family);
+            }
+        }
+        if let Some(f) = trigger::from_event_seen(&e, self.seen_nan, self.seen_job_error) {
+            self.seen_nan |= f.kind == TriggerKind::Nan;
+            if f.kind == TriggerKind::JobError {
+                self.seen_job_error = true;
+                self.last_job_error = monotonic_ns();
+            }
+            self.fire(f);
+        }
+        self.rec.push(e);
+    }
+
+    /// The job has ended (`code`/`signal`/`core_dumped` from `wait` in spawn mode; from the
+    /// kernel otherwise).
+    pub fn on_exit(&mut self, code: Option<i32>, signal: Option<i32>, core_dumped: bool) {
+        self.job_done = true;
+        if self.mode == Mode::Spawn {
+            self.info.exit_code = code;
+            self.info.exit_signal = signal;
+            self.info.exit_core_dumped = core_dumped;
+        }
+        let now = monotonic_ns();
+        let (code, signal) = (self.info.exit_code, self.info.exit_signal);
+        let root = self.info.root_pid.unwrap_or(0);
+        if self.quiet_exit && self.incident.is_empty() {
+            self.say(&format!(
+                "nantrace: the job ended ({}) after the signal that the last bundle answered",
+                crate::export::exit_text(code, signal, self.info.exit_core_dumped)
+            ));
+        } else if let Some(s) = signal {
+            self.fire(Fired {
+                kind: TriggerKind::Signal,
+                mono_ns: now,
+                reason: format!("job {root} ended by {}", crate::event::signal_name(s)),
+            });
+        } else if let Some(c) = code.filter(|c| *c != 0) {
+            self.fire(Fired {
+                kind: TriggerKind::Exit,
+                mono_ns: now,
+                reason: format!("job {root} exited with code {c}"),
+            });
+        }
+        if self.incident.is_empty() {
+            self.finish = true;
+        } else {
+            self.deadline = Some(self.deadline.unwrap_or(now).min(now + 500_000_000));
+        }
+    }
+
+    /// The stall trigger: training progress (step or loss lines) seen, then none for
+    /// `hang_after_s` while the job runs; once per stall.
+    pub(super) fn check_stall(&mut self, now: u64) {
+        let after = (self.opts.hang_after_s * 1e9) as u64;
+        if after == 0 || self.stalled || self.job_done || !self.incident.is_empty() {
+            return;
+        }
+        let Some(last) = self.last_progress else {
+            return;
+        };
+        if now.saturating_sub(last) >= after {
+            self.stalled = true;
+            self.fire(Fired {
+                kind: TriggerKind::Stall,
+                mono_ns: now,
+                reason: format!(
+                    "no training progress for {:.0} s: no step or loss line since the last one (hang_after_s {})",
+                    now.saturating_sub(last) as f64 / 1e9,
+                    self.opts.hang_after_s
+                ),
+            });
+        }
+    }
+
+    /// A trigger from outside (a signal to nantrace, a trigger file, `ctl dump`, a node-wide
+    /// event the agent routed here), received at `at`.
+    pub fn on_fire(&mut self, kind: TriggerKind, reason: String, at: u64) {
+        let now = monotonic_ns();
+        let during_dump = at <= self.last_dump_end || self.dumping_since.is_some_and(|s| at >= s);
+        if !during_dump {
+            self.fire(Fired {
+                kind,
+                mono_ns: now,
+                reason,
+            });
+        }
+        if kind == TriggerKind::Manual {
+            if self.mode == Mode::Spawn && !self.job_done {
+                // The signal went on to the job: its end ends the session. Its death by a
+                // signal that the last dump already answered is not a new incident.
+                self.quiet_exit |= during_dump;
+            } else {
+                self.finish = true;
+                if !self.incident.is_empty() {
+                    self.deadline = Some(now + 300_000_000);
+                }
+            }
+        }
+    }
+
+    pub fn on_input(&mut self, input: Input) {
+        match input {
+            Input::Kernel(batch) | Input::Samples(batch) => {
+                batch.into_iter().for_each(|e| self.on_event(e))
+            }
+            Input::Log(e) => self.on_log(e),
+            Input::JobExit {
+                code,
+                signal,
+                core_dumped,
+            } => self.on_exit(code, signal, core_dumped),
+            Input::Fire(kind, reason, at) => self.on_fire(kind, reason, at),
+            Input::Budget(bytes) => self.rec.set_cap(bytes),
+        }
+    }
+}
