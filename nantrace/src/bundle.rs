@@ -17,6 +17,9 @@ pub const SCHEMA: &str = "nantrace.timeline/1";
 pub const MERGED_SCHEMA: &str = "nantrace.merged/1";
 /// gpucheck.json (`nantrace gpucheck`, added to a NaN bundle after the job).
 pub const GPUCHECK_SCHEMA: &str = "nantrace.gpucheck/1";
+/// A node's summary, `summary.json` (docs/bundle.md): what the job report reads of a quiet
+/// node instead of its timeline.
+pub const SUMMARY_SCHEMA: &str = "nantrace.summary/1";
 
 /// The node a bundle is from (read where the world is read: `collect::host`).
 pub use crate::collect::host::Host;
@@ -92,6 +95,9 @@ pub struct Derived<'a, A> {
     pub beside: Box<dyn FnOnce() -> Vec<File> + Send + 'a>,
     pub answer: Box<dyn FnOnce() -> (A, Vec<File>) + 'a>,
     pub views: Views<'a, A>,
+    /// The node's summary (`summary.json`, [`SUMMARY_SCHEMA`]) from the analysis; the
+    /// writer adds the size and hash of the timeline.json it wrote (`timeline`).
+    pub summary: Box<dyn FnOnce(&A) -> Value + 'a>,
 }
 
 /// What is rendered from the analysis.
@@ -104,6 +110,7 @@ impl<A> Derived<'_, A> {
             beside,
             answer,
             views,
+            summary: _,
         } = self;
         std::thread::scope(|s| {
             let beside = s.spawn(beside);
@@ -404,13 +411,23 @@ pub fn write<A>(
     // timeline.json (every event, the longest file) on a thread of its own; what the layers
     // above derive from the digest on this one (they take a thread of their own for the
     // trace): the dump of a 100 k-event window takes the longest of these, not their sum.
-    let (analysis, timeline, trace_panicked) = std::thread::scope(|s| {
-        let timeline =
-            s.spawn(|| tmp.write_with("timeline.json", |w| write_timeline(w, inc, &head)));
+    let hash = std::sync::Mutex::new(None);
+    let (analysis, timeline, trace_panicked, summary) = std::thread::scope(|s| {
+        let timeline = s.spawn(|| {
+            tmp.write_with("timeline.json", |w| {
+                let mut w = Fnv::new(w);
+                write_timeline(&mut w, inc, &head)?;
+                *hash
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(w.hash);
+                Ok(())
+            })
+        });
         let Derived {
             beside,
             answer,
             views,
+            summary,
         } = derive(&d, snapshot);
         let beside = s.spawn(beside);
         let (analysis, answer) = answer();
@@ -429,13 +446,24 @@ pub fn write<A>(
         for (name, data) in beside.as_deref().unwrap_or_default() {
             put(name, &mut |w| w.write_all(data));
         }
-        (analysis, timeline.join(), beside.is_err())
+        let summary = summary(&analysis);
+        (analysis, timeline.join(), beside.is_err(), summary)
     });
     if trace_panicked {
         failures.push("trace.json: the renderer panicked".into());
     }
     match timeline {
-        Ok(Ok(n)) if n > 0 => written += 1,
+        Ok(Ok(n)) if n > 0 => {
+            written += 1;
+            // The summary of this timeline, named by its size and hash; none for a bundle
+            // whose timeline failed (the job report then has nothing to check it against).
+            let mut summary = summary;
+            let h = hash.lock().ok().and_then(|h| *h);
+            summary["timeline"] = json!({ "bytes": n, "fnv1a64": h.map(|h| format!("{h:016x}")) });
+            let _ = tmp.write_with("summary.json", |w| {
+                serde_json::to_writer(w, &summary).map_err(std::io::Error::from)
+            });
+        }
         Ok(Ok(_)) => {}
         Ok(Err(e)) => failures.push(format!("timeline.json: {e}")),
         Err(_) => failures.push("timeline.json: the writer thread panicked".into()),
@@ -454,6 +482,45 @@ pub fn write<A>(
         failures,
         analysis,
     })
+}
+
+/// A writer that hashes what goes through it (FNV-1a, 64 bits): the timeline's identity in
+/// its summary, taken while it is written.
+struct Fnv<W> {
+    inner: W,
+    hash: u64,
+}
+
+impl<W: std::io::Write> Fnv<W> {
+    fn new(inner: W) -> Self {
+        Fnv {
+            inner,
+            hash: 0xcbf2_9ce4_8422_2325,
+        }
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for Fnv<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        for &b in &buf[..n] {
+            self.hash = (self.hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The identity of a bundle's timeline.json as its summary names it: its size and FNV-1a
+/// hash (read through, never through a link).
+pub fn timeline_identity(dir: &Path) -> anyhow::Result<Value> {
+    let mut f = open_plain(&dir.join("timeline.json"))?;
+    let mut h = Fnv::new(std::io::sink());
+    let n = std::io::copy(&mut f, &mut h)?;
+    Ok(json!({ "bytes": n, "fnv1a64": format!("{:016x}", h.hash) }))
 }
 
 /// The name a bundle is claimed under: its own, or with the incomplete suffix and a note

@@ -78,6 +78,13 @@ pub fn rfc3339(wall_ns: i128) -> String {
     })
 }
 
+/// Nanoseconds since the epoch of an RFC 3339 time; `None` when it is not one.
+pub fn parse_rfc3339_ns(s: &str) -> Option<i128> {
+    OffsetDateTime::parse(s, &Rfc3339)
+        .ok()
+        .map(OffsetDateTime::unix_timestamp_nanos)
+}
+
 /// `20261130T095507Z`, for directory names.
 pub fn compact_utc(wall_ns: i128) -> String {
     let t =

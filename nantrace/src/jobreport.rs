@@ -75,6 +75,10 @@ pub struct JobReport {
     /// other nodes came after it (`report::order`): those are its consequences.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_failure: Option<crate::report::Order>,
+    /// Nodes read from their summaries (quiet nodes, `jobreport::summary`), the others
+    /// from their timelines.
+    #[serde(skip)]
+    pub from_summaries: usize,
 }
 
 /// The view of one node on the job's clock: its events, its own accounting, the job's
@@ -162,10 +166,18 @@ pub fn build(merged: &Value, nodes: &[Node]) -> JobReport {
                 .into_iter()
                 .cloned()
                 .collect();
-            NodePart::of(&merged["first_nan"], n, events)
+            NodePart::of(n, events, (t0_of(merged), &merged["first_nan"])).0
         })
         .collect();
     build_from(merged, nodes, parts)
+}
+
+/// The job's first trigger (what its offsets count from), from a merged timeline.
+fn t0_of(merged: &Value) -> i128 {
+    merged["trigger"]["time"]
+        .as_str()
+        .and_then(crate::clock::parse_rfc3339_ns)
+        .unwrap_or(0)
 }
 
 /// One node's part of the job report, taken while its events are at hand: its summary (its
@@ -178,10 +190,42 @@ pub struct NodePart {
 }
 
 impl NodePart {
-    /// `events`: the node's events on the job's clock; `first_nan`: the job's reference.
-    pub fn of(first_nan: &Value, n: &Node, events: Vec<Value>) -> NodePart {
-        let view = node_view(first_nan, n, events);
-        let a: Analysis = crate::report::analyze(&view, &n.snapshot);
+    /// `events`: the node's events on the job's clock (given back, not copied); `t0_ns`: the
+    /// job's first trigger; `first_nan`: the job's reference.
+    pub fn of(
+        n: &Node,
+        events: Vec<Value>,
+        (t0_ns, first_nan): (i128, &Value),
+    ) -> (NodePart, Vec<Value>) {
+        let mut view = node_view(first_nan, n, events);
+        let gpus = buckets::Buckets::of_events(view["events"].as_array().into_iter().flatten());
+        let mut pcis: Vec<String> = view["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["pci"].as_str().map(String::from))
+            .collect();
+        pcis.sort();
+        pcis.dedup();
+        let part = NodePart::from_view(n, &view, &gpus, pcis, t0_ns);
+        let events = match view["events"].take() {
+            Value::Array(a) => a,
+            _ => Vec::new(),
+        };
+        (part, events)
+    }
+
+    /// The node's own analysis of `view` (its events on the job's clock, against the job's
+    /// reference), its peer measures (its GPUs from `gpus`), its links.
+    fn from_view(
+        n: &Node,
+        view: &Value,
+        gpus: &buckets::Buckets,
+        pcis: Vec<String>,
+        t0_ns: i128,
+    ) -> NodePart {
+        let reference = view["first_nan"]["offset_s"].as_f64().unwrap_or(0.0);
+        let a: Analysis = crate::report::analyze(view, &n.snapshot);
         let machine: Vec<&Finding> = a.suspects.iter().filter(|s| s.blames_machine()).collect();
         let first_machine = machine
             .iter()
@@ -198,21 +242,14 @@ impl NodePart {
             machine: a.machine,
             first_machine,
             machine_from_job_words_only: words_only,
-            measures: measures(&view),
+            measures: measures(view, gpus, |b| {
+                buckets::start_rel(b, n.correction_s, t0_ns, reference)
+            }),
         };
-        let links = peers::links(&view, &n.snapshot);
-        let mut pcis: Vec<String> = view["events"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e["pci"].as_str().map(String::from))
-            .collect();
-        pcis.sort();
-        pcis.dedup();
         NodePart {
             summary,
             pcis,
-            links,
+            links: peers::links(view, &n.snapshot),
         }
     }
 }
@@ -282,6 +319,7 @@ pub fn build_from(merged: &Value, nodes: &[Node], parts: Vec<NodePart>) -> JobRe
         outliers: outl,
         clock_statement: merged["clock_statement"].as_str().unwrap_or("").to_string(),
         first_failure,
+        from_summaries: 0,
     }
 }
 
@@ -357,8 +395,10 @@ fn job_steps(merged: &Value, nan_off: f64) -> Vec<f64> {
     by_step.into_values().chain(unnumbered).collect()
 }
 
+mod buckets;
 mod hang;
 mod load;
+pub mod summary;
 mod verdict;
 use verdict::{verdict, Explained, Verdict};
 mod render;

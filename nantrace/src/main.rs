@@ -200,6 +200,10 @@ enum Cmd {
         /// The job report as JSON on stdout
         #[arg(long)]
         json: bool,
+        /// A job directory: first write summary.json into each node bundle that has none
+        /// of this analysis (bundles of agents before summaries), then report
+        #[arg(long)]
+        summaries: bool,
     },
     /// Merge node bundles of one job into one timeline, trace and report, on one clock
     Merge {
@@ -408,7 +412,11 @@ fn main() -> anyhow::Result<()> {
             bundle,
             write,
             json,
-        } if json || nantrace::jobreport::is_job_dir(&bundle) => {
+            summaries,
+        } if json || summaries || nantrace::jobreport::is_job_dir(&bundle) => {
+            if summaries {
+                nantrace::cmd::report::write_summaries(&bundle)?;
+            }
             nantrace::cmd::report::job_dir(&bundle, json, write)?;
             0
         }

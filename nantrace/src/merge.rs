@@ -163,7 +163,7 @@ impl Clock {
 
     /// The merged timeline (schema `nantrace.merged/1`) of the nodes' headers and `events`
     /// (on the job's clock, in any order: sorted here).
-    pub fn assemble(self, nodes: &[Node], mut events: Vec<(i128, Value)>) -> Value {
+    pub fn assemble(&self, nodes: &[Node], mut events: Vec<(i128, Value)>) -> Value {
         // Stable: events of one instant keep the order they came in (node by node).
         events.sort_by_key(|e| e.0);
         let mut unc: Vec<f64> = nodes.iter().filter_map(|n| n.uncertainty_s).collect();
@@ -195,7 +195,7 @@ impl Clock {
             "clock_statement": statement,
             "host": { "hostname": format!("{} nodes", nodes.len()), "kernel": first["host"]["kernel"] },
             "trigger": self.triggers.first().map(|t| t.1.clone()),
-            "triggers": self.triggers.into_iter().map(|t| t.1).collect::<Vec<_>>(),
+            "triggers": self.triggers.iter().map(|t| t.1.clone()).collect::<Vec<_>>(),
             "first_nan": self.first_nan,
             "window": first["window"],
             "job": first["job"],

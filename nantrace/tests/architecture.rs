@@ -188,10 +188,19 @@ fn imports(path: &str, code: &str) -> Vec<String> {
 fn no_function_length_lint_is_silenced() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let mut files = Vec::new();
-    for crate_dir in ["nantrace/src", "nantrace-common/src", "nantrace-ebpf/src", "xtask/src"] {
+    for crate_dir in [
+        "nantrace/src",
+        "nantrace-common/src",
+        "nantrace-ebpf/src",
+        "xtask/src",
+    ] {
         sources(&root.join(crate_dir), root, &mut files);
     }
-    assert!(files.len() > 50, "the sources were not found under {}", root.display());
+    assert!(
+        files.len() > 50,
+        "the sources were not found under {}",
+        root.display()
+    );
     let lint = ["too_many", "_lines"].concat();
     let silenced: Vec<&str> = files
         .iter()
@@ -206,9 +215,15 @@ fn no_function_length_lint_is_silenced() {
         })
         .map(|(path, _)| path.as_str())
         .collect();
-    assert!(silenced.is_empty(), "clippy::{lint} named (an allow or expect of it) in {silenced:?}");
+    assert!(
+        silenced.is_empty(),
+        "clippy::{lint} named (an allow or expect of it) in {silenced:?}"
+    );
     let conf = std::fs::read_to_string(root.join("clippy.toml")).expect("clippy.toml");
-    assert!(conf.contains("too-many-lines-threshold = 120"), "clippy.toml: {conf}");
+    assert!(
+        conf.contains("too-many-lines-threshold = 120"),
+        "clippy.toml: {conf}"
+    );
 }
 
 #[test]

@@ -13,11 +13,47 @@ pub fn bundle(b: &Path, write: bool) -> anyhow::Result<()> {
     if write {
         let dir = crate::safefs::Dir::open_private(b)
             .with_context(|| format!("report --write {}", b.display()))?;
-        for (name, data) in crate::export::derived(&t, &snap).run().1 {
+        let (a, files) = crate::export::derived(&t, &snap).run();
+        for (name, data) in files {
             dir.replace(name, &data)
                 .with_context(|| format!("writing {}/{name}", b.display()))?;
         }
+        // Its summary again, of this analysis (a bundle of an older agent gets one).
+        let mut summary = crate::jobreport::summary::of(&t, &snap, &a);
+        summary["timeline"] = crate::bundle::timeline_identity(b)?;
+        dir.replace("summary.json", &serde_json::to_vec(&summary)?)
+            .with_context(|| format!("writing {}/summary.json", b.display()))?;
     }
+    Ok(())
+}
+
+/// `nantrace report --summaries DIR`: summary.json written into each node bundle under DIR
+/// that has none the job report may use, one bundle in memory at a time.
+pub fn write_summaries(dir: &Path) -> anyhow::Result<()> {
+    let (mut done, mut failed) = (0, 0);
+    for b in crate::jobreport::find_bundles(dir)? {
+        if crate::jobreport::summary::current(&b).is_some() {
+            continue;
+        }
+        let written = crate::report::for_bundle(&b).and_then(|(a, t, snap)| {
+            let mut summary = crate::jobreport::summary::of(&t, &snap, &a);
+            summary["timeline"] = crate::bundle::timeline_identity(&b)?;
+            crate::safefs::Dir::open_private(&b)?
+                .replace("summary.json", &serde_json::to_vec(&summary)?)?;
+            Ok(())
+        });
+        match written {
+            Ok(()) => done += 1,
+            Err(e) => {
+                failed += 1;
+                crate::say!(
+                    "nantrace: WARNING: {}: no summary written: {e:#}",
+                    b.display()
+                );
+            }
+        }
+    }
+    crate::say!("nantrace: {done} summaries written ({failed} could not be)");
     Ok(())
 }
 
@@ -25,6 +61,13 @@ pub fn bundle(b: &Path, write: bool) -> anyhow::Result<()> {
 /// or `json`), and with `write` job-report.md, job-report.json and trace.json into DIR.
 pub fn job_dir(dir: &Path, json: bool, write: bool) -> anyhow::Result<()> {
     let (r, merged, nodes) = crate::jobreport::from_dir(dir)?;
+    if r.from_summaries > 0 {
+        crate::say!(
+            "nantrace: {} of {} nodes read from their summaries (quiet nodes), the others from their timelines",
+            r.from_summaries,
+            r.nodes.len()
+        );
+    }
     let md = crate::jobreport::markdown(&r);
     if json {
         crate::sayout!("{}", serde_json::to_string_pretty(&r)?);

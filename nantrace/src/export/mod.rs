@@ -39,6 +39,7 @@ pub fn derived<'a>(
             )
         }),
         views: Box::new(move |a| vec![("report.html", html::render(a, t, snapshot).into_bytes())]),
+        summary: Box::new(move |a| crate::jobreport::summary::of(t, snapshot, a)),
     }
 }
 

@@ -68,7 +68,7 @@ pub fn is_job_dir(dir: &Path) -> bool {
 /// collectors' samples (GPU, system, disk, network, the job's processes) once the node is
 /// analysed: the merged timeline and trace then have every node's kernel, log and trigger
 /// lanes, and no sample lanes. Up to it, everything (the trace's counters for every node).
-pub const FULL_LANES_NODES: usize = 64;
+pub const FULL_LANES_NODES: usize = 16;
 
 /// Read and analyse the bundles under `dir`, one node's events in memory at a time: the
 /// headers first (the job's clock and reference need no events), then each node whole, its
@@ -81,13 +81,28 @@ pub(super) fn from_dir_with(
     dir: &Path,
     full_lanes: usize,
 ) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
+    from_dir_using(dir, full_lanes, true)
+}
+
+/// How each node is read: from its summary (a quiet node's, usable) or whole.
+enum Source {
+    Summary(Value),
+    Whole,
+}
+
+/// `summaries`: use the nodes' summaries where they may stand for their timelines.
+pub(super) fn from_dir_using(
+    dir: &Path,
+    full_lanes: usize,
+    summaries: bool,
+) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
     let dirs = find_bundles(dir)?;
     anyhow::ensure!(
         !dirs.is_empty(),
         "{}: no node bundle (a directory with timeline.json) in it or below it",
         dir.display()
     );
-    let heads = read_heads(&dirs);
+    let heads = read_heads(&dirs, summaries);
     anyhow::ensure!(
         !heads.is_empty(),
         "{}: none of the {} bundles could be read",
@@ -96,42 +111,118 @@ pub(super) fn from_dir_with(
     );
     let groups = by_host(heads);
     let mut nodes: Vec<Node> = groups.iter().map(|g| combine_heads(g)).collect();
+    // A node that dumped more than once is read whole (its dumps are put together).
+    let mut how: Vec<Source> = groups
+        .iter()
+        .map(|g| match g.as_slice() {
+            [(_, Some(s))] => Source::Summary(s.clone()),
+            _ => Source::Whole,
+        })
+        .collect();
     let clock = crate::merge::Clock::of(&mut nodes);
-    let first_nan = clock.first_nan();
     let thin = nodes.len() > full_lanes;
-    let mut events = Vec::new();
-    let mut parts = Vec::with_capacity(nodes.len());
-    for (i, group) in groups.iter().enumerate() {
-        let name = nodes[i].name.clone();
-        if !clock.skipped.contains(&i) {
-            if let Some(mut whole) = read_whole(group) {
-                whole.name = name;
-                nodes[i] = whole;
-            }
+    loop {
+        let mut job = Job::default();
+        for i in 0..nodes.len() {
+            job.read(
+                &clock,
+                (&groups[i], &how[i]),
+                &mut nodes[i],
+                thin,
+                clock.skipped.contains(&i),
+            );
         }
-        let own = if clock.skipped.contains(&i) {
-            Vec::new()
-        } else {
-            clock.events_of(&mut nodes[i])
-        };
-        parts.push(super::NodePart::of(
-            &first_nan,
-            &nodes[i],
-            own.iter().map(|(_, e)| e.clone()).collect(),
-        ));
-        events.extend(own.into_iter().filter(|(_, e)| !thin || !is_sample(e)));
-        if thin {
-            nodes[i].snapshot = thin_snapshot(&nodes[i].snapshot);
+        let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+        let events = job.events;
+        let merged = clock.assemble(&nodes, events);
+        let mut r = super::build_from(&merged, &nodes, job.parts);
+        r.from_summaries = job.from_summaries;
+        // The node the verdict names is read from its timeline, never from its summary.
+        let named = r
+            .node
+            .as_ref()
+            .and_then(|n| names.iter().position(|x| x == n));
+        match named {
+            Some(i) if matches!(how[i], Source::Summary(_)) => {
+                how[i] = Source::Whole;
+                nodes = groups.iter().map(|g| combine_heads(g)).collect();
+                for (n, name) in nodes.iter_mut().zip(&names) {
+                    n.name.clone_from(name);
+                }
+            }
+            _ => return Ok((r, merged, nodes)),
         }
     }
-    let merged = clock.assemble(&nodes, events);
-    let r = super::build_from(&merged, &nodes, parts);
-    Ok((r, merged, nodes))
+}
+
+/// The parts of the job report taken node by node, and the events kept for the job's
+/// steps (its log lines, its hang, the merged trace).
+#[derive(Default)]
+struct Job {
+    events: Vec<(i128, Value)>,
+    parts: Vec<super::NodePart>,
+    from_summaries: usize,
+}
+
+impl Job {
+    /// One node: read (from its summary or whole), its part taken, its events kept (its
+    /// samples let go when `thin`).
+    fn read(
+        &mut self,
+        clock: &crate::merge::Clock,
+        (group, how): (&[(Node, Option<Value>)], &Source),
+        node: &mut Node,
+        thin: bool,
+        skipped: bool,
+    ) {
+        let first_nan = clock.first_nan();
+        let name = node.name.clone();
+        match how {
+            Source::Summary(s) if !skipped => {
+                *node = super::summary::node(&group[0].0.dir, s);
+                node.name = name;
+                let own = clock.events_of(node);
+                let evs = own.iter().map(|(_, e)| e.clone()).collect();
+                self.parts.push(super::NodePart::from_summary(
+                    s,
+                    node,
+                    evs,
+                    (clock.t0, &first_nan),
+                ));
+                self.events.extend(own);
+                self.from_summaries += 1;
+                return;
+            }
+            Source::Whole if !skipped => {
+                if let Some(mut whole) = read_whole(group) {
+                    whole.name = name;
+                    *node = whole;
+                }
+            }
+            _ => {}
+        }
+        let own = if skipped {
+            Vec::new()
+        } else {
+            clock.events_of(node)
+        };
+        let (at, evs): (Vec<i128>, Vec<Value>) = own.into_iter().unzip();
+        let (part, evs) = super::NodePart::of(node, evs, (clock.t0, &first_nan));
+        self.parts.push(part);
+        self.events.extend(
+            at.into_iter()
+                .zip(evs)
+                .filter(|(_, e)| !thin || !is_sample(e)),
+        );
+        if thin {
+            node.snapshot = thin_snapshot(&node.snapshot);
+        }
+    }
 }
 
 /// The collectors' samples: most of a node's events, needed only by its own analysis and
 /// its peer measures (taken while the node is read).
-fn is_sample(e: &Value) -> bool {
+pub(super) fn is_sample(e: &Value) -> bool {
     matches!(
         e["source"].as_str(),
         Some("gpu" | "system" | "disk" | "net" | "job_procs")
@@ -140,17 +231,17 @@ fn is_sample(e: &Value) -> bool {
 
 /// What the job-wide steps read of a node's snapshot once its part is taken: its GPUs (to
 /// name the culprit's), its ranks' stacks (a hang), its scheduler.
-fn thin_snapshot(s: &Value) -> Value {
+pub(super) fn thin_snapshot(s: &Value) -> Value {
     if !s.is_object() {
         return s.clone();
     }
-    json!({ "gpu": s["gpu"], "stacks": s["stacks"], "scheduler": s["scheduler"] })
+    json!({ "gpu": s["gpu"], "stacks": s["stacks"], "scheduler": s["scheduler"], "network": { "job_sockets": s["network"]["job_sockets"] } })
 }
 
 /// Each bundle's header and snapshot (no events), each file once (redteam4 D-8: 50
 /// directories of hard links to one 7.5 MB bundle took 3 GB: a timeline already read under
 /// another name is said and skipped), each bound to its directory's name.
-fn read_heads(dirs: &[PathBuf]) -> Vec<Node> {
+fn read_heads(dirs: &[PathBuf], summaries: bool) -> Vec<(Node, Option<Value>)> {
     let mut nodes = Vec::new();
     let mut files = BTreeSet::new();
     for d in dirs {
@@ -165,13 +256,20 @@ fn read_heads(dirs: &[PathBuf]) -> Vec<Node> {
             );
             continue;
         }
-        match crate::merge::load_head(d) {
-            Ok(n) => match bound_to_its_directory(&n) {
+        let summary = summaries.then(|| super::summary::usable(d)).flatten();
+        let head = match &summary {
+            Some(s) => Ok(super::summary::node(d, s)),
+            None => crate::merge::load_head(d),
+        };
+        match head {
+            Ok(mut n) => match bound_to_its_directory(&n) {
                 Ok(()) => {
                     // Recorded once accepted: a refused link under a wrong name does not
                     // hide the same file under its node's own name.
                     files.extend(file);
-                    nodes.push(n);
+                    // The clock needs the header only.
+                    n.timeline["events"] = json!([]);
+                    nodes.push((n, summary));
                 }
                 Err(why) => crate::say!("nantrace: WARNING: {}: not read: {why}", d.display()),
             },
@@ -183,13 +281,16 @@ fn read_heads(dirs: &[PathBuf]) -> Vec<Node> {
 
 /// A node's bundles read whole and made one node; `None` (said) when one can no longer be
 /// read: the node then counts with its header only.
-fn read_whole(group: &[Node]) -> Option<Node> {
+fn read_whole(group: &[(Node, Option<Value>)]) -> Option<Node> {
     let mut whole = Vec::with_capacity(group.len());
-    for h in group {
+    for (h, _) in group {
         match crate::merge::load(&h.dir) {
             Ok(n) => whole.push(n),
             Err(e) => {
-                crate::say!("nantrace: WARNING: {}: its events could not be read: {e:#}", h.dir.display());
+                crate::say!(
+                    "nantrace: WARNING: {}: its events could not be read: {e:#}",
+                    h.dir.display()
+                );
                 return None;
             }
         }
@@ -198,11 +299,11 @@ fn read_whole(group: &[Node]) -> Option<Node> {
 }
 
 /// The header of a node that dumped several times, as [`combine`] makes it.
-fn combine_heads(group: &[Node]) -> Node {
+fn combine_heads(group: &[(Node, Option<Value>)]) -> Node {
     combine(
         group
             .iter()
-            .map(|n| Node {
+            .map(|(n, _)| Node {
                 name: n.name.clone(),
                 dir: n.dir.clone(),
                 timeline: n.timeline.clone(),
@@ -255,23 +356,26 @@ fn bound_to_its_directory(n: &Node) -> Result<(), String> {
 /// its first NaN, the newest accounting and snapshot.
 #[cfg(test)]
 pub(super) fn one_per_host(nodes: Vec<Node>) -> Vec<Node> {
-    by_host(nodes).into_iter().map(combine).collect()
+    by_host(nodes.into_iter().map(|n| (n, None)).collect())
+        .into_iter()
+        .map(|g| combine(g.into_iter().map(|(n, _)| n).collect()))
+        .collect()
 }
 
 /// The bundles of each host (by the host name they claim), each host's in trigger order.
-fn by_host(nodes: Vec<Node>) -> Vec<Vec<Node>> {
-    let mut by_host: BTreeMap<String, Vec<Node>> = BTreeMap::new();
-    for n in nodes {
+fn by_host(nodes: Vec<(Node, Option<Value>)>) -> Vec<Vec<(Node, Option<Value>)>> {
+    let mut by_host: BTreeMap<String, Vec<(Node, Option<Value>)>> = BTreeMap::new();
+    for (n, s) in nodes {
         let host = n.timeline["host"]["hostname"]
             .as_str()
             .unwrap_or("")
             .to_string();
-        by_host.entry(host).or_default().push(n);
+        by_host.entry(host).or_default().push((n, s));
     }
     by_host
         .into_values()
         .map(|mut group| {
-            group.sort_by(|a, b| {
+            group.sort_by(|(a, _), (b, _)| {
                 a.timeline["trigger"]["time"]
                     .as_str()
                     .unwrap_or("")

@@ -7,8 +7,13 @@ use serde_json::Value;
 use super::Outlier;
 
 /// Measures to compare between nodes, from a node's events in the window: counts of kernel
-/// events and the GPUs' samples.
-pub(super) fn measures(view: &Value) -> BTreeMap<&'static str, f64> {
+/// events, and its GPUs' samples from their buckets (`start_rel`: a bucket's start relative
+/// to the job's reference, [`super::buckets::start_rel`]).
+pub(super) fn measures(
+    view: &Value,
+    gpus: &super::buckets::Buckets,
+    start_rel: impl Fn(i64) -> f64,
+) -> BTreeMap<&'static str, f64> {
     let mut m = BTreeMap::new();
     // Near the incident only: from PEER_BEFORE_S before the job's reference to PEER_AFTER_S
     // after it (what a node did ten minutes earlier is not this incident).
@@ -39,51 +44,7 @@ pub(super) fn measures(view: &Value) -> BTreeMap<&'static str, f64> {
     );
     m.insert("block_errors_or_slow_io", count("block"));
     m.insert("pcie_aer", count("aer"));
-    // Per GPU, then the node's most extreme GPU: on a node of 8 GPUs one hot or slow GPU
-    // moves the node's mean by an eighth only, and it is one GPU that fails.
-    let mut by_gpu: BTreeMap<u64, Vec<&Value>> = BTreeMap::new();
-    for e in evs.iter().copied().filter(|e| e["source"] == "gpu") {
-        by_gpu.entry(e["gpu"].as_u64().unwrap_or(0)).or_default().push(e);
-    }
-    let series = |gpu: &[&Value], k: &str| {
-        gpu.iter()
-            .filter_map(|e| e[k].as_f64())
-            .collect::<Vec<f64>>()
-    };
-    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
-    let spread = |v: &[f64]| {
-        (!v.is_empty()).then(|| {
-            v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min)
-        })
-    };
-    // What a GPU can report (redteam4 D-9: one bundle's 1e6 W made both healthy peers stand
-    // out below half "the median"): a node with a value outside is not compared on it.
-    for (name, k, lo, hi, worst) in [
-        ("gpu_power_w_mean", "power_w", 0.0, 2000.0, f64::min as fn(f64, f64) -> f64),
-        ("gpu_sm_clock_mhz_mean", "sm_clock_mhz", 0.0, 5000.0, f64::min),
-        ("gpu_temp_c_mean", "temp_c", -40.0, 150.0, f64::max),
-    ] {
-        let per: Vec<Vec<f64>> = by_gpu.values().map(|g| series(g, k)).collect();
-        if per.iter().flatten().any(|x| !(lo..=hi).contains(x)) {
-            crate::say!("nantrace: WARNING: a node's GPU {k} samples lie outside {lo}..{hi} (no GPU reports that): it is not compared with its peers on them");
-            continue;
-        }
-        if let Some(x) = per.iter().filter_map(|v| mean(v)).reduce(worst) {
-            m.insert(name, x);
-        }
-    }
-    for (name, k) in [
-        ("gpu_ecc_corrected_increase", "ecc_corrected_volatile"),
-        ("gpu_pcie_replay_increase", "pcie_replay"),
-    ] {
-        if let Some(x) = by_gpu
-            .values()
-            .filter_map(|g| spread(&series(g, k)))
-            .reduce(f64::max)
-        {
-            m.insert(name, x);
-        }
-    }
+    gpus.measures(start_rel, &mut m);
     m
 }
 

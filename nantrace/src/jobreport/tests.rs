@@ -97,6 +97,11 @@ pub(super) fn report(mut nodes: Vec<Node>) -> JobReport {
     r
 }
 
+thread_local! {
+    /// Nodes the differential test read from their summaries, in this test's last report.
+    pub(super) static SUMMARISED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// The report's JSON without the bundles' paths (the bundles on disk lie elsewhere).
 fn comparable(r: &JobReport) -> Value {
     let mut v = serde_json::to_value(r).unwrap();
@@ -127,13 +132,45 @@ fn streamed(nodes: &[Node]) -> Option<Value> {
     for n in nodes {
         let d = dir.join(n.timeline["host"]["hostname"].as_str().unwrap());
         std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join("timeline.json"), crate::merge::timeline_bytes(&n.timeline).unwrap()).unwrap();
-        std::fs::write(d.join("snapshot.json"), serde_json::to_vec(&n.snapshot).unwrap()).unwrap();
+        std::fs::write(
+            d.join("timeline.json"),
+            crate::merge::timeline_bytes(&n.timeline).unwrap(),
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("snapshot.json"),
+            serde_json::to_vec(&n.snapshot).unwrap(),
+        )
+        .unwrap();
     }
-    let whole = comparable(&super::load::from_dir_with(&dir, usize::MAX).unwrap().0);
-    let thin = comparable(&super::load::from_dir_with(&dir, 0).unwrap().0);
+    let whole = comparable(
+        &super::load::from_dir_using(&dir, usize::MAX, false)
+            .unwrap()
+            .0,
+    );
+    let thin = comparable(&super::load::from_dir_using(&dir, 0, false).unwrap().0);
+    assert_eq!(
+        whole, thin,
+        "letting each node's samples go after its part changed the job report"
+    );
+    // Each node's summary as its dump writes it, from what the dump analysed.
+    for n in nodes {
+        let d = dir.join(n.timeline["host"]["hostname"].as_str().unwrap());
+        let (t, snapshot) = crate::bundle::load(&d).unwrap();
+        let a = crate::report::analyze(&t, &snapshot);
+        let mut s = super::summary::of(&t, &snapshot, &a);
+        s["timeline"] =
+            json!({ "bytes": std::fs::metadata(d.join("timeline.json")).unwrap().len() });
+        std::fs::write(d.join("summary.json"), serde_json::to_vec(&s).unwrap()).unwrap();
+    }
+    let r = super::load::from_dir_using(&dir, 0, true).unwrap().0;
+    SUMMARISED.with(|c| c.set(r.from_summaries));
+    let summarised = comparable(&r);
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(whole, thin, "letting each node's samples go after its part changed the job report");
+    assert_eq!(
+        whole, summarised,
+        "the job report from the quiet nodes' summaries differs from the one from their timelines"
+    );
     Some(whole)
 }
 
@@ -246,6 +283,9 @@ fn a_numeric_divergence_with_every_node_clean_is_not_the_machine() {
     assert_eq!(r.node, None);
     assert_eq!(r.family, "none");
     assert!(r.outliers.is_empty(), "{:?}", r.outliers);
+    // n2 and n3 are quiet: the differential test read them from their summaries (n1 has
+    // the NaN line, a line with something to say: read whole) and found the same report.
+    assert_eq!(SUMMARISED.with(std::cell::Cell::get), 2);
 }
 
 /// Rank 0's NaN ends the job; the other ranks then lose their connection to it and say so:
@@ -618,8 +658,10 @@ fn a_second_dump_with_a_malformed_snapshot_does_not_panic() {
 fn impossible_gpu_samples_are_not_compared() {
     let m = |w: f64| {
         let mut b = BTreeMap::new();
-        let view = json!({ "events": (0..10).map(|i| json!({ "offset_s": -(i as f64), "source": "gpu", "power_w": w })).collect::<Vec<_>>() });
-        b.extend(super::peers::measures(&view));
+        let view = json!({ "events": (0..10).map(|i| json!({ "offset_s": -(i as f64), "time": at(-(i as f64)), "source": "gpu", "power_w": w })).collect::<Vec<_>>() });
+        let gpus = super::buckets::Buckets::of_events(view["events"].as_array().unwrap());
+        let rel = |b| super::buckets::start_rel(b, 0.0, T0, 0.0);
+        b.extend(super::peers::measures(&view, &gpus, rel));
         b
     };
     let o = outliers(&[

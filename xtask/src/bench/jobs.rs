@@ -243,6 +243,33 @@ fn write_node(
     Ok((text.len() + snap.len()) as u64)
 }
 
+/// The page cache dropped (as root; elsewhere the runs are warm, and said so).
+fn drop_caches() {
+    let _ = Command::new("sync").status();
+    if std::fs::write("/proc/sys/vm/drop_caches", "3").is_err() {
+        eprintln!("xtask bench-jobs: the page cache could not be dropped (not root): warm runs");
+    }
+}
+
+/// `nantrace report --summaries DIR`: every node bundle's summary.json written.
+fn summarise(bin: &Path, dir: &Path) -> Result<()> {
+    let st = Command::new(bin)
+        .arg("report")
+        .arg("--summaries")
+        .arg("--json")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("nantrace report --summaries")?;
+    anyhow::ensure!(
+        st.success(),
+        "nantrace report --summaries {}: {st}",
+        dir.display()
+    );
+    Ok(())
+}
+
 /// `nantrace report DIR --json`: (answer, wall s, peak RSS MiB from VmHWM, read every 10 ms).
 fn report(bin: &Path, dir: &Path) -> Result<(Value, f64, f64)> {
     let t0 = Instant::now();
@@ -290,12 +317,8 @@ fn report(bin: &Path, dir: &Path) -> Result<(Value, f64, f64)> {
     Ok((v, wall, hwm_kib as f64 / 1024.0))
 }
 
-pub fn run(smoke: bool, bin: &Path, out: &Path) -> Result<Value> {
-    let tmp = crate::root().join("bench/tmp/jobs");
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp)?;
-    let mut rng = Lcg(20_261_201);
-    // Scale.
+/// The job report on one job of each size, from timelines and from summaries.
+fn scale(smoke: bool, bin: &Path, tmp: &Path, rng: &mut Lcg) -> Result<Vec<Value>> {
     let sizes: &[usize] = if smoke { &[8] } else { &[64, 256, 1024] };
     let mut scale = Vec::new();
     for &n in sizes {
@@ -309,16 +332,42 @@ pub fn run(smoke: bool, bin: &Path, out: &Path) -> Result<Value> {
                 (i, n),
                 REAL,
                 (i == culprit).then_some(Cause::Xid),
-                &mut rng,
+                rng,
             )?;
         }
         let gen_s = t0.elapsed().as_secs_f64();
+        // Bundles of agents before summaries: every timeline read, one node at a time.
+        drop_caches();
         let (v, wall, rss) = report(bin, &dir)?;
         let named = v["node"].as_str().unwrap_or("");
-        eprintln!("xtask bench-jobs: {n} nodes ({:.0} MiB of bundles, written in {gen_s:.1} s): report {wall:.2} s, peak RSS {rss:.0} MiB, named {named:?} (the Xid is on {})", bytes as f64 / 1048576.0, host(culprit));
-        scale.push(json!({ "nodes": n, "bundle_mib": bytes as f64 / 1048576.0, "report_s": wall, "peak_rss_mib": rss, "named": named, "culprit": host(culprit), "right": named == host(culprit) }));
+        eprintln!("xtask bench-jobs: {n} nodes ({:.0} MiB of bundles, written in {gen_s:.1} s), no summaries: report {wall:.2} s, peak RSS {rss:.0} MiB, named {named:?} (the Xid is on {})", bytes as f64 / 1048576.0, host(culprit));
+        // Each node's summary, as the agent writes it at the dump (`report --summaries`
+        // writes the same for bundles without one), then the job report on them.
+        let t0 = Instant::now();
+        summarise(bin, &dir)?;
+        let sum_s = t0.elapsed().as_secs_f64();
+        drop_caches();
+        let (vs, wall_s, rss_s) = report(bin, &dir)?;
+        let named_s = vs["node"].as_str().unwrap_or("");
+        anyhow::ensure!(
+            vs["verdict"] == v["verdict"],
+            "the job report from summaries differs from the one from timelines: {} / {}",
+            vs["verdict"],
+            v["verdict"]
+        );
+        eprintln!("xtask bench-jobs: {n} nodes with summaries (written in {sum_s:.1} s): report {wall_s:.2} s, peak RSS {rss_s:.0} MiB, named {named_s:?}");
+        scale.push(json!({ "nodes": n, "bundle_mib": bytes as f64 / 1048576.0, "report_s": wall, "peak_rss_mib": rss, "summaries_report_s": wall_s, "summaries_peak_rss_mib": rss_s, "named": named, "culprit": host(culprit), "right": named == host(culprit) && named_s == named }));
         let _ = std::fs::remove_dir_all(&dir);
     }
+    Ok(scale)
+}
+
+pub fn run(smoke: bool, bin: &Path, out: &Path) -> Result<Value> {
+    let tmp = crate::root().join("bench/tmp/jobs");
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp)?;
+    let mut rng = Lcg(20_261_201);
+    let scale = scale(smoke, bin, &tmp, &mut rng)?;
     // Accuracy.
     let jobs = if smoke {
         Cause::ALL.len()
