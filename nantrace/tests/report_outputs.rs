@@ -59,6 +59,32 @@ fn numeric_demo_bundle_has_report_trace_html_and_names_no_hardware() {
     let report = std::fs::read_to_string(b.join("report.md")).unwrap();
     let verdict = report.lines().find(|l| l.starts_with("**")).unwrap();
     assert!(verdict.starts_with("**NOT THE MACHINE"), "{verdict}");
+    // The node's summary (issue 33), written by the real dump after its timeline: it names
+    // that timeline by size and hash, carries the dump's own verdict, and no sample.
+    let summary = read_json(&b.join("summary.json"));
+    assert_eq!(summary["schema"], "nantrace.summary/1");
+    assert_eq!(
+        summary["timeline"],
+        nantrace::bundle::timeline_identity(&b).unwrap(),
+        "the summary names the timeline beside it"
+    );
+    assert!(
+        verdict.contains(summary["own"]["verdict"].as_str().unwrap()),
+        "{verdict} / {}",
+        summary["own"]["verdict"]
+    );
+    let kept = summary["events"].as_array().unwrap();
+    assert!(
+        kept.iter().any(|e| e["nonfinite"] == true),
+        "the NaN line is in it"
+    );
+    assert!(
+        kept.iter().all(|e| !matches!(
+            e["source"].as_str(),
+            Some("gpu" | "system" | "disk" | "net" | "job_procs")
+        )),
+        "no sample in a summary"
+    );
     assert!(
         report.contains("loss scale fell from"),
         "the fp16 precursor is reported:\n{report}"

@@ -133,8 +133,7 @@ pub(super) fn from_dir_using(
             );
         }
         let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-        let events = job.events;
-        let merged = clock.assemble(&nodes, events);
+        let mut merged = clock.assemble(&nodes, job.events);
         let mut r = super::build_from(&merged, &nodes, job.parts);
         r.from_summaries = job.from_summaries;
         // The node the verdict names is read from its timeline, never from its summary.
@@ -149,6 +148,27 @@ pub(super) fn from_dir_using(
                 for (n, name) in nodes.iter_mut().zip(&names) {
                     n.name.clone_from(name);
                 }
+            }
+            Some(i) if thin && !clock.skipped.contains(&i) => {
+                // The named node's samples go back into the merged timeline and trace (its
+                // GPU and system counters beside its evidence): one node read once more.
+                if let Some(mut whole) = read_whole(&groups[i]) {
+                    whole.name.clone_from(&names[i]);
+                    let samples = clock
+                        .events_of(&mut whole)
+                        .into_iter()
+                        .filter(|(_, e)| is_sample(e));
+                    let mut all: Vec<(i128, Value)> = merged["events"]
+                        .as_array_mut()
+                        .map(std::mem::take)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|e| (instant(&e), e))
+                        .collect();
+                    all.extend(samples);
+                    merged = clock.assemble(&nodes, all);
+                }
+                return Ok((r, merged, nodes));
             }
             _ => return Ok((r, merged, nodes)),
         }
@@ -218,6 +238,14 @@ impl Job {
             node.snapshot = thin_snapshot(&node.snapshot);
         }
     }
+}
+
+/// An event's instant on the job's clock (its corrected `time`).
+fn instant(e: &Value) -> i128 {
+    e["time"]
+        .as_str()
+        .and_then(crate::clock::parse_rfc3339_ns)
+        .unwrap_or(0)
 }
 
 /// The collectors' samples: most of a node's events, needed only by its own analysis and
