@@ -86,7 +86,9 @@ pub(super) fn from_dir_with(
 
 /// How each node is read: from its summary (a quiet node's, usable) or whole.
 enum Source {
-    Summary(Value),
+    /// Its summary was usable when its header was read: read again when its turn comes
+    /// (1024 summaries held at once took 1.5 GiB).
+    Summary,
     Whole,
 }
 
@@ -115,7 +117,7 @@ pub(super) fn from_dir_using(
     let mut how: Vec<Source> = groups
         .iter()
         .map(|g| match g.as_slice() {
-            [(_, Some(s))] => Source::Summary(s.clone()),
+            [(_, true)] => Source::Summary,
             _ => Source::Whole,
         })
         .collect();
@@ -142,7 +144,7 @@ pub(super) fn from_dir_using(
             .as_ref()
             .and_then(|n| names.iter().position(|x| x == n));
         match named {
-            Some(i) if matches!(how[i], Source::Summary(_)) => {
+            Some(i) if matches!(how[i], Source::Summary) => {
                 how[i] = Source::Whole;
                 nodes = groups.iter().map(|g| combine_heads(g)).collect();
                 for (n, name) in nodes.iter_mut().zip(&names) {
@@ -190,7 +192,7 @@ impl Job {
     fn read(
         &mut self,
         clock: &crate::merge::Clock,
-        (group, how): (&[(Node, Option<Value>)], &Source),
+        (group, how): (&[(Node, bool)], &Source),
         node: &mut Node,
         thin: bool,
         skipped: bool,
@@ -198,8 +200,14 @@ impl Job {
         let first_nan = clock.first_nan();
         let name = node.name.clone();
         match how {
-            Source::Summary(s) if !skipped => {
-                *node = super::summary::node(&group[0].0.dir, s);
+            Source::Summary if !skipped => {
+                let dir = &group[0].0.dir;
+                let Some(s) = super::summary::usable(dir) else {
+                    crate::say!("nantrace: WARNING: {}: its summary changed since its header was read: its timeline is read", dir.display());
+                    return self.read(clock, (group, &Source::Whole), node, thin, skipped);
+                };
+                let s = &s;
+                *node = super::summary::node(dir, s);
                 node.name = name;
                 let own = clock.events_of(node);
                 let evs = own.iter().map(|(_, e)| e.clone()).collect();
@@ -269,7 +277,7 @@ pub(super) fn thin_snapshot(s: &Value) -> Value {
 /// Each bundle's header and snapshot (no events), each file once (redteam4 D-8: 50
 /// directories of hard links to one 7.5 MB bundle took 3 GB: a timeline already read under
 /// another name is said and skipped), each bound to its directory's name.
-fn read_heads(dirs: &[PathBuf], summaries: bool) -> Vec<(Node, Option<Value>)> {
+fn read_heads(dirs: &[PathBuf], summaries: bool) -> Vec<(Node, bool)> {
     let mut nodes = Vec::new();
     let mut files = BTreeSet::new();
     for d in dirs {
@@ -289,6 +297,7 @@ fn read_heads(dirs: &[PathBuf], summaries: bool) -> Vec<(Node, Option<Value>)> {
             Some(s) => Ok(super::summary::node(d, s)),
             None => crate::merge::load_head(d),
         };
+        let summary = summary.is_some();
         match head {
             Ok(mut n) => match bound_to_its_directory(&n) {
                 Ok(()) => {
@@ -309,7 +318,7 @@ fn read_heads(dirs: &[PathBuf], summaries: bool) -> Vec<(Node, Option<Value>)> {
 
 /// A node's bundles read whole and made one node; `None` (said) when one can no longer be
 /// read: the node then counts with its header only.
-fn read_whole(group: &[(Node, Option<Value>)]) -> Option<Node> {
+fn read_whole(group: &[(Node, bool)]) -> Option<Node> {
     let mut whole = Vec::with_capacity(group.len());
     for (h, _) in group {
         match crate::merge::load(&h.dir) {
@@ -327,7 +336,7 @@ fn read_whole(group: &[(Node, Option<Value>)]) -> Option<Node> {
 }
 
 /// The header of a node that dumped several times, as [`combine`] makes it.
-fn combine_heads(group: &[(Node, Option<Value>)]) -> Node {
+fn combine_heads(group: &[(Node, bool)]) -> Node {
     combine(
         group
             .iter()
@@ -384,15 +393,15 @@ fn bound_to_its_directory(n: &Node) -> Result<(), String> {
 /// its first NaN, the newest accounting and snapshot.
 #[cfg(test)]
 pub(super) fn one_per_host(nodes: Vec<Node>) -> Vec<Node> {
-    by_host(nodes.into_iter().map(|n| (n, None)).collect())
+    by_host(nodes.into_iter().map(|n| (n, false)).collect())
         .into_iter()
         .map(|g| combine(g.into_iter().map(|(n, _)| n).collect()))
         .collect()
 }
 
 /// The bundles of each host (by the host name they claim), each host's in trigger order.
-fn by_host(nodes: Vec<(Node, Option<Value>)>) -> Vec<Vec<(Node, Option<Value>)>> {
-    let mut by_host: BTreeMap<String, Vec<(Node, Option<Value>)>> = BTreeMap::new();
+fn by_host(nodes: Vec<(Node, bool)>) -> Vec<Vec<(Node, bool)>> {
+    let mut by_host: BTreeMap<String, Vec<(Node, bool)>> = BTreeMap::new();
     for (n, s) in nodes {
         let host = n.timeline["host"]["hostname"]
             .as_str()
