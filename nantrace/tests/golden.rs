@@ -56,6 +56,55 @@ fn the_recorded_job_report_renders_as_recorded() {
     bad.assert();
 }
 
+/// Summaries of new agents beside bundles of older ones (issue 33): one dump of each of the
+/// three recorded nodes, copied; the job report with no summary, then with summary.json
+/// written into two of the three (the third is an older agent's bundle): the same report,
+/// and the quiet nodes among the two read from their summaries.
+#[test]
+fn summaries_beside_bundles_without_one_give_the_same_job_report() {
+    let tmp = std::env::temp_dir().join(format!("nantrace-golden-mixed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    for node in ["n1", "n2-2", "n3"] {
+        let to = tmp.join(node);
+        std::fs::create_dir_all(&to).unwrap();
+        for f in ["timeline.json", "snapshot.json"] {
+            std::fs::copy(data().join(node).join(f), to.join(f)).unwrap();
+        }
+    }
+    let before = nantrace::jobreport::from_dir(&tmp)
+        .expect("the copied job")
+        .0;
+    assert_eq!(before.from_summaries, 0);
+    let only = tmp.join("only");
+    std::fs::create_dir_all(&only).unwrap();
+    for node in ["n2-2", "n3"] {
+        std::fs::rename(tmp.join(node), only.join(node)).unwrap();
+    }
+    nantrace::cmd::report::write_summaries(&only).unwrap();
+    for node in ["n2-2", "n3"] {
+        assert!(
+            only.join(node).join("summary.json").is_file(),
+            "{node}'s summary"
+        );
+        std::fs::rename(only.join(node), tmp.join(node)).unwrap();
+    }
+    std::fs::remove_dir(&only).unwrap();
+    let after = nantrace::jobreport::from_dir(&tmp)
+        .expect("the job with two summaries")
+        .0;
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert_eq!(
+        serde_json::to_value(&before).unwrap(),
+        serde_json::to_value(&after).unwrap(),
+        "summaries beside bundles without one changed the job report"
+    );
+    // n3 dumped on n1's marker with nothing of its own: quiet; n2-2 has its own lines.
+    assert_eq!(
+        after.from_summaries, 1,
+        "the quiet node read from its summary"
+    );
+}
+
 /// The checker checks: a changed byte is a mismatch, and says where.
 #[test]
 fn a_changed_rendering_is_a_mismatch() {
