@@ -87,6 +87,14 @@ fn two_jobs_found_by_themselves_nan_in_one_bundle_for_that_job_only() {
             md.contains(&format!("- job: process tree of pid {}", ja.id())),
             "{md}"
         );
+        // The agent's dump writes the node's summary (issue 33) of this timeline.
+        let s: Value =
+            serde_json::from_slice(&std::fs::read(bundle.join("summary.json")).unwrap()).unwrap();
+        assert_eq!(
+            s["timeline"],
+            nantrace::bundle::timeline_identity(&bundle).unwrap()
+        );
+        assert_eq!(s["job"]["identity"]["job"], key_a.as_str());
     }
     let first = timeline(&bundles(&a.spool)[0]);
     assert_eq!(first["trigger"]["kind"], "nan");
