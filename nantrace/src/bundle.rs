@@ -455,14 +455,24 @@ pub fn write<A>(
     match timeline {
         Ok(Ok(n)) if n > 0 => {
             written += 1;
+            // A bundle whose snapshot.json failed gets no summary (the summary would carry a
+            // snapshot its files do not have).
+            let summary = if failures.iter().any(|f| f.starts_with("snapshot.json")) {
+                Value::Null
+            } else {
+                summary
+            };
             // The summary of this timeline, named by its size and hash; none for a bundle
             // whose timeline failed (the job report then has nothing to check it against).
             let mut summary = summary;
             let h = hash.lock().ok().and_then(|h| *h);
-            summary["timeline"] = json!({ "bytes": n, "fnv1a64": h.map(|h| format!("{h:016x}")) });
-            let _ = tmp.write_with("summary.json", |w| {
-                serde_json::to_writer(w, &summary).map_err(std::io::Error::from)
-            });
+            if summary.is_object() {
+                summary["timeline"] =
+                    json!({ "bytes": n, "fnv1a64": h.map(|h| format!("{h:016x}")) });
+                let _ = tmp.write_with("summary.json", |w| {
+                    serde_json::to_writer(w, &summary).map_err(std::io::Error::from)
+                });
+            }
         }
         Ok(Ok(_)) => {}
         Ok(Err(e)) => failures.push(format!("timeline.json: {e}")),

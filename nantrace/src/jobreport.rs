@@ -22,7 +22,7 @@ use crate::report::{Analysis, Finding};
 pub const MAX_NODES: usize = 4096;
 
 /// One node of the job.
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct NodeSummary {
     pub name: String,
     pub bundle: String,
@@ -183,6 +183,7 @@ fn t0_of(merged: &Value) -> i128 {
 /// One node's part of the job report, taken while its events are at hand: its summary (its
 /// own analysis on the job's clock, its peer measures), its links and the PCI addresses its
 /// events name (to name the culprit's GPU).
+#[derive(Clone)]
 pub struct NodePart {
     summary: NodeSummary,
     pcis: Vec<String>,
@@ -402,7 +403,7 @@ pub mod summary;
 mod verdict;
 use verdict::{verdict, Explained, Verdict};
 mod render;
-pub use load::{find_bundles, from_dir, is_job_dir, FULL_LANES_NODES};
+pub use load::{find_bundles, from_dir, from_dir_past, is_job_dir, FULL_LANES_NODES};
 pub use render::markdown;
 #[cfg(test)]
 use render::ranks_text;

@@ -89,7 +89,8 @@ fn summaries_beside_bundles_without_one_give_the_same_job_report() {
         std::fs::rename(only.join(node), tmp.join(node)).unwrap();
     }
     std::fs::remove_dir(&only).unwrap();
-    let after = nantrace::jobreport::from_dir(&tmp)
+    // The large-job path (summaries are read past 16 nodes) on these three.
+    let after = nantrace::jobreport::from_dir_past(&tmp, 0)
         .expect("the job with two summaries")
         .0;
     let _ = std::fs::remove_dir_all(&tmp);

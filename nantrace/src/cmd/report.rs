@@ -32,7 +32,16 @@ pub fn bundle(b: &Path, write: bool) -> anyhow::Result<()> {
 pub fn write_summaries(dir: &Path) -> anyhow::Result<()> {
     let (mut done, mut failed) = (0, 0);
     for b in crate::jobreport::find_bundles(dir)? {
-        if crate::jobreport::summary::current(&b).is_some() {
+        // One of this analysis, of exactly this timeline (its hash checked too), stays.
+        let id = crate::bundle::timeline_identity(&b).ok();
+        if crate::jobreport::summary::current(&b)
+            .is_some_and(|s| id.as_ref() == Some(&s["timeline"]))
+        {
+            continue;
+        }
+        // An incomplete bundle, or one without snapshot.json, is read from its files.
+        if b.join(crate::bundle::recover::NOTE).exists() || !b.join("snapshot.json").is_file() {
+            crate::say!("nantrace: {}: incomplete or without snapshot.json: no summary (read from its files)", b.display());
             continue;
         }
         let written = crate::report::for_bundle(&b).and_then(|(a, t, snap)| {

@@ -71,7 +71,7 @@ impl Buckets {
                 if !(*lo..=*hi).contains(&v) {
                     k.bad |= 1 << i;
                 }
-                k.n[i] += 1;
+                k.n[i] = k.n[i].saturating_add(1);
                 k.sum[i] += v;
             }
         }
@@ -93,8 +93,24 @@ impl Buckets {
         b
     }
 
+    /// A summary's rows, checked as a timeline's samples are: a mean outside what a GPU
+    /// reports marks its bucket (a summary is its node's claim), a sum without a count is
+    /// no bucket.
     pub fn from_rows(rows: Vec<Bucket>) -> Buckets {
-        Buckets(rows.into_iter().map(|r| ((r.gpu, r.b), r)).collect())
+        Buckets(
+            rows.into_iter()
+                .filter(|r| (0..3).all(|i| r.n[i] > 0 || r.sum[i] == 0.0))
+                .map(|mut r| {
+                    for (i, (_, lo, hi)) in BOUNDS.iter().enumerate() {
+                        let mean = r.sum[i] / f64::from(r.n[i].max(1));
+                        if r.n[i] > 0 && !(*lo..=*hi).contains(&mean) {
+                            r.bad |= 1 << i;
+                        }
+                    }
+                    ((r.gpu, r.b), r)
+                })
+                .collect(),
+        )
     }
 
     pub fn rows(&self) -> Vec<&Bucket> {
@@ -114,7 +130,7 @@ impl Buckets {
         for k in self.0.values().filter(near) {
             let g = per.entry(k.gpu).or_default();
             for i in 0..3 {
-                g.n[i] += k.n[i];
+                g.n[i] = g.n[i].saturating_add(k.n[i]);
                 g.sum[i] += k.sum[i];
             }
             g.bad |= k.bad;

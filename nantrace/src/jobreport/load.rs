@@ -64,20 +64,23 @@ pub fn is_job_dir(dir: &Path) -> bool {
     !is_bundle(dir) && find_bundles(dir).is_ok_and(|b| !b.is_empty())
 }
 
-/// Past this many nodes the job report keeps only each node's events that are not the
-/// collectors' samples (GPU, system, disk, network, the job's processes) once the node is
-/// analysed: the merged timeline and trace then have every node's kernel, log and trigger
-/// lanes, and no sample lanes. Up to it, everything (the trace's counters for every node).
+/// Up to this many nodes the job report reads every node whole and keeps everything (the
+/// merged trace has every node's counters). Past it, a quiet node is read from its summary,
+/// and of each node only the events the job's steps and the trace's evidence lanes need are
+/// kept once its part is taken (its log lines, its trigger, anything not quiet); the node the
+/// verdict names gets all of its events back.
 pub const FULL_LANES_NODES: usize = 16;
 
 /// Read and analyse the bundles under `dir`, one node's events in memory at a time: the
-/// headers first (the job's clock and reference need no events), then each node whole, its
-/// part of the report taken, its samples let go (past [`FULL_LANES_NODES`]).
+/// headers first (the job's clock and reference need no events), then each node (from its
+/// summary or whole), its part of the report taken, what the job no longer needs let go.
 pub fn from_dir(dir: &Path) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
-    from_dir_with(dir, FULL_LANES_NODES)
+    from_dir_using(dir, FULL_LANES_NODES, true)
 }
 
-pub(super) fn from_dir_with(
+/// [`from_dir`] with another node count than [`FULL_LANES_NODES`] past which summaries are
+/// read and events let go (tests and benchmarks: the large-job path on a small job).
+pub fn from_dir_past(
     dir: &Path,
     full_lanes: usize,
 ) -> anyhow::Result<(JobReport, Value, Vec<Node>)> {
@@ -92,7 +95,8 @@ enum Source {
     Whole,
 }
 
-/// `summaries`: use the nodes' summaries where they may stand for their timelines.
+/// `full_lanes`: [`FULL_LANES_NODES`]; `summaries`: use the nodes' summaries where they may
+/// stand for their timelines (past `full_lanes` only).
 pub(super) fn from_dir_using(
     dir: &Path,
     full_lanes: usize,
@@ -104,7 +108,10 @@ pub(super) fn from_dir_using(
         "{}: no node bundle (a directory with timeline.json) in it or below it",
         dir.display()
     );
-    let heads = read_heads(&dirs, summaries);
+    // Decided on the bundles found (a node may have several): past it, heads keep only the
+    // part of their snapshot the job-wide steps read.
+    let thin = dirs.len() > full_lanes;
+    let heads = read_heads(&dirs, summaries && thin, thin);
     anyhow::ensure!(
         !heads.is_empty(),
         "{}: none of the {} bundles could be read",
@@ -114,7 +121,7 @@ pub(super) fn from_dir_using(
     let groups = by_host(heads);
     let mut nodes: Vec<Node> = groups.iter().map(|g| combine_heads(g)).collect();
     // A node that dumped more than once is read whole (its dumps are put together).
-    let mut how: Vec<Source> = groups
+    let how: Vec<Source> = groups
         .iter()
         .map(|g| match g.as_slice() {
             [(_, true)] => Source::Summary,
@@ -122,59 +129,50 @@ pub(super) fn from_dir_using(
         })
         .collect();
     let clock = crate::merge::Clock::of(&mut nodes);
-    let thin = nodes.len() > full_lanes;
-    loop {
-        let mut job = Job::default();
-        for i in 0..nodes.len() {
-            job.read(
-                &clock,
-                (&groups[i], &how[i]),
-                &mut nodes[i],
-                thin,
-                clock.skipped.contains(&i),
-            );
-        }
-        let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-        let mut merged = clock.assemble(&nodes, job.events);
-        let mut r = super::build_from(&merged, &nodes, job.parts);
-        r.from_summaries = job.from_summaries;
-        // The node the verdict names is read from its timeline, never from its summary.
-        let named = r
-            .node
-            .as_ref()
-            .and_then(|n| names.iter().position(|x| x == n));
-        match named {
-            Some(i) if matches!(how[i], Source::Summary) => {
-                how[i] = Source::Whole;
-                nodes = groups.iter().map(|g| combine_heads(g)).collect();
-                for (n, name) in nodes.iter_mut().zip(&names) {
-                    n.name.clone_from(name);
-                }
+    let mut job = Job::default();
+    for i in 0..nodes.len() {
+        let skipped = clock.skipped.contains(&i);
+        job.read(&clock, (&groups[i], &how[i]), &mut nodes[i], thin, skipped);
+    }
+    let mut merged = clock.assemble(&nodes, std::mem::take(&mut job.events));
+    let mut r = super::build_from(&merged, &nodes, job.parts.clone());
+    r.from_summaries = job.from_summaries;
+    // The node the verdict names: read whole if it was read from its summary (its part taken
+    // again, the report made again, once), and all its events back in the merged timeline.
+    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    let named = r
+        .node
+        .as_ref()
+        .and_then(|n| names.iter().position(|x| x == n));
+    if let Some(i) = named.filter(|i| thin && !clock.skipped.contains(i)) {
+        let again = matches!(how[i], Source::Summary);
+        if let Some(mut whole) = read_whole(&groups[i]) {
+            whole.name.clone_from(&nodes[i].name);
+            let (at, evs): (Vec<i128>, Vec<Value>) =
+                clock.events_of(&mut whole).into_iter().unzip();
+            let (part, evs) = super::NodePart::of(&whole, evs, (clock.t0, &clock.first_nan()));
+            let mut all: Vec<(i128, Value)> = merged["events"]
+                .as_array_mut()
+                .map(std::mem::take)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|e| e["node"].as_str() != Some(whole.name.as_str()))
+                .map(|e| (instant(&e), e))
+                .collect();
+            all.extend(at.into_iter().zip(evs));
+            if again {
+                job.parts[i] = part;
+                whole.snapshot = thin_snapshot(&whole.snapshot);
+                nodes[i] = whole;
             }
-            Some(i) if thin && !clock.skipped.contains(&i) => {
-                // The named node's samples go back into the merged timeline and trace (its
-                // GPU and system counters beside its evidence): one node read once more.
-                if let Some(mut whole) = read_whole(&groups[i]) {
-                    whole.name.clone_from(&names[i]);
-                    let samples = clock
-                        .events_of(&mut whole)
-                        .into_iter()
-                        .filter(|(_, e)| is_sample(e));
-                    let mut all: Vec<(i128, Value)> = merged["events"]
-                        .as_array_mut()
-                        .map(std::mem::take)
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|e| (instant(&e), e))
-                        .collect();
-                    all.extend(samples);
-                    merged = clock.assemble(&nodes, all);
-                }
-                return Ok((r, merged, nodes));
+            merged = clock.assemble(&nodes, all);
+            if again {
+                r = super::build_from(&merged, &nodes, job.parts);
+                r.from_summaries = job.from_summaries - 1;
             }
-            _ => return Ok((r, merged, nodes)),
         }
     }
+    Ok((r, merged, nodes))
 }
 
 /// The parts of the job report taken node by node, and the events kept for the job's
@@ -187,8 +185,8 @@ struct Job {
 }
 
 impl Job {
-    /// One node: read (from its summary or whole), its part taken, its events kept (its
-    /// samples let go when `thin`).
+    /// One node: read (from its summary or whole), its part taken, its events kept (when
+    /// `thin`, only those the job's steps and evidence lanes need).
     fn read(
         &mut self,
         clock: &crate::merge::Clock,
@@ -199,6 +197,9 @@ impl Job {
     ) {
         let first_nan = clock.first_nan();
         let name = node.name.clone();
+        let keep = |e: &Value| {
+            !thin || e["source"] == "log" || e["source"] == "trigger" || !super::summary::quiet(e)
+        };
         match how {
             Source::Summary if !skipped => {
                 let dir = &group[0].0.dir;
@@ -206,18 +207,14 @@ impl Job {
                     crate::say!("nantrace: WARNING: {}: its summary changed since its header was read: its timeline is read", dir.display());
                     return self.read(clock, (group, &Source::Whole), node, thin, skipped);
                 };
-                let s = &s;
-                *node = super::summary::node(dir, s);
+                *node = super::summary::node(dir, &s);
                 node.name = name;
-                let own = clock.events_of(node);
-                let evs = own.iter().map(|(_, e)| e.clone()).collect();
-                self.parts.push(super::NodePart::from_summary(
-                    s,
-                    node,
-                    evs,
-                    (clock.t0, &first_nan),
-                ));
-                self.events.extend(own);
+                let (at, evs): (Vec<i128>, Vec<Value>) = clock.events_of(node).into_iter().unzip();
+                let (part, evs) =
+                    super::NodePart::from_summary(&s, node, evs, (clock.t0, &first_nan));
+                self.parts.push(part);
+                self.events
+                    .extend(at.into_iter().zip(evs).filter(|(_, e)| keep(e)));
                 self.from_summaries += 1;
                 return;
             }
@@ -240,7 +237,7 @@ impl Job {
         self.events.extend(
             at.into_iter()
                 .zip(evs)
-                .filter(|(_, e)| !thin || !is_sample(e)),
+                .filter(|(_, e)| keep(e) && (!thin || !is_sample(e))),
         );
         if thin {
             node.snapshot = thin_snapshot(&node.snapshot);
@@ -277,7 +274,7 @@ pub(super) fn thin_snapshot(s: &Value) -> Value {
 /// Each bundle's header and snapshot (no events), each file once (redteam4 D-8: 50
 /// directories of hard links to one 7.5 MB bundle took 3 GB: a timeline already read under
 /// another name is said and skipped), each bound to its directory's name.
-fn read_heads(dirs: &[PathBuf], summaries: bool) -> Vec<(Node, bool)> {
+fn read_heads(dirs: &[PathBuf], summaries: bool, thin: bool) -> Vec<(Node, bool)> {
     let mut nodes = Vec::new();
     let mut files = BTreeSet::new();
     for d in dirs {
@@ -306,6 +303,9 @@ fn read_heads(dirs: &[PathBuf], summaries: bool) -> Vec<(Node, bool)> {
                     files.extend(file);
                     // The clock needs the header only.
                     n.timeline["events"] = json!([]);
+                    if thin {
+                        n.snapshot = thin_snapshot(&n.snapshot);
+                    }
                     nodes.push((n, summary));
                 }
                 Err(why) => crate::say!("nantrace: WARNING: {}: not read: {why}", d.display()),

@@ -27,7 +27,7 @@ const SUMMARY_MAX: u64 = 16 << 20;
 /// Event sources that never make a node worth reading whole: the job's plain lines, its
 /// processes starting and ending normally, the trigger, kernel lines nantrace does not
 /// classify (a driver loading).
-fn quiet(e: &Value) -> bool {
+pub(super) fn quiet(e: &Value) -> bool {
     match e["source"].as_str().unwrap_or("") {
         "kmsg" => e["class"].is_null(),
         "log" => [
@@ -42,6 +42,27 @@ fn quiet(e: &Value) -> bool {
         .all(|k| e[*k].is_null() || e[*k] == false),
         "fork" | "exec" | "trigger" => true,
         "exit" => e["exit_code"].as_i64() == Some(0) && e["signal"].is_null(),
+        _ => false,
+    }
+}
+
+/// A system or disk sample over what the node report's sample detectors act on (swap-in,
+/// memory pressure: `report/detect/memory.rs`; a disk's await: `storage.rs`).
+fn loud_sample(e: &Value) -> bool {
+    let signal = crate::report::rules::signal;
+    let over = |v: &Value, t: f64| v.as_f64().is_some_and(|x| x >= t);
+    match e["source"].as_str() {
+        Some("system") => {
+            over(&e["swap_in_kb_s"], signal("swap_thrash").threshold)
+                || over(
+                    &e["psi_memory_some_avg10"],
+                    signal("memory_pressure").threshold,
+                )
+        }
+        Some("disk") => e["disks"].as_object().is_some_and(|m| {
+            m.values()
+                .any(|d| over(&d["r_await_ms"], 100.0) || over(&d["w_await_ms"], 100.0))
+        }),
         _ => false,
     }
 }
@@ -62,7 +83,10 @@ pub fn of(t: &Value, snapshot: &Value, a: &Analysis) -> Value {
         .copied()
         .filter(|e| !super::load::is_sample(e))
         .collect();
-    let loud = kept.iter().filter(|e| !quiet(e)).count();
+    // A sample a detector would act on makes the node loud too: against the job's reference
+    // (not its own) the detector could see it in its window.
+    let loud = kept.iter().filter(|e| !quiet(e)).count()
+        + events.iter().filter(|e| loud_sample(e)).count();
     let complete = t["accounting"]["digest"]["over_the_cap_not_analysed"]
         .as_u64()
         .is_none_or(|n| n == 0);
@@ -112,9 +136,15 @@ pub fn current(dir: &Path) -> Option<Value> {
     }
     let s: Value = serde_json::from_reader(std::io::BufReader::new(f)).ok()?;
     let timeline = crate::bundle::open_plain(&dir.join("timeline.json")).ok()?;
-    let fits = s["schema"] == crate::bundle::SUMMARY_SCHEMA
+    let bytes = timeline.metadata().ok()?.len();
+    // A bundle that says it is incomplete, or has no snapshot.json, is read from its files:
+    // its summary may carry a snapshot the files do not.
+    let whole = !dir.join(crate::bundle::recover::NOTE).exists()
+        && crate::bundle::open_plain(&dir.join("snapshot.json")).is_ok();
+    let fits = whole
+        && s["schema"] == crate::bundle::SUMMARY_SCHEMA
         && s["analysis"] == ANALYSIS_VERSION
-        && s["timeline"]["bytes"].as_u64() == timeline.metadata().ok().map(|m| m.len());
+        && s["timeline"]["bytes"].as_u64() == Some(bytes);
     fits.then_some(s)
 }
 
@@ -156,14 +186,15 @@ pub fn node(dir: &Path, s: &Value) -> Node {
 
 impl NodePart {
     /// A quiet node's part from its summary: its events (not its samples) analysed against
-    /// the job's reference, its GPU measures from its buckets, its links.
+    /// the job's reference, its GPU measures from its buckets, its links; its events given
+    /// back.
     pub(super) fn from_summary(
         s: &Value,
         n: &Node,
         events: Vec<Value>,
         (t0_ns, first_nan): (i128, &Value),
-    ) -> NodePart {
-        let view = node_view(first_nan, n, events);
+    ) -> (NodePart, Vec<Value>) {
+        let mut view = node_view(first_nan, n, events);
         let rows: Vec<Bucket> =
             serde_json::from_value(s["gpu_buckets"].clone()).unwrap_or_default();
         let pcis = s["pcis"]
@@ -172,6 +203,11 @@ impl NodePart {
             .flatten()
             .filter_map(|p| p.as_str().map(String::from))
             .collect();
-        NodePart::from_view(n, &view, &Buckets::from_rows(rows), pcis, t0_ns)
+        let part = NodePart::from_view(n, &view, &Buckets::from_rows(rows), pcis, t0_ns);
+        let events = match view["events"].take() {
+            Value::Array(a) => a,
+            _ => Vec::new(),
+        };
+        (part, events)
     }
 }

@@ -780,3 +780,84 @@ fn a_bundle_claiming_another_host_than_its_directory_is_not_read() {
     assert!(!r.verdict.contains("Xid 79"), "{}", r.verdict);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A node whose samples a detector would act on (a swap storm, a disk await of seconds) is
+/// not quiet: against the job's reference its detector could see them (review of issue 33).
+#[test]
+fn a_node_with_samples_a_detector_acts_on_is_not_quiet() {
+    let loud = |sample: Value| {
+        let t = json!({ "schema": crate::bundle::SCHEMA, "accounting": {}, "events": [
+            { "time": at(-90.0), "source": "log", "line": "step 1 | loss 2.0", "loss": 2.0 },
+            sample,
+        ] });
+        let a = crate::report::analyze(&t, &Value::Null);
+        super::summary::of(&t, &Value::Null, &a)["own"]["events_not_quiet"].clone()
+    };
+    let t = at(-90.0);
+    assert_eq!(
+        loud(
+            json!({ "time": t, "source": "system", "swap_in_kb_s": 1.0, "psi_memory_some_avg10": 0.5 })
+        ),
+        0
+    );
+    assert_eq!(
+        loud(json!({ "time": t, "source": "system", "swap_in_kb_s": 80_000.0 })),
+        1
+    );
+    assert_eq!(
+        loud(json!({ "time": t, "source": "system", "psi_memory_some_avg10": 35.0 })),
+        1
+    );
+    assert_eq!(
+        loud(
+            json!({ "time": t, "source": "disk", "disks": { "sda": { "r_await_ms": 2.0, "w_await_ms": 900.0 } } })
+        ),
+        1
+    );
+}
+
+/// A summary's GPU buckets are its node's claim: a mean no GPU reports is not compared (as a
+/// timeline's sample is not), a count that overflows saturates, a sum without a count is
+/// no bucket.
+#[test]
+fn a_summarys_impossible_gpu_buckets_are_not_compared() {
+    use super::buckets::{Bucket, Buckets};
+    let row = |gpu, n: u32, power: f64| Bucket {
+        gpu,
+        b: 179_600_000,
+        n: [n, n, n],
+        sum: [
+            power * f64::from(n),
+            1980.0 * f64::from(n),
+            60.0 * f64::from(n),
+        ],
+        ..Bucket::default()
+    };
+    let measures = |rows| {
+        let mut m = BTreeMap::new();
+        Buckets::from_rows(rows).measures(|_| 0.0, &mut m);
+        m
+    };
+    let m = measures(vec![row(0, 10, 650.0), row(1, 10, 1e6)]);
+    assert!(!m.contains_key("gpu_power_w_mean"), "{m:?}");
+    assert_eq!(m.get("gpu_sm_clock_mhz_mean"), Some(&1980.0));
+    let m = measures(vec![
+        row(0, u32::MAX, 650.0),
+        Bucket {
+            b: 179_600_001,
+            ..row(0, u32::MAX, 650.0)
+        },
+    ]);
+    assert!(
+        m.contains_key("gpu_power_w_mean"),
+        "no overflow panic: {m:?}"
+    );
+    let m = measures(vec![Bucket {
+        gpu: 0,
+        b: 1,
+        n: [0, 0, 0],
+        sum: [5e9, 0.0, 0.0],
+        ..Bucket::default()
+    }]);
+    assert!(m.is_empty(), "{m:?}");
+}

@@ -319,7 +319,7 @@ fn report(bin: &Path, dir: &Path) -> Result<(Value, f64, f64)> {
 
 /// The job report on one job of each size, from timelines and from summaries.
 fn scale(smoke: bool, bin: &Path, tmp: &Path, rng: &mut Lcg) -> Result<Vec<Value>> {
-    let sizes: &[usize] = if smoke { &[8] } else { &[64, 256, 1024] };
+    let sizes: &[usize] = if smoke { &[20] } else { &[64, 256, 1024] };
     let mut scale = Vec::new();
     for &n in sizes {
         let dir = tmp.join(format!("scale-{n}"));
