@@ -2,6 +2,7 @@
 pub mod env;
 pub mod gpu;
 pub mod host;
+pub mod nccl_ras;
 pub mod net;
 pub mod ranks;
 pub mod redact;
@@ -230,6 +231,13 @@ pub fn snapshot(root_pid: Option<u32>) -> Value {
     let job = root_pid
         .map(|p| crate::correlate::descendants(&[p]))
         .unwrap_or_default();
+    // NCCL's RAS is asked while the rest is read (it waits on the job's other processes).
+    let ras = {
+        let job = job.clone();
+        std::thread::Builder::new()
+            .name("nantrace-ras-wait".into())
+            .spawn(move || nccl_ras::snapshot(&job))
+    };
     let gpu = gpu::snapshot();
     let drv = if gpu["available"] == true {
         gpu::driver_versions()
@@ -250,7 +258,15 @@ pub fn snapshot(root_pid: Option<u32>) -> Value {
         "software": software,
         "scheduler": scheduler::snapshot(root_pid, &env_map),
         "stacks": stacks::snapshot(&job),
+        "nccl_ras": ras_of(ras),
     })
+}
+
+/// The RAS query's section, from its thread (bounded by `nccl_ras::DEADLINE` itself).
+fn ras_of(t: std::io::Result<std::thread::JoinHandle<Value>>) -> Value {
+    t.map_err(|e| e.to_string())
+        .and_then(|h| h.join().map_err(|_| "its thread panicked".to_string()))
+        .unwrap_or_else(|e| json!({ "error": format!("no NCCL RAS query: {e}") }))
 }
 
 /// A process's command line, redacted (empty when it is gone or a kernel thread).

@@ -84,6 +84,7 @@ pub(super) fn checked(timeline: &Value, snapshot: &Value) -> Vec<String> {
             d["analysed"], d["events"], d["plain_log_lines_not_analysed"], d["over_the_cap_not_analysed"]
         ));
     }
+    out.extend(ras_checked(&snapshot["nccl_ras"]));
     let drops: u64 = acc["kernel_drops"]
         .as_object()
         .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
@@ -93,6 +94,58 @@ pub(super) fn checked(timeline: &Value, snapshot: &Value) -> Vec<String> {
         ev["evicted_by_time"], ev["evicted_by_memory"]
     ));
     out
+}
+
+/// What NCCL RAS said at the trigger, or why it said nothing (a bundle from before it was
+/// asked says nothing here).
+fn ras_checked(ras: &Value) -> Option<String> {
+    let s = |k: &str| {
+        ras[k]
+            .as_str()
+            .map(|x| x.chars().take(300).collect::<String>())
+    };
+    if let Some(why) = s("not_queried") {
+        return Some(format!("NCCL RAS: not asked: {why}"));
+    }
+    if let Some(why) = s("not_reachable") {
+        return Some(format!("NCCL RAS at the trigger: not reachable: {why}"));
+    }
+    if let Some(why) = s("error") {
+        return Some(format!("NCCL RAS at the trigger: no answer: {why}"));
+    }
+    let head = format!(
+        "NCCL RAS at the trigger ({} format, {} bytes{}{})",
+        s("format")?,
+        ras["output_bytes"],
+        s("output_incomplete").map_or(String::new(), |w| format!(", incomplete: {w}")),
+        s("output_cut").map_or(String::new(), |w| format!(", {w}"))
+    );
+    let Some(v) = detect::ras_view(ras) else {
+        return Some(format!(
+            "{head}: not read: {}",
+            s("view_error").unwrap_or_default()
+        ));
+    };
+    let ranks: usize = v
+        .comms
+        .iter()
+        .map(|c| c.ranks.len() + c.ranks_not_listed as usize)
+        .sum();
+    Some(format!(
+        "{head}: NCCL {}, {} communicator(s), {} rank(s); {}",
+        v.nccl_version.as_deref().unwrap_or("version not said"),
+        v.communicators.map_or("?".into(), |n| n.to_string()),
+        v.ranks.map_or("?".into(), |n| n.to_string()),
+        if v.has_issues() {
+            format!(
+                "{ranks} rank issue(s), {} process(es) without an answer, {} dead",
+                v.missing_processes.unwrap_or(0),
+                v.dead_processes.unwrap_or(0)
+            )
+        } else {
+            "every rank OK".to_string()
+        }
+    ))
 }
 
 pub(super) fn facts(timeline: &Value, snapshot: &Value) -> Value {

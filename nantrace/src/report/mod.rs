@@ -114,6 +114,8 @@ struct Ctx<'a> {
     root: Option<u64>,
     /// The job's threads at the trigger (snapshot.json `stacks`).
     stacks: &'a Value,
+    /// NCCL RAS's view at the trigger (snapshot.json `nccl_ras`).
+    ras: &'a Value,
     /// The incident is a hang: the stall trigger, or a collective hang in the job's output
     /// (a thread's state at the trigger is read only then).
     hung: bool,
@@ -324,6 +326,7 @@ impl<'a> Ctx<'a> {
             job_pids,
             root,
             stacks: &snapshot["stacks"],
+            ras: &snapshot["nccl_ras"],
             hung: timeline["trigger"]["kind"] == "stall"
                 || timeline["events"].as_array().is_some_and(|ev| {
                     ev.iter().any(|e| {
@@ -512,6 +515,8 @@ static PCI_IN_TEXT: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new
 
 #[cfg(test)]
 mod order_tests;
+#[cfg(test)]
+mod ras_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

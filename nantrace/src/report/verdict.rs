@@ -49,6 +49,10 @@ pub(super) fn stall_verdict(timeline: &Value, snapshot: &Value) -> (String, Stri
         None if at.is_empty() => "no job process was left to sample".to_string(),
         None => format!("at the trigger: {}", at.join("; ")),
     };
+    let at = match detect::ras_clause(&snapshot["nccl_ras"]) {
+        Some(r) => format!("{at}; {r}"),
+        None => at,
+    };
     (
         format!(
             "UNDECIDED ({}): the job stopped making progress ({}), with no GPU, network, storage or host fault on this node in the window; {at}. A rank blocked elsewhere (another node) or the job's own code (a rank-only branch, data loading, a deadlock): merge the other nodes' bundles",
@@ -81,6 +85,10 @@ pub(super) fn hang_verdict(top: &Finding, timeline: &Value, snapshot: &Value) ->
         .map(|l| (None, l));
     let label = top.family.label().to_string();
     let stacks = &snapshot["stacks"];
+    // NCCL RAS's view, unless it is the finding the verdict already quotes.
+    let ras = detect::ras_clause(&snapshot["nccl_ras"])
+        .filter(|_| top.signal != "nccl_ras_ranks")
+        .map_or(String::new(), |r| format!("; {r}"));
     let with_stacks = |h: &hang::Hang| {
         let at: Vec<String> = h
             .ranks
@@ -88,8 +96,9 @@ pub(super) fn hang_verdict(top: &Finding, timeline: &Value, snapshot: &Value) ->
             .take(8)
             .filter_map(|r| detect::rank_state(stacks, *r).map(|s| format!("rank {r}, {s}")))
             .collect();
-        let groups =
-            detect::rank_groups([(None, stacks)]).map_or(String::new(), |g| format!("; {g}"));
+        let groups = detect::rank_groups([(None, stacks)])
+            .map_or(String::new(), |g| format!("; {g}"))
+            + &ras;
         if at.is_empty() {
             format!("{}{groups}", h.sentence(&|_| None))
         } else {
@@ -137,7 +146,7 @@ pub(super) fn hang_verdict(top: &Finding, timeline: &Value, snapshot: &Value) ->
         ),
         None => (
             format!(
-                "UNDECIDED ({label}): {}. No GPU, network or host fault on this node in the window: the rank that stopped is elsewhere; merge the other nodes' bundles (nantrace merge)",
+                "UNDECIDED ({label}): {}{ras}. No GPU, network or host fault on this node in the window: the rank that stopped is elsewhere; merge the other nodes' bundles (nantrace merge)",
                 top.text
             ),
             label,
@@ -156,9 +165,17 @@ pub(super) fn verdict(
         .or_else(|| machine(suspects, timeline, snapshot))
         .or_else(|| job_side(suspects))
         .or_else(|| {
-            suspects
-                .iter()
-                .find(|s| s.family == Family::Hang && !s.consequence)
+            // The job's watchdog lines first; NCCL RAS's view alone only outside a stall (the
+            // stall's verdict says where the ranks stood, and RAS's view with it).
+            let hang = |ras: bool| {
+                suspects.iter().find(|s| {
+                    s.family == Family::Hang
+                        && !s.consequence
+                        && (s.signal == "nccl_ras_ranks") == ras
+                })
+            };
+            hang(false)
+                .or_else(|| hang(true).filter(|_| timeline["trigger"]["kind"] != "stall"))
                 .map(|top| hang_verdict(top, timeline, snapshot))
         })
         .or_else(|| cannot_tell(timeline, snapshot))

@@ -11,6 +11,8 @@ pub(crate) use network::loopback;
 mod numerics;
 mod pcie;
 mod process;
+mod ras;
+pub(crate) use ras::{clause as ras_clause, view as ras_view};
 mod stacks;
 pub(crate) use stacks::{rank_groups, rank_state};
 mod storage;
@@ -40,6 +42,7 @@ pub(super) fn all(ctx: &Ctx<'_>, acc: &mut Acc) {
     network::detect(ctx, acc);
     process::detect(ctx, acc);
     stacks::detect(ctx, acc);
+    ras::detect(ctx, acc);
     numerics::detect(ctx, acc);
     joblog::detect(ctx, acc, f64::INFINITY);
 }
