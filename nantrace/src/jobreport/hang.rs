@@ -18,6 +18,9 @@ pub(super) struct JobHang {
     at: Vec<String>,
     /// Every node's ranks grouped by where their main threads stood (`rank_groups`).
     groups: Option<String>,
+    /// NCCL RAS's view at a node's trigger (its view is the whole job's): the first node
+    /// whose RAS answered with ranks not OK, else the first that answered.
+    ras: Option<String>,
 }
 
 impl JobHang {
@@ -88,12 +91,25 @@ impl JobHang {
             raw.iter()
                 .map(|n| (Some(n.name.as_str()), &n.snapshot["stacks"])),
         );
+        let views: Vec<(&str, String)> = raw
+            .iter()
+            .filter_map(|n| {
+                crate::report::detect::ras_clause(&n.snapshot["nccl_ras"])
+                    .map(|c| (n.name.as_str(), c))
+            })
+            .collect();
+        let ras = views
+            .iter()
+            .find(|(_, c)| !c.contains("every rank"))
+            .or(views.first())
+            .map(|(node, c)| format!("{c} (asked on {node})"));
         Some(JobHang {
             hang,
             node_of,
             first_rel_s,
             at,
             groups,
+            ras,
         })
     }
 
@@ -104,6 +120,9 @@ impl JobHang {
         }
         if let Some(g) = &self.groups {
             s = format!("{s}; {g}");
+        }
+        if let Some(r) = &self.ras {
+            s = format!("{s}; {r}");
         }
         s
     }

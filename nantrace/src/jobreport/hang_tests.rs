@@ -249,3 +249,55 @@ fn a_hang_after_the_nan_is_its_consequence() {
     assert!(!r.verdict.contains("stopped first"), "{}", r.verdict);
     assert!(r.verdict.starts_with("NOT THE MACHINE"), "{}", r.verdict);
 }
+
+/// NCCL RAS's view (the whole job's, asked at one node's trigger) goes with the hang's
+/// answer in the job report: the dead rank it names, and on which node it was asked. The
+/// text is NCCL's own format (see `report::ras_tests`).
+#[test]
+fn the_hang_says_what_nccl_ras_saw_and_where_it_was_asked() {
+    let ras = "NCCL version 2.26.2+cuda12.8 compiled with CUDA 12.8\n\nJob summary\n===========\n\n  Nodes  Processes         GPUs  Processes     GPUs\n(total)   per node  per process    (total)  (total)\n      3          1            1          3        3\n\nCommunicators... (2.013s)\n=============\n\nGroup     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors\n    #  in group  per comm  per node  per comm  in group\n    0         1         3         1         3         3   RUNNING  INCOMPLETE\n\nErrors\n======\n\nDEAD\n  1 job process is considered dead (unreachable via the RAS network)\n  Process 100 on node 10.0.0.2 managing GPU 0\n\n#0-0 (27a079b828ff1a75) INCOMPLETE\n  Missing communicator data from 1 rank\n  Rank 1 -- GPU 0 managed by process 100 on node 10.0.0.2\n\n";
+    let section = json!({ "pid": 100, "format": "text", "output": ["(cut)"], "view": crate::collect::nccl_ras::from_text(ras) });
+    let mut n1 = node(
+        "n1",
+        [
+            healthy("n1", true),
+            vec![line(-0.2, R0_TIMEOUT), line(-0.1, R0)],
+        ]
+        .concat(),
+        0.0,
+        false,
+        "n[1-3]",
+    );
+    n1.snapshot["nccl_ras"] = section;
+    let n2 = node(
+        "n2",
+        [healthy("n2", false), vec![line(0.8, R1)]].concat(),
+        0.0,
+        false,
+        "n[1-3]",
+    );
+    let n3 = node(
+        "n3",
+        [
+            healthy("n3", false),
+            vec![line(-0.1, R2_TIMEOUT), line(0.0, R2)],
+        ]
+        .concat(),
+        0.0,
+        false,
+        "n[1-3]",
+    );
+    let mut nodes = vec![n1, n2, n3];
+    ranks(&mut nodes[0], 0);
+    ranks(&mut nodes[1], 1);
+    ranks(&mut nodes[2], 2);
+    let r = report(nodes);
+    assert!(
+        r.verdict.contains("rank 1 on n2 stopped first"),
+        "{}",
+        r.verdict
+    );
+    assert!(r.verdict.contains("NCCL RAS"), "{}", r.verdict);
+    assert!(r.verdict.contains("DEAD"), "{}", r.verdict);
+    assert!(r.verdict.contains("(asked on n1)"), "{}", r.verdict);
+}

@@ -263,12 +263,17 @@ pub(super) fn is_sample(e: &Value) -> bool {
 }
 
 /// What the job-wide steps read of a node's snapshot once its part is taken: its GPUs (to
-/// name the culprit's), its ranks' stacks (a hang), its scheduler.
+/// name the culprit's), its ranks' stacks and NCCL RAS's view (a hang), its scheduler.
 pub(super) fn thin_snapshot(s: &Value) -> Value {
     if !s.is_object() {
         return s.clone();
     }
-    json!({ "gpu": s["gpu"], "stacks": s["stacks"], "scheduler": s["scheduler"], "network": { "job_sockets": s["network"]["job_sockets"] } })
+    // NCCL RAS's parsed view, not its raw output (up to 1 MiB).
+    let mut ras = s["nccl_ras"].clone();
+    if let Some(o) = ras.as_object_mut() {
+        o.remove("output");
+    }
+    json!({ "gpu": s["gpu"], "stacks": s["stacks"], "scheduler": s["scheduler"], "network": { "job_sockets": s["network"]["job_sockets"] }, "nccl_ras": ras })
 }
 
 /// Each bundle's header and snapshot (no events), each file once (redteam4 D-8: 50
