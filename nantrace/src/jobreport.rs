@@ -79,6 +79,10 @@ pub struct JobReport {
     /// from their timelines.
     #[serde(skip)]
     pub from_summaries: usize,
+    /// A hung collective the ranks' watchdog lines tell of (before the job's first NaN, when
+    /// there is one), as job-report.html draws it.
+    #[serde(skip)]
+    pub hang: Option<HangView>,
 }
 
 /// The view of one node on the job's clock: its events, its own accounting, the job's
@@ -321,6 +325,7 @@ pub fn build_from(merged: &Value, nodes: &[Node], parts: Vec<NodePart>) -> JobRe
         clock_statement: merged["clock_statement"].as_str().unwrap_or("").to_string(),
         first_failure,
         from_summaries: 0,
+        hang: hang.as_ref().map(JobHang::view),
     }
 }
 
@@ -410,9 +415,10 @@ use render::ranks_text;
 mod hostlist;
 mod peers;
 use hang::JobHang;
+pub use hang::{HangView, RankRow};
 pub use hostlist::expand_hostlist;
 use peers::measures;
-pub use peers::{outliers, PEER_AFTER_S, PEER_BEFORE_S};
+pub use peers::{outliers, MEASURES, PEER_AFTER_S, PEER_BEFORE_S};
 
 #[cfg(test)]
 mod hang_tests;

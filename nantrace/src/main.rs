@@ -194,7 +194,7 @@ enum Cmd {
     Report {
         bundle: PathBuf,
         /// Also rewrite report.md/.txt, trace.json and report.html in the bundle (a job
-        /// directory: job-report.md, job-report.json and trace.json in it)
+        /// directory: job-report.md, job-report.json, job-report.html and trace.json in it)
         #[arg(long)]
         write: bool,
         /// The job report as JSON on stdout

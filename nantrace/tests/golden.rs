@@ -1,11 +1,11 @@
 //! Golden outputs (issue 32): what nantrace renders from frozen inputs, byte for byte as
 //! recorded in `tests/golden/`, except what `normalize` lists (the checkout's path, which
 //! changes with the clone). The inputs: the recorded multi-node incident
-//! (`data/demo-multinode`, six node bundles of three VMs) and its job report, and the
-//! whole-incident corpus (`tests/corpus/incidents`, in `incidents.rs`). A reshaping must leave
-//! every file as it is; a change meant to change a report records them again with
-//! `NANTRACE_GOLDEN=update cargo test -p nantrace --test golden --test incidents`, and the
-//! diff of `tests/golden/` is part of the commit.
+//! (`data/demo-multinode`, six node bundles of three VMs) and its job report (job-report.html
+//! by its text), and the whole-incident corpus (`tests/corpus/incidents`, in `incidents.rs`).
+//! A reshaping must leave every file as it is; a change meant to change a report records them
+//! again with `NANTRACE_GOLDEN=update cargo test -p nantrace --test golden --test incidents`,
+//! and the diff of `tests/golden/` is part of the commit.
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -35,7 +35,8 @@ fn the_recorded_node_bundles_render_as_recorded() {
     bad.assert();
 }
 
-/// The job report over the six bundles: Markdown, JSON, and the merged trace.
+/// The job report over the six bundles: Markdown, JSON, the merged trace, and
+/// job-report.html's text.
 #[test]
 fn the_recorded_job_report_renders_as_recorded() {
     let mut bad = Mismatches::default();
@@ -52,6 +53,10 @@ fn the_recorded_job_report_renders_as_recorded() {
         "multinode/trace.json",
         "trace.json",
         &serde_json::to_vec(&nantrace::export::perfetto::merged(&merged, &nodes)).unwrap(),
+    );
+    bad.check(
+        "multinode/job-report.html.txt",
+        &common::golden::html_text(&nantrace::export::jobhtml::render(&r, &merged)),
     );
     bad.assert();
 }

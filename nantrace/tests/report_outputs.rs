@@ -247,55 +247,10 @@ fn xid_demo_top_suspect_is_the_injected_xid_and_two_bundles_merge() {
 /// and that the page cannot make network requests.
 fn html_in_chromium(path: &Path, expect_suspect: bool) {
     let html = std::fs::read_to_string(path).unwrap();
-    assert!(
-        html.contains("Content-Security-Policy\" content=\"default-src 'none'"),
-        "CSP forbids every fetch"
-    );
-    for bad in [
-        "<script",
-        "src=\"http",
-        "href=\"http",
-        "url(http",
-        "@import",
-    ] {
-        assert!(
-            !html.contains(bad),
-            "external reference {bad:?} in report.html"
-        );
-    }
-    let chromium = ["chromium", "chromium-browser"].into_iter().find(|c| {
-        Command::new(c)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    let Some(chromium) = chromium else {
-        if std::env::var_os("CI").is_some() {
-            panic!("chromium is not installed (cargo xtask test installs it)");
-        }
-        eprintln!("SKIPPED the browser half of the HTML check: chromium not installed");
+    self_contained(&html, "report.html");
+    let Some((dom, _console)) = load_in_chromium(path, "report") else {
         return;
     };
-    let profile = std::env::temp_dir().join(format!("nt-chromium-{}", std::process::id()));
-    let o = Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--host-resolver-rules=MAP * ~NOTFOUND",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(["--virtual-time-budget=2000", "--dump-dom"])
-        .arg(format!("file://{}", path.display()))
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&profile);
-    let dom = String::from_utf8_lossy(&o.stdout);
     assert!(
         dom.contains("id=\"verdict\""),
         "page rendered: {}",
@@ -315,6 +270,140 @@ fn html_in_chromium(path: &Path, expect_suspect: bool) {
         );
     }
     assert!(dom.contains("id=\"loss\""), "loss curve");
+}
+
+/// `path` loaded in Debian's headless chromium (no network: every host name resolves to
+/// nothing), as (the DOM after load, the console's messages as chromium logs them: one
+/// `...:CONSOLE...` line each, CSP violations and script errors included). `None` where
+/// chromium is not installed (a failure in CI, which installs it).
+fn load_in_chromium(path: &Path, tag: &str) -> Option<(String, Vec<String>)> {
+    let chromium = ["chromium", "chromium-browser"].into_iter().find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let Some(chromium) = chromium else {
+        if std::env::var_os("CI").is_some() {
+            panic!("chromium is not installed (cargo xtask test installs it)");
+        }
+        eprintln!("SKIPPED the browser half of the HTML check: chromium not installed");
+        return None;
+    };
+    let profile = std::env::temp_dir().join(format!("nt-chromium-{}-{tag}", std::process::id()));
+    let o = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(["--virtual-time-budget=2000", "--dump-dom"])
+        .arg(format!("file://{}", path.display()))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&profile);
+    let console = String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .filter(|l| l.contains(":CONSOLE"))
+        .map(String::from)
+        .collect();
+    Some((String::from_utf8_lossy(&o.stdout).into_owned(), console))
+}
+
+/// The static half of the HTML checks: a CSP that forbids every fetch, no script, no
+/// external reference.
+fn self_contained(html: &str, name: &str) {
+    assert!(
+        html.contains("Content-Security-Policy\" content=\"default-src 'none'"),
+        "{name}: CSP forbids every fetch"
+    );
+    for bad in [
+        "<script",
+        "src=\"http",
+        "href=\"http",
+        "url(http",
+        "@import",
+    ] {
+        assert!(!html.contains(bad), "external reference {bad:?} in {name}");
+    }
+}
+
+/// job-report.html of the recorded multi-node incident (`data/demo-multinode`), written by
+/// `nantrace report --write` on a copy of it as a person would: self-contained, loaded in
+/// headless chromium without a console message (a CSP violation, a script error), its text
+/// the verdict, one lane per node with the named node highlighted. No probes, no root needed.
+#[test]
+fn the_job_report_page_of_the_recorded_incident_loads_in_chromium_with_its_verdict() {
+    let job = std::env::temp_dir().join(format!("nt-jobhtml-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&job);
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/demo-multinode");
+    assert!(Command::new("cp")
+        .args(["-r", data.to_str().unwrap(), job.to_str().unwrap()])
+        .status()
+        .unwrap()
+        .success());
+    assert!(Command::new("chmod")
+        .args(["-R", "go-w", job.to_str().unwrap()])
+        .status()
+        .unwrap()
+        .success());
+    let o = Command::new(BIN)
+        .args(["report", "--write", job.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let verdict = read_json(&job.join("job-report.json"))["verdict"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        verdict.starts_with("PROBABLY THE MACHINE (GPU): n2"),
+        "{verdict}"
+    );
+    let page = job.join("job-report.html");
+    let html = std::fs::read_to_string(&page).unwrap();
+    self_contained(&html, "job-report.html");
+    let Some((dom, console)) = load_in_chromium(&page, "job") else {
+        let _ = std::fs::remove_dir_all(&job);
+        return;
+    };
+    let _ = std::fs::remove_dir_all(&job);
+    assert!(console.is_empty(), "console messages: {console:#?}");
+    // The DOM as chromium serialises it: text with &, < and > escaped.
+    let text = verdict
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
+    assert!(
+        dom.contains(&format!(
+            "<div id=\"verdict\" class=\"machine\">{text}</div>"
+        )),
+        "the verdict on top: {}",
+        &dom[..dom.len().min(800)]
+    );
+    let lanes = &dom[dom.find("<svg id=\"lanes\"").expect("the lanes")..];
+    let lanes = &lanes[..lanes.find("</svg>").unwrap()];
+    assert_eq!(
+        lanes.matches("<g class=\"lane").count(),
+        3,
+        "a lane per node"
+    );
+    assert!(
+        dom.contains("<g class=\"lane named\" data-node=\"n2\">"),
+        "n2 highlighted"
+    );
+    assert!(dom.contains("class=\"ev k-gpu\""), "the Xid marked");
+    assert!(dom.contains("<table id=\"peers\">"), "the peers compared");
+    assert!(dom.contains("<p id=\"clock\">nodes"), "the clock statement");
 }
 
 #[test]

@@ -67,7 +67,8 @@ pub fn write_summaries(dir: &Path) -> anyhow::Result<()> {
 }
 
 /// `nantrace report DIR` on a directory of node bundles: the job report on stdout (Markdown,
-/// or `json`), and with `write` job-report.md, job-report.json and trace.json into DIR.
+/// or `json`), and with `write` job-report.md, job-report.json, job-report.html and trace.json
+/// into DIR.
 pub fn job_dir(dir: &Path, json: bool, write: bool) -> anyhow::Result<()> {
     let (r, merged, nodes) = crate::jobreport::from_dir(dir)?;
     if r.from_summaries > 0 {
@@ -88,6 +89,10 @@ pub fn job_dir(dir: &Path, json: bool, write: bool) -> anyhow::Result<()> {
             .with_context(|| format!("report --write {}", dir.display()))?;
         d.replace("job-report.md", md.as_bytes())?;
         d.replace("job-report.json", &serde_json::to_vec_pretty(&r)?)?;
+        d.replace(
+            "job-report.html",
+            crate::export::jobhtml::render(&r, &merged).as_bytes(),
+        )?;
         d.replace(
             "trace.json",
             &serde_json::to_vec(&crate::export::perfetto::merged(&merged, &nodes))?,

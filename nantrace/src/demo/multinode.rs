@@ -47,13 +47,13 @@ pub fn write(out: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// `nantrace demo --scenario multinode`: the recording written under `out`, said to be one,
-/// and its job report printed (job-report.md, .json and trace.json written beside it).
+/// and its job report printed (job-report.md, .json, .html and trace.json written beside it).
 pub fn cli(out: &Path) -> anyhow::Result<()> {
     let inc = write(out)?;
     crate::say!("nantrace demo: no cluster here: these node bundles are a recording, written where a job directory would hold them: {}", inc.display());
     crate::say!("nantrace demo: recorded on nantrace's 3-VM Slurm cluster (cargo xtask vm-cluster, scenario xid-on-n2, 2026-12-01 19:39 UTC): an Xid 79 written to n2's /dev/kmsg, then rank 0's NaN on n1; each node's agent dumped the incident");
     crate::cmd::report::job_dir(&inc, false, true)?;
-    crate::say!("nantrace demo: job-report.md, job-report.json and trace.json (a lane per node, for ui.perfetto.dev) written into {}", inc.display());
+    crate::say!("nantrace demo: job-report.md, job-report.json, job-report.html (open it in a browser) and trace.json (a lane per node, for ui.perfetto.dev) written into {}", inc.display());
     Ok(())
 }
 

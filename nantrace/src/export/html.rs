@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::report::Analysis;
 use crate::source::Source;
 
-fn esc(s: &str) -> String {
+pub(super) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

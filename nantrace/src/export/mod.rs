@@ -1,6 +1,7 @@
 //! The files rendered from a timeline (report, trace, HTML), and the summary printed when a
 //! bundle is written.
 pub mod html;
+pub mod jobhtml;
 pub mod perfetto;
 
 use std::path::Path;

@@ -21,6 +21,137 @@ pub(super) struct JobHang {
     /// NCCL RAS's view at a node's trigger (its view is the whole job's): the first node
     /// whose RAS answered with ranks not OK, else the first that answered.
     ras: Option<String>,
+    /// Where each rank stood, as its watchdog lines say, by (process group, rank).
+    rows: BTreeMap<(String, u32), RankRow>,
+}
+
+/// Where one rank stood, as its watchdog lines say (the greatest of their counters): what the
+/// job report's page lists for a hang. The line is the job's own words (cut short).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RankRow {
+    pub rank: u32,
+    pub pg: String,
+    pub node: Option<String>,
+    /// The collective it timed out in, and its operation.
+    pub waits_in: Option<i64>,
+    pub op: Option<String>,
+    pub enqueued: Option<i64>,
+    pub completed: Option<i64>,
+    /// One of the ranks the hang names.
+    pub lagging: bool,
+    pub line: String,
+}
+
+/// The hang as the job report's page draws it: what the lines say, each rank's row (the
+/// named ranks first), and the stack groups and NCCL RAS clause the verdict carries.
+#[derive(Clone, Debug, Default)]
+pub struct HangView {
+    /// What the lines say of the named ranks, in a few words.
+    pub kind: &'static str,
+    pub pg: String,
+    pub collective: Option<i64>,
+    pub op: Option<String>,
+    /// The named ranks and their nodes.
+    pub lagging: Vec<(u32, Option<String>)>,
+    /// At most [`HangView::ROWS`] rows: the named ranks first, then by group and rank.
+    pub ranks: Vec<RankRow>,
+    /// Ranks with a watchdog line in all (rows beyond [`HangView::ROWS`] are counted only).
+    pub ranks_seen: usize,
+    /// Ranks of the world that printed no watchdog line (at most 1024 kept).
+    pub missing: Vec<u32>,
+    /// The hang's sentence as the verdict says it.
+    pub sentence: String,
+    /// The named ranks' state at their nodes' triggers.
+    pub at: Vec<String>,
+    pub groups: Option<String>,
+    pub ras: Option<String>,
+    /// The first watchdog line, against the job's reference.
+    pub first_rel_s: f64,
+}
+
+impl HangView {
+    pub const ROWS: usize = 256;
+}
+
+/// The ranks' watchdog lines over every node, read once.
+struct Lines<'a> {
+    /// The nodes whose bundles hold each rank's lines.
+    printed: BTreeMap<u32, BTreeSet<&'a str>>,
+    /// The first watchdog line, against the job's reference.
+    first_rel_s: f64,
+    rows: BTreeMap<(String, u32), RankRow>,
+}
+
+impl<'a> Lines<'a> {
+    /// At most this many (group, rank) rows and ranks are followed (hostile output).
+    const MAX: usize = 65_536;
+
+    fn read(events: &'a [Value], nan_off: f64) -> Lines<'a> {
+        let parsed: Vec<(&str, Option<f64>, crate::joblog::watchdog::Progress)> = events
+            .iter()
+            .filter(|e| e["source"] == "log")
+            .filter_map(|e| {
+                let (node, line) = (e["node"].as_str()?, e["line"].as_str()?);
+                let p = crate::joblog::watchdog::parse(line)?;
+                Some((node, e["offset_s"].as_f64(), p))
+            })
+            .take(1 << 20)
+            .collect();
+        // As `report::hang` places them: a line without a PG tag is the default group's only
+        // when no other group is in the lines.
+        let other_groups = parsed
+            .iter()
+            .any(|(_, _, p)| p.pg.as_deref().is_some_and(|g| g != "0"));
+        let mut out = Lines {
+            printed: BTreeMap::new(),
+            first_rel_s: f64::INFINITY,
+            rows: BTreeMap::new(),
+        };
+        for (node, t, p) in parsed {
+            if let Some(t) = t {
+                out.first_rel_s = out.first_rel_s.min(t - nan_off);
+            }
+            let Some(r) = p.rank else { continue };
+            if out.printed.len() < Self::MAX || out.printed.contains_key(&r) {
+                out.printed.entry(r).or_default().insert(node);
+            }
+            let pg = match p.pg.clone() {
+                Some(g) => g,
+                None if other_groups => continue,
+                None => "0".into(),
+            };
+            let key = (pg, r);
+            if out.rows.len() >= Self::MAX && !out.rows.contains_key(&key) {
+                continue;
+            }
+            let row = out.rows.entry(key.clone()).or_insert_with(|| RankRow {
+                rank: r,
+                pg: key.0,
+                ..RankRow::default()
+            });
+            row.take(&p);
+        }
+        out
+    }
+}
+
+impl RankRow {
+    /// One more of the rank's lines: the greatest counters, the line that has them.
+    fn take(&mut self, p: &crate::joblog::watchdog::Progress) {
+        let max = |a: Option<i64>, b: Option<i64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.enqueued = max(self.enqueued, p.enqueued);
+        self.completed = max(self.completed, p.completed);
+        self.waits_in = max(self.waits_in, p.waits_in);
+        if self.op.is_none() {
+            self.op.clone_from(&p.op);
+        }
+        if self.line.is_empty() || p.enqueued.is_some() {
+            self.line = p.quote.chars().take(200).collect();
+        }
+    }
 }
 
 impl JobHang {
@@ -51,29 +182,21 @@ impl JobHang {
             }
         }
         // Ranks no bundle claims: the node whose bundle alone printed their lines.
-        let mut printed: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
-        let mut first_rel_s = f64::INFINITY;
-        for e in events.iter().filter(|e| e["source"] == "log") {
-            if let (Some(node), Some(line)) = (e["node"].as_str(), e["line"].as_str()) {
-                let Some(p) = crate::joblog::watchdog::parse(line) else {
-                    continue;
-                };
-                if let Some(t) = e["offset_s"].as_f64() {
-                    first_rel_s = first_rel_s.min(t - nan_off);
-                }
-                if let Some(r) = p.rank {
-                    if printed.len() < 65_536 || printed.contains_key(&r) {
-                        printed.entry(r).or_default().insert(node);
-                    }
-                }
-            }
-        }
+        let Lines {
+            printed,
+            first_rel_s,
+            mut rows,
+        } = Lines::read(events, nan_off);
         for (r, at) in printed {
             if at.len() == 1 {
                 node_of
                     .entry(r)
                     .or_insert_with(|| at.into_iter().next().unwrap_or_default().to_string());
             }
+        }
+        for ((_, r), row) in &mut rows {
+            row.node = node_of.get(r).cloned();
+            row.lagging = hang.ranks.contains(r);
         }
         // Where each named rank stood at its node's trigger (snapshot.json `stacks`).
         let at = hang
@@ -110,6 +233,7 @@ impl JobHang {
             at,
             groups,
             ras,
+            rows,
         })
     }
 
@@ -125,6 +249,53 @@ impl JobHang {
             s = format!("{s}; {r}");
         }
         s
+    }
+
+    /// What the job report's page draws of this hang.
+    pub(super) fn view(&self) -> HangView {
+        use crate::report::hang::Kind;
+        let kind = match self.hang.kind {
+            Kind::CpuSide => {
+                "never enqueued the collective the others wait in: stopped first, on the CPU side"
+            }
+            Kind::GpuSide => "enqueued it but did not finish it: the GPU, NCCL or link side",
+            Kind::BeforeFirst => "every rank seen froze before its first collective",
+            Kind::Mismatch => "the ranks disagree on one collective's operation or size",
+            Kind::Reported => "named lagging by torch's desync report",
+            Kind::Silent => "printed nothing while the others waited",
+            Kind::Unnamed => "the lines name no lagging rank",
+        };
+        let mut rows: Vec<&RankRow> = self.rows.values().collect();
+        // The named ranks first, then by group (in number order) and rank.
+        rows.sort_by_key(|r| {
+            (
+                !r.lagging,
+                r.pg.parse::<u64>().unwrap_or(u64::MAX),
+                r.pg.clone(),
+                r.rank,
+            )
+        });
+        HangView {
+            kind,
+            pg: self.hang.pg.clone(),
+            collective: self.hang.collective,
+            op: self.hang.op.clone(),
+            lagging: self
+                .hang
+                .ranks
+                .iter()
+                .take(1024)
+                .map(|r| (*r, self.node_of.get(r).cloned()))
+                .collect(),
+            ranks_seen: rows.len(),
+            ranks: rows.into_iter().take(HangView::ROWS).cloned().collect(),
+            missing: self.hang.missing.iter().take(1024).copied().collect(),
+            sentence: self.sentence(),
+            at: self.at.clone(),
+            groups: self.groups.clone(),
+            ras: self.ras.clone(),
+            first_rel_s: self.first_rel_s,
+        }
     }
 
     /// The one node the named ranks ran on.

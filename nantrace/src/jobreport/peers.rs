@@ -55,7 +55,7 @@ pub const PEER_AFTER_S: f64 = 30.0;
 
 /// How each measure is judged against the peers: (measure, family, higher is worse, the
 /// smallest value that can stand out when the peers' median is 0).
-pub(super) const MEASURES: &[(&str, &str, bool, f64)] = &[
+pub const MEASURES: &[(&str, &str, bool, f64)] = &[
     ("tcp_retransmits", "network", true, 10.0),
     ("block_errors_or_slow_io", "storage", true, 5.0),
     ("pcie_aer", "PCIe", true, 3.0),
