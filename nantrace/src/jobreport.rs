@@ -425,4 +425,6 @@ mod hang_tests;
 #[cfg(test)]
 mod order_tests;
 #[cfg(test)]
+mod scale_tests;
+#[cfg(test)]
 mod tests;

@@ -2,7 +2,8 @@
 //! one stopped, and the job report names its rank and node (never "the model side").
 use serde_json::{json, Value};
 
-use super::tests::{at, healthy, node, report};
+use super::scale_tests::report;
+use super::tests::{at, healthy, node};
 
 /// A line of the job's output, classified as the session does.
 fn line(t: f64, text: &str) -> Value {

@@ -3,7 +3,8 @@
 //! the network the other nodes' lines name.
 use serde_json::{json, Value};
 
-use super::tests::{at, healthy, node, report};
+use super::scale_tests::report;
+use super::tests::{at, healthy, node};
 
 fn job_line(t: f64, line: &str) -> Value {
     let mut l = json!({ "time": at(t), "source": "log", "pid": 100, "job": true, "line": line });
