@@ -295,6 +295,7 @@ pub fn dump(n: u64, out: &std::path::Path) -> Value {
             events: &ev,
             window_pre_s: 600.0,
             post_s: 0.0,
+            flight_copies: &[],
         };
         let t = Instant::now();
         let tl = crate::bundle::timeline(&inc);
@@ -331,6 +332,7 @@ pub fn dump(n: u64, out: &std::path::Path) -> Value {
         events: &events,
         window_pre_s: 600.0,
         post_s: 0.0,
+        flight_copies: &[],
     };
     let w = crate::bundle::write(out, &inc, &snapshot, crate::export::derived);
     let s = start.elapsed().as_secs_f64();

@@ -70,6 +70,8 @@ pub struct Incident<'a> {
     pub events: &'a [&'a Event],
     pub window_pre_s: f64,
     pub post_s: f64,
+    /// The job's Flight Recorder dumps read at the dump, raw (`bundle::flight`).
+    pub flight_copies: &'a [(String, Vec<u8>)],
 }
 
 pub struct Written<A> {
@@ -435,9 +437,13 @@ pub fn write<A>(
             put(name, &mut |w| w.write_all(data));
         }
         drop(answer);
+        let (snap, fr) = flight::split(snapshot);
         put("snapshot.json", &mut |w| {
-            serde_json::to_writer_pretty(&mut *w, snapshot).map_err(std::io::Error::from)
+            serde_json::to_writer_pretty(&mut *w, &*snap).map_err(std::io::Error::from)
         });
+        for (name, data) in flight::files(&tmp, fr, inc.flight_copies) {
+            put(&name, &mut |w| w.write_all(&data));
+        }
         for (name, data) in &views(&analysis) {
             put(name, &mut |w| w.write_all(data));
         }
@@ -578,6 +584,7 @@ fn final_base(
     Ok(format!("{base}{}", recover::SUFFIX))
 }
 
+pub mod flight;
 mod load;
 pub mod recover;
 pub use load::{load, load_head, open_plain, WHOLE_TIMELINE_MAX};

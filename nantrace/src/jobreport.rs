@@ -421,6 +421,8 @@ use peers::measures;
 pub use peers::{outliers, MEASURES, PEER_AFTER_S, PEER_BEFORE_S};
 
 #[cfg(test)]
+mod flight_tests;
+#[cfg(test)]
 mod hang_tests;
 #[cfg(test)]
 mod order_tests;

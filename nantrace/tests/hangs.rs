@@ -10,45 +10,6 @@ use std::path::Path;
 use common::*;
 use serde_json::Value;
 
-/// A cgroup throttling reads of block device `majmin` to `bps`, removed on drop.
-struct Throttle(std::path::PathBuf);
-
-impl Throttle {
-    fn new(tag: &str, majmin: &str, bps: u64) -> Self {
-        let v1 = Path::new("/sys/fs/cgroup/blkio");
-        let (dir, file, line) = if v1.join("blkio.throttle.read_bps_device").exists() {
-            (
-                v1.join(tag),
-                "blkio.throttle.read_bps_device",
-                format!("{majmin} {bps}"),
-            )
-        } else {
-            // cgroup v2: the io controller enabled for the root's children.
-            let _ = std::fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+io");
-            (
-                Path::new("/sys/fs/cgroup").join(tag),
-                "io.max",
-                format!("{majmin} rbps={bps}"),
-            )
-        };
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-        std::fs::write(dir.join(file), &line)
-            .unwrap_or_else(|e| panic!("{}/{file} <- {line}: {e}", dir.display()));
-        Throttle(dir)
-    }
-}
-
-impl Drop for Throttle {
-    fn drop(&mut self) {
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.0).is_ok() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-    }
-}
-
 #[test]
 fn a_rank_blocked_on_storage_at_the_hang_is_named_with_its_stack() {
     if !privileged("a_rank_blocked_on_storage_at_the_hang_is_named_with_its_stack") {

@@ -152,9 +152,58 @@ pub fn setup() -> Result<Route> {
 }
 
 /// What the tests and the benchmark need beyond the build: a headless browser for the HTML
-/// report test, bpftrace as the benchmark's peer.
+/// report test, bpftrace as the benchmark's peer, torch and py-spy for the real PyTorch job.
 pub fn test_deps() -> Result<()> {
-    apt_install(&["chromium", "bpftrace"]).context("installing chromium and bpftrace for the tests")
+    apt_install(&["chromium", "bpftrace"])
+        .context("installing chromium and bpftrace for the tests")?;
+    torch_venv()
+}
+
+/// torch and py-spy from PyPI, pinned, for `nantrace/tests/torch_job.rs`.
+pub const TORCH: &str = "torch==2.15.0";
+pub const PYSPY: &str = "py-spy==0.4.3";
+/// Where the venv lives: root-owned (nantrace runs py-spy only from a path only root can
+/// write), outside the clone so that later clones on the machine reuse it.
+pub const TORCH_VENV: &str = "/var/cache/nantrace-tests/torch-2.15.0";
+
+/// Makes [`TORCH_VENV`] unless it is there and imports torch with gloo (PyPI's Linux torch
+/// is the CUDA build: about 5.4 GiB installed, 63 s here, 3.5 s to import on CPU). As root
+/// only (the tests that use it are privileged); otherwise said and left to them to skip.
+pub fn torch_venv() -> Result<()> {
+    let venv = Path::new(TORCH_VENV);
+    let py = venv.join("bin/python");
+    let ok = |py: &Path| {
+        Command::new(py)
+            .args(["-c", "import torch.distributed as d; assert d.is_gloo_available()"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+            && venv.join("bin/py-spy").is_file()
+    };
+    if ok(&py) {
+        return Ok(());
+    }
+    if unsafe_euid() != 0 {
+        eprintln!("xtask: WARNING: not root: no torch venv at {TORCH_VENV} (the real PyTorch job test will SKIP)");
+        return Ok(());
+    }
+    if Command::new("python3").args(["-c", "import venv, ensurepip"]).output().map_or(true, |o| !o.status.success()) {
+        apt_install(&["python3-venv"])?;
+    }
+    let _ = std::fs::remove_dir_all(venv);
+    std::fs::create_dir_all(venv.parent().unwrap())?;
+    run(Command::new("python3").args(["-m", "venv"]).arg(venv))?;
+    run(Command::new(venv.join("bin/pip")).args([
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        TORCH,
+        PYSPY,
+    ]))
+    .context("pip install torch and py-spy from PyPI for the real PyTorch job test")?;
+    if !ok(&py) {
+        bail!("{TORCH_VENV}: torch installed but does not import with gloo");
+    }
+    Ok(())
 }
 
 pub fn build_ebpf(route: &Route) -> Result<()> {

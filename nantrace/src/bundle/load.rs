@@ -86,6 +86,8 @@ fn load_with(dir: &Path, head_only: bool) -> anyhow::Result<(Value, Value)> {
         .filter(|f| f.metadata().is_ok_and(|m| m.len() <= WHOLE_TIMELINE_MAX))
         .and_then(|f| serde_json::from_reader(std::io::BufReader::new(f)).ok())
         .unwrap_or(Value::Null);
+    let mut snapshot = snapshot;
+    super::flight::merge(dir, &mut snapshot);
     Ok((t, snapshot))
 }
 

@@ -1,5 +1,6 @@
 //! Userspace collectors: periodic samples into the flight recorder, snapshots at the trigger.
 pub mod env;
+pub mod flight;
 pub mod gpu;
 pub mod host;
 pub mod nccl_ras;
@@ -259,6 +260,7 @@ pub fn snapshot(root_pid: Option<u32>) -> Value {
         "scheduler": scheduler::snapshot(root_pid, &env_map),
         "stacks": stacks::snapshot(&job),
         "nccl_ras": ras_of(ras),
+        "flight_recorder": flight::sources(&job),
     })
 }
 

@@ -18,6 +18,10 @@
 //! - `TORCH_NCCL_DESYNC_DEBUG`'s report: `[1] joined but didn't finish collective #42`,
 //!   `[3] finished collective #41, but didn't join collective #42`, `ranks [1] are the lagging
 //!   ranks`.
+//! - gloo's collective timeout (no counters: gloo has no watchdog), as torch 2.15 raises it on
+//!   every rank that waited (tests/torch_job.rs, a real job): `[rank0]: RuntimeError:
+//!   [.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation
+//!   to complete` (`send` on the other side of the ring).
 //!
 //! These are the job's own words (any process can print them): they locate a hang, they are
 //! never machine evidence.
@@ -50,6 +54,8 @@ pub struct Progress {
     pub not_finished: Option<(Vec<u32>, i64)>,
     /// Ranks the report names as lagging, without saying which way.
     pub lagging: Vec<u32>,
+    /// It timed out waiting in a collective the line does not number (gloo's timeout).
+    pub timed_out: bool,
     /// The line's words that say it (its counters, else its collective), a short quote.
     pub quote: String,
 }
@@ -115,6 +121,11 @@ static NOT_JOINED: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"\[([\d, ]+)\] (?:finished collective #\d+, but )?didn't join collective #(\d+)")
         .unwrap()
 });
+/// gloo's timeout inside a collective: `[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed
+/// out waiting 10000ms for recv operation to complete`.
+static GLOO: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i:gloo|transport/tcp)[^\n]{0,200}?Timed out waiting (\d{1,12}) ?ms for (?:recv|send) operation").unwrap()
+});
 static LAGGING: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?i)ranks? \[?([\d, ]+?)\]? (?:is|are) the lagging ranks?").unwrap()
 });
@@ -137,7 +148,8 @@ pub fn parse(line: &str) -> Option<Progress> {
     if !(line.contains("Work")
         || line.contains("work")
         || line.contains("collective")
-        || line.contains("lagging"))
+        || line.contains("lagging")
+        || line.contains("Timed out waiting"))
     {
         return None;
     }
@@ -166,11 +178,23 @@ pub fn parse(line: &str) -> Option<Progress> {
     if let Some(c) = LAGGING.captures(line) {
         p.lagging = c.get(1).map(|m| rank_list(m.as_str())).unwrap_or_default();
     }
+    if let Some(c) = GLOO.captures(line) {
+        p.timed_out = true;
+        p.timeout_ms = p.timeout_ms.or(num(&c, 1));
+    }
     // The quote ends with the words that carry the most: the counters, the report's ranks,
     // the collective.
-    let key = [&*ENQ, &*NOT_FINISHED, &*NOT_JOINED, &*LAGGING, &*WORK, &*AT]
-        .iter()
-        .find_map(|re| re.find(line));
+    let key = [
+        &*ENQ,
+        &*NOT_FINISHED,
+        &*NOT_JOINED,
+        &*LAGGING,
+        &*WORK,
+        &*AT,
+        &*GLOO,
+    ]
+    .iter()
+    .find_map(|re| re.find(line));
     if let Some(m) = key {
         p.quote = quote(line, m.start(), m.end());
     }
@@ -179,6 +203,7 @@ pub fn parse(line: &str) -> Option<Progress> {
         && p.not_finished.is_none()
         && p.not_joined.is_none()
         && p.lagging.is_empty()
+        && !p.timed_out
     {
         return None;
     }
@@ -280,6 +305,22 @@ mod tests {
         assert_eq!(b.not_joined, Some((vec![2], 42)));
         let c = parse("Desync report: ranks [5] are the lagging ranks").unwrap();
         assert_eq!(c.lagging, vec![5]);
+    }
+
+    #[test]
+    fn gloos_timeout_is_a_rank_that_waited_in_a_collective() {
+        // torch 2.15 with gloo, a real job (tests/torch_job.rs), and torchtune#2676.
+        for (l, rank, ms) in [
+            ("[rank0]: collective 6 failed: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete", 0, 10_000),
+            ("[rank2]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation to complete", 2, 1_800_000),
+            ("[rank2]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 8000ms for send operation to complete", 2, 8_000),
+        ] {
+            let p = parse(l).unwrap_or_else(|| panic!("{l}"));
+            assert_eq!((p.rank, p.timed_out, p.timeout_ms, p.waits_in), (Some(rank), true, Some(ms), None), "{l}");
+            assert!(p.quote.contains("Timed out waiting"), "{}", p.quote);
+        }
+        // A store or socket timeout is not a collective's.
+        assert_eq!(parse("[rank1]: torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 2/4 clients joined."), None);
     }
 
     #[test]

@@ -23,6 +23,33 @@ pub(super) struct JobHang {
     ras: Option<String>,
     /// Where each rank stood, as its watchdog lines say, by (process group, rank).
     rows: BTreeMap<(String, u32), RankRow>,
+    /// The hang is the Flight Recorder's (the lines named no rank).
+    from_flight: bool,
+}
+
+/// The Flight Recorder dumps of every node compared, as a hang (`report::flight`), each
+/// dump's rank placed on the node that read it where no bundle claims the rank.
+fn flight(
+    raw: &[Node],
+    world: Option<u32>,
+    node_of: &mut BTreeMap<u32, String>,
+) -> (Option<crate::report::hang::Hang>, bool) {
+    let (mut read, mut not) = (Vec::new(), Vec::new());
+    for n in raw {
+        let (r, x) = crate::report::flight::dumps(&n.snapshot["flight_recorder"], Some(&n.name));
+        read.extend(r);
+        not.extend(x);
+    }
+    for d in &read {
+        if let Some(n) = &d.node {
+            node_of.entry(d.rank).or_insert_with(|| n.clone());
+        }
+    }
+    let Some(f) = crate::report::flight::judge(&read, &not, world) else {
+        return (None, false);
+    };
+    let named = f.kind.is_some();
+    (Some(f.hang(&|r| node_of.get(&r).cloned())), named)
 }
 
 /// Where one rank stood, as its watchdog lines say (the greatest of their counters): what the
@@ -172,11 +199,25 @@ impl JobHang {
             .iter()
             .filter(|e| e["source"] == "log")
             .filter_map(|e| Some((e["node"].as_str(), e["line"].as_str()?)));
-        let hang = crate::report::hang::judge(lines, world, None)?;
+        let watchdog = crate::report::hang::judge(lines, world, None);
         let mut node_of: BTreeMap<u32, String> = BTreeMap::new();
         for n in nodes {
             for r in dist(n)["ranks"].as_array().into_iter().flatten() {
                 if let Some(r) = r["rank"].as_u64().and_then(|r| u32::try_from(r).ok()) {
+                    node_of.entry(r).or_insert_with(|| n.name.clone());
+                }
+            }
+        }
+        // Ranks whose main process a node's stacks took at its trigger ran there (`nantrace
+        // run` and `attach` record no launcher identity; the stacks read each rank's RANK).
+        for n in raw {
+            for p in n.snapshot["stacks"]["processes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                let rank = p["rank"].as_u64().and_then(|r| u32::try_from(r).ok());
+                if let (Some(r), true) = (rank, p["rank_main"] == true) {
                     node_of.entry(r).or_insert_with(|| n.name.clone());
                 }
             }
@@ -194,6 +235,17 @@ impl JobHang {
                     .or_insert_with(|| at.into_iter().next().unwrap_or_default().to_string());
             }
         }
+        // The ranks' Flight Recorder dumps over every node, where the lines name no rank.
+        let (flight, named_by_flight) = flight(raw, world, &mut node_of);
+        let (hang, from_flight) = match (watchdog, flight) {
+            (Some(h), _) if h.named_by_words() => (h, false),
+            (_, Some(f)) if f.named() || named_by_flight => (f, true),
+            (Some(h), _) if h.named() => (h, false),
+            (h, f) => match h {
+                Some(h) => (h, false),
+                None => (f?, true),
+            },
+        };
         for ((_, r), row) in &mut rows {
             row.node = node_of.get(r).cloned();
             row.lagging = hang.ranks.contains(r);
@@ -234,7 +286,16 @@ impl JobHang {
             groups,
             ras,
             rows,
+            from_flight,
         })
+    }
+
+    /// The hang was read from the ranks' Flight Recorder dumps and names the rank that never
+    /// joined a collective (or a mismatch): the job's socket timeouts and resets on any node
+    /// are what that did to its peers.
+    pub(super) fn explains_sockets(&self) -> bool {
+        use crate::report::hang::Kind;
+        self.from_flight && matches!(self.hang.kind, Kind::CpuSide | Kind::Mismatch)
     }
 
     pub(super) fn sentence(&self) -> String {

@@ -6,7 +6,7 @@ use super::scale_tests::report;
 use super::tests::{at, healthy, node};
 
 /// A line of the job's output, classified as the session does.
-fn line(t: f64, text: &str) -> Value {
+pub(super) fn line(t: f64, text: &str) -> Value {
     let mut l = json!({ "time": at(t), "source": "log", "pid": 100, "job": true, "line": text });
     if let Some(f) = crate::joblog::classify(text) {
         l["fault"] = serde_json::to_value(f).unwrap();

@@ -273,7 +273,7 @@ pub(super) fn thin_snapshot(s: &Value) -> Value {
     if let Some(o) = ras.as_object_mut() {
         o.remove("output");
     }
-    json!({ "gpu": s["gpu"], "stacks": s["stacks"], "scheduler": s["scheduler"], "network": { "job_sockets": s["network"]["job_sockets"] }, "nccl_ras": ras })
+    json!({ "gpu": s["gpu"], "stacks": s["stacks"], "scheduler": s["scheduler"], "network": { "job_sockets": s["network"]["job_sockets"] }, "nccl_ras": ras, "flight_recorder": crate::report::flight::thin(&s["flight_recorder"]) })
 }
 
 /// Each bundle's header and snapshot (no events), each file once (redteam4 D-8: 50

@@ -103,11 +103,14 @@ impl Judge<'_> {
     /// the job's first failure on any node (`report::order`): the other nodes' broken
     /// connections and hangs after it are what it did to them.
     fn after_cause(&self, f: &Finding) -> bool {
-        consequence_family(f)
-            && ((self.ex.has_nan && f.first_rel_s > 0.0)
-                || self.ex.first_failure.is_some_and(|c| {
-                    c.explains_network() && c.explains(f.signal, f.first_rel_s, self.ex.steps)
-                }))
+        let sockets = matches!(f.signal, "joblog_network" | "joblog_network_generic")
+            && self.ex.hang.is_some_and(JobHang::explains_sockets);
+        sockets
+            || consequence_family(f)
+                && ((self.ex.has_nan && f.first_rel_s > 0.0)
+                    || self.ex.first_failure.is_some_and(|c| {
+                        c.explains_network() && c.explains(f.signal, f.first_rel_s, self.ex.steps)
+                    }))
     }
 
     /// A lossy link's other end retransmits too: its retransmits are the culprit's link, not

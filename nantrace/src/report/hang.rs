@@ -75,6 +75,8 @@ struct RankState {
     waits_in: Option<i64>,
     /// (collective, operation, numel in) as the rank's timeout line says.
     work: Option<(i64, String, Option<u64>)>,
+    /// It timed out in a collective its line does not number (gloo).
+    timed_out: bool,
     line: String,
     node: Option<String>,
 }
@@ -219,6 +221,7 @@ fn take(g: &mut Group, p: &Progress, node: Option<&str>, line: &str, followed: &
     s.enqueued = max(s.enqueued, p.enqueued);
     s.completed = max(s.completed, p.completed);
     s.waits_in = max(s.waits_in, p.waits_in);
+    s.timed_out |= p.timed_out;
     if let (Some(n), Some(op)) = (p.waits_in, &p.op) {
         s.work.get_or_insert((n, op.clone(), p.numel.map(|x| x.0)));
     }
@@ -236,6 +239,13 @@ impl Hang {
     /// Whether the lines name the rank (or ranks) where to look.
     pub fn named(&self) -> bool {
         self.kind != Kind::Unnamed
+    }
+
+    /// Whether the lines name the rank by what it said (its counters, torch's report, a
+    /// mismatch), not by its silence: a Flight Recorder dump that names a rank says more
+    /// than a silence does.
+    pub fn named_by_words(&self) -> bool {
+        self.named() && self.kind != Kind::Silent
     }
 
     /// Whether the lines put the hang on the job's side: a rank that stopped before the
@@ -300,7 +310,7 @@ impl Hang {
     }
 }
 
-mod rules;
+pub(crate) mod rules;
 use rules::judge_group;
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! Ranked suspects come from the signal table in [`rules`]; when nothing fires, the report says
 //! so plainly and lists what was checked.
 pub(crate) mod detect;
+pub mod flight;
 pub mod gpucheck;
 pub mod hang;
 pub mod order;
@@ -116,6 +117,8 @@ struct Ctx<'a> {
     stacks: &'a Value,
     /// NCCL RAS's view at the trigger (snapshot.json `nccl_ras`).
     ras: &'a Value,
+    /// The job's Flight Recorder dumps read at the dump (snapshot `flight_recorder`).
+    flight: &'a Value,
     /// The incident is a hang: the stall trigger, or a collective hang in the job's output
     /// (a thread's state at the trigger is read only then).
     hung: bool,
@@ -243,6 +246,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         nan_off.is_some(),
         ref_name,
     );
+    detect::flight_explains(&ctx, &mut suspects);
     gpucheck_suspects(snapshot, &mut suspects);
     suspects.sort_by(|a, b| b.score.total_cmp(&a.score));
     let (verdict, family) = verdict::verdict(
@@ -327,6 +331,7 @@ impl<'a> Ctx<'a> {
             root,
             stacks: &snapshot["stacks"],
             ras: &snapshot["nccl_ras"],
+            flight: &snapshot["flight_recorder"],
             hung: timeline["trigger"]["kind"] == "stall"
                 || timeline["events"].as_array().is_some_and(|ev| {
                     ev.iter().any(|e| {

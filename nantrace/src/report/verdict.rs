@@ -109,7 +109,16 @@ pub(super) fn hang_verdict(top: &Finding, timeline: &Value, snapshot: &Value) ->
             )
         }
     };
-    match hang::judge(lines, world, local.as_ref()) {
+    // The watchdog lines first; where they name no rank (gloo's timeouts carry no counters),
+    // the job's Flight Recorder dumps.
+    let fr = detect::flight_of(&snapshot["flight_recorder"]).map(|f| f.hang(&|_| None));
+    let judged = match (hang::judge(lines, world, local.as_ref()), fr) {
+        (Some(h), _) if h.named_by_words() => Some(h),
+        (_, Some(f)) if f.named() => Some(f),
+        (Some(h), _) if h.named() => Some(h),
+        (h, f) => h.or(f),
+    };
+    match judged {
         Some(h) if h.kind == hang::Kind::Mismatch => (
             format!(
                 "NOT THE MACHINE ({}): {}; no GPU, network or host fault on this node in the window",

@@ -69,6 +69,14 @@ impl OwnedDump {
                 .unwrap_or_else(|e| json!({ "error": format!("snapshot collector failed: {e}") })),
             None => json!({ "error": "no snapshot taken" }),
         };
+        // The job's Flight Recorder dumps, written by torch at its timeout (after the
+        // trigger, in the post-window): read now, where the trigger's snapshot said.
+        let mut snapshot = snapshot;
+        let (fr, flight_copies) = crate::collect::flight::read(&snapshot["flight_recorder"])
+            .map_or((None, Vec::new()), |(v, c)| (Some(v), c));
+        if let Some(v) = fr.filter(|_| snapshot["flight_recorder"].is_object()) {
+            snapshot["flight_recorder"]["read"] = v;
+        }
         let mut order = Recorder::by_time(&self.lanes);
         if !self.shared.is_empty() {
             order.extend(self.shared.iter());
@@ -83,6 +91,7 @@ impl OwnedDump {
             events: &order,
             window_pre_s: self.window_pre_s,
             post_s: self.post_s,
+            flight_copies: &flight_copies,
         };
         let mut lines = Vec::new();
         let mut result = Dumped {

@@ -787,3 +787,42 @@ pub fn gcc(src: &Path, exe: &Path, extra: &[&str]) {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// A cgroup throttling reads of block device `majmin` to `bps`, removed on drop.
+pub struct Throttle(pub PathBuf);
+
+impl Throttle {
+    pub fn new(tag: &str, majmin: &str, bps: u64) -> Self {
+        let v1 = Path::new("/sys/fs/cgroup/blkio");
+        let (dir, file, line) = if v1.join("blkio.throttle.read_bps_device").exists() {
+            (
+                v1.join(tag),
+                "blkio.throttle.read_bps_device",
+                format!("{majmin} {bps}"),
+            )
+        } else {
+            // cgroup v2: the io controller enabled for the root's children.
+            let _ = std::fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+io");
+            (
+                Path::new("/sys/fs/cgroup").join(tag),
+                "io.max",
+                format!("{majmin} rbps={bps}"),
+            )
+        };
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        std::fs::write(dir.join(file), &line)
+            .unwrap_or_else(|e| panic!("{}/{file} <- {line}: {e}", dir.display()));
+        Throttle(dir)
+    }
+}
+
+impl Drop for Throttle {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+}

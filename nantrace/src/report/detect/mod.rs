@@ -1,5 +1,8 @@
 //! The detectors, one file per evidence family. Each evaluates its rows of the signal table
 //! (`super::rules`) over the incident window and adds what fired to the suspects.
+mod flight;
+pub(super) use flight::explains as flight_explains;
+pub(crate) use flight::of as flight_of;
 mod gpu;
 mod gpumem;
 mod host;
@@ -43,6 +46,7 @@ pub(super) fn all(ctx: &Ctx<'_>, acc: &mut Acc) {
     process::detect(ctx, acc);
     stacks::detect(ctx, acc);
     ras::detect(ctx, acc);
+    flight::detect(ctx, acc);
     numerics::detect(ctx, acc);
     joblog::detect(ctx, acc, f64::INFINITY);
 }

@@ -151,23 +151,7 @@ fn mismatch(h: &mut Hang, g: &Group) -> bool {
     }
     // Only collectives every rank calls alike: point-to-point pairs (a SEND meets a RECV) and
     // all-to-alls (uneven splits, MoE) differ across ranks by design.
-    let varies = |op: &str| {
-        let op = op.to_ascii_uppercase();
-        [
-            "SEND",
-            "RECV",
-            "ALLTOALL",
-            "SCATTER",
-            "GATHER",
-            "COALESCED",
-            "UNKNOWN",
-        ]
-        .iter()
-        .any(|x| op.contains(x))
-            && !op.starts_with("ALLGATHER")
-            && !op.starts_with("_ALLGATHER")
-            && !op.contains("REDUCE_SCATTER")
-    };
+    let varies = |op: &str| uneven_by_design(op);
     if let Some((n, kinds)) = by_seq
         .iter()
         .find(|(_, k)| k.len() > 1 && !k.keys().any(|(op, _)| varies(op)))
@@ -209,6 +193,12 @@ fn lagging(h: &mut Hang, g: &Group, enq: &[(u32, i64)], seen: &[u32]) {
         .min()
         .or_else(|| enq.iter().map(|x| x.1).max());
     let Some(target) = target else {
+        // gloo's timeouts number no collective: only the silent ranks can be named.
+        if let Some(first) = seen.first() {
+            h.detail = format!("{} timed out in a collective", ranks_word(seen));
+            evidence(h, g, *first);
+        }
+        silent(h, g);
         return;
     };
     h.collective = Some(target);
@@ -280,24 +270,57 @@ fn lagging(h: &mut Hang, g: &Group, enq: &[(u32, i64)], seen: &[u32]) {
 /// they most likely stopped on their CPU side first, or their lines are not in what was read.
 /// Only when the silent ranks are no more than the waiting ones (else the lines are merely
 /// incomplete).
+///
+/// gloo's timeout numbers no collective: a group whose ranks all timed out that way (or in
+/// one numbered collective) is judged the same, the collective unnamed.
 fn silent(h: &mut Hang, g: &Group) {
     let in_flight = |s: &RankState| s.waits_in.filter(|w| s.completed.is_none_or(|c| c < *w));
     let waits: BTreeSet<i64> = g.ranks.values().filter_map(in_flight).collect();
-    let all_wait = g.ranks.values().all(|s| in_flight(s).is_some());
-    if h.missing.is_empty() || h.missing.len() > g.ranks.len() || waits.len() != 1 || !all_wait {
-        return;
-    }
-    let t = waits.into_iter().next().unwrap_or_default();
-    h.kind = Kind::Silent;
-    h.ranks.clone_from(&h.missing);
-    h.collective = Some(t);
-    h.op = g
+    let all_wait = g
         .ranks
         .values()
-        .find_map(|s| s.work.as_ref().filter(|w| w.0 == t).map(|w| w.1.clone()));
+        .all(|s| in_flight(s).is_some() || (s.timed_out && s.waits_in.is_none()));
+    if h.missing.is_empty() || h.missing.len() > g.ranks.len() || waits.len() > 1 || !all_wait {
+        return;
+    }
+    let t = waits.into_iter().next();
+    h.kind = Kind::Silent;
+    h.ranks.clone_from(&h.missing);
+    h.collective = t;
+    h.op = g.ranks.values().find_map(|s| {
+        s.work
+            .as_ref()
+            .filter(|w| Some(w.0) == t)
+            .map(|w| w.1.clone())
+    });
     h.detail = format!(
         "{} timed out waiting in it, {} printed no watchdog line",
         ranks_word(&h.seen),
         if h.ranks.len() == 1 { "it" } else { "they" }
     );
+}
+
+/// An operation whose sizes (or kind) differ across ranks by design: point-to-point pairs (a
+/// SEND meets a RECV), all-to-alls (uneven splits, MoE), scatter and gather, coalesced
+/// groups; not all-gather or reduce-scatter. Both spellings: NCCL's watchdog `ALLTOALL_BASE`,
+/// the Flight Recorder's `nccl:all_to_all`.
+pub(crate) fn uneven_by_design(op: &str) -> bool {
+    let op: String = op
+        .to_ascii_uppercase()
+        .chars()
+        .filter(|c| *c != '_')
+        .collect();
+    [
+        "SEND",
+        "RECV",
+        "ALLTOALL",
+        "SCATTER",
+        "GATHER",
+        "COALESCED",
+        "UNKNOWN",
+    ]
+    .iter()
+    .any(|x| op.contains(x))
+        && !op.contains("ALLGATHER")
+        && !op.contains("REDUCESCATTER")
 }

@@ -100,6 +100,29 @@ fn ranks_silent_while_the_others_wait_are_named_and_too_few_lines_name_nobody() 
     );
 }
 
+/// gloo numbers no collective: ranks 0 and 2 timed out (a real torch 2.15 job,
+/// tests/torch_job.rs), rank 1 printed nothing: it is named, the collective unnamed. One
+/// rank's timeout alone of three names nobody.
+#[test]
+fn gloos_ranks_that_timed_out_name_the_silent_one() {
+    let lines = [
+        "[rank0]: collective 6 failed: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete",
+        "[rank2]: collective 6 failed: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 10000ms for send operation to complete",
+    ];
+    let h = j(&lines, Some(3));
+    assert_eq!(
+        (h.kind, h.ranks.clone(), h.collective),
+        (Kind::Silent, vec![1], None)
+    );
+    let s = h.sentence(&|r| (r == 1).then(|| "n2".to_string()));
+    assert!(
+        s.starts_with("rank 1 on n2 printed nothing while the others waited in a collective of PG 0 (ranks 0, 2 timed out waiting in it, it printed no watchdog line"),
+        "{s}"
+    );
+    assert!(s.contains("collective timeout to 10 s"), "{s}");
+    assert_eq!(j(&lines[..1], Some(3)).kind, Kind::Unnamed);
+}
+
 /// One node's ranks 8-15 of 16 all wait: ranks 0-7 are another node's, whose silence in
 /// this node's output says nothing.
 #[test]

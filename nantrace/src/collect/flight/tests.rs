@@ -1,0 +1,175 @@
+use super::*;
+
+#[test]
+fn the_prefix_comes_from_the_jobs_variables_then_torchs_defaults() {
+    let c = candidates(
+        &[
+            ("HOME", "/home/u"),
+            ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "/scratch/nccl_"),
+        ],
+        None,
+        3,
+    );
+    assert_eq!(
+        c,
+        vec![("/scratch/nccl_3".into(), "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")]
+    );
+    let c = candidates(
+        &[
+            ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "/scratch/nccl_"),
+            ("TORCH_FR_DUMP_TEMP_FILE", "fr/t_"),
+        ],
+        Some("/work/job/"),
+        0,
+    );
+    assert_eq!(
+        c,
+        vec![("/work/job/fr/t_0".into(), "TORCH_FR_DUMP_TEMP_FILE")],
+        "relative to its cwd"
+    );
+    let c = candidates(&[("HOME", "/home/u/")], None, 12);
+    assert_eq!(
+        c.iter().map(|x| x.0.as_str()).collect::<Vec<_>>(),
+        [
+            "/home/u/.cache/torch/comm_lib_trace_rank_12",
+            "/tmp/nccl_trace_rank_12"
+        ]
+    );
+    let env = b"A=1\0HOME=/h\0TORCH_FR_DUMP_TEMP_FILE=/x/fr_\0SECRET=s\0";
+    assert_eq!(
+        env_pairs(env),
+        vec![("HOME", "/h"), ("TORCH_FR_DUMP_TEMP_FILE", "/x/fr_")]
+    );
+    let st = "Name:\tpython\nUid:\t1000\t1000\t1000\t1001\nGid:\t100\t100\t100\t102\n";
+    assert_eq!(ids(st), Some((1001, 102)));
+}
+
+fn tmpdir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("nantrace-fr-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn fixture(s: &str, r: u32) -> Vec<u8> {
+    std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/flight/{s}/fr_{r}")),
+    )
+    .unwrap()
+}
+
+/// A source as the trigger's snapshot lists it, for a file of this process's user.
+fn source(rank: u32, paths: &[&std::path::Path], started_s: u64) -> Value {
+    // SAFETY: no failure mode.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    json!({ "rank": rank, "pid": 4000 + rank, "uid": uid, "gid": gid, "started_s": started_s,
+        "paths": paths.iter().map(|p| json!({ "path": p.display().to_string(), "from": "TORCH_FR_DUMP_TEMP_FILE" })).collect::<Vec<_>>() })
+}
+
+/// Each rank's dump read or why not: read (decoded, copied), no file, stale, a link, a FIFO,
+/// too big, not a pickle.
+#[test]
+fn each_ranks_dump_is_read_or_says_why_not() {
+    let d = tmpdir("read");
+    std::fs::write(d.join("fr_0"), fixture("stopped", 0)).unwrap();
+    std::fs::write(d.join("fr_2"), fixture("stopped", 2)).unwrap();
+    std::os::unix::fs::symlink(d.join("fr_0"), d.join("fr_3")).unwrap();
+    let fifo = std::ffi::CString::new(d.join("fr_4").display().to_string()).unwrap();
+    // SAFETY: a valid path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    std::fs::write(d.join("fr_5"), vec![b'N'; (DUMP_MAX + 1) as usize]).unwrap();
+    std::fs::write(d.join("fr_6"), b"\x80\x02cos\nsystem\n.").unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let p = |n: &str| d.join(n);
+    let srcs = json!({ "sources": [
+        source(0, &[&p("nope_0"), &p("fr_0")], now - 60),
+        source(1, &[&p("fr_1")], now - 60),
+        source(2, &[&p("fr_2")], now + 3600),
+        source(3, &[&p("fr_3")], 0),
+        source(4, &[&p("fr_4")], 0),
+        source(5, &[&p("fr_5")], 0),
+        source(6, &[&p("fr_6")], 0),
+    ]});
+    let (v, copies) = read(&srcs).unwrap();
+    let st: Vec<&str> = v["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        st,
+        [
+            "read",
+            "no_file",
+            "stale",
+            "refused",
+            "refused",
+            "too_big",
+            "undecodable"
+        ]
+    );
+    let r0 = &v["ranks"][0];
+    assert_eq!(r0["path"], p("fr_0").display().to_string());
+    assert_eq!(r0["copy"], "flight_recorder/fr_rank_0");
+    assert_eq!(r0["dump"]["entries"].as_array().unwrap().len(), 6);
+    assert_eq!(r0["dump"]["entries"][5]["collective_seq_id"], 6);
+    assert!(
+        v["ranks"][1]["why"].as_str().unwrap().contains("fr_1"),
+        "{}",
+        v["ranks"][1]
+    );
+    assert!(v["ranks"][2]["why"]
+        .as_str()
+        .unwrap()
+        .contains("earlier job"));
+    assert!(v["ranks"][6]["why"].as_str().unwrap().contains("GLOBAL"));
+    assert_eq!(v["ranks_read"], 1);
+    // The raw copies: the decoded one and the undecodable one (for torch's own tools).
+    assert_eq!(
+        copies.iter().map(|c| c.0.as_str()).collect::<Vec<_>>(),
+        ["fr_rank_0", "fr_rank_6"]
+    );
+    assert_eq!(copies[0].1, fixture("stopped", 0));
+    assert!(read(&json!({ "not_collected": "x" })).is_none());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// As root, a file of another user is read with that user's rights: a file it cannot read
+/// (root's, mode 0600) is refused even through a path the user could name.
+#[test]
+fn as_root_the_dump_is_read_with_the_jobs_rights() {
+    // SAFETY: no failure mode.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let d = tmpdir("rights");
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mine = d.join("fr_0");
+    std::fs::write(&mine, fixture("stopped", 1)).unwrap();
+    let c = std::ffi::CString::new(mine.display().to_string()).unwrap();
+    // SAFETY: a valid path.
+    unsafe { libc::chown(c.as_ptr(), 65534, 65534) };
+    let (b, _) = read::dump(&mine, Some((65534, 65534)), DUMP_MAX).unwrap();
+    assert_eq!(b.len(), fixture("stopped", 1).len());
+    let roots = d.join("root_only");
+    std::fs::write(&roots, b"secret").unwrap();
+    std::fs::set_permissions(&roots, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let e = read::dump(&roots, Some((65534, 65534)), DUMP_MAX).unwrap_err();
+    assert_eq!(e.status(), "refused", "{e}");
+    assert!(
+        e.to_string().contains("denied") || e.to_string().contains("owned"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn the_sources_of_a_process_without_rank_say_so() {
+    let none = sources(&BTreeSet::from([std::process::id()]));
+    assert!(none["not_collected"].is_string() || none["sources"].is_array());
+}
