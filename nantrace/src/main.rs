@@ -167,7 +167,8 @@ enum Cmd {
         /// numeric (default); xid (an NVRM Xid line written to /dev/kmsg), oom (a worker
         /// OOM-killed in a 64 MiB cgroup), net (packets dropped in a netns), io (writes through a
         /// loop device throttled at its backing disk), ecc: injected, labelled; multinode: the
-        /// job report of a recorded 3-node incident (no cluster needed)
+        /// job report of a recorded 3-node incident (no cluster needed); hang: the job report of
+        /// a recorded real PyTorch job whose rank 1 stopped (no cluster, no torch needed)
         #[arg(long, default_value = "numeric")]
         scenario: String,
         #[command(flatten)]
@@ -389,8 +390,12 @@ fn main() -> anyhow::Result<()> {
             json,
         )?,
         Cmd::Attach { pid, logs, rec } => session(Job::Attach { pid, logs }, rec.opts())?,
-        Cmd::Demo { scenario, rec } if scenario == "multinode" => {
-            nantrace::demo::multinode::cli(&rec.opts().out)?;
+        Cmd::Demo { scenario, rec }
+            if nantrace::demo::multinode::recording(&scenario).is_some() =>
+        {
+            if let Some(r) = nantrace::demo::multinode::recording(&scenario) {
+                r.cli(&rec.opts().out)?;
+            }
             0
         }
         Cmd::Demo { scenario, rec } => demo(scenario, &rec)?,

@@ -313,6 +313,10 @@ fn a_rank_stopped_in_python_is_named_with_its_node_and_frame_as_the_jobs_code() 
         "rank 1 on n2 named: {v}"
     );
     assert!(v.contains("wait_for_the_flag"), "its frame named: {v}");
+    assert!(
+        v.contains("waited in collective 6 (gloo:all_reduce, PG 0)"),
+        "the collective, from the Flight Recorder dumps that agree: {v}"
+    );
     // torch's Flight Recorder: rank 0 (n1) dumped at its timeout, read into n1's bundle with
     // collective 6 its newest entry; rank 1 (n2) was stopped before it could dump.
     let fr = |node: &str| -> Vec<Value> {
@@ -348,6 +352,11 @@ fn a_rank_stopped_in_python_is_named_with_its_node_and_frame_as_the_jobs_code() 
         "rank 1 wrote no dump: {:#?}",
         fr("n2")
     );
+    // `NANTRACE_TORCH_KEEP=1`: the bundles stay (data/demo-hang is such a recording).
+    if std::env::var_os("NANTRACE_TORCH_KEEP").is_some() {
+        eprintln!("KEPT the job's bundles: {}", out.display());
+        return;
+    }
     let _ = std::fs::remove_dir_all(&out);
 }
 

@@ -237,7 +237,12 @@ impl JobHang {
         }
         // The ranks' Flight Recorder dumps over every node, where the lines name no rank.
         let (flight, named_by_flight) = flight(raw, world, &mut node_of);
-        let (hang, from_flight) = match (watchdog, flight) {
+        // Where the dumps that agree all stand: the collective a silence names no number for.
+        let dumps_at = flight
+            .as_ref()
+            .filter(|f| !f.named())
+            .and_then(|f| f.collective.map(|n| (n, f.op.clone(), f.pg.clone())));
+        let (mut hang, from_flight) = match (watchdog, flight) {
             (Some(h), _) if h.named_by_words() => (h, false),
             (_, Some(f)) if f.named() || named_by_flight => (f, true),
             (Some(h), _) if h.named() => (h, false),
@@ -246,6 +251,15 @@ impl JobHang {
                 None => (f?, true),
             },
         };
+        if let (crate::report::hang::Kind::Silent, None, Some((n, op, pg))) =
+            (hang.kind, hang.collective, dumps_at)
+        {
+            if pg == hang.pg {
+                hang.collective = Some(n);
+                hang.op = op;
+                hang.detail = format!("{}; their Flight Recorder dumps end in it", hang.detail);
+            }
+        }
         for ((_, r), row) in &mut rows {
             row.node = node_of.get(r).cloned();
             row.lagging = hang.ranks.contains(r);

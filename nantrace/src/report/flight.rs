@@ -254,14 +254,37 @@ pub fn judge(ds: &[RankDump], not_read: &[(u32, String)], world: Option<u32>) ->
     }
     let mut f = match found {
         Some(f) => f,
-        None if !missing.is_empty() && ds.len() >= 1 => Flight {
-            detail: format!(
-                "the Flight Recorder dumps of {} agree",
-                ranks_word(&read.iter().copied().collect::<Vec<_>>())
-            ),
-            pg: pgs.first().cloned().unwrap_or_else(|| "0".into()),
-            ..Flight::default()
-        },
+        None if !missing.is_empty() && ds.len() >= 1 => {
+            let pg = pgs.first().cloned().unwrap_or_else(|| "0".into());
+            // Where they all stand: the newest collective of every dump read, when it is one.
+            let newest: BTreeSet<Option<i64>> = ds
+                .iter()
+                .map(|d| collectives(d, &pg).keys().max().copied())
+                .collect();
+            let seq = (newest.len() == 1)
+                .then(|| newest.into_iter().next().flatten())
+                .flatten();
+            let op = seq.and_then(|n| {
+                ds.iter().find_map(|d| {
+                    collectives(d, &pg)
+                        .get(&n)
+                        .map(|e| e.profiling_name.clone())
+                })
+            });
+            let at = seq.map_or(String::new(), |n| {
+                format!(", each ending at collective {n}")
+            });
+            Flight {
+                detail: format!(
+                    "the Flight Recorder dumps of {} agree{at}",
+                    ranks_word(&read.iter().copied().collect::<Vec<_>>())
+                ),
+                pg,
+                seq,
+                op,
+                ..Flight::default()
+            }
+        }
         None => return None,
     };
     f.missing = missing.into_iter().collect();
