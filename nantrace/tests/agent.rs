@@ -245,12 +245,72 @@ fn ctl_dump_status_report_socket_is_root_only_and_sighup_reloads() {
     a.stop();
 }
 
+/// redteam4 D-14: a node-wide trigger dumps other users' jobs, so it rests on a record no
+/// user writes. A fatal Xid written into /dev/kmsg from user space (root here; journald's
+/// `ForwardToKMsg` relays any user's syslog line so, with the text the user chose) dumps no
+/// job by default: said on stderr and counted, the line still in the node's window.
+#[test]
+fn a_user_written_fatal_xid_dumps_no_job() {
+    if !privileged("a_user_written_fatal_xid_dumps_no_job") {
+        return;
+    }
+    let (devdir, dev) = common::agent::fake_gpu("xidu");
+    let a = Agent::start(
+        "xidu",
+        19495,
+        &["--gpu-device", devdir.join("nvidia").to_str().unwrap()],
+    );
+    let (mut gpu, _) = start_job(
+        &a.dir,
+        "nt-gpujob-u",
+        &format!(
+            "exec 3<>{}; for i in $(seq 1 600); do echo \"step $i loss 0.7\"; sleep 0.1; done",
+            dev.display()
+        ),
+    );
+    let (g, _) = a.wait_job(gpu.id(), Duration::from_secs(10));
+    assert_eq!(g["gpus"], serde_json::json!([0]));
+    std::thread::sleep(Duration::from_millis(500));
+    kmsg("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.");
+    let line = a.wait_line("the refusal", Duration::from_secs(15), |l| {
+        l.contains("node-wide trigger not acted on")
+    });
+    assert!(
+        line.contains("from user space (facility 1), not by the kernel"),
+        "{line}"
+    );
+    let m = a.wait_metrics(Duration::from_secs(10), |m| {
+        m.contains("nantrace_node_triggers_total{")
+    });
+    assert!(
+        m.contains("nantrace_node_triggers_total{result=\"unverified\"} 1"),
+        "{m}"
+    );
+    // The event is still the node's: counted, and in the window the next dump takes.
+    assert!(
+        m.contains("nantrace_xid_total{xid=\"79\",gpu=\"0000:3b:00.0\"} 1"),
+        "{m}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        bundles(&a.spool).is_empty(),
+        "a job was dumped on a user-written line"
+    );
+    kill(&mut gpu);
+    let _ = std::fs::remove_dir_all(&devdir);
+    a.stop();
+}
+
 #[test]
 fn fatal_xid_dumps_the_gpu_job_only_and_is_counted_in_metrics() {
     if !privileged("fatal_xid_dumps_the_gpu_job_only_and_is_counted_in_metrics") {
         return;
     }
     let (devdir, dev) = common::agent::fake_gpu("xid");
+    // The Xid is written into /dev/kmsg from user space: let it act, as a test cluster
+    // injecting faults does (the default is `a_user_written_fatal_xid_dumps_no_job`).
+    let cfg = devdir.join("agent.toml");
+    std::fs::write(&cfg, "trust_user_written_kmsg = true\n").unwrap();
     let a = Agent::start(
         "xid",
         19473,
@@ -259,6 +319,8 @@ fn fatal_xid_dumps_the_gpu_job_only_and_is_counted_in_metrics() {
             devdir.join("nvidia").to_str().unwrap(),
             "--match",
             "nt-cpujob",
+            "--config",
+            cfg.to_str().unwrap(),
         ],
     );
     let (mut gpu, _) = start_job(

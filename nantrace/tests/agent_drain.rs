@@ -216,9 +216,16 @@ fn an_xid_79_drains_the_node_in_slurm_with_a_reason_once_within_the_cap() {
         "drained on an Xid 13: {}",
         r.state()
     );
-    // Xid 79 written into /dev/kmsg from user space: the verdict reads it, the drain does
-    // not act on it (the default), and says why.
+    // Xid 79 written into /dev/kmsg from user space: it fires no dump by default (a
+    // node-wide trigger rests on the kernel's records); a dump on demand shows it: the
+    // verdict reads it, the drain does not act on it, and says why.
     kmsg("NVRM: Xid (PCI:0000:3b:00): 79, pid=4241, name=python3, GPU has fallen off the bus.");
+    r.a().wait_line(
+        "the node-wide trigger refused",
+        Duration::from_secs(15),
+        |l| l.contains("node-wide trigger not acted on"),
+    );
+    r.a().ctl(&["dump", "--job", &r.id]);
     let md = r.newest_report(2);
     assert!(
         md.contains("unverified: no drain: the kernel log line")
@@ -482,8 +489,15 @@ fn forged_kernel_records_of_every_kind_never_drain_nor_count_against_a_gpu() {
     let h = r.a().ctl(&["history"]).to_string();
     assert!(!h.contains("0000:3b:00"), "a GPU in the history: {h}");
 
-    // A relay's line: the verdict reads it; nothing acts on it.
+    // A relay's line: it fires no dump (a node-wide trigger needs the kernel's record); a
+    // dump on demand shows the verdict reading it; nothing acts on it.
     kmsg("NVRM: Xid (PCI:0000:3b:00): 79, pid=4240, name=relay, GPU has fallen off the bus.");
+    r.a().wait_line(
+        "the node-wide trigger refused",
+        Duration::from_secs(15),
+        |l| l.contains("node-wide trigger not acted on") && l.contains("relay"),
+    );
+    r.a().ctl(&["dump", "--job", &r.id]);
     let md = r.newest_report(2);
     assert!(md.contains("PROBABLY THE MACHINE (GPU)"), "{md}");
     assert!(

@@ -36,6 +36,9 @@ slurm_jobs = "all"
 spool_dir = "$R/nt/spool"
 socket = "$R/nt/agent.sock"
 metrics_addr = ""
+# The scenarios inject faults by writing into /dev/kmsg (user space): a test cluster's
+# switch, never a production one (docs/agent.md).
+trust_user_written_kmsg = true
 EOF
 "$NT" agent --config $R/nt/agent.toml > $O/agent.log 2>&1 &
 echo $! > $R/nt/agent.pid

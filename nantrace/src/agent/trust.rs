@@ -94,3 +94,72 @@ pub fn doubtful_gpus(
     }
     out
 }
+
+/// A trigger of the node's own events (not a watched job's): a fatal Xid, say.
+pub(super) struct NodeFire {
+    pub kind: crate::trigger::TriggerKind,
+    pub reason: String,
+    /// The GPU's minor number, where the trigger names a GPU of the node.
+    pub minor: Option<u32>,
+    /// The kernel log line behind it (none: a record no user writes, NVML or a tracepoint).
+    pub line: Option<crate::klog::Line>,
+}
+
+/// The node-wide triggers whose kernel log line the kernel wrote (`trust::check_writer`,
+/// as a drain checks; `trust_user_written_kmsg` lets root's processes' lines act); the
+/// others are said on stderr and counted (`nantrace_node_triggers_total{result}`), their
+/// events kept in the node's window for the next dump to show.
+pub(super) fn verified(
+    fires: Vec<NodeFire>,
+    user_written_ok: bool,
+    metrics: &super::metrics::Metrics,
+) -> Vec<NodeFire> {
+    // One read of /dev/kmsg for the batch's lines (at most 64: a flood of forged lines
+    // costs one bounded read, the rest are not acted on).
+    let lines: Vec<crate::klog::Line> = fires
+        .iter()
+        .filter_map(|f| f.line.clone())
+        .take(64)
+        .collect();
+    let writers = if lines.is_empty() {
+        Ok(Vec::new())
+    } else {
+        crate::klog::who_wrote(&lines)
+    };
+    let mut i = 0;
+    fires
+        .into_iter()
+        .filter(|f| {
+            let ok = match &f.line {
+                None => Ok(()),
+                Some(l) => {
+                    i += 1;
+                    match (&writers, lines.get(i - 1)) {
+                        (Ok(w), Some(_)) => match w.get(i - 1) {
+                            Some(w) => judge_writers(
+                                std::slice::from_ref(l),
+                                std::slice::from_ref(w),
+                                user_written_ok,
+                            ),
+                            None => Err("its kernel log line was not looked up".into()),
+                        },
+                        (Err(e), Some(_)) => Err(format!(
+                            "who wrote the kernel log line cannot be checked (/dev/kmsg: {e})"
+                        )),
+                        (_, None) => Err("more than 64 node-wide triggers at once: the rest are not checked".into()),
+                    }
+                }
+            };
+            let result = if ok.is_ok() { "fired" } else { "unverified" };
+            metrics
+                .add("nantrace_node_triggers_total", &[("result", result)], 1.0);
+            if let Err(why) = &ok {
+                crate::say!(
+                    "nantrace agent: node-wide trigger not acted on (no job dumped for it): {}: {why}",
+                    crate::term::clean(&f.reason)
+                );
+            }
+            ok.is_ok()
+        })
+        .collect()
+}
