@@ -32,6 +32,7 @@ const KNOWN_MISSES: &[(&str, &str)] = &[
     ("[PG 5 Rank 0] ProcessGroupNCCL preparing to dump debug info.", "corpora disagree (hang / none): printed when the watchdog fires"),
     ("ib_mlx5_log.c:139  DCI QP 0x7fba", "corpora disagree (network / none): UCX's completion-error dump"),
     ("sonic login: [10304.603691] NMI watchdog", "console noise before the kernel line: kernel patterns stay anchored"),
+    ("gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation", "labelled network by the held-out collector; nantrace reads gloo's collective timeout as a hang (a peer rank never sent), as NCCL's watchdog timeout: a real 3-rank torch job whose rank 1 stopped in Python prints exactly this on the waiting ranks (tests/torch_job.rs)"),
     ("**grad_norm: 0.3922 (nan)**", "a running average in parentheses under fp16 loss scaling: not this step's value"),
     ("2000      [nan]         [nan]         [nan]", "a table row whose header (with the loss column names) is not in the corpus line"),
 ];
