@@ -73,9 +73,23 @@ pub enum BlockStat {
     /// A job's new request not remembered for its dispatch (`JOB_QUEUED` full): where a
     /// kworker dispatches it, it is measured but not attributed to the job.
     QueuedFull = 2,
+    /// A job's request at its issue without an identity (no tag, or no disk) on the BTF
+    /// path: it cannot be found again at its completion, so it is counted here instead.
+    JobIssueNoIdentity = 3,
+    /// A completion on the BTF path that found no issuer entry, on a device the job issued
+    /// to in the last [`BLOCK_JOB_DEV_WINDOW_NS`]: possibly the job's (measured, not
+    /// attributed), counted so that no job request goes unaccounted.
+    NoIssuerOnJobDevice = 4,
 }
 
-pub const BLOCK_STATS: u32 = 3;
+pub const BLOCK_STATS: u32 = 5;
+
+/// Devices the job issued to, remembered for [`BlockStat::NoIssuerOnJobDevice`]: slots of
+/// (dev, last issue time), a device's slot the top bits of its Fibonacci hash.
+pub const BLOCK_JOB_DEV_SLOTS: u32 = 8;
+/// How long after the job's last issue on a device a completion there without an issuer
+/// is counted as possibly the job's.
+pub const BLOCK_JOB_DEV_WINDOW_NS: u64 = 2_000_000_000;
 
 /// How long a job's request remembered at `block_getrq` may wait for its dispatch and still
 /// be taken as the job's (mq-deadline's write deadline is 5 s). An older entry was merged

@@ -16,7 +16,8 @@ pub mod tcp;
 pub use aer::AerEvent;
 pub use block::{
     BioHistSlot, BioIssuer, BioKey, BioStart, BlockEvent, BlockStat, BIO_HIST_BUCKETS,
-    BIO_HIST_PROBES, BIO_HIST_SLOTS, BIO_ISSUER_SLOTS, BLOCK_QUEUED_MAX_AGE_NS, BLOCK_STATS,
+    BIO_HIST_PROBES, BIO_HIST_SLOTS, BIO_ISSUER_SLOTS, BLOCK_JOB_DEV_SLOTS, BLOCK_JOB_DEV_WINDOW_NS,
+    BLOCK_QUEUED_MAX_AGE_NS, BLOCK_STATS,
 };
 pub use config::{BtfOffsets, Config, TpOffsets, MISSING};
 pub use oom::OomEvent;

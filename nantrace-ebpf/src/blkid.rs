@@ -27,12 +27,50 @@
 //! take the first way (one request is then not attributed), and an eviction can land between
 //! a completion's copy of a way and its clearing (the newer request is then not attributed).
 use aya_ebpf::{macros::map, maps::Array};
-use nantrace_common::{BioIssuer, BlockStat, BIO_ISSUER_SLOTS};
+use nantrace_common::{
+    BioIssuer, BlockStat, BIO_ISSUER_SLOTS, BLOCK_JOB_DEV_SLOTS, BLOCK_JOB_DEV_WINDOW_NS,
+};
 
 use crate::{conf, field::load};
 
 #[map]
 static BIO_ISSUERS: Array<BioIssuer> = Array::with_max_entries(BIO_ISSUER_SLOTS, 0);
+
+/// The devices the job issued to lately: slot `2i` a dev_t, `2i + 1` its last issue time
+/// (`BlockStat::NoIssuerOnJobDevice`). Racy by design (plain stores): a miss costs one
+/// count, never an attribution.
+#[map]
+static JOB_DEVS: Array<u64> = Array::with_max_entries(BLOCK_JOB_DEV_SLOTS * 2, 0);
+
+#[inline(always)]
+fn job_dev_slot(dev: u32) -> u32 {
+    crate::block::spread(u64::from(dev), BLOCK_JOB_DEV_SLOTS.trailing_zeros()) * 2
+}
+
+/// The job issued a request on `dev` at `now`.
+#[inline(always)]
+pub(crate) fn job_dev_issued(dev: u32, now: u64) {
+    let i = job_dev_slot(dev);
+    if let (Some(d), Some(t)) = (JOB_DEVS.get_ptr_mut(i), JOB_DEVS.get_ptr_mut(i + 1)) {
+        // SAFETY: slots of the array, checked non-null.
+        unsafe {
+            *d = u64::from(dev);
+            *t = now;
+        }
+    }
+}
+
+/// A completion on `dev` at `now` found no issuer: counted when the job issued to that
+/// device within the window (possibly the job's request, not attributed).
+#[inline(always)]
+pub(crate) fn no_issuer_on(dev: u32, now: u64) {
+    let i = job_dev_slot(dev);
+    if let (Some(d), Some(t)) = (JOB_DEVS.get(i), JOB_DEVS.get(i + 1)) {
+        if *d == u64::from(dev) && dev != 0 && now.saturating_sub(*t) < BLOCK_JOB_DEV_WINDOW_NS {
+            crate::block::count_stat(BlockStat::NoIssuerOnJobDevice);
+        }
+    }
+}
 
 /// The kernel's dev_t of a request's disk (through `rq->q->disk`): MKDEV(major, minor) =
 /// major << 20 | minor; 0 without a disk.

@@ -60,13 +60,17 @@ fn issue_queued(ctx: &BtfTracePointContext, now: u64) -> i32 {
 fn issue_of_job(ctx: &BtfTracePointContext, tgid: u32) -> i32 {
     let rq: *const u8 = ctx.arg(0);
     let id = RqId::of(rq);
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    crate::blkid::job_dev_issued(rq_dev(rq), now);
     if !id.valid() {
+        // No tag (or no disk) at its issue: its completion cannot find it. Counted.
+        crate::block::count_stat(nantrace_common::BlockStat::JobIssueNoIdentity);
         return 0;
     }
-    // The completion measures from the request's own start time; a clock read here only for
-    // a queue that keeps none (I/O statistics off).
-    // SAFETY: helper without arguments.
-    let ts_ns = if id.start == 0 { unsafe { bpf_ktime_get_ns() } } else { 0 };
+    // The completion measures from the request's own start time; the issue time only for a
+    // queue that keeps none (I/O statistics off).
+    let ts_ns = if id.start == 0 { now } else { 0 };
     id.remember(tgid, ts_ns);
     // Its entry from block_getrq is no longer needed (the job issued it itself).
     crate::block::queued_forget(&nantrace_common::BioKey { dev: id.dev, _pad: 0, sector: id.sector });
@@ -102,6 +106,9 @@ pub fn blk_done_btf(ctx: BtfTracePointContext) -> i32 {
     let id = RqId::of(rq);
     let issuer = id.take();
     let job = issuer.tag != 0;
+    if !job {
+        crate::blkid::no_issuer_on(if id.valid() { id.dev } else { rq_dev(rq) }, now);
+    }
     let mut start: u64 = load(rq, conf!(btf.rq_start_time));
     if start == 0 {
         start = load(rq, conf!(btf.rq_io_start_time));

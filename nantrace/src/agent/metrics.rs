@@ -40,6 +40,7 @@ const FAMILIES: &[(&str, &str, &str)] = &[
     ("nantrace_gpu_implicated_total", "counter", "Incidents whose verdict implicated this GPU on the kernel's or NVML's evidence, by GPU PCI address (from the durable incident history: it survives restarts)."),
     ("nantrace_gpu_incidents_7d", "gauge", "Incidents that implicated this GPU in the last 7 days, from the durable incident history, by GPU PCI address."),
     ("nantrace_last_incident_timestamp_seconds", "gauge", "Unix time of this node's last incident bundle."),
+    ("nantrace_block_losses_total", "counter", "What the block probes could not keep or attribute to a job, by what (accounting.block_losses in docs/bundle.md): e.g. completions_without_issuer_on_job_devices, job_requests_not_attributed."),
     ("nantrace_node_triggers_total", "counter", "Node-wide triggers (a fatal Xid outside any job), by result: fired (every job on that GPU dumped), unverified (its kernel log line was not the kernel's: written from user space; no job dumped)."),
     ("nantrace_drains_total", "counter", "What each incident did about draining this node (drain in agent.toml), by result: drained, recommended, held_by_cap, already_drained, not_needed, unverified, failed."),
 ];

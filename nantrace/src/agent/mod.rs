@@ -219,6 +219,14 @@ impl Agent {
                 .map(|(k, v)| (vec![("source", k.as_str())], *v as f64))
                 .collect::<Vec<_>>(),
         );
+        let block = self.kernel.block_losses();
+        m.set_all(
+            "nantrace_block_losses_total",
+            &block
+                .iter()
+                .map(|(k, v)| (vec![("what", k.as_str())], *v as f64))
+                .collect::<Vec<_>>(),
+        );
         m.set(
             "nantrace_probes_attached",
             &[],

@@ -201,7 +201,10 @@ impl Probes {
     }
 
     /// What the block probes could not keep, summed over CPUs: a job's in-flight request
-    /// given up for a newer one (its completion is measured, not attributed to the job),
+    /// given up for a newer one (its completion is measured, not attributed to the job), a
+    /// job's request issued without an identity (BTF path: no tag), completions on the BTF
+    /// path that found no issuer on a device the job issued to in the last 2 s (possibly the
+    /// job's, not attributed),
     /// completions of a device that found no histogram slot, and runs of the block programs
     /// the kernel skipped because the same program was already running on that CPU (a
     /// completion in hard irq interrupting one in soft irq: `recursion_misses`).
@@ -212,6 +215,14 @@ impl Probes {
             (
                 BlockStat::QueuedFull,
                 "job_requests_not_remembered_for_dispatch",
+            ),
+            (
+                BlockStat::JobIssueNoIdentity,
+                "job_requests_without_identity",
+            ),
+            (
+                BlockStat::NoIssuerOnJobDevice,
+                "completions_without_issuer_on_job_devices",
             ),
         ]
         .into_iter()

@@ -98,6 +98,17 @@ impl Kernel {
     }
 
     /// Ring-buffer reserve failures per source.
+    /// What the block probes could not keep or attribute (`Probes::block_losses`).
+    pub fn block_losses(&self) -> BTreeMap<String, u64> {
+        self.with(|p| {
+            p.block_losses()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
     pub fn drops(&self) -> BTreeMap<String, u64> {
         self.with(|p| {
             p.drops()
@@ -134,14 +145,7 @@ impl Kernel {
                 .map_or(0, |s| s.kmsg_missed.load(Ordering::Relaxed));
             acct.kernel_drops.insert("kmsg_overwritten".into(), missed);
         }
-        acct.block_losses = self
-            .with(|p| {
-                p.block_losses()
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), v))
-                    .collect()
-            })
-            .unwrap_or_default();
+        acct.block_losses = self.block_losses();
         acct.events = counts.iter().map(|(k, v)| ((*k).to_string(), *v)).collect();
         acct.decode_errors = self.decode_errors();
         let mut v =
