@@ -84,8 +84,8 @@ pub enum BlockStat {
 
 pub const BLOCK_STATS: u32 = 5;
 
-/// Devices the job issued to, remembered for [`BlockStat::NoIssuerOnJobDevice`]: slots of
-/// (dev, last issue time), a device's slot the top bits of its Fibonacci hash.
+/// Devices the job issued to, remembered for [`BlockStat::NoIssuerOnJobDevice`]: two-way
+/// sets of (dev, last issue time), a device's set the top bits of its Fibonacci hash.
 pub const BLOCK_JOB_DEV_SLOTS: u32 = 8;
 /// How long after the job's last issue on a device a completion there without an issuer
 /// is counted as possibly the job's.

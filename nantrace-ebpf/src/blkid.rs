@@ -36,24 +36,45 @@ use crate::{conf, field::load};
 #[map]
 static BIO_ISSUERS: Array<BioIssuer> = Array::with_max_entries(BIO_ISSUER_SLOTS, 0);
 
-/// The devices the job issued to lately: slot `2i` a dev_t, `2i + 1` its last issue time
-/// (`BlockStat::NoIssuerOnJobDevice`). Racy by design (plain stores): a miss costs one
-/// count, never an attribution.
+/// The devices the job issued to lately, in two-way sets: a set's ways at `4s` and
+/// `4s + 2`, each a dev_t then its last issue time (`BlockStat::NoIssuerOnJobDevice`). Racy
+/// by design (plain stores): a miss costs one count, never an attribution.
 #[map]
-static JOB_DEVS: Array<u64> = Array::with_max_entries(BLOCK_JOB_DEV_SLOTS * 2, 0);
+static JOB_DEVS: Array<u64> = Array::with_max_entries(BLOCK_JOB_DEV_SLOTS * 4, 0);
 
 #[inline(always)]
-fn job_dev_slot(dev: u32) -> u32 {
-    crate::block::spread(u64::from(dev), BLOCK_JOB_DEV_SLOTS.trailing_zeros()) * 2
+fn job_dev_set(dev: u32) -> u32 {
+    crate::block::spread(u64::from(dev), BLOCK_JOB_DEV_SLOTS.trailing_zeros()) * 4
 }
 
-/// The job issued a request on `dev` at `now`.
+/// The job issued a request on `dev` at `now`: its way refreshed (at most every 100 ms: one
+/// shared cache line), else the older way taken.
 #[inline(always)]
 pub(crate) fn job_dev_issued(dev: u32, now: u64) {
-    let i = job_dev_slot(dev);
-    if let (Some(d), Some(t)) = (JOB_DEVS.get_ptr_mut(i), JOB_DEVS.get_ptr_mut(i + 1)) {
-        // SAFETY: slots of the array, checked non-null.
-        unsafe {
+    if dev == 0 {
+        return;
+    }
+    let s = job_dev_set(dev);
+    let (Some(d0), Some(t0), Some(d1), Some(t1)) = (
+        JOB_DEVS.get_ptr_mut(s),
+        JOB_DEVS.get_ptr_mut(s + 1),
+        JOB_DEVS.get_ptr_mut(s + 2),
+        JOB_DEVS.get_ptr_mut(s + 3),
+    ) else {
+        return;
+    };
+    // SAFETY: slots of the array, checked non-null.
+    unsafe {
+        let (d, t) = if *d0 == u64::from(dev) {
+            (d0, t0)
+        } else if *d1 == u64::from(dev) {
+            (d1, t1)
+        } else if *t0 <= *t1 {
+            (d0, t0)
+        } else {
+            (d1, t1)
+        };
+        if *d != u64::from(dev) || now.saturating_sub(*t) > 100_000_000 {
             *d = u64::from(dev);
             *t = now;
         }
@@ -64,10 +85,16 @@ pub(crate) fn job_dev_issued(dev: u32, now: u64) {
 /// device within the window (possibly the job's request, not attributed).
 #[inline(always)]
 pub(crate) fn no_issuer_on(dev: u32, now: u64) {
-    let i = job_dev_slot(dev);
-    if let (Some(d), Some(t)) = (JOB_DEVS.get(i), JOB_DEVS.get(i + 1)) {
-        if *d == u64::from(dev) && dev != 0 && now.saturating_sub(*t) < BLOCK_JOB_DEV_WINDOW_NS {
-            crate::block::count_stat(BlockStat::NoIssuerOnJobDevice);
+    if dev == 0 {
+        return;
+    }
+    let s = job_dev_set(dev);
+    for w in [s, s + 2] {
+        if let (Some(d), Some(t)) = (JOB_DEVS.get(w), JOB_DEVS.get(w + 1)) {
+            if *d == u64::from(dev) && now.saturating_sub(*t) < BLOCK_JOB_DEV_WINDOW_NS {
+                crate::block::count_stat(BlockStat::NoIssuerOnJobDevice);
+                return;
+            }
         }
     }
 }

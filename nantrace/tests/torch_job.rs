@@ -10,7 +10,8 @@
 //!
 //! torch comes from PyPI (the CUDA build: its ~3 GB of nvidia-* wheels install but are not
 //! used on CPU) into a venv that `cargo xtask test` makes (`NANTRACE_TORCH_VENV`, default
-//! /var/cache/nantrace-tests/torch-2.15.0, root-owned, with py-spy). Without it: fails in CI,
+//! /var/cache/nantrace-tests/torch-2.15.0-debian, root-owned, with py-spy, on Debian's python so
+//! that the ranks run as nobody). Without it: fails in CI,
 //! skips loudly elsewhere. Privileged: namespaces, probes, cgroups, loop devices.
 mod common;
 
@@ -21,9 +22,9 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::Value;
 
-const VENV_DEFAULT: &str = "/var/cache/nantrace-tests/torch-2.15.0";
+const VENV_DEFAULT: &str = "/var/cache/nantrace-tests/torch-2.15.0-debian";
 /// gloo's collective timeout in the job; the no-progress trigger fires well before it.
-const TIMEOUT_S: &str = "10";
+const TIMEOUT_S: &str = "12";
 const HANG_AFTER_S: &str = "4";
 
 /// The venv with torch and py-spy, or None (skipped) outside CI.
@@ -105,7 +106,16 @@ fn run_job(tag: &str, venv: &Path, stop: &Stop) -> (PathBuf, Vec<String>) {
     let work = Scratch::new(&format!("torch-{tag}"));
     let out = out_dir(&format!("torch-{tag}"));
     let flag = work.join("rank1-may-go");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hang/torch_train.py");
+    // The job is a user's (nobody), as jobs are: its script where that user can read it.
+    let script = work.join("torch_train.py");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hang/torch_train.py"),
+        &script,
+    )
+    .unwrap();
+    if let Stop::Read { dev, .. } = stop {
+        sh_ok(&format!("chmod o+r {dev}"));
+    }
     let how = match stop {
         Stop::Sleep => "sleep".to_string(),
         Stop::Read { dev, .. } => format!("read:{dev}"),
@@ -120,6 +130,7 @@ fn run_job(tag: &str, venv: &Path, stop: &Stop) -> (PathBuf, Vec<String>) {
             // Each node's own /tmp-like place for the Flight Recorder's files.
             let fr = work.join(&node);
             std::fs::create_dir_all(&fr).unwrap();
+            chown_nobody(&fr);
             Command::new("ip")
                 .args([
                     "netns",
@@ -132,7 +143,16 @@ fn run_job(tag: &str, venv: &Path, stop: &Stop) -> (PathBuf, Vec<String>) {
                 ])
                 .arg(format!("hostname {node} && exec \"$0\" \"$@\""))
                 .arg(BIN)
-                .args(["run", "--hang-after", HANG_AFTER_S, "--post", "15", "--out"])
+                .args([
+                    "run",
+                    "--user",
+                    "nobody",
+                    "--hang-after",
+                    HANG_AFTER_S,
+                    "--post",
+                    "15",
+                    "--out",
+                ])
                 .arg(&node_out)
                 .arg("--")
                 .arg(&python)
@@ -150,6 +170,9 @@ fn run_job(tag: &str, venv: &Path, stop: &Stop) -> (PathBuf, Vec<String>) {
                 .env("FLAG", &flag)
                 .env("TORCH_FR_BUFFER_SIZE", "2000")
                 .env("TORCH_FR_DUMP_TEMP_FILE", fr.join("fr_trace_rank_"))
+                // nobody's HOME (/nonexistent) has no cache directory torch could make.
+                .env("XDG_CACHE_HOME", &fr)
+                .env("TORCH_HOME", &fr)
                 .env("NANTRACE_PYSPY", &pyspy)
                 .env_remove("SUDO_UID")
                 .env_remove("SUDO_GID")

@@ -164,7 +164,10 @@ pub const TORCH: &str = "torch==2.15.0";
 pub const PYSPY: &str = "py-spy==0.4.3";
 /// Where the venv lives: root-owned (nantrace runs py-spy only from a path only root can
 /// write), outside the clone so that later clones on the machine reuse it.
-pub const TORCH_VENV: &str = "/var/cache/nantrace-tests/torch-2.15.0";
+pub const TORCH_VENV: &str = "/var/cache/nantrace-tests/torch-2.15.0-debian";
+/// Debian's python: the test's ranks run as nobody, who cannot reach an interpreter under
+/// /root (rustup's and pyenv's machines keep one there).
+const PYTHON: &str = "/usr/bin/python3";
 
 /// Makes [`TORCH_VENV`] unless it is there and imports torch with gloo (PyPI's Linux torch
 /// is the CUDA build: about 5.4 GiB installed, 63 s here, 3.5 s to import on CPU). As root
@@ -186,12 +189,12 @@ pub fn torch_venv() -> Result<()> {
         eprintln!("xtask: WARNING: not root: no torch venv at {TORCH_VENV} (the real PyTorch job test will SKIP)");
         return Ok(());
     }
-    if Command::new("python3").args(["-c", "import venv, ensurepip"]).output().map_or(true, |o| !o.status.success()) {
-        apt_install(&["python3-venv"])?;
+    if Command::new(PYTHON).args(["-c", "import venv, ensurepip"]).output().map_or(true, |o| !o.status.success()) {
+        apt_install(&["python3", "python3-venv"])?;
     }
     let _ = std::fs::remove_dir_all(venv);
     std::fs::create_dir_all(venv.parent().unwrap())?;
-    run(Command::new("python3").args(["-m", "venv"]).arg(venv))?;
+    run(Command::new(PYTHON).args(["-m", "venv"]).arg(venv))?;
     run(Command::new(venv.join("bin/pip")).args([
         "install",
         "--quiet",

@@ -127,6 +127,7 @@ pub(super) fn verified(
         crate::klog::who_wrote(&lines)
     };
     let mut i = 0;
+    let mut seen = std::collections::BTreeSet::new();
     fires
         .into_iter()
         .filter(|f| {
@@ -161,5 +162,7 @@ pub(super) fn verified(
             }
             ok.is_ok()
         })
+        // One fire per (trigger, GPU) acted on: the same jobs would be dumped again.
+        .filter(|f| seen.insert((format!("{:?}", f.kind), f.minor)))
         .collect()
 }

@@ -82,14 +82,16 @@ fn env_pairs(environ: &[u8]) -> Vec<(&str, &str)> {
 
 /// A process's fs uid and gid (/proc/PID/status `Uid:`/`Gid:`, the fourth field).
 fn ids(status: &str) -> Option<(u32, u32)> {
-    let field = |k: &str| {
-        status
+    // Real, effective, saved and filesystem ids: all four alike, or none (a setuid helper the
+    // job started, stopped with the user's environment, has fsuid 0: never read as it).
+    let field = |k: &str| -> Option<u32> {
+        let v: Vec<u32> = status
             .lines()
             .find_map(|l| l.strip_prefix(k))?
             .split_whitespace()
-            .nth(3)?
-            .parse()
-            .ok()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        (v.len() == 4 && v.iter().all(|x| *x == v[0])).then_some(v[0])
     };
     Some((field("Uid:")?, field("Gid:")?))
 }
@@ -119,7 +121,29 @@ fn started_s(pid: u32) -> Option<u64> {
 /// snapshot.json `flight_recorder` at the trigger: for each rank's main process (the lowest
 /// pid with that RANK), where its dump will be looked for at the dump.
 pub fn sources(job: &BTreeSet<u32>) -> Value {
-    let mut by_rank: std::collections::BTreeMap<u32, (u32, Vec<u8>)> = Default::default();
+    // An environ read takes the process's memory-map lock and can block for good behind a
+    // thread stuck in the kernel (collect/stacks.rs): on a thread of its own, with a deadline.
+    let pids: Vec<u32> = job.iter().copied().take(4096).collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("nantrace-fr-env".into())
+        .spawn(move || {
+            let _ = tx.send(sources_now(&pids));
+        });
+    if spawned.is_err() {
+        return json!({ "not_collected": "no thread to read the ranks' environments" });
+    }
+    rx.recv_timeout(SOURCES_DEADLINE).unwrap_or_else(|_| {
+        json!({ "not_collected": format!("reading the ranks' environments took over {} s (a process blocked in the kernel)", SOURCES_DEADLINE.as_secs()) })
+    })
+}
+
+/// How long [`sources`] may take.
+const SOURCES_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn sources_now(job: &[u32]) -> Value {
+    let mut by_rank: std::collections::BTreeMap<u32, (u32, Vec<(String, String)>)> =
+        Default::default();
     for &pid in job {
         let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
             continue;
@@ -127,7 +151,18 @@ pub fn sources(job: &BTreeSet<u32>) -> Value {
         let Some(r) = super::ranks::from_environ(&environ) else {
             continue;
         };
-        by_rank.entry(r.rank).or_insert((pid, environ));
+        if by_rank.len() >= RANKS_MAX && !by_rank.contains_key(&r.rank) {
+            continue;
+        }
+        // Only the variables the dump's path comes from are kept (a job's environment can be
+        // megabytes).
+        by_rank.entry(r.rank).or_insert_with(|| {
+            let kept = env_pairs(&environ)
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            (pid, kept)
+        });
     }
     if by_rank.is_empty() {
         return json!({ "not_collected": "no process of the job has a launcher's RANK" });
@@ -140,7 +175,9 @@ pub fn sources(job: &BTreeSet<u32>) -> Value {
             let cwd = std::fs::read_link(format!("/proc/{pid}/cwd"))
                 .ok()
                 .map(|p| p.to_string_lossy().into_owned());
-            let paths = candidates(&env_pairs(&environ), cwd.as_deref(), rank);
+            let env: Vec<(&str, &str)> =
+                environ.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let paths = candidates(&env, cwd.as_deref(), rank);
             let (uid, gid) = std::fs::read_to_string(format!("/proc/{pid}/status"))
                 .ok()
                 .as_deref()

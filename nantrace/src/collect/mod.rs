@@ -249,6 +249,9 @@ pub fn snapshot(root_pid: Option<u32>) -> Value {
     let env_map = env_map(&software);
     let mut network = net::snapshot();
     network["job_sockets"] = json!(net::job_sockets(&job));
+    // Where each rank's Flight Recorder dump will go, read while the ranks live (before
+    // the stacks' samples and py-spy, which take seconds).
+    let flight = flight::sources(&job);
     json!({
         "schema": SNAPSHOT_SCHEMA,
         "time": crate::clock::rfc3339(crate::clock::realtime_ns()),
@@ -260,7 +263,7 @@ pub fn snapshot(root_pid: Option<u32>) -> Value {
         "scheduler": scheduler::snapshot(root_pid, &env_map),
         "stacks": stacks::snapshot(&job),
         "nccl_ras": ras_of(ras),
-        "flight_recorder": flight::sources(&job),
+        "flight_recorder": flight,
     })
 }
 

@@ -23,6 +23,10 @@ pub(super) struct JobHang {
     ras: Option<String>,
     /// Where each rank stood, as its watchdog lines say, by (process group, rank).
     rows: BTreeMap<(String, u32), RankRow>,
+    /// Every network line of the job's output, on every node, is a socket timeout or reset
+    /// (`socket_reset`): only then are they a named rank's consequences (an IB or NCCL network
+    /// error never is; review finding).
+    sockets_only: bool,
     /// The hang is the Flight Recorder's (the lines named no rank).
     from_flight: bool,
 }
@@ -292,7 +296,13 @@ impl JobHang {
             .find(|(_, c)| !c.contains("every rank"))
             .or(views.first())
             .map(|(node, c)| format!("{c} (asked on {node})"));
+        let network = crate::joblog::JobFamily::Network.as_str();
+        let sockets_only = events
+            .iter()
+            .filter(|e| e["source"] == "log" && e["fault"]["family"].as_str() == Some(network))
+            .all(|e| e["fault"]["kind"] == "socket_reset");
         Some(JobHang {
+            sockets_only,
             hang,
             node_of,
             first_rel_s,
@@ -309,7 +319,9 @@ impl JobHang {
     /// are what that did to its peers.
     pub(super) fn explains_sockets(&self) -> bool {
         use crate::report::hang::Kind;
-        self.from_flight && matches!(self.hang.kind, Kind::CpuSide | Kind::Mismatch)
+        self.from_flight
+            && self.sockets_only
+            && matches!(self.hang.kind, Kind::CpuSide | Kind::Mismatch)
     }
 
     pub(super) fn sentence(&self) -> String {

@@ -225,25 +225,31 @@ pub fn judge(ds: &[RankDump], not_read: &[(u32, String)], world: Option<u32>) ->
                     .is_some_and(|d| !waits_elsewhere(d, ds))
             });
             let (r0, s0, e0) = &behind[0];
-            let path = ds
-                .iter()
-                .find(|d| d.rank == *r0)
-                .map_or("", |d| d.path.as_str());
-            cands.push((stopped, Flight {
-                kind: Some(Kind::CpuSide),
-                pg: pg.clone(),
-                seq: Some(seq),
-                op,
-                ranks: behind.iter().map(|x| x.0).collect(),
-                entered: entered.clone(),
-                detail: format!(
-                    "{} Flight Recorder dump ends at {} while {} entered collective {seq}; read at the dump from {path}",
-                    if behind.len() == 1 { format!("rank {r0}'s") } else { format!("{}' (rank {r0}'s)", ranks_word(&behind.iter().map(|x| x.0).collect::<Vec<_>>())) },
-                    words(*s0, e0),
-                    ranks_word(&entered)
-                ),
-                ..Flight::default()
-            }));
+            cands.push((
+                stopped,
+                Flight {
+                    kind: Some(Kind::CpuSide),
+                    pg: pg.clone(),
+                    seq: Some(seq),
+                    op,
+                    ranks: behind.iter().map(|x| x.0).collect(),
+                    entered: entered.clone(),
+                    detail: format!(
+                        "{} Flight Recorder dump ends at {} while {} entered collective {seq}",
+                        if behind.len() == 1 {
+                            format!("rank {r0}'s")
+                        } else {
+                            format!(
+                                "{}' (rank {r0}'s)",
+                                ranks_word(&behind.iter().map(|x| x.0).collect::<Vec<_>>())
+                            )
+                        },
+                        words(*s0, e0),
+                        ranks_word(&entered)
+                    ),
+                    ..Flight::default()
+                },
+            ));
         }
         // A group whose lagging ranks stopped there, before one whose ranks wait elsewhere.
         found = cands

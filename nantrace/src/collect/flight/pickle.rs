@@ -205,7 +205,7 @@ impl Machine<'_> {
             .ok_or(Error::Malformed("no MARK", at))?;
         let items = self.stack.split_off(m + 1);
         self.stack.pop();
-        self.marks -= 1;
+        self.marks = self.marks.saturating_sub(1);
         Ok(items
             .into_iter()
             .filter_map(|x| match x {
@@ -394,7 +394,7 @@ impl Machine<'_> {
                     .pop()
                     .ok_or(Error::Malformed("POP of an empty stack", at))?
                 {
-                    self.marks -= 1;
+                    self.marks = self.marks.saturating_sub(1);
                 }
             }
             b'2' => {
@@ -402,6 +402,10 @@ impl Machine<'_> {
                     .stack
                     .last()
                     .ok_or(Error::Malformed("DUP of an empty stack", at))?;
+                // A copied MARK would leave the mark count behind the stack's marks.
+                if matches!(top, Item::Mark) {
+                    return Err(Error::Malformed("DUP of a MARK", at));
+                }
                 self.stack.push(top);
             }
             _ => self.scalar_or_memo(op, at)?,

@@ -143,3 +143,10 @@ fn mutated_dumps_never_panic() {
         t.elapsed()
     );
 }
+
+/// A DUP of a MARK (review finding: the mark count underflowed, a panic in a debug build).
+#[test]
+fn a_dup_of_a_mark_is_an_error_not_a_panic() {
+    assert!(decode(b"(2tt].").is_err());
+    assert!(decode(b"(2t0.").is_err());
+}

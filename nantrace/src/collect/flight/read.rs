@@ -84,28 +84,58 @@ fn read_here(path: &Path, owner: Option<u32>, max: u64) -> Result<(Vec<u8>, u64)
     Ok((b, u64::try_from(m.mtime()).unwrap_or(0)))
 }
 
-/// Read `path` as the job's user `owner` (uid, gid): as that user when nantrace is root and
-/// the job is not, else as nantrace itself (a job of nantrace's own user, or root's).
+/// How long one file's read may take (a dump on a hung NFS or Lustre mount blocks in read).
+pub const READ_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Read `path` as the job's user `owner` (uid, gid), on a thread of its own with that user's
+/// filesystem rights, within [`READ_DEADLINE`] (past it the thread is abandoned and the read
+/// said `refused`). Never as root: a job whose user is unknown (its process gone, a setuid
+/// helper's mixed ids) or is root (a root container's paths are the host's here) is not read.
+/// Without root (nantrace as a user) only that user's own files are read.
 pub fn dump(path: &Path, owner: Option<(u32, u32)>, max: u64) -> Result<(Vec<u8>, u64), Why> {
     // SAFETY: no failure mode.
     let root = unsafe { libc::geteuid() } == 0;
-    match owner {
-        Some((uid, gid)) if root && uid != 0 => {
-            let path = path.to_path_buf();
-            std::thread::Builder::new()
-                .name("nantrace-fr-read".into())
-                .spawn(move || {
-                    if !become_job(uid, gid) {
-                        return Err(Why::Refused(format!(
-                            "could not take uid {uid}'s rights to read it"
-                        )));
-                    }
-                    read_here(&path, Some(uid), max)
-                })
-                .map_err(|e| Why::Refused(e.to_string()))?
-                .join()
-                .unwrap_or_else(|_| Err(Why::Refused("the reading thread panicked".into())))
-        }
-        _ => read_here(path, owner.map(|o| o.0), max),
+    let Some((uid, gid)) = owner else {
+        return Err(Why::Refused("the job's user is not known (its process is gone, or its ids differ: a setuid program): not read".into()));
+    };
+    if uid == 0 {
+        return Err(Why::Refused(
+            "a job of root's: its paths are not read as root".into(),
+        ));
     }
+    if !root {
+        // SAFETY: no failure mode.
+        if unsafe { libc::geteuid() } != uid {
+            return Err(Why::Refused(format!(
+                "nantrace runs as another user than the job's ({uid})"
+            )));
+        }
+        return read_here(path, Some(uid), max);
+    }
+    let path = path.to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("nantrace-fr-read".into())
+        .spawn(move || {
+            let r = if become_job(uid, gid) {
+                read_here(&path, Some(uid), max)
+            } else {
+                Err(Why::Refused(format!(
+                    "could not take uid {uid}'s rights to read it"
+                )))
+            };
+            let _ = tx.send(r);
+        })
+        .map_err(|e| Why::Refused(e.to_string()))?;
+    rx.recv_timeout(READ_DEADLINE).unwrap_or_else(|e| {
+        Err(Why::Refused(match e {
+            std::sync::mpsc::RecvTimeoutError::Timeout => format!(
+                "the read took over {} s (a hung filesystem?): abandoned",
+                READ_DEADLINE.as_secs()
+            ),
+            std::sync::mpsc::RecvTimeoutError::Disconnected => {
+                "the reading thread ended without an answer".into()
+            }
+        }))
+    })
 }

@@ -40,8 +40,12 @@ fn the_prefix_comes_from_the_jobs_variables_then_torchs_defaults() {
         env_pairs(env),
         vec![("HOME", "/h"), ("TORCH_FR_DUMP_TEMP_FILE", "/x/fr_")]
     );
-    let st = "Name:\tpython\nUid:\t1000\t1000\t1000\t1001\nGid:\t100\t100\t100\t102\n";
+    let st = "Name:\tpython\nUid:\t1001\t1001\t1001\t1001\nGid:\t102\t102\t102\t102\n";
     assert_eq!(ids(st), Some((1001, 102)));
+    // A setuid program the job started keeps the user's environment with root's ids: never
+    // read as it (review finding).
+    let st = "Name:\tsudo\nUid:\t1000\t0\t0\t0\nGid:\t100\t100\t100\t100\n";
+    assert_eq!(ids(st), None);
 }
 
 fn tmpdir(name: &str) -> std::path::PathBuf {
@@ -58,10 +62,27 @@ fn fixture(s: &str, r: u32) -> Vec<u8> {
     .unwrap()
 }
 
-/// A source as the trigger's snapshot lists it, for a file of this process's user.
-fn source(rank: u32, paths: &[&std::path::Path], started_s: u64) -> Value {
+/// The job's user in these tests: nobody when they run as root (a job of root's is never
+/// read), else this process's own user.
+fn owner() -> (u32, u32) {
     // SAFETY: no failure mode.
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    match unsafe { (libc::geteuid(), libc::getegid()) } {
+        (0, _) => (65534, 65534),
+        ids => ids,
+    }
+}
+
+/// Give `p` (not following a link) to [`owner`].
+fn own(p: &std::path::Path) {
+    let (uid, gid) = owner();
+    let c = std::ffi::CString::new(p.display().to_string()).unwrap();
+    // SAFETY: a valid path; lchown does not follow a link.
+    unsafe { libc::lchown(c.as_ptr(), uid, gid) };
+}
+
+/// A source as the trigger's snapshot lists it, for a file of [`owner`].
+fn source(rank: u32, paths: &[&std::path::Path], started_s: u64) -> Value {
+    let (uid, gid) = owner();
     json!({ "rank": rank, "pid": 4000 + rank, "uid": uid, "gid": gid, "started_s": started_s,
         "paths": paths.iter().map(|p| json!({ "path": p.display().to_string(), "from": "TORCH_FR_DUMP_TEMP_FILE" })).collect::<Vec<_>>() })
 }
@@ -79,6 +100,9 @@ fn each_ranks_dump_is_read_or_says_why_not() {
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
     std::fs::write(d.join("fr_5"), vec![b'N'; (DUMP_MAX + 1) as usize]).unwrap();
     std::fs::write(d.join("fr_6"), b"\x80\x02cos\nsystem\n.").unwrap();
+    for i in 0..7 {
+        own(&d.join(format!("fr_{i}")));
+    }
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

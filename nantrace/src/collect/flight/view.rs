@@ -100,6 +100,21 @@ fn s(p: Option<&Py>) -> String {
     }
 }
 
+/// A name the reports print in their verdicts (an operation, a state, a dtype, a group's
+/// name): the job's own text, so only the characters such names use, cut to 64 (review
+/// finding: a job could write a verdict's words through its dump).
+fn token(p: Option<&Py>) -> String {
+    let t = match p {
+        Some(Py::Str(x)) => x.as_str(),
+        Some(Py::Int(i)) => return i.to_string(),
+        _ => return String::new(),
+    };
+    t.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ':' | '.' | '-'))
+        .take(64)
+        .collect()
+}
+
 fn int(p: Option<&Py>) -> Option<i64> {
     p.and_then(Py::as_i64)
 }
@@ -124,7 +139,7 @@ fn strings(p: Option<&Py>) -> Vec<String> {
         .unwrap_or_default()
         .iter()
         .take(TENSORS_MAX)
-        .map(|x| s(Some(x)))
+        .map(|x| token(Some(x)))
         .collect()
 }
 
@@ -149,12 +164,12 @@ fn entry(e: &Py) -> Entry {
     Entry {
         record_id: int(e.get("record_id")),
         pg_id: int(e.get("pg_id")),
-        pg_name: s(pg.first()),
+        pg_name: token(pg.first()),
         pg_desc: s(pg.get(1)),
         collective_seq_id: int(e.get("collective_seq_id")),
         p2p_seq_id: int(e.get("p2p_seq_id")),
         op_id: int(e.get("op_id")),
-        profiling_name: s(e.get("profiling_name")),
+        profiling_name: token(e.get("profiling_name")),
         time_created_ns: int(e.get("time_created_ns")),
         time_discovered_started_ns: int(e.get("time_discovered_started_ns")),
         time_discovered_completed_ns: int(e.get("time_discovered_completed_ns")),
@@ -162,7 +177,7 @@ fn entry(e: &Py) -> Entry {
         input_dtypes: strings(e.get("input_dtypes")),
         output_sizes: sizes(e.get("output_sizes")),
         output_dtypes: strings(e.get("output_dtypes")),
-        state: s(e.get("state")),
+        state: token(e.get("state")),
         retired: e.get("retired").and_then(Py::as_bool),
         timeout_ms: int(e.get("timeout_ms")),
         is_p2p: e.get("is_p2p").and_then(Py::as_bool),
