@@ -97,7 +97,6 @@ impl Kernel {
         let _ = self.with(|p| p.remove_job_pid(pid));
     }
 
-    /// Ring-buffer reserve failures per source.
     /// What the block probes could not keep or attribute (`Probes::block_losses`).
     pub fn block_losses(&self) -> BTreeMap<String, u64> {
         self.with(|p| {
@@ -109,6 +108,7 @@ impl Kernel {
         .unwrap_or_default()
     }
 
+    /// Ring-buffer reserve failures per source.
     pub fn drops(&self) -> BTreeMap<String, u64> {
         self.with(|p| {
             p.drops()
