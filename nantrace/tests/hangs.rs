@@ -165,3 +165,64 @@ fn a_job_that_stops_making_progress_is_dumped_while_it_hangs() {
     assert!(!report.contains("model side"), "{report}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A silent job still writing is not a stall (issue 34: no progress means no step line and
+/// no I/O progress of the ranks): a job that prints steps, then writes a checkpoint for 6 s
+/// (16 MiB/s, synced) without a line, then hangs, is dumped once, after the writes stopped,
+/// and the stall's reason says it saw no storage progress (before: dumped 2 s into the
+/// checkpoint).
+#[test]
+fn a_job_writing_a_checkpoint_is_no_stall_until_its_writes_stop() {
+    if !privileged("a_job_writing_a_checkpoint_is_no_stall_until_its_writes_stop") {
+        return;
+    }
+    let out = out_dir("ckpt");
+    let ckpt = out.join("ckpt.bin");
+    std::fs::create_dir_all(&out).unwrap();
+    let prog = format!(
+        "import os, time\nfor i in range(3):\n    print(f'step {{i}} | loss {{2.0 - i / 10:.3f}}', flush=True)\n    time.sleep(0.2)\nt0 = time.time()\nwith open({:?}, 'wb') as f:\n    while time.time() - t0 < 6:\n        f.write(b'x' * (4 << 20))\n        f.flush()\n        os.fsync(f.fileno())\n        f.seek(0)\n        time.sleep(0.25)\nprint('checkpoint written', flush=True)\ntime.sleep(8)\n",
+        ckpt.display().to_string()
+    );
+    let o = nantrace(
+        &[
+            "run",
+            "--hang-after",
+            "2",
+            "--post",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+            "--",
+            "python3",
+            "-c",
+            &prog,
+        ],
+        &[],
+    );
+    let (_, se) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{se}");
+    assert!(
+        se.contains("of storage I/O in the last") && se.contains("not a stall while the job reads or writes"),
+        "the deferral is said: {se}"
+    );
+    let _ = std::fs::remove_file(&ckpt);
+    let b = only_bundle(&out);
+    let t: Value =
+        serde_json::from_slice(&std::fs::read(b.join("timeline.json")).unwrap()).unwrap();
+    assert_eq!(t["trigger"]["kind"], "stall", "{:#}", t["trigger"]);
+    let reason = t["trigger"]["reason"].as_str().unwrap_or_default();
+    let silent_s: f64 = reason
+        .strip_prefix("no training progress for ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{reason}"));
+    assert!(
+        silent_s >= 6.0,
+        "dumped {silent_s} s after the last step: during the 6-s checkpoint: {reason}"
+    );
+    assert!(
+        reason.contains("no storage progress by the job's"),
+        "{reason}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -2,7 +2,8 @@
 //! CSS and SVG, no script, no network: a CSP forbids every fetch). The verdict and its action
 //! on top; one lane per node on the job's clock with each node's trigger and evidence, the
 //! named node highlighted (`lanes.rs`, at most [`lanes::LANES_MAX`] nodes drawn); for a hang,
-//! where each rank stood and what the stacks and NCCL RAS said; the peers compared; the
+//! each node's ranks as lanes under it on the same clock (`ranks.rs`, at most
+//! [`ranks::RANK_LANES_MAX`]), where each rank stood and what the stacks and NCCL RAS said; the peers compared; the
 //! missing nodes; the clock. It reads a [`JobReport`] and the merged timeline, never the
 //! bundles. Everything a job or a bundle wrote (lines, host names) is escaped and cut short.
 use std::collections::{BTreeSet, HashMap};
@@ -14,6 +15,8 @@ use crate::jobreport::{HangView, JobReport, MEASURES};
 
 mod lanes;
 pub use lanes::LANES_MAX;
+mod ranks;
+pub use ranks::RANK_LANES_MAX;
 
 /// Rows of the peers' and the ranks' tables at most (the rest are counted).
 pub const ROWS_MAX: usize = 64;
@@ -85,11 +88,36 @@ pub fn render(r: &JobReport, merged: &Value) -> String {
             .filter_map(|o| o.cause_node.as_deref()),
     );
     named.extend(merged["first_nan"]["node"].as_str());
-    let (svg, note, drawn) = lanes::svg(r, merged, &named, (zero, &zero_name));
-    let legend: String = lanes::Kind::ALL
+    // A hang whose lines, stacks and dumps know no rank draws no rank lanes.
+    let ranks = r
+        .hang
+        .as_ref()
+        .map(|h| ranks::read(r, h, merged, zero))
+        .filter(|k| !k.is_empty());
+    let lanes::Drawn {
+        svg,
+        note,
+        drawn,
+        ranks_note,
+    } = lanes::svg(r, merged, &named, (zero, &zero_name), ranks.as_ref());
+    let mut legend: String = lanes::Kind::ALL
         .iter()
         .map(|k| format!(r#"<span class="sw {}"></span>{}"#, k.class(), k.label()))
         .collect();
+    let (what, ranks_words) = match (&ranks, ranks_note) {
+        (Some(k), Some(n)) => {
+            legend.push_str(r#"<span class="sw k-progress"></span>a rank's last step/loss line<span class="sw since"></span>its silence since"#);
+            (
+                "The nodes and, under each, its ranks on one clock",
+                format!(
+                    "<p id=\"rank-lanes-note\" class=\"note\">{}</p>\n{}",
+                    esc(&n),
+                    k.legend()
+                ),
+            )
+        }
+        _ => ("The nodes on one clock", String::new()),
+    };
     let kinds_css: String = lanes::Kind::ALL
         .iter()
         .map(|k| {
@@ -117,15 +145,16 @@ pub fn render(r: &JobReport, merged: &Value) -> String {
 <title>nantrace job report — {title}</title>
 <style>
 {STYLE}
-{kinds_css}
+{kinds_css}{ranks_css}
 </style></head><body>
 <h1>nantrace job report</h1>
 <div id="verdict" class="{vclass}">{verdict}</div>
 {action}<p id="reference">Reference: {reference}</p>
-{jobs}{cause}<h2>The nodes on one clock (seconds relative to the job's {zero_name})</h2>
+{jobs}{cause}<h2>{what} (seconds relative to the job's {zero_name})</h2>
 <p id="lanes-note" class="note">{note}</p>
 {svg}
 <p id="legend" class="note">{legend}</p>
+{ranks_words}
 {hang}<h2>Peers compared</h2>
 {peers}
 <h2>Missing nodes</h2>
@@ -136,6 +165,11 @@ pub fn render(r: &JobReport, merged: &Value) -> String {
 </body></html>
 "#,
         title = title(r),
+        ranks_css = if ranks.is_some() {
+            ranks::style()
+        } else {
+            String::new()
+        },
         vclass = verdict_class(&r.verdict),
         verdict = cut(&r.verdict, 6000),
         action = r.action.as_ref().map_or(String::new(), |a| format!(
@@ -291,5 +325,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 mod peers;
 use peers::{missing, peers};
 
+#[cfg(test)]
+mod rank_tests;
 #[cfg(test)]
 mod tests;

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 use super::{Node, NodeSummary, Verdict};
+use crate::report::flight::RankDump;
 
 /// A hung collective across the job's nodes (`report::hang`), with each rank's node.
 pub(super) struct JobHang {
@@ -29,6 +30,8 @@ pub(super) struct JobHang {
     sockets_only: bool,
     /// The hang is the Flight Recorder's (the lines named no rank).
     from_flight: bool,
+    /// Every rank the stacks or the Flight Recorder dumps hold, where it stood.
+    stood: Vec<RankStood>,
 }
 
 /// The Flight Recorder dumps of every node compared, as a hang (`report::flight`), each
@@ -37,7 +40,7 @@ fn flight(
     raw: &[Node],
     world: Option<u32>,
     node_of: &mut BTreeMap<u32, String>,
-) -> (Option<crate::report::hang::Hang>, bool) {
+) -> (Option<crate::report::hang::Hang>, bool, Vec<RankDump>) {
     let (mut read, mut not) = (Vec::new(), Vec::new());
     for n in raw {
         let (r, x) = crate::report::flight::dumps(&n.snapshot["flight_recorder"], Some(&n.name));
@@ -50,10 +53,10 @@ fn flight(
         }
     }
     let Some(f) = crate::report::flight::judge(&read, &not, world) else {
-        return (None, false);
+        return (None, false, read);
     };
     let named = f.kind.is_some();
-    (Some(f.hang(&|r| node_of.get(&r).cloned())), named)
+    (Some(f.hang(&|r| node_of.get(&r).cloned())), named, read)
 }
 
 /// Where one rank stood, as its watchdog lines say (the greatest of their counters): what the
@@ -71,6 +74,8 @@ pub struct RankRow {
     /// One of the ranks the hang names.
     pub lagging: bool,
     pub line: String,
+    /// When it printed its first watchdog line, against the job's reference.
+    pub at_s: Option<f64>,
 }
 
 /// The hang as the job report's page draws it: what the lines say, each rank's row (the
@@ -98,10 +103,102 @@ pub struct HangView {
     pub ras: Option<String>,
     /// The first watchdog line, against the job's reference.
     pub first_rel_s: f64,
+    /// Every rank the nodes' stacks or Flight Recorder dumps hold (at most
+    /// [`HangView::STOOD`]), by rank: where each stood besides its lines.
+    pub stood: Vec<RankStood>,
 }
 
 impl HangView {
     pub const ROWS: usize = 256;
+    pub const STOOD: usize = 4096;
+}
+
+/// One rank as the stacks and the Flight Recorder dumps saw it: what the job report's page
+/// draws on the rank's lane besides its lines.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RankStood {
+    pub rank: u32,
+    pub node: Option<String>,
+    /// Its main process, and its main thread at its node's trigger (`rank_state`'s clause
+    /// after the pid: `main thread S in futex_wait_queue, from train.py:211 log_metrics`).
+    pub pid: Option<u64>,
+    pub stack: Option<String>,
+    /// Its dump's last collective of the hang's group (number, operation, state), and the
+    /// last one it completed.
+    pub fr_last: Option<(i64, String, String)>,
+    pub fr_completed: Option<i64>,
+}
+
+/// Each rank the nodes' stacks (its main process) or Flight Recorder dumps (`dumps`, of
+/// group `pg`) hold, each once (the first node's), at most [`HangView::STOOD`].
+fn stood(
+    raw: &[Node],
+    node_of: &BTreeMap<u32, String>,
+    pg: &str,
+    dumps: &[RankDump],
+) -> Vec<RankStood> {
+    let mut out: BTreeMap<u32, RankStood> = BTreeMap::new();
+    for n in raw {
+        let st = &n.snapshot["stacks"];
+        for p in st["processes"].as_array().into_iter().flatten() {
+            let Some(r) = p["rank"].as_u64().and_then(|r| u32::try_from(r).ok()) else {
+                continue;
+            };
+            if p["rank_main"] != true || out.contains_key(&r) || out.len() >= HangView::STOOD {
+                continue;
+            }
+            let Some(s) = crate::report::detect::rank_state(st, r) else {
+                continue;
+            };
+            let (pid, stack) = match s.split_once(": ") {
+                Some((p, rest)) => (
+                    p.strip_prefix("pid ").and_then(|p| p.parse().ok()),
+                    rest.to_string(),
+                ),
+                None => (None, s),
+            };
+            out.insert(
+                r,
+                RankStood {
+                    rank: r,
+                    node: Some(n.name.clone()),
+                    pid,
+                    stack: Some(stack),
+                    ..RankStood::default()
+                },
+            );
+        }
+    }
+    for d in dumps {
+        if out.len() >= HangView::STOOD && !out.contains_key(&d.rank) {
+            continue;
+        }
+        let of_pg = || {
+            d.dump
+                .entries
+                .iter()
+                .filter(|e| e.pg_name == pg && e.is_p2p != Some(true))
+                .filter_map(|e| Some((e.collective_seq_id?, e)))
+        };
+        let s = out.entry(d.rank).or_insert_with(|| RankStood {
+            rank: d.rank,
+            node: d.node.clone(),
+            ..RankStood::default()
+        });
+        if let Some((n, e)) = of_pg().max_by_key(|x| x.0) {
+            s.fr_last = Some((n, e.profiling_name.clone(), e.state.clone()));
+        }
+        s.fr_completed = of_pg()
+            .filter(|(_, e)| e.state == "completed")
+            .map(|x| x.0)
+            .max();
+    }
+    for s in out.values_mut() {
+        if let Some(n) = node_of.get(&s.rank) {
+            s.node = Some(n.clone());
+        }
+    }
+    out.into_values().collect()
 }
 
 /// The ranks' watchdog lines over every node, read once.
@@ -161,6 +258,9 @@ impl<'a> Lines<'a> {
                 ..RankRow::default()
             });
             row.take(&p);
+            if let Some(t) = t.map(|t| t - nan_off) {
+                row.at_s = Some(row.at_s.map_or(t, |a| a.min(t)));
+            }
         }
         out
     }
@@ -240,7 +340,7 @@ impl JobHang {
             }
         }
         // The ranks' Flight Recorder dumps over every node, where the lines name no rank.
-        let (flight, named_by_flight) = flight(raw, world, &mut node_of);
+        let (flight, named_by_flight, dumps) = flight(raw, world, &mut node_of);
         // Where the dumps that agree all stand: the collective a silence names no number for.
         let dumps_at = flight
             .as_ref()
@@ -301,7 +401,9 @@ impl JobHang {
             .iter()
             .filter(|e| e["source"] == "log" && e["fault"]["family"].as_str() == Some(network))
             .all(|e| e["fault"]["kind"] == "socket_reset");
+        let stood = stood(raw, &node_of, &hang.pg, &dumps);
         Some(JobHang {
+            stood,
             sockets_only,
             hang,
             node_of,
@@ -382,6 +484,7 @@ impl JobHang {
             groups: self.groups.clone(),
             ras: self.ras.clone(),
             first_rel_s: self.first_rel_s,
+            stood: self.stood.clone(),
         }
     }
 

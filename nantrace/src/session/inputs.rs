@@ -1,7 +1,7 @@
 //! What a session does with each input: kernel events and samples, the job's lines, its end,
 //! triggers from outside. A trigger opens the incident (or joins the one open) and sets when
 //! its post-window ends.
-use super::{Input, Mode, Session, JOB_WIDE_POST_S};
+use super::{progress, Input, Mode, Session, JOB_WIDE_POST_S};
 use crate::clock::monotonic_ns;
 use crate::event::{Detail, Event};
 use crate::trigger::{self, Fired, TriggerKind};
@@ -96,6 +96,7 @@ impl Session {
             if l.step.is_some() || l.loss.is_some() {
                 self.last_progress = Some(monotonic_ns());
                 self.stalled = false;
+                self.stall_busy_said = false;
             }
         }
         if let (Some(f), Detail::Log(l)) = (&self.on_fault, &e.detail) {
@@ -152,7 +153,9 @@ impl Session {
     }
 
     /// The stall trigger: training progress (step or loss lines) seen, then none for
-    /// `hang_after_s` while the job runs; once per stall.
+    /// `hang_after_s` while the job runs, and no storage progress by the job's processes in
+    /// the second half of that silence (a checkpoint being written is not a hang: the
+    /// trigger waits until the writes stop, said once); once per stall.
     pub(super) fn check_stall(&mut self, now: u64) {
         let after = (self.opts.hang_after_s * 1e9) as u64;
         if after == 0 || self.stalled || self.job_done || !self.incident.is_empty() {
@@ -161,18 +164,54 @@ impl Session {
         let Some(last) = self.last_progress else {
             return;
         };
-        if now.saturating_sub(last) >= after {
-            self.stalled = true;
-            self.fire(Fired {
-                kind: TriggerKind::Stall,
-                mono_ns: now,
-                reason: format!(
-                    "no training progress for {:.0} s: no step or loss line since the last one (hang_after_s {})",
-                    now.saturating_sub(last) as f64 / 1e9,
-                    self.opts.hang_after_s
-                ),
-            });
+        let silence = now.saturating_sub(last);
+        if silence < after / 2 {
+            self.stall_probe = None;
+            return;
         }
+        let Some(root) = self.info.root_pid else {
+            if silence >= after {
+                self.fire_stall(now, silence, None);
+            }
+            return;
+        };
+        let Some(first) = self.stall_probe else {
+            self.stall_probe = Some(progress::sample(root, now));
+            return;
+        };
+        if silence < after || now.saturating_sub(first.at) < after / 2 {
+            return;
+        }
+        let cur = progress::sample(root, now);
+        let reading = progress::read(&first, &cur, progress::ticks_per_s());
+        if let progress::Reading::Busy { .. } = reading {
+            if !self.stall_busy_said {
+                self.stall_busy_said = true;
+                self.say(&format!(
+                    "nantrace: no step or loss line for {:.0} s, but {}: not a stall while the job reads or writes (hang_after_s {})",
+                    silence as f64 / 1e9,
+                    reading.clause(),
+                    self.opts.hang_after_s
+                ));
+            }
+            self.stall_probe = Some(cur);
+            return;
+        }
+        self.fire_stall(now, silence, Some(&reading));
+    }
+
+    fn fire_stall(&mut self, now: u64, silence: u64, reading: Option<&progress::Reading>) {
+        self.stalled = true;
+        let io = reading.map_or(String::new(), |r| format!(", {}", r.clause()));
+        self.fire(Fired {
+            kind: TriggerKind::Stall,
+            mono_ns: now,
+            reason: format!(
+                "no training progress for {:.0} s: no step or loss line since the last one{io} (hang_after_s {})",
+                silence as f64 / 1e9,
+                self.opts.hang_after_s
+            ),
+        });
     }
 
     /// A trigger from outside (a signal to nantrace, a trigger file, `ctl dump`, a node-wide

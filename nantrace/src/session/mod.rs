@@ -17,6 +17,7 @@ mod inputs;
 mod kernel;
 mod logs;
 mod pipes;
+mod progress;
 mod run;
 use dump::{DumpDone, OwnedDump};
 pub use follow::{follow_file, LogFormat};
@@ -177,6 +178,10 @@ pub struct Session {
     /// The last step or loss line (monotonic ns), and whether the stall trigger fired since.
     last_progress: Option<u64>,
     stalled: bool,
+    /// The job's I/O and CPU counters at half the stall's silence (see `progress`), and
+    /// whether "still reading or writing" was said for this silence.
+    stall_probe: Option<progress::Sample>,
+    stall_busy_said: bool,
     job_done: bool,
     finish: bool,
     /// When the last dump ended: a signal received while dumping is answered by that dump,
@@ -234,6 +239,8 @@ impl Session {
             last_job_error: 0,
             last_progress: None,
             stalled: false,
+            stall_probe: None,
+            stall_busy_said: false,
             job_done: false,
             finish: false,
             last_dump_end: 0,

@@ -1,11 +1,13 @@
 //! The lanes of job-report.html: one per node on the job's clock (seconds from its
 //! reference), each node's trigger and evidence as marks, the named node highlighted. Every
 //! node is drawn up to [`LANES_MAX`]; past it the named node, the nodes with evidence and the
-//! named node's neighbours, and the page says how many are not drawn.
+//! named node's neighbours, and the page says how many are not drawn. For a hang, each node's
+//! ranks are drawn under it on the same clock (`ranks.rs`).
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use serde_json::Value;
 
+use super::ranks::{RankLane, Ranks};
 use super::{cut, esc};
 use crate::jobreport::JobReport;
 
@@ -16,9 +18,9 @@ const MARKS_MAX: usize = 400;
 /// A time further than this from the reference is drawn at this distance (a hostile or
 /// broken bundle's offsets of 1e300 s keep the axis finite).
 const SPAN_MAX: f64 = 1e7;
-const W: f64 = 1100.0;
-const LEFT: f64 = 190.0;
-const RIGHT: f64 = 20.0;
+pub(super) const W: f64 = 1100.0;
+pub(super) const LEFT: f64 = 190.0;
+pub(super) const RIGHT: f64 = 20.0;
 const LANE_H: f64 = 24.0;
 const TOP: f64 = 34.0;
 
@@ -207,13 +209,13 @@ fn chosen(r: &JobReport, marks: &[Vec<Mark>], named: &BTreeSet<&str>) -> Vec<usi
 }
 
 /// Where a time falls on the page.
-struct Axis {
-    lo: f64,
-    hi: f64,
+pub(super) struct Axis {
+    pub(super) lo: f64,
+    pub(super) hi: f64,
 }
 
 impl Axis {
-    fn x(&self, t: f64) -> f64 {
+    pub(super) fn x(&self, t: f64) -> f64 {
         LEFT + (t - self.lo) / (self.hi - self.lo).max(1e-9) * (W - LEFT - RIGHT)
     }
 }
@@ -223,19 +225,40 @@ impl Axis {
 /// minutes.
 const ZOOM: (f64, f64) = (-20.0, 10.0);
 
-/// The lanes' SVG (and, for a long span, the same lanes around the reference), the sentence
-/// on what is drawn, and the nodes drawn (indices in the report's order). `named`: nodes the
-/// report names besides its verdict's; `zero`: the reference's offset on the merged clock,
-/// and its name.
+/// What the lanes drew: the SVG (and, for a long span, the same lanes around the reference),
+/// the sentence on the nodes drawn, the nodes drawn (indices in the report's order), and for a
+/// hang the sentence on its ranks drawn.
+pub(super) struct Drawn {
+    pub(super) svg: String,
+    pub(super) note: String,
+    pub(super) drawn: Vec<usize>,
+    pub(super) ranks_note: Option<String>,
+}
+
+/// The lanes. `named`: nodes the report names besides its verdict's; `zero`: the reference's
+/// offset on the merged clock, and its name; `ranks`: a hang's ranks, each drawn under its
+/// node.
 pub(super) fn svg(
     r: &JobReport,
     merged: &Value,
     named: &BTreeSet<&str>,
     (zero, zero_name): (f64, &str),
-) -> (String, String, Vec<usize>) {
+    ranks: Option<&Ranks>,
+) -> Drawn {
     let marks = marks(r, merged, zero);
     let drawn = chosen(r, &marks, named);
-    let times = drawn.iter().flat_map(|i| marks[*i].iter().map(|m| m.t));
+    let names: Vec<&str> = drawn.iter().map(|i| r.nodes[*i].name.as_str()).collect();
+    let (rank_lanes, ranks_note) = match ranks {
+        Some(k) => {
+            let (lanes, note) = k.chosen(&names);
+            (lanes, Some(note))
+        }
+        None => (Vec::new(), None),
+    };
+    let times = drawn
+        .iter()
+        .flat_map(|i| marks[*i].iter().map(|m| m.t))
+        .chain(rank_lanes.iter().flat_map(|l| l.times()));
     let (lo, hi) = times.fold((0.0f64, 0.0f64), |(a, b), t| (a.min(t), b.max(t)));
     let pad = ((hi - lo) * 0.02).max(0.5);
     let ax = Axis {
@@ -245,7 +268,7 @@ pub(super) fn svg(
     let d = Drawing {
         r,
         marks: &marks,
-        drawn: &drawn,
+        rows: layout(&drawn, &names, &rank_lanes),
         lagging: super::lagging_by_node(r),
         zero_name,
     };
@@ -276,14 +299,46 @@ pub(super) fn svg(
             r.nodes.len()
         )
     };
-    (s, note, drawn)
+    Drawn {
+        svg: s,
+        note,
+        drawn,
+        ranks_note,
+    }
+}
+
+/// A lane: a node (its index in the report's order, its place among the nodes drawn), or
+/// one of a hang's ranks.
+enum Row<'a> {
+    Node(usize, usize),
+    Rank(&'a RankLane),
+}
+
+/// Where each lane is drawn (its top): each node drawn, its ranks under it; ranks on no node
+/// drawn (their node unknown) last.
+fn layout<'a>(drawn: &[usize], names: &[&str], ranks: &[&'a RankLane]) -> Vec<(f64, Row<'a>)> {
+    let mut rows = Vec::with_capacity(drawn.len() + ranks.len());
+    let mut y = TOP;
+    let under = |rows: &mut Vec<(f64, Row<'a>)>, y: &mut f64, node: Option<&str>| {
+        for l in ranks.iter().filter(|l| l.node.as_deref() == node) {
+            rows.push((*y, Row::Rank(l)));
+            *y += l.height();
+        }
+    };
+    for (k, (&i, name)) in drawn.iter().zip(names).enumerate() {
+        rows.push((y, Row::Node(i, k)));
+        y += LANE_H;
+        under(&mut rows, &mut y, Some(name));
+    }
+    under(&mut rows, &mut y, None);
+    rows
 }
 
 /// What one drawing of the lanes needs.
 struct Drawing<'a, 'm> {
     r: &'a JobReport,
     marks: &'a [Vec<Mark<'m>>],
-    drawn: &'a [usize],
+    rows: Vec<(f64, Row<'a>)>,
     lagging: HashMap<&'a str, Vec<u32>>,
     zero_name: &'a str,
 }
@@ -291,19 +346,28 @@ struct Drawing<'a, 'm> {
 impl Drawing<'_, '_> {
     /// The lanes on axis `ax`, as the SVG element `id`.
     fn draw(&self, id: &str, ax: &Axis) -> String {
-        let (r, drawn) = (self.r, self.drawn);
-        let height = TOP + LANE_H * drawn.len() as f64 + 30.0;
+        let r = self.r;
+        let bottom = self.rows.last().map_or(TOP, |(y, row)| match row {
+            Row::Node(..) => y + LANE_H,
+            Row::Rank(l) => y + l.height(),
+        });
+        let height = bottom + 30.0;
+        let what = if self.rows.iter().any(|x| matches!(x.1, Row::Rank(_))) {
+            "one lane per node and, under each, one per rank, on the job's clock"
+        } else {
+            "one lane per node on the job's clock"
+        };
         let mut s = format!(
-            r#"<svg id="{id}" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" role="img" aria-label="one lane per node on the job's clock">"#
+            r#"<svg id="{id}" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" role="img" aria-label="{what}">"#
         );
-        for (row, &i) in drawn.iter().enumerate() {
-            lane(
-                &mut s,
-                r,
-                i,
-                row,
-                self.lagging.get(r.nodes[i].name.as_str()),
-            );
+        for (y, row) in &self.rows {
+            match row {
+                Row::Node(i, k) => {
+                    let name = r.nodes[*i].name.as_str();
+                    lane(&mut s, r, *i, (*y, *k), self.lagging.get(name));
+                }
+                Row::Rank(l) => l.band(&mut s, *y),
+            }
         }
         ticks(&mut s, ax, height);
         let x0 = ax.x(0.0);
@@ -313,22 +377,25 @@ impl Drawing<'_, '_> {
             height - 22.0,
             esc(self.zero_name)
         ));
-        for (row, &i) in drawn.iter().enumerate() {
-            lane_marks(&mut s, ax, row, &r.nodes[i].name, &self.marks[i]);
+        for (y, row) in &self.rows {
+            match row {
+                Row::Node(i, _) => lane_marks(&mut s, ax, *y, &r.nodes[*i].name, &self.marks[*i]),
+                Row::Rank(l) => l.marks(&mut s, ax, *y),
+            }
         }
         s.push_str("</svg>");
         s
     }
 }
 
-/// One lane's band and label: the named node highlighted, a node with a hung rank marked.
-fn lane(s: &mut String, r: &JobReport, i: usize, row: usize, lagging: Option<&Vec<u32>>) {
+/// One lane's band and label (its top `y`, its place `k` among the nodes drawn): the named
+/// node highlighted, a node with a hung rank marked.
+fn lane(s: &mut String, r: &JobReport, i: usize, (y, k): (f64, usize), lagging: Option<&Vec<u32>>) {
     let n = &r.nodes[i];
-    let y = TOP + LANE_H * row as f64;
     let named = Some(&n.name) == r.node.as_ref();
     let fill = if named {
         "#fadbd8"
-    } else if row.is_multiple_of(2) {
+    } else if k.is_multiple_of(2) {
         "#f4f6f7"
     } else {
         "#fbfcfc"
@@ -355,8 +422,8 @@ fn lane(s: &mut String, r: &JobReport, i: usize, row: usize, lagging: Option<&Ve
 
 /// One lane's marks: the trigger under the evidence, at most one of a kind per pixel column
 /// and [`MARKS_MAX`] in all.
-fn lane_marks(s: &mut String, ax: &Axis, row: usize, node: &str, marks: &[Mark]) {
-    let y = TOP + LANE_H * row as f64 + LANE_H / 2.0;
+fn lane_marks(s: &mut String, ax: &Axis, top: f64, node: &str, marks: &[Mark]) {
+    let y = top + LANE_H / 2.0;
     let mut seen = HashSet::new();
     let ordered = marks
         .iter()

@@ -9,12 +9,12 @@ use crate::merge::Node;
 
 const T0: i128 = 1_796_000_000_000_000_000;
 
-fn at(offset_s: f64) -> String {
+pub(super) fn at(offset_s: f64) -> String {
     crate::clock::rfc3339(T0 + (offset_s * 1e9) as i128)
 }
 
 /// A line of the job's output, classified as the session does.
-fn line(t: f64, text: &str) -> Value {
+pub(super) fn line(t: f64, text: &str) -> Value {
     let mut l = json!({ "time": at(t), "source": "log", "pid": 100, "job": true, "line": text });
     if let Some(f) = crate::joblog::classify(text) {
         l["fault"] = serde_json::to_value(f).unwrap();
@@ -43,7 +43,7 @@ fn retx(t: f64) -> Value {
 
 /// A node bundle as the job report reads it: its events, its trigger at `trigger_s`, the NaN
 /// at 0 on the node that has it, the rank it ran.
-fn node(name: &str, mut events: Vec<Value>, nan: bool, rank: u64) -> Node {
+pub(super) fn node(name: &str, mut events: Vec<Value>, nan: bool, rank: u64) -> Node {
     events.push(json!({ "time": at(-30.0), "source": "log", "pid": 100, "job": true, "line": "step 1 | loss 2.5", "step": 1, "loss": 2.5 }));
     if nan {
         events.push(json!({ "time": at(0.0), "source": "log", "pid": 100, "job": true, "line": "step 2 | loss nan", "step": 2, "loss": "NaN", "nonfinite": true }));
@@ -76,7 +76,7 @@ fn node(name: &str, mut events: Vec<Value>, nan: bool, rank: u64) -> Node {
 }
 
 /// The job report and its page, as `nantrace report --write` makes them.
-fn page(mut nodes: Vec<Node>) -> (crate::jobreport::JobReport, String) {
+pub(super) fn page(mut nodes: Vec<Node>) -> (crate::jobreport::JobReport, String) {
     let merged = crate::merge::merge(&mut nodes);
     let r = crate::jobreport::build(&merged, &nodes);
     let html = super::render(&r, &merged);
@@ -84,7 +84,7 @@ fn page(mut nodes: Vec<Node>) -> (crate::jobreport::JobReport, String) {
 }
 
 /// The page's self-containment, as the browser check asserts it too.
-fn self_contained(html: &str) {
+pub(super) fn self_contained(html: &str) {
     assert!(html.contains("content=\"default-src 'none'; style-src 'unsafe-inline'"));
     // An attribute, not text that reads like one (text has its quotes escaped).
     for bad in ["<script", " src=\"", " href=\"", "url(", "@import"] {
@@ -156,10 +156,10 @@ fn the_named_node_is_highlighted_on_its_lane_and_in_the_table() {
     assert!(html.contains("<p id=\"clock\">events of different nodes are ordered"));
 }
 
-const R0: &str = "[rank0]:[E1202 04:54:03.100 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank 0] Exception (either an error or timeout) detected by watchdog at work: 42, last enqueued NCCL work: 42, last completed NCCL work: 41.";
-const R0_TIMEOUT: &str = "[rank0]:[E1202 04:54:03.090 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for 600031 milliseconds before timing out.";
-const R1: &str = "[rank1]:[E1202 04:54:04.000 ProcessGroupNCCL.cpp:1590] [PG ID 0 PG GUID 0(default_pg) Rank 1] Received a dump signal due to a collective timeout from rank 0 and we will try our best to dump the debug info. Last enqueued NCCL work: 41, last completed NCCL work: 41.";
-const R2: &str = "[rank2]:[E1202 04:54:03.200 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank 2] Exception (either an error or timeout) detected by watchdog at work: 42, last enqueued NCCL work: 42, last completed NCCL work: 41.";
+pub(super) const R0: &str = "[rank0]:[E1202 04:54:03.100 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank 0] Exception (either an error or timeout) detected by watchdog at work: 42, last enqueued NCCL work: 42, last completed NCCL work: 41.";
+pub(super) const R0_TIMEOUT: &str = "[rank0]:[E1202 04:54:03.090 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for 600031 milliseconds before timing out.";
+pub(super) const R1: &str = "[rank1]:[E1202 04:54:04.000 ProcessGroupNCCL.cpp:1590] [PG ID 0 PG GUID 0(default_pg) Rank 1] Received a dump signal due to a collective timeout from rank 0 and we will try our best to dump the debug info. Last enqueued NCCL work: 41, last completed NCCL work: 41.";
+pub(super) const R2: &str = "[rank2]:[E1202 04:54:03.200 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank 2] Exception (either an error or timeout) detected by watchdog at work: 42, last enqueued NCCL work: 42, last completed NCCL work: 41.";
 
 #[test]
 fn a_hangs_ranks_are_listed_with_where_each_stood() {
