@@ -304,18 +304,8 @@ fn in_netns(
 }
 
 pub fn vm_cluster(nt: &Path) -> Result<()> {
-    crate::setup::apt_install(&[
-        "qemu-system-x86",
-        "busybox-static",
-        "cpio",
-        "xz-utils",
-        "zstd",
-        "kmod",
-        "debian-archive-keyring",
-        "iproute2",
-        "nftables",
-        "python3",
-    ])?;
+    crate::setup::apt_install(crate::vm::VM_PACKAGES)?;
+    crate::setup::apt_install(&["iproute2", "nftables", "python3"])?;
     run(Command::new("bash")
         .arg(root().join("scripts/slurm-local.sh"))
         .arg("install"))?;

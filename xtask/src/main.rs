@@ -3,6 +3,7 @@
 mod bench;
 mod cluster;
 mod dist;
+mod nfs;
 mod setup;
 mod vm;
 
@@ -72,6 +73,10 @@ enum Cmd {
     /// The multi-node tests on a cluster of three QEMU VMs with Slurm and the agent on each
     /// (root; docs/multi-node.md)
     VmCluster,
+    /// The job directory's rendezvous over NFS: one QEMU VM with the kernel's NFS server and
+    /// two `nosharecache` mounts of one export, the `agent::jobdir::tests::nfs_*` unit tests
+    /// in it (root; docs/multi-node.md)
+    VmNfs,
     /// Release binary for glibc >= 2.28 (cargo zigbuild), probes embedded, plus
     /// target/dist/nantrace-VERSION-x86_64-linux-gnu.tar.gz (docs/dist.md).
     /// NANTRACE_BPF_OBJ=path embeds a prebuilt eBPF object instead of building one.
@@ -114,7 +119,8 @@ fn build_cli(release: bool) -> Result<PathBuf> {
 }
 
 /// `cargo xtask test`: setup, build, then every test: the unit tests, the privileged integration
-/// tests (on both probe paths), the benchmarks in smoke mode, the kernel matrix and the cluster.
+/// tests (on both probe paths), the benchmarks in smoke mode, the kernel matrix, the job
+/// directory over NFS and the cluster.
 fn test() -> Result<()> {
     let route = setup::setup()?;
     setup::test_deps()?;
@@ -186,7 +192,7 @@ fn test() -> Result<()> {
     )?;
     // The kernel matrix: the same kernel tests on every kernel of vm.rs, in VMs.
     if std::env::var("NANTRACE_VM_TEST").is_ok_and(|v| v == "0") {
-        eprintln!("xtask: WARNING: NANTRACE_VM_TEST=0: the kernel matrix and the VM cluster are SKIPPED (CI runs them)");
+        eprintln!("xtask: WARNING: NANTRACE_VM_TEST=0: the kernel matrix, the NFS VM and the VM cluster are SKIPPED (CI runs them)");
         return Ok(());
     }
     if !root_user {
@@ -199,6 +205,8 @@ fn test() -> Result<()> {
         },
         &root().join("target/debug/nantrace"),
     )?;
+    // The job directory's rendezvous over NFS, in one VM (about 80 s).
+    nfs::vm_nfs()?;
     // The multi-node tests on a cluster of VMs.
     cluster::vm_cluster(&root().join("target/debug/nantrace"))
 }
@@ -224,6 +232,11 @@ fn main() -> Result<()> {
             setup::build_ebpf(&route)?;
             let bin = build_cli(false)?;
             cluster::vm_cluster(&bin)
+        }
+        Cmd::VmNfs => {
+            let route = setup::setup()?;
+            setup::build_ebpf(&route)?;
+            nfs::vm_nfs()
         }
         Cmd::Demo { scenario, out } => {
             let route = setup::setup()?;

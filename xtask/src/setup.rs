@@ -156,7 +156,58 @@ pub fn setup() -> Result<Route> {
 pub fn test_deps() -> Result<()> {
     apt_install(&["chromium", "bpftrace"])
         .context("installing chromium and bpftrace for the tests")?;
-    torch_venv()
+    torch_venv()?;
+    old_agent()
+}
+
+/// The agent of an earlier version for `nantrace/tests/agent_versions.rs` (clusters upgrade
+/// node by node, so agents of two versions share a job directory): main at
+/// [`OLD_AGENT_COMMIT`], the last before incidents were numbered, built from this
+/// repository's history into [`OLD_AGENT`] unless it is there. Outside the clone, so later
+/// clones on the machine reuse it.
+pub const OLD_AGENT_COMMIT: &str = "940e9bb87af1ea00c059db1c9e7a9a1d5f4a803e";
+pub const OLD_AGENT: &str = "/var/cache/nantrace-tests/nantrace-940e9bb/nantrace";
+
+/// Builds [`OLD_AGENT`] (its sources from `git archive`, its own target directory, removed
+/// after: about 4 minutes here). As root only (the test that runs it is privileged).
+pub fn old_agent() -> Result<()> {
+    let bin = Path::new(OLD_AGENT);
+    if bin.is_file() {
+        return Ok(());
+    }
+    if unsafe_euid() != 0 {
+        eprintln!("xtask: WARNING: not root: no agent of {OLD_AGENT_COMMIT} at {OLD_AGENT} (the mixed-version test will SKIP)");
+        return Ok(());
+    }
+    let have = Command::new("git")
+        .current_dir(root())
+        .args(["cat-file", "-e", &format!("{OLD_AGENT_COMMIT}^{{commit}}")])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have {
+        bail!("commit {OLD_AGENT_COMMIT} is not in this clone's history (a shallow clone?): the mixed-version agent test builds the agent of that commit; `git fetch --unshallow`");
+    }
+    let dir = bin.parent().unwrap();
+    let src = dir.join("src");
+    let _ = std::fs::remove_dir_all(&src);
+    std::fs::create_dir_all(&src)?;
+    run(Command::new("bash").current_dir(root()).args([
+        "-c",
+        &format!("set -o pipefail; git archive {OLD_AGENT_COMMIT} | tar -x -C {}", src.display()),
+    ]))?;
+    run(Command::new("cargo")
+        .current_dir(&src)
+        .args(["xtask", "build"])
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("RUSTC")
+        .env_remove("CARGO"))
+    .with_context(|| format!("building the agent of {OLD_AGENT_COMMIT} for the mixed-version test"))?;
+    let tmp = dir.join("nantrace.tmp");
+    std::fs::copy(src.join("target/debug/nantrace"), &tmp)?;
+    std::fs::rename(&tmp, bin)?;
+    let _ = std::fs::remove_dir_all(&src);
+    Ok(())
 }
 
 /// torch and py-spy from PyPI, pinned, for `nantrace/tests/torch_job.rs`.

@@ -313,16 +313,19 @@ fn run_kernel_twice_if_emulator(
     Ok(again)
 }
 
+/// What every QEMU guest of the tests needs on the host (the matrix, the NFS VM, the cluster).
+pub const VM_PACKAGES: &[&str] = &[
+    "qemu-system-x86",
+    "busybox-static",
+    "cpio",
+    "xz-utils",
+    "zstd",
+    "kmod",
+    "debian-archive-keyring",
+];
+
 pub fn vm_test(args: &Args, nt: &Path) -> Result<()> {
-    crate::setup::apt_install(&[
-        "qemu-system-x86",
-        "busybox-static",
-        "cpio",
-        "xz-utils",
-        "zstd",
-        "kmod",
-        "debian-archive-keyring",
-    ])?;
+    crate::setup::apt_install(VM_PACKAGES)?;
     let selected = selected(args.kernels.as_deref())?;
     let bins = test_binaries(&[
         "kernel_log",

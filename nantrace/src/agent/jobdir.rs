@@ -54,6 +54,24 @@ fn seq_of(id: &str) -> Option<u64> {
         .then(|| d.parse().ok())
         .flatten()
 }
+/// The time an earlier version's incident name carries (`20261204T232739Z-host`, to the
+/// second): what is left of an incident whose directory its agent removed.
+fn legacy_time(id: &str) -> Option<i128> {
+    let (t, _) = id.split_at_checked(16)?;
+    let b = t.as_bytes();
+    (b[8] == b'T' && b[15] == b'Z').then_some(())?;
+    let rfc = format!(
+        "{}-{}-{}T{}:{}:{}Z",
+        &t[0..4],
+        &t[4..6],
+        &t[6..8],
+        &t[9..11],
+        &t[11..13],
+        &t[13..15]
+    );
+    crate::clock::parse_rfc3339_ns(&rfc)
+}
+
 const MARKER_MAX: u64 = 16 << 10;
 /// Incident directories of one job looked at per poll, at most: the newest by name.
 const INCIDENTS_MAX: usize = 256;
@@ -118,6 +136,16 @@ fn same_owner(marker: &Value, owner: &Value) -> bool {
 
 fn time_of(marker: &Value) -> Option<i128> {
     marker["time_ns"].as_str().and_then(|t| t.parse().ok())
+}
+
+/// What an O_EXCL create of a claimed incident's marker found.
+enum Adopt {
+    /// This node wrote it: the claim is this incident.
+    Made,
+    /// It was there on the server, unseen here (a cached absence).
+    There,
+    /// Not a directory of the agents', or the create failed otherwise.
+    Refused,
 }
 
 /// The job directory's root, checked.
@@ -216,6 +244,14 @@ impl Root {
         (v["incident"] == id && v["job"] == job).then_some(v)
     }
 
+    /// When incident `id` of `job` was opened: its marker's time, else (an earlier agent's
+    /// incident, removed) its name's.
+    pub fn time_of_incident(&self, job: &str, id: &str) -> Option<i128> {
+        self.marker(job, id)
+            .and_then(|v| time_of(&v))
+            .or_else(|| seq_of(id).is_none().then(|| legacy_time(id)).flatten())
+    }
+
     /// The incident this node's new trigger belongs to, the same on every node whatever the
     /// timing: incidents are numbered (`inc-000001`, ...) and claimed by `mkdir`, which
     /// reaches the server on every shared filesystem (a directory listing does not: NFS's
@@ -311,7 +347,18 @@ impl Root {
                         // the claim is this incident from now for every node; EEXIST, the
                         // marker is there, unseen here, and at most a cached lookup old: the
                         // incident is this one. No node's choice rests on a directory's time.
-                        None => self.adopt(job, &id, &marker),
+                        None => match self.adopt(job, &id, &marker) {
+                            Adopt::Made => true,
+                            // EEXIST: the marker is on the server; once this client looked
+                            // again it is read and judged as any (an old incident, or
+                            // another owner's, is not joined); one still unreadable is joined.
+                            Adopt::There => {
+                                self.refresh(job, &id);
+                                self.marker(job, &id)
+                                    .is_none_or(|v| within(&v) && same_owner(&v, owner))
+                            }
+                            Adopt::Refused => false,
+                        },
                     };
                     if joined {
                         return Ok(id);
@@ -330,9 +377,15 @@ impl Root {
     /// its `mkdir`, so it is waited for a little (then the directory's time stands for it).
     fn await_marker(&self, job: &str, id: &str) -> Option<Value> {
         let t0 = std::time::Instant::now();
+        let mut refreshed = false;
         loop {
             if let Some(v) = self.marker(job, id) {
                 return Some(v);
+            }
+            if !refreshed {
+                refreshed = true;
+                self.refresh(job, id);
+                continue;
             }
             if t0.elapsed() >= MARKER_WAIT {
                 return None;
@@ -341,40 +394,78 @@ impl Root {
         }
     }
 
-    /// Give a claimed incident without a visible marker one, with O_EXCL: whether this
-    /// trigger joins it (created, or already there on the server).
-    fn adopt(&self, job: &str, id: &str, marker: &Value) -> bool {
+    /// Make this node's client look at incident `id`'s directory again: an NFS client keeps a
+    /// lookup that found no marker ("not there") until the directory's attributes are
+    /// revalidated (up to `acdirmax`), and an O_EXCL create that fails with EEXIST does not
+    /// drop it; its own change in the directory does. A scratch file of this process is made
+    /// and removed there (never anything of another node's).
+    fn refresh(&self, job: &str, id: &str) {
         let d = self.path.join(job).join(id);
         if !self.trusted_dir(&d) {
-            return false;
+            return;
         }
         let Ok(dir) = safefs::Dir::open(&d) else {
-            return false;
+            return;
+        };
+        let name = format!(
+            ".look-{}-{}",
+            std::process::id(),
+            crate::clock::monotonic_ns()
+        );
+        if dir.write_new(&name, b"").is_ok() {
+            let _ = dir.remove(&name);
+        }
+    }
+
+    /// Give a claimed incident without a visible marker one, with O_EXCL.
+    fn adopt(&self, job: &str, id: &str, marker: &Value) -> Adopt {
+        let d = self.path.join(job).join(id);
+        if !self.trusted_dir(&d) {
+            return Adopt::Refused;
+        }
+        let Ok(dir) = safefs::Dir::open(&d) else {
+            return Adopt::Refused;
         };
         let Ok(body) = serde_json::to_vec_pretty(marker) else {
-            return false;
+            return Adopt::Refused;
         };
         match dir.write_new(MARKER, &body) {
-            Ok(()) => true,
-            Err(e) => e.kind() == std::io::ErrorKind::AlreadyExists,
+            Ok(()) => Adopt::Made,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Adopt::There,
+            Err(_) => Adopt::Refused,
         }
     }
 
     /// The incident the job's nodes agree on for `id`. A numbered incident is already the
-    /// one every node chose. For one of an earlier version's agents (`<time>-<host>`), the
-    /// earliest incident within the join window of it, as those agents settle. Nothing is ever
-    /// removed here: another node may be writing into any incident directory.
+    /// one every node of this version chose. Where an earlier version's agent (`<time>-<host>`,
+    /// found by listing) opened one within the join window of `id` as well (the two opened at
+    /// one moment, neither seeing the other's marker: a cluster upgrading node by node), the
+    /// earliest incident within the window, by (time, name), as those agents settle: they
+    /// move their bundle to the earliest, numbered or not, and this node does the same.
+    /// Nothing is ever removed here: another node may be writing into any incident directory.
     pub fn settle(&self, job: &str, id: &str) -> String {
-        if seq_of(id).is_some() {
-            return id.to_string();
-        }
         let all = self.incidents(job);
-        let Some(at) = all.iter().find(|x| x.0 == id).and_then(|x| time_of(&x.1)) else {
+        // An earlier agent removes an incident of its own that holds only its marker when it
+        // settles elsewhere: its name still says when it was opened (to the second), and the
+        // earliest within the window of that is where its bundles went. Never recreated here.
+        let Some(at) = all
+            .iter()
+            .find(|x| x.0 == id)
+            .and_then(|x| time_of(&x.1))
+            .or_else(|| seq_of(id).is_none().then(|| legacy_time(id)).flatten())
+        else {
             return id.to_string();
         };
-        all.iter()
+        let within: Vec<(i128, &String)> = all
+            .iter()
             .filter_map(|x| time_of(&x.1).map(|t| (t, &x.0)))
             .filter(|(t, _)| (at - t).abs() as f64 <= JOIN_WINDOW_S * 1e9)
+            .collect();
+        if seq_of(id).is_some() && within.iter().all(|(_, other)| seq_of(other).is_some()) {
+            return id.to_string();
+        }
+        within
+            .into_iter()
             .min()
             .map_or_else(|| id.to_string(), |(_, first)| first.clone())
     }

@@ -30,6 +30,8 @@ pub struct Agent {
     /// What it was started with, for `restart`.
     extra: Vec<String>,
     env: Vec<(String, String)>,
+    /// The command that runs `nantrace` (this build's binary, or a wrapper and another one).
+    program: Vec<String>,
 }
 
 impl Agent {
@@ -64,20 +66,45 @@ impl Agent {
             .iter()
             .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
             .collect();
-        Self::spawn(dir, format!("127.0.0.1:{port}"), extra, env)
+        Self::spawn(dir, format!("127.0.0.1:{port}"), extra, env, vec![BIN.to_string()])
+    }
+
+    /// As `start_env`, run by `program` (e.g. another version's binary behind `unshare`);
+    /// its last word is the `nantrace` binary (`ctl` is always this build's).
+    pub fn start_program(
+        tag: &str,
+        port: u16,
+        program: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let dir = Self::dir_for(tag);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Self::spawn(
+            dir,
+            format!("127.0.0.1:{port}"),
+            extra.iter().map(|s| (*s).to_string()).collect(),
+            env.iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
+            program.iter().map(|s| (*s).to_string()).collect(),
+        )
     }
 
     /// Stop it (SIGTERM, as systemd would) and start it again on the same spool and socket.
     pub fn restart(mut self) -> Self {
         self.terminate();
-        let (dir, metrics, extra, env) = (
+        let (dir, metrics, extra, env, program) = (
             self.dir.clone(),
             self.metrics.clone(),
             std::mem::take(&mut self.extra),
             std::mem::take(&mut self.env),
+            std::mem::take(&mut self.program),
         );
         drop(self);
-        Self::spawn(dir, metrics, extra, env)
+        Self::spawn(dir, metrics, extra, env, program)
     }
 
     /// Kill it with SIGKILL (as the OOM killer would) and start it again on the same spool.
@@ -85,14 +112,15 @@ impl Agent {
     pub fn crash_and_restart(mut self) -> Self {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let (dir, metrics, extra, env) = (
+        let (dir, metrics, extra, env, program) = (
             self.dir.clone(),
             self.metrics.clone(),
             std::mem::take(&mut self.extra),
             std::mem::take(&mut self.env),
+            std::mem::take(&mut self.program),
         );
         drop(self);
-        Self::spawn(dir, metrics, extra, env)
+        Self::spawn(dir, metrics, extra, env, program)
     }
 
     fn spawn(
@@ -100,6 +128,7 @@ impl Agent {
         metrics: String,
         extra: Vec<String>,
         env: Vec<(String, String)>,
+        program: Vec<String>,
     ) -> Self {
         let (spool, socket) = (dir.join("spool"), dir.join("run/agent.sock"));
         // No GPU here: the PCI devices the tests' Xid and AER lines name stand in a
@@ -114,7 +143,8 @@ impl Agent {
         } else {
             &["--post", "1.5"]
         };
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(&program[0])
+            .args(&program[1..])
             .args([
                 "agent",
                 "--spool",
@@ -151,6 +181,7 @@ impl Agent {
             lines,
             extra,
             env,
+            program,
         };
         a.wait_line("agent started", Duration::from_secs(30), |l| {
             l.contains("nantrace: agent ") && l.contains("probes attached")

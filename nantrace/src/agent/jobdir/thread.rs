@@ -50,6 +50,32 @@ struct Watched {
     /// The incident the job's open dump belongs to, and since when: given up after
     /// `CURRENT_MAX` without a bundle (a dump that failed, a job-wide trigger turned off).
     current: Option<(String, std::time::Instant)>,
+    /// When the incidents this node opened or put a bundle into were opened (the newest
+    /// [`TOOK_MAX`]): another node's incident within the join window of one of them is the
+    /// same incident of the job (an earlier agent's, opened at the same moment and then
+    /// settled here), not one to dump again.
+    took: Vec<i128>,
+}
+
+const TOOK_MAX: usize = 16;
+
+impl Watched {
+    fn took(&mut self, t: Option<i128>) {
+        if let Some(t) = t {
+            if self.took.len() == TOOK_MAX {
+                self.took.remove(0);
+            }
+            self.took.push(t);
+        }
+    }
+
+    fn took_within(&self, t: Option<i128>) -> bool {
+        t.is_some_and(|t| {
+            self.took
+                .iter()
+                .any(|x| (x - t).abs() as f64 <= JOIN_WINDOW_S * 1e9)
+        })
+    }
 }
 
 const CURRENT_MAX: Duration = Duration::from_secs(300);
@@ -138,6 +164,7 @@ fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report:
                     tx,
                     seen,
                     current: None,
+                    took: Vec::new(),
                 },
             );
         }
@@ -160,6 +187,7 @@ fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report:
             match root.open_incident_of(&w.job, &w.owner, host, &trigger, &reason, at) {
                 Ok(id) => {
                     report(&key, &format!("job-wide incident {id} ({trigger} here)"));
+                    w.took(root.time_of_incident(&w.job, &id).or(Some(at)));
                     w.seen.insert(id.clone());
                     w.current = Some((id, std::time::Instant::now()));
                 }
@@ -197,6 +225,8 @@ fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report:
             w.seen.insert(id.clone());
             let id = root.settle(&w.job, &id);
             w.seen.insert(id.clone());
+            let t = root.time_of_incident(&w.job, &id);
+            w.took(t);
             match root.put_bundle(&w.job, &id, host, &bundle) {
                 Ok(p) => report(&key, &format!("bundle shared as {}", p.display())),
                 Err(e) => report(
@@ -246,6 +276,12 @@ fn poll(
                     crate::term::clean(&marker["owner"].to_string()),
                     w.owner
                 ));
+                continue;
+            }
+            if w.took_within(time_of(&marker)) {
+                // Opened at the moment this node opened or joined one (an earlier agent's,
+                // which then settles on the earliest): the same incident of the job.
+                w.seen.insert(id.clone());
                 continue;
             }
             let why = format!(
