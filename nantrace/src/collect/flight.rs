@@ -185,7 +185,7 @@ fn sources_now(job: &[u32]) -> Value {
                 .unzip();
             json!({
                 "rank": rank, "pid": pid, "uid": uid, "gid": gid, "started_s": started_s(pid),
-                "paths": paths.iter().map(|(p, from)| json!({ "path": view::text(p), "from": from })).collect::<Vec<_>>(),
+                "paths": paths.iter().map(|(p, from)| path_entry(p, from)).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -194,6 +194,18 @@ fn sources_now(job: &[u32]) -> Value {
         out["ranks_not_taken"] = json!(n - RANKS_MAX);
     }
     out
+}
+
+/// A candidate path in the trigger's record: `path` as shown (cleaned and cut: the job's
+/// text), `open` the path itself where that differs (a long path, a control character), so
+/// the file looked for is the one the rank writes.
+fn path_entry(p: &str, from: &str) -> Value {
+    let shown = view::text(p);
+    let mut e = json!({ "path": shown, "from": from });
+    if shown != p {
+        e["open"] = json!(p);
+    }
+    e
 }
 
 /// A rank's dump as read at the dump: its record in flight_recorder.json and the raw bytes.
@@ -206,14 +218,25 @@ fn one(src: &Value, copied: &mut usize) -> (Value, Option<(String, Vec<u8>)>) {
         .zip(src["gid"].as_u64().and_then(|g| u32::try_from(g).ok()));
     let mut tried = Vec::new();
     let mut got = None;
+    let mut stale = None;
+    let started = src["started_s"].as_u64();
     for p in src["paths"].as_array().into_iter().flatten() {
-        let (Some(path), from) = (p["path"].as_str(), &p["from"]) else {
+        let (Some(shown), from) = (p["path"].as_str(), &p["from"]) else {
             continue;
         };
+        let path = p["open"].as_str().unwrap_or(shown);
         match read::dump(std::path::Path::new(path), owner, DUMP_MAX) {
-            Err(read::Why::NoFile) => tried.push(path.to_string()),
+            Err(read::Why::NoFile) => tried.push(shown.to_string()),
+            // An earlier job's dump at this candidate: the next one may hold this job's.
+            Ok((_, mtime_s)) if started.is_some_and(|s| mtime_s + 1 < s) => {
+                let s = started.unwrap_or(0);
+                stale.get_or_insert(format!(
+                    "{shown} written {} s before rank {rank}'s process started: an earlier job's dump, ignored",
+                    s - mtime_s
+                ));
+            }
             r => {
-                rec["path"] = json!(path);
+                rec["path"] = json!(shown);
                 rec["path_from"] = from.clone();
                 got = Some(r);
                 break;
@@ -221,8 +244,13 @@ fn one(src: &Value, copied: &mut usize) -> (Value, Option<(String, Vec<u8>)>) {
         }
     }
     let Some(r) = got else {
-        rec["status"] = json!("no_file");
-        rec["why"] = json!(format!("no file at {}", tried.join(" or ")));
+        if let Some(why) = stale {
+            rec["status"] = json!("stale");
+            rec["why"] = json!(why);
+        } else {
+            rec["status"] = json!("no_file");
+            rec["why"] = json!(format!("no file at {}", tried.join(" or ")));
+        }
         return (rec, None);
     };
     let (bytes, mtime_s) = match r {
@@ -235,13 +263,8 @@ fn one(src: &Value, copied: &mut usize) -> (Value, Option<(String, Vec<u8>)>) {
     };
     rec["bytes"] = json!(bytes.len());
     rec["mtime_s"] = json!(mtime_s);
-    if let Some(start) = src["started_s"].as_u64().filter(|s| mtime_s + 1 < *s) {
-        rec["status"] = json!("stale");
-        rec["why"] = json!(format!(
-            "written {} s before rank {rank}'s process started: an earlier job's dump, ignored",
-            start - mtime_s
-        ));
-        return (rec, None);
+    if let Some(why) = stale {
+        rec["earlier_candidate"] = json!(why);
     }
     match pickle::decode(&bytes).map(|p| view::of(&p)) {
         Ok(Some(d)) => {

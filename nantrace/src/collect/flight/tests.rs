@@ -162,6 +162,54 @@ fn each_ranks_dump_is_read_or_says_why_not() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// An earlier job's dump at the first candidate does not hide this job's at the second
+/// (the review of 2026-12-04: a stale `$HOME/.cache/torch` file hid a fresh /tmp one), and a
+/// path longer than what is shown is still the one opened.
+#[test]
+fn a_stale_first_candidate_does_not_hide_a_fresh_second_and_long_paths_are_opened_whole() {
+    let d = tmpdir("stale2");
+    std::fs::write(d.join("old_0"), fixture("stopped", 0)).unwrap();
+    std::fs::write(d.join("new_0"), fixture("stopped", 0)).unwrap();
+    let long = d.join("x".repeat(200));
+    std::fs::create_dir_all(&long).unwrap();
+    std::fs::write(long.join("fr_1"), fixture("stopped", 1)).unwrap();
+    for f in [d.join("old_0"), d.join("new_0"), long.join("fr_1")] {
+        own(&f);
+    }
+    // old_0 written an hour before the rank started.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let t = std::ffi::CString::new(d.join("old_0").display().to_string()).unwrap();
+    let times = [
+        libc::timespec { tv_sec: (now - 7200) as i64, tv_nsec: 0 },
+        libc::timespec { tv_sec: (now - 7200) as i64, tv_nsec: 0 },
+    ];
+    // SAFETY: a valid path and two timespecs.
+    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, t.as_ptr(), times.as_ptr(), 0) }, 0);
+    let mut s0 = source(0, &[&d.join("old_0"), &d.join("new_0")], now - 3600);
+    s0["paths"][0]["from"] = json!("default ($HOME/.cache/torch/comm_lib_trace_rank_)");
+    let long_path = long.join("fr_1").display().to_string();
+    let s1 = json!({ "rank": 1, "pid": 4001, "uid": owner().0, "gid": owner().1, "started_s": now - 60,
+        "paths": [path_entry(&long_path, "TORCH_FR_DUMP_TEMP_FILE")] });
+    assert_ne!(s1["paths"][0]["path"], long_path, "shown cut: {}", s1["paths"][0]);
+    assert_eq!(s1["paths"][0]["open"], long_path);
+    let (v, _) = read(&json!({ "sources": [s0, s1] })).unwrap();
+    let r0 = &v["ranks"][0];
+    assert_eq!(r0["status"], "read", "{r0}");
+    assert_eq!(r0["path"], d.join("new_0").display().to_string());
+    assert!(
+        r0["earlier_candidate"].as_str().is_some_and(|w| w.contains("old_0") && w.contains("earlier job")),
+        "{r0}"
+    );
+    assert_eq!(v["ranks"][1]["status"], "read", "{}", v["ranks"][1]);
+    // Only a stale file anywhere: stale, said.
+    let (v, _) = read(&json!({ "sources": [source(0, &[&d.join("nope"), &d.join("old_0")], now - 3600)] })).unwrap();
+    assert_eq!(v["ranks"][0]["status"], "stale", "{}", v["ranks"][0]);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// As root, a file of another user is read with that user's rights: a file it cannot read
 /// (root's, mode 0600) is refused even through a path the user could name.
 #[test]
