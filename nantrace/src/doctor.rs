@@ -142,6 +142,9 @@ pub fn run() -> Report {
             notes.push(format!("block devices with I/O statistics off (queue/iostats = 0): {}. On the BTF path their requests outside watched jobs have no start time and are not in the latency histograms", off.join(", ")));
         }
     }
+    if let Err(e) = crate::klog::readable() {
+        notes.push(format!("/dev/kmsg cannot be read ({e}): who wrote a kernel log line cannot be checked, so no kernel log line drains this node, marks a GPU in the history or fires a node-wide trigger (fail-closed; NVML's and tracepoints' records still can). Give the agent /dev/kmsg (a container: mount it; dmesg_restrict: CAP_SYSLOG)"));
+    }
     if euid != 0 {
         notes.push(
             "not root: loading probes needs root (or CAP_BPF + CAP_PERFMON + tracefs access)"

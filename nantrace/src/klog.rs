@@ -299,7 +299,7 @@ pub fn spawn_reader(
 }
 
 mod writer;
-pub use writer::{each_record, unescape, who_wrote, who_wrote_in, Line, Writer};
+pub use writer::{each_record, readable, unescape, who_wrote, who_wrote_in, Line, Writer};
 
 impl std::os::fd::AsRawFd for KmsgFile {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {

@@ -272,6 +272,28 @@ pub fn each_record(mut f: impl FnMut(&str)) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Whether `/dev/kmsg` can be read here (one record, or none waiting): what every check of a
+/// kernel log line's writer needs (`doctor` says so; a container without it, or without
+/// CAP_SYSLOG under `dmesg_restrict`, cannot check).
+pub fn readable() -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open("/dev/kmsg")?;
+    let mut buf = vec![0u8; 8192];
+    match file.read(&mut buf) {
+        Ok(_) => Ok(()),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::WouldBlock
+                || e.raw_os_error() == Some(libc::EPIPE) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Who wrote each of `lines`, from the records `/dev/kmsg` still holds, in one pass. A
 /// marker written first (at level 7, as at startup) fits the records' clock to the monotonic
 /// one, for the lines the probe read (those read from `/dev/kmsg` carry their record's number).
