@@ -126,6 +126,12 @@ static NOT_JOINED: LazyLock<Regex> = LazyLock::new(|| {
 static GLOO: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?i:gloo|transport/tcp)[^\n]{0,200}?Timed out waiting (\d{1,12}) ?ms for (?:recv|send) operation").unwrap()
 });
+/// gloo's transport when a peer of the collective went away: `[.../gloo/transport/tcp/
+/// pair.cc:534] Connection closed by peer [10.0.0.2]:52178` (or reset). The rank that prints
+/// it was alive and in a collective: waiting, not silent.
+static GLOO_PEER: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i:gloo|transport/tcp)[^\n]{0,200}?Connection (?:closed|reset) by peer").unwrap()
+});
 static LAGGING: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?i)ranks? \[?([\d, ]+?)\]? (?:is|are) the lagging ranks?").unwrap()
 });
@@ -149,7 +155,8 @@ pub fn parse(line: &str) -> Option<Progress> {
         || line.contains("work")
         || line.contains("collective")
         || line.contains("lagging")
-        || line.contains("Timed out waiting"))
+        || line.contains("Timed out waiting")
+        || line.contains("by peer"))
     {
         return None;
     }
@@ -182,6 +189,9 @@ pub fn parse(line: &str) -> Option<Progress> {
         p.timed_out = true;
         p.timeout_ms = p.timeout_ms.or(num(&c, 1));
     }
+    // Counted as a rank that waited in the unnumbered collective (review of 2026-12-04: a
+    // rank that printed only this was taken for a silent one).
+    p.timed_out |= GLOO_PEER.is_match(line);
     // The quote ends with the words that carry the most: the counters, the report's ranks,
     // the collective.
     let key = [
@@ -192,6 +202,7 @@ pub fn parse(line: &str) -> Option<Progress> {
         &*WORK,
         &*AT,
         &*GLOO,
+        &*GLOO_PEER,
     ]
     .iter()
     .find_map(|re| re.find(line));
@@ -319,6 +330,13 @@ mod tests {
             assert_eq!((p.rank, p.timed_out, p.timeout_ms, p.waits_in), (Some(rank), true, Some(ms), None), "{l}");
             assert!(p.quote.contains("Timed out waiting"), "{}", p.quote);
         }
+        // gloo's transport when a peer went away: alive, in a collective, not silent.
+        let p = parse("[rank2]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.214.0.3]:52178").unwrap();
+        assert_eq!((p.rank, p.timed_out, p.waits_in), (Some(2), true, None));
+        assert!(p.quote.contains("Connection closed by peer"), "{}", p.quote);
+        assert!(parse("[rank0]: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error [10.0.0.1]:1234: Connection reset by peer").unwrap().timed_out);
+        // Not gloo's: a plain socket error names no collective.
+        assert_eq!(parse("requests.exceptions.ConnectionError: Connection reset by peer"), None);
         // A store or socket timeout is not a collective's.
         assert_eq!(parse("[rank1]: torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 2/4 clients joined."), None);
     }

@@ -121,6 +121,15 @@ fn gloos_ranks_that_timed_out_name_the_silent_one() {
     );
     assert!(s.contains("collective timeout to 10 s"), "{s}");
     assert_eq!(j(&lines[..1], Some(3)).kind, Kind::Unnamed);
+    // Rank 2 printed only gloo's "closed by peer" (rank 0's abort reached it first): it was
+    // in the collective, not silent; rank 1 alone is named (review of 2026-12-04: rank 2 was
+    // counted silent too).
+    let lines = [
+        lines[0],
+        "[rank2]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.214.0.1]:29533",
+    ];
+    let h = j(&lines, Some(3));
+    assert_eq!((h.kind, h.ranks.clone()), (Kind::Silent, vec![1]));
 }
 
 /// One node's ranks 8-15 of 16 all wait: ranks 0-7 are another node's, whose silence in
