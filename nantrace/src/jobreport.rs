@@ -101,8 +101,9 @@ fn node_view(first_nan: &Value, n: &Node, events: Vec<Value>) -> Value {
 }
 
 /// Signals that are the job's own words (its output), not the kernel's or NVML's.
+/// Words anyone could write (the job's, or a kernel log line written from user space).
 fn job_words(f: &Finding) -> bool {
-    crate::report::rules::is_job_words(f.signal)
+    f.anyones_words()
 }
 
 fn job_identity(n: &Node) -> Value {

@@ -118,6 +118,7 @@ impl RecArgs {
             run_as: None,
             unbuffered: true,
             hang_after_s: self.hang_after,
+            trust_user_written_kmsg: false,
         }
     }
 }
@@ -495,6 +496,9 @@ fn demo(scenario: String, rec: &RecArgs) -> anyhow::Result<i32> {
     opts.injected = (scenario != "numeric").then(|| {
         format!("demo scenario {scenario}: fault injected through real kernel mechanisms")
     });
+    // The demo's staged kernel log lines are its own writes into /dev/kmsg: read as the
+    // kernel's, as a test cluster's are, and the bundle says the fault was injected.
+    opts.trust_user_written_kmsg = opts.injected.is_some();
     say!("nantrace demo: running the built-in training job (scenario {scenario}); it diverges to NaN in a few seconds");
     let job = Job::Spawn(vec![
         me.display().to_string(),

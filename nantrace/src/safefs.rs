@@ -315,6 +315,27 @@ impl Dir {
         r.map(|_| ())
     }
 
+    /// Create `name` with `data` whole or not at all: a fresh temporary file, then a hard link
+    /// to `name`, which fails with EEXIST when `name` is there (on NFS and 9p too, where
+    /// `renameat2`'s RENAME_NOREPLACE is not), so nobody ever sees `name` half written.
+    pub fn create_whole(&self, name: &str, data: &[u8]) -> io::Result<()> {
+        let tmp = format!(".{name}.tmp-{}", random_suffix());
+        self.write_new(&tmp, data)?;
+        let (a, b) = (cstr(tmp.as_bytes())?, cstr(name.as_bytes())?);
+        // SAFETY: valid dirfds and names; flags 0: a link to `tmp` itself, never followed.
+        let r = cvt(unsafe {
+            libc::linkat(
+                self.fd.as_raw_fd(),
+                a.as_ptr(),
+                self.fd.as_raw_fd(),
+                b.as_ptr(),
+                0,
+            )
+        });
+        let _ = self.remove(&tmp);
+        r.map(|_| ())
+    }
+
     pub fn remove(&self, name: &str) -> io::Result<()> {
         let c = cstr(name.as_bytes())?;
         // SAFETY: valid dirfd and name.

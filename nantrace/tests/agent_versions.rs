@@ -150,6 +150,13 @@ fn an_earlier_agent_and_this_one_share_one_incident_per_job() {
             with_bundles.len()
         );
         let inc = with_bundles.into_iter().next().unwrap();
+        // This build's agent dumps the NaN and the job's exit, nothing more: an earlier
+        // agent's incident opened at the same moment is not dumped again (`took`).
+        let ours = bundles.iter().filter(|(_, b)| b.starts_with("vnew")).count();
+        assert!(
+            ours <= 2,
+            "round {round}: this build's agent put {ours} bundles for one NaN and one exit: {bundles:?}"
+        );
         let marker: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(job.join(inc).join("INCIDENT.json"))
                 .unwrap_or_else(|e| panic!("round {round}: {inc} has no marker: {e}")),

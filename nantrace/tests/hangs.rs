@@ -202,7 +202,7 @@ fn a_job_writing_a_checkpoint_is_no_stall_until_its_writes_stop() {
     let (_, se) = text(&o);
     assert_eq!(o.status.code(), Some(0), "{se}");
     assert!(
-        se.contains("of storage I/O in the last") && se.contains("not a stall while the job reads or writes"),
+        se.contains("read or written in the last") && se.contains("not a stall while the job reads or writes"),
         "the deferral is said: {se}"
     );
     let _ = std::fs::remove_file(&ckpt);
@@ -221,7 +221,7 @@ fn a_job_writing_a_checkpoint_is_no_stall_until_its_writes_stop() {
         "dumped {silent_s} s after the last step: during the 6-s checkpoint: {reason}"
     );
     assert!(
-        reason.contains("no storage progress by the job's"),
+        reason.contains("no I/O progress by the job's"),
         "{reason}"
     );
     let _ = std::fs::remove_dir_all(&out);

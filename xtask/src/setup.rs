@@ -185,7 +185,9 @@ pub fn old_agent() -> Result<()> {
         .status()
         .is_ok_and(|s| s.success());
     if !have {
-        bail!("commit {OLD_AGENT_COMMIT} is not in this clone's history (a shallow clone?): the mixed-version agent test builds the agent of that commit; `git fetch --unshallow`");
+        // Said, and left to the test, which fails with the same words in CI.
+        eprintln!("xtask: WARNING: commit {OLD_AGENT_COMMIT} cannot be read from this clone (a shallow clone, a source tarball, or git refusing a clone another user owns): no agent of it at {OLD_AGENT}, the mixed-version test will FAIL; `git fetch --unshallow`, or set NANTRACE_OLD_AGENT");
+        return Ok(());
     }
     let dir = bin.parent().unwrap();
     let src = dir.join("src");
@@ -201,7 +203,8 @@ pub fn old_agent() -> Result<()> {
         .env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("CARGO_TARGET_DIR")
         .env_remove("RUSTC")
-        .env_remove("CARGO"))
+        .env_remove("CARGO")
+        .env_remove("NANTRACE_BPF_OBJ"))
     .with_context(|| format!("building the agent of {OLD_AGENT_COMMIT} for the mixed-version test"))?;
     let tmp = dir.join("nantrace.tmp");
     std::fs::copy(src.join("target/debug/nantrace"), &tmp)?;

@@ -311,6 +311,7 @@ impl Config {
             run_as: None,
             unbuffered: false,
             hang_after_s: self.hang_after_s,
+            trust_user_written_kmsg: self.trust_user_written_kmsg,
         }
     }
 }

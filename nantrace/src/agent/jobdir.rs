@@ -59,7 +59,7 @@ fn seq_of(id: &str) -> Option<u64> {
 fn legacy_time(id: &str) -> Option<i128> {
     let (t, _) = id.split_at_checked(16)?;
     let b = t.as_bytes();
-    (b[8] == b'T' && b[15] == b'Z').then_some(())?;
+    (t.is_ascii() && b[8] == b'T' && b[15] == b'Z').then_some(())?;
     let rfc = format!(
         "{}-{}-{}T{}:{}:{}Z",
         &t[0..4],
@@ -354,8 +354,16 @@ impl Root {
                             // another owner's, is not joined); one still unreadable is joined.
                             Adopt::There => {
                                 self.refresh(job, &id);
-                                self.marker(job, &id)
-                                    .is_none_or(|v| within(&v) && same_owner(&v, owner))
+                                match self.marker(job, &id) {
+                                    Some(v) => within(&v) && same_owner(&v, owner),
+                                    // Seen but not a marker to read (every marker is made
+                                    // whole, so a broken or foreign file): never joined, else
+                                    // every later trigger of the job would join it.
+                                    None if self.path.join(job).join(&id).join(MARKER).symlink_metadata().is_ok() => false,
+                                    // Still hidden by this client's cache: the claim is on
+                                    // the server, and at most a cached lookup old.
+                                    None => true,
+                                }
                             }
                             Adopt::Refused => false,
                         },
@@ -429,7 +437,9 @@ impl Root {
         let Ok(body) = serde_json::to_vec_pretty(marker) else {
             return Adopt::Refused;
         };
-        match dir.write_new(MARKER, &body) {
+        // Whole or not at all: an adopter killed half-way leaves no empty marker that every
+        // later trigger would have to judge.
+        match dir.create_whole(MARKER, &body) {
             Ok(()) => Adopt::Made,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Adopt::There,
             Err(_) => Adopt::Refused,
@@ -444,7 +454,20 @@ impl Root {
     /// move their bundle to the earliest, numbered or not, and this node does the same.
     /// Nothing is ever removed here: another node may be writing into any incident directory.
     pub fn settle(&self, job: &str, id: &str) -> String {
-        let all = self.incidents(job);
+        self.settle_of(job, &Value::Null, id)
+            .unwrap_or_else(|| id.to_string())
+    }
+
+    /// As [`Root::settle`], among the incidents of the job `owner` describes (another
+    /// cluster's job under the same id is never settled on). `None`: `id` is an earlier
+    /// agent's incident that its agent removed and nothing within its window can be seen here
+    /// (a stale listing): the caller opens one rather than recreate it without its marker.
+    pub fn settle_of(&self, job: &str, owner: &Value, id: &str) -> Option<String> {
+        let all: Vec<(String, Value)> = self
+            .incidents(job)
+            .into_iter()
+            .filter(|(_, v)| same_owner(v, owner))
+            .collect();
         // An earlier agent removes an incident of its own that holds only its marker when it
         // settles elsewhere: its name still says when it was opened (to the second), and the
         // earliest within the window of that is where its bundles went. Never recreated here.
@@ -454,7 +477,7 @@ impl Root {
             .and_then(|x| time_of(&x.1))
             .or_else(|| seq_of(id).is_none().then(|| legacy_time(id)).flatten())
         else {
-            return id.to_string();
+            return Some(id.to_string());
         };
         let within: Vec<(i128, &String)> = all
             .iter()
@@ -462,12 +485,13 @@ impl Root {
             .filter(|(t, _)| (at - t).abs() as f64 <= JOIN_WINDOW_S * 1e9)
             .collect();
         if seq_of(id).is_some() && within.iter().all(|(_, other)| seq_of(other).is_some()) {
-            return id.to_string();
+            return Some(id.to_string());
         }
-        within
-            .into_iter()
-            .min()
-            .map_or_else(|| id.to_string(), |(_, first)| first.clone())
+        match within.into_iter().min() {
+            Some((_, first)) => Some(first.clone()),
+            None if all.iter().any(|x| x.0 == id) => Some(id.to_string()),
+            None => None,
+        }
     }
 
     /// A copy of the bundle at `bundle` into `<job>/<incident>/<host>/` (another name when

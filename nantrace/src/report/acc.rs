@@ -1,7 +1,7 @@
 //! The suspects as the detectors add them: one finding per signal and key, its lines
 //! counted, and who saw them (`witness`: the kernel log's lines for a drain's check, or a
 //! witness no user writes).
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
@@ -10,6 +10,28 @@ use super::Finding;
 
 pub(super) struct Acc {
     pub(super) out: BTreeMap<String, Finding>,
+    /// Kernel log lines the dump found written from user space: (time, text) -> who.
+    pub(super) user_written: HashMap<(u64, String), String>,
+}
+
+/// The lines `accounting.kernel_writers` lists as not the kernel's (bounded: 64 at most are
+/// checked at a dump; a hostile bundle's longer list is cut).
+pub(super) fn user_written(w: &Value) -> HashMap<(u64, String), String> {
+    w["not_the_kernels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .take(256)
+        .filter_map(|x| {
+            Some((
+                (x["mono_ns"].as_u64()?, x["text"].as_str()?.to_string()),
+                crate::term::clean(x["writer"].as_str().unwrap_or("written from user space"))
+                    .chars()
+                    .take(120)
+                    .collect(),
+            ))
+        })
+        .collect()
 }
 
 impl Acc {
@@ -48,6 +70,8 @@ impl Acc {
                         consequence: false,
                         kernel_lines: Vec::new(),
                         unforgeable: false,
+                        written_from_user_space: None,
+                        lines_not_user_written: 0,
                     },
                 );
             }
@@ -70,6 +94,13 @@ impl Acc {
         let printk = matches!(e["source"].as_str(), Some("kmsg" | "xid" | "aer"));
         match e["text"].as_str() {
             Some(t) if printk => {
+                let at = e["mono_ns"].as_u64().unwrap_or(0);
+                match self.user_written.get(&(at, t.to_string())) {
+                    Some(w) => {
+                        f.written_from_user_space.get_or_insert_with(|| w.clone());
+                    }
+                    None => f.lines_not_user_written += 1,
+                }
                 let l = crate::klog::Line::new(
                     t,
                     e["mono_ns"].as_u64().unwrap_or(0),

@@ -10,7 +10,7 @@ use super::*;
 /// fault once however many jobs' bundles hold it (`implicated_faults`, D-5).
 pub(super) fn implicates_a_gpu(f: &Finding) -> bool {
     f.family == Family::Gpu
-        && !rules::is_job_words(f.signal)
+        && !f.anyones_words()
         && !matches!(
             f.signal,
             "xid_app_possible" | "gpu_power_cap" | "ecc_corrected"

@@ -58,12 +58,32 @@ pub struct Finding {
     /// printk text), nantrace's own check.
     #[serde(skip)]
     pub unforgeable: bool,
+    /// Its kernel log lines the dump checked in `/dev/kmsg` and found written from user
+    /// space, not by the kernel (`accounting.kernel_writers`), with who wrote the first; and
+    /// how many of its kernel log lines were not found so (the kernel's, or not checked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub written_from_user_space: Option<String>,
+    #[serde(skip)]
+    pub lines_not_user_written: usize,
 }
 
 impl Finding {
     /// Machine evidence that can set the verdict (a consequence cannot).
     pub fn blames_machine(&self) -> bool {
         self.family.is_machine() && !self.consequence
+    }
+
+    /// Evidence that rests only on kernel log lines written from user space (`/dev/kmsg`
+    /// said so at the dump): text any process of root's, or a relay such as journald's
+    /// `ForwardToKMsg`, could write (redteam4 D-14, for the verdict as for a drain).
+    pub fn user_written_only(&self) -> bool {
+        !self.unforgeable && self.written_from_user_space.is_some() && self.lines_not_user_written == 0
+    }
+
+    /// Words anyone could write: the job's own (a driver's line printed by the job), or a
+    /// kernel log line written from user space. At most POSSIBLY, never a drain.
+    pub fn anyones_words(&self) -> bool {
+        rules::is_job_words(self.signal) || self.user_written_only()
     }
 }
 
@@ -210,6 +230,7 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     let ctx = Ctx::of(timeline, snapshot, nan_off.unwrap_or(0.0));
     let mut acc = Acc {
         out: BTreeMap::new(),
+        user_written: acc::user_written(&timeline["accounting"]["kernel_writers"]),
     };
     detect::all(&ctx, &mut acc);
     remap_state(&ctx, snapshot, &mut acc);
@@ -226,6 +247,11 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         .map(|(r, _)| *r)
         .collect();
     let mut suspects: Vec<Finding> = acc.out.into_values().collect();
+    for f in suspects.iter_mut().filter(|f| f.user_written_only()) {
+        if let Some(w) = &f.written_from_user_space {
+            f.text = format!("{} (its kernel log line was {w})", f.text);
+        }
+    }
     let mut context = Vec::new();
     suspects.retain(|s| {
         let ran_on = steps.iter().filter(|t| **t > s.rel_s + 5.0 && **t <= 0.2).count();
@@ -464,7 +490,7 @@ fn gpucheck_suspects(snapshot: &Value, suspects: &mut Vec<Finding>) {
             .filter(|f| !f.contains("did not complete") && !f.contains(" not checked: "))
         {
             let score = f64::from(sig.severity) * 1.25;
-            suspects.push(Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: 0.0, first_rel_s: 0.0, text: format!("nantrace gpucheck after the incident: {f}"), touches_job: true, count: 1, score, action: Some("take the GPU out of service and run the vendor's diagnostics (dcgmi diag -r 3)"), consequence: false, kernel_lines: Vec::new(), unforgeable: true });
+            suspects.push(Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: 0.0, first_rel_s: 0.0, text: format!("nantrace gpucheck after the incident: {f}"), touches_job: true, count: 1, score, action: Some("take the GPU out of service and run the vendor's diagnostics (dcgmi diag -r 3)"), consequence: false, kernel_lines: Vec::new(), unforgeable: true, written_from_user_space: None, lines_not_user_written: 0 });
         }
     }
 }

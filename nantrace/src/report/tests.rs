@@ -7,6 +7,8 @@ pub(super) struct Scenario {
     events: Vec<Value>,
     pub(super) snapshot: Value,
     pub(super) probes: Value,
+    /// `accounting.kernel_writers`, as a dump that checked `/dev/kmsg` writes it.
+    pub(super) writers: Value,
 }
 
 pub(super) const ROOT: u64 = 4242;
@@ -32,6 +34,7 @@ impl Scenario {
             events,
             snapshot,
             probes: json!(["printk:console"]),
+            writers: Value::Null,
         }
     }
 
@@ -59,7 +62,7 @@ impl Scenario {
             "trigger": { "kind": "nan", "time": "2026-11-30T10:00:00Z" },
             "job": { "root_pid": ROOT },
             "window": { "pre_s": pre_s },
-            "accounting": { "probes_attached": self.probes, "events": {} },
+            "accounting": { "probes_attached": self.probes, "events": {}, "kernel_writers": self.writers },
             "events": evs,
         });
         analyze(&t, &self.snapshot)

@@ -1,6 +1,6 @@
 //! The report against untrusted input (the third adversarial test): what the job prints and
 //! what other users' sockets do is never machine evidence by itself.
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::tests::{job_line, kmsg, Scenario, ROOT};
 
@@ -96,6 +96,38 @@ fn the_jobs_words_alone_are_at_most_possibly_and_say_so() {
         "{}",
         kernel.verdict
     );
+}
+
+/// redteam4 D-14, for the verdict: an Xid line that `/dev/kmsg` recorded as written from user
+/// space (root's `echo > /dev/kmsg`, journald's `ForwardToKMsg` relaying a user's text) is
+/// words anyone could write: POSSIBLY, the writer said, the family marked as such (so no
+/// drain, no history), never PROBABLY. The same line the kernel wrote (not listed) stays
+/// PROBABLY; a dump that could not check (no list) reads as before.
+#[test]
+fn a_kernel_log_line_written_from_user_space_is_at_most_possibly() {
+    let line = format!("NVRM: Xid (PCI:0000:3b:00): 79, pid={ROOT}, name=python3, GPU has fallen off the bus.");
+    let mut e = kmsg(-2.5, &line);
+    e["mono_ns"] = json!(1_000_000_123u64);
+    let mut s = Scenario::healthy().with(e);
+    s.writers = json!({ "checked": 1, "not_the_kernels": [
+        { "mono_ns": 1_000_000_123u64, "text": line, "writer": "written into /dev/kmsg from user space (facility 1), not by the kernel" }
+    ] });
+    let a = s.analyze();
+    assert!(
+        a.verdict.starts_with("POSSIBLY THE MACHINE (GPU), on a kernel log line not the kernel's only: ")
+            && a.verdict.contains("written into /dev/kmsg from user space (facility 1)"),
+        "{}",
+        a.verdict
+    );
+    assert_eq!(a.family, format!("GPU{}", super::rules::JOB_WORDS_SUFFIX));
+    assert!(super::implicated_gpus(&a, &s.snapshot).is_empty(), "the history never counts it");
+    // Listed at another time than the line's: not this line; the kernel's own, PROBABLY.
+    s.writers["not_the_kernels"][0]["mono_ns"] = json!(7u64);
+    let b = s.analyze();
+    assert!(b.verdict.starts_with("PROBABLY THE MACHINE (GPU): "), "{}", b.verdict);
+    // Not checked: as before.
+    s.writers = Value::Null;
+    assert!(s.analyze().verdict.starts_with("PROBABLY THE MACHINE (GPU): "));
 }
 
 /// D-14 of the third adversarial test: a bundle (anyone's, read by root's `report`) whose

@@ -251,11 +251,11 @@ fn machine(suspects: &[Finding], timeline: &Value, snapshot: &Value) -> Option<(
     // POSSIBLY, and the family says so. A thread's state the job can cause (its own FUSE
     // daemon holding it in D state) does not lift the job's words above them (review of
     // 12-02).
-    if rules::is_job_words(top.signal)
+    if top.anyones_words()
         && suspects
             .iter()
             .filter(|s| s.blames_machine())
-            .all(|s| rules::is_job_words(s.signal) || rules::user_controllable(s.signal))
+            .all(|s| s.anyones_words() || rules::user_controllable(s.signal))
     {
         return Some(job_words_only(top, ambiguous, &job_sw, timeline, snapshot));
     }
@@ -306,6 +306,18 @@ fn job_words_only(
     } else {
         ""
     };
+    if top.user_written_only() {
+        // A kernel log line, but not the kernel's: /dev/kmsg recorded its writer (the
+        // finding's text says who).
+        return (
+            format!(
+                "POSSIBLY THE MACHINE ({}{or_code}), on a kernel log line not the kernel's only: {}; no record the kernel, NVML or a tracepoint wrote shows it{job_sw}",
+                top.family.label(),
+                top.text
+            ),
+            format!("{}{}", top.family.label(), rules::JOB_WORDS_SUFFIX),
+        );
+    }
     (
         format!(
             "POSSIBLY THE MACHINE ({}{or_code}), in the job's own words only: {}{against}{job_sw}",

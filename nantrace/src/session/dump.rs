@@ -28,6 +28,8 @@ pub(super) struct OwnedDump {
     /// The snapshot taken at the first trigger (awaited on the dump's thread, not the loop's).
     pub(super) snapshot: Option<tokio::task::JoinHandle<serde_json::Value>>,
     pub(super) make_room: Option<super::RoomHook>,
+    /// Check who wrote the window's kernel log lines (`writers`).
+    pub(super) check_writers: bool,
 }
 
 /// What a dump says when it is done, and the bundle it wrote.
@@ -82,12 +84,20 @@ impl OwnedDump {
             order.extend(self.shared.iter());
             order.sort_by_key(|e| e.mono_ns);
         }
+        let mut accounting = self.accounting.clone();
+        if self.check_writers {
+            if let Some(w) = super::writers::check(&order) {
+                accounting["kernel_writers"] = w;
+            }
+        } else {
+            accounting["kernel_writers"] = json!({ "not_checked": "lines root's processes wrote into /dev/kmsg count as the kernel's here (the agent's trust_user_written_kmsg, or a demo's staged fault)" });
+        }
         let inc = Incident {
             host: &self.host,
             clock: &self.clock,
             triggers: &self.triggers,
             job: &self.job,
-            accounting: self.accounting.clone(),
+            accounting,
             events: &order,
             window_pre_s: self.window_pre_s,
             post_s: self.post_s,

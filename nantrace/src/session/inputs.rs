@@ -153,9 +153,11 @@ impl Session {
     }
 
     /// The stall trigger: training progress (step or loss lines) seen, then none for
-    /// `hang_after_s` while the job runs, and no storage progress by the job's processes in
-    /// the second half of that silence (a checkpoint being written is not a hang: the
-    /// trigger waits until the writes stop, said once); once per stall.
+    /// `hang_after_s` while the job runs, and no I/O progress by the job's processes in the
+    /// second half of that silence (a checkpoint being written is not a hang: the trigger
+    /// waits until the writes stop, said once); once per stall. The job's counters are read
+    /// on a thread of their own (`progress::ask`): a /proc read that does not answer within
+    /// 5 s fires the stall without them, said.
     pub(super) fn check_stall(&mut self, now: u64) {
         let after = (self.opts.hang_after_s * 1e9) as u64;
         if after == 0 || self.stalled || self.job_done || !self.incident.is_empty() {
@@ -167,6 +169,7 @@ impl Session {
         let silence = now.saturating_sub(last);
         if silence < after / 2 {
             self.stall_probe = None;
+            self.stall_pending = None;
             return;
         }
         let Some(root) = self.info.root_pid else {
@@ -175,15 +178,39 @@ impl Session {
             }
             return;
         };
-        let Some(first) = self.stall_probe else {
-            self.stall_probe = Some(progress::sample(root, now));
-            return;
-        };
-        if silence < after || now.saturating_sub(first.at) < after / 2 {
+        if let Some(p) = &self.stall_pending {
+            match p.rx.try_recv() {
+                Ok(s) => {
+                    self.stall_pending = None;
+                    self.on_progress_sample(now, silence, s);
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty)
+                    if now.saturating_sub(p.asked) < progress::SAMPLE_DEADLINE_NS => {}
+                Err(_) => {
+                    self.stall_pending = None;
+                    if silence >= after {
+                        self.fire_stall(now, silence, Some("the job's /proc counters did not answer within 5 s (a process stuck in the kernel)"));
+                    }
+                }
+            }
             return;
         }
-        let cur = progress::sample(root, now);
-        let reading = progress::read(&first, &cur, progress::ticks_per_s());
+        let due = self
+            .stall_probe
+            .as_ref()
+            .is_none_or(|first| silence >= after && now.saturating_sub(first.at) >= after / 2);
+        if due {
+            self.stall_pending = Some(progress::ask(root, now));
+        }
+    }
+
+    /// A sample of the job's counters: the first of a silence, or the one it is judged by.
+    fn on_progress_sample(&mut self, now: u64, silence: u64, s: progress::Sample) {
+        let Some(first) = self.stall_probe.take() else {
+            self.stall_probe = Some(s);
+            return;
+        };
+        let reading = progress::read(&first, &s, progress::ticks_per_s());
         if let progress::Reading::Busy { .. } = reading {
             if !self.stall_busy_said {
                 self.stall_busy_said = true;
@@ -194,15 +221,15 @@ impl Session {
                     self.opts.hang_after_s
                 ));
             }
-            self.stall_probe = Some(cur);
+            self.stall_probe = Some(s);
             return;
         }
-        self.fire_stall(now, silence, Some(&reading));
+        self.fire_stall(now, silence, Some(&reading.clause()));
     }
 
-    fn fire_stall(&mut self, now: u64, silence: u64, reading: Option<&progress::Reading>) {
+    fn fire_stall(&mut self, now: u64, silence: u64, io: Option<&str>) {
         self.stalled = true;
-        let io = reading.map_or(String::new(), |r| format!(", {}", r.clause()));
+        let io = io.map_or(String::new(), |c| format!(", {c}"));
         self.fire(Fired {
             kind: TriggerKind::Stall,
             mono_ns: now,

@@ -19,6 +19,7 @@ mod logs;
 mod pipes;
 mod progress;
 mod run;
+mod writers;
 use dump::{DumpDone, OwnedDump};
 pub use follow::{follow_file, LogFormat};
 pub use kernel::Kernel;
@@ -54,6 +55,10 @@ pub struct SessionOpts {
     /// The stall trigger: no step or loss line for this long (seconds) after one was seen,
     /// while the job runs. 0: off.
     pub hang_after_s: f64,
+    /// Kernel log lines root's processes wrote into `/dev/kmsg` count as the kernel's (the
+    /// agent's `trust_user_written_kmsg`, a test cluster injecting faults); else each dump
+    /// checks who wrote its kernel log lines (`writers`).
+    pub trust_user_written_kmsg: bool,
 }
 
 impl Default for SessionOpts {
@@ -74,6 +79,7 @@ impl Default for SessionOpts {
             run_as: None,
             unbuffered: true,
             hang_after_s: 0.0,
+            trust_user_written_kmsg: false,
         }
     }
 }
@@ -181,6 +187,7 @@ pub struct Session {
     /// The job's I/O and CPU counters at half the stall's silence (see `progress`), and
     /// whether "still reading or writing" was said for this silence.
     stall_probe: Option<progress::Sample>,
+    stall_pending: Option<progress::Pending>,
     stall_busy_said: bool,
     job_done: bool,
     finish: bool,
@@ -240,6 +247,7 @@ impl Session {
             last_progress: None,
             stalled: false,
             stall_probe: None,
+            stall_pending: None,
             stall_busy_said: false,
             job_done: false,
             finish: false,
@@ -415,6 +423,7 @@ impl Session {
             post_s: self.post_used_s,
             snapshot: self.snapshot_task.take(),
             make_room: self.make_room.clone(),
+            check_writers: !self.opts.trust_user_written_kmsg,
         };
         self.dump_task = Some(tokio::task::spawn_blocking(move || d.write()));
         self.deadline = None;

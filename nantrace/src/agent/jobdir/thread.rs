@@ -223,7 +223,27 @@ fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report:
                 },
             };
             w.seen.insert(id.clone());
-            let id = root.settle(&w.job, &id);
+            let id = match root.settle_of(&w.job, &w.owner, &id) {
+                Some(id) => id,
+                // An earlier agent's incident, removed by its agent, and none within its
+                // window seen here: a new one, not that one recreated without its marker.
+                None => match root.open_incident_of(
+                    &w.job,
+                    &w.owner,
+                    host,
+                    "dump",
+                    "a bundle whose incident was removed by an earlier agent",
+                    crate::clock::realtime_ns(),
+                ) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        return report(
+                            &key,
+                            &format!("WARNING: job directory: bundle not shared: {e}"),
+                        )
+                    }
+                },
+            };
             w.seen.insert(id.clone());
             let t = root.time_of_incident(&w.job, &id);
             w.took(t);
