@@ -333,7 +333,20 @@ impl Dir {
             )
         });
         let _ = self.remove(&tmp);
-        r.map(|_| ())
+        match r {
+            Ok(_) => Ok(()),
+            // A filesystem without hard links (CIFS, object-store FUSE mounts): O_EXCL, then
+            // the write (a writer killed between the two leaves an empty file).
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EPERM | libc::ENOTSUP | libc::ENOSYS | libc::EMLINK)
+                ) =>
+            {
+                self.write_new(name, data)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     pub fn remove(&self, name: &str) -> io::Result<()> {

@@ -12,26 +12,45 @@ pub(super) struct Acc {
     pub(super) out: BTreeMap<String, Finding>,
     /// Kernel log lines the dump found written from user space: (time, text) -> who.
     pub(super) user_written: HashMap<(u64, String), String>,
+    /// Kernel log lines the dump found written by the kernel.
+    pub(super) kernels: HashMap<(u64, String), String>,
 }
 
-/// The lines `accounting.kernel_writers` lists as not the kernel's (bounded: 64 at most are
-/// checked at a dump; a hostile bundle's longer list is cut).
-pub(super) fn user_written(w: &Value) -> HashMap<(u64, String), String> {
-    w["not_the_kernels"]
-        .as_array()
+/// A list of `accounting.kernel_writers` (bounded: 64 lines at most are checked at a dump; a
+/// hostile bundle's longer list is cut): (time, text) -> who wrote it, said.
+pub(super) fn listed(list: &Value, user: bool) -> HashMap<(u64, String), String> {
+    list.as_array()
         .into_iter()
         .flatten()
         .take(256)
         .filter_map(|x| {
-            Some((
-                (x["mono_ns"].as_u64()?, x["text"].as_str()?.to_string()),
+            let who = if user {
                 crate::term::clean(x["writer"].as_str().unwrap_or("written from user space"))
                     .chars()
                     .take(120)
-                    .collect(),
-            ))
+                    .collect()
+            } else {
+                String::new()
+            };
+            Some(((x["mono_ns"].as_u64()?, x["text"].as_str()?.to_string()), who))
         })
         .collect()
+}
+
+/// What the report says of a finding none of whose kernel log lines the dump found the
+/// kernel's: one written from user space (its writer), or, where the dump could not check
+/// every line (`truncated`: more than it reads, or /dev/kmsg unreadable), one unchecked.
+/// `None`: evidence as before (a line the kernel's, a witness no user writes, or nothing
+/// checked at all: a bundle of an agent before the check).
+pub(super) fn not_the_kernels(f: &Finding, truncated: bool) -> Option<String> {
+    if f.unforgeable || f.lines_kernel > 0 {
+        return None;
+    }
+    f.written_from_user_space.clone().or_else(|| {
+        (truncated && f.lines_unknown > 0).then(|| {
+            "not checked: the dump could not check every kernel log line of its window in /dev/kmsg, and none of this finding's was found the kernel's".to_string()
+        })
+    })
 }
 
 impl Acc {
@@ -71,7 +90,9 @@ impl Acc {
                         kernel_lines: Vec::new(),
                         unforgeable: false,
                         written_from_user_space: None,
-                        lines_not_user_written: 0,
+                        lines_kernel: 0,
+                        lines_unknown: 0,
+                        not_the_kernels: None,
                     },
                 );
             }
@@ -95,11 +116,13 @@ impl Acc {
         match e["text"].as_str() {
             Some(t) if printk => {
                 let at = e["mono_ns"].as_u64().unwrap_or(0);
-                match self.user_written.get(&(at, t.to_string())) {
-                    Some(w) => {
-                        f.written_from_user_space.get_or_insert_with(|| w.clone());
-                    }
-                    None => f.lines_not_user_written += 1,
+                let key = (at, t.to_string());
+                if let Some(w) = self.user_written.get(&key) {
+                    f.written_from_user_space.get_or_insert_with(|| w.clone());
+                } else if self.kernels.contains_key(&key) {
+                    f.lines_kernel += 1;
+                } else {
+                    f.lines_unknown += 1;
                 }
                 let l = crate::klog::Line::new(
                     t,

@@ -58,13 +58,19 @@ pub struct Finding {
     /// printk text), nantrace's own check.
     #[serde(skip)]
     pub unforgeable: bool,
-    /// Its kernel log lines the dump checked in `/dev/kmsg` and found written from user
-    /// space, not by the kernel (`accounting.kernel_writers`), with who wrote the first; and
-    /// how many of its kernel log lines were not found so (the kernel's, or not checked).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Who wrote its kernel log lines, as the dump checked them in `/dev/kmsg`
+    /// (`accounting.kernel_writers`): the first line found written from user space (said),
+    /// and how many were the kernel's and how many were not checked or not found.
+    #[serde(skip)]
     pub written_from_user_space: Option<String>,
     #[serde(skip)]
-    pub lines_not_user_written: usize,
+    pub lines_kernel: usize,
+    #[serde(skip)]
+    pub lines_unknown: usize,
+    /// Set by the analysis: no line the kernel's, and one written from user space (or left
+    /// unchecked by a dump that could not check them all): what the report says of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_the_kernels: Option<String>,
 }
 
 impl Finding {
@@ -77,7 +83,7 @@ impl Finding {
     /// said so at the dump): text any process of root's, or a relay such as journald's
     /// `ForwardToKMsg`, could write (redteam4 D-14, for the verdict as for a drain).
     pub fn user_written_only(&self) -> bool {
-        !self.unforgeable && self.written_from_user_space.is_some() && self.lines_not_user_written == 0
+        self.not_the_kernels.is_some()
     }
 
     /// Words anyone could write: the job's own (a driver's line printed by the job), or a
@@ -228,10 +234,16 @@ pub fn from_bytes(
 pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
     let nan_off = f(&timeline["first_nan"]["offset_s"]);
     let ctx = Ctx::of(timeline, snapshot, nan_off.unwrap_or(0.0));
+    let writers = &timeline["accounting"]["kernel_writers"];
     let mut acc = Acc {
         out: BTreeMap::new(),
-        user_written: acc::user_written(&timeline["accounting"]["kernel_writers"]),
+        user_written: acc::listed(&writers["not_the_kernels"], true),
+        kernels: acc::listed(&writers["the_kernels"], false),
     };
+    // Lines the dump left unchecked (more than it reads): a finding with one of them and none
+    // the kernel's is unverified. An unreadable /dev/kmsg (`error`) leaves findings as before:
+    // the drain and the history still fail closed on it.
+    let truncated = writers["not_checked"].as_u64().is_some_and(|n| n > 0);
     detect::all(&ctx, &mut acc);
     remap_state(&ctx, snapshot, &mut acc);
     let first = &timeline["first_nan"];
@@ -247,8 +259,9 @@ pub fn analyze(timeline: &Value, snapshot: &Value) -> Analysis {
         .map(|(r, _)| *r)
         .collect();
     let mut suspects: Vec<Finding> = acc.out.into_values().collect();
-    for f in suspects.iter_mut().filter(|f| f.user_written_only()) {
-        if let Some(w) = &f.written_from_user_space {
+    for f in suspects.iter_mut() {
+        f.not_the_kernels = acc::not_the_kernels(f, truncated);
+        if let Some(w) = &f.not_the_kernels {
             f.text = format!("{} (its kernel log line was {w})", f.text);
         }
     }
@@ -490,7 +503,7 @@ fn gpucheck_suspects(snapshot: &Value, suspects: &mut Vec<Finding>) {
             .filter(|f| !f.contains("did not complete") && !f.contains(" not checked: "))
         {
             let score = f64::from(sig.severity) * 1.25;
-            suspects.push(Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: 0.0, first_rel_s: 0.0, text: format!("nantrace gpucheck after the incident: {f}"), touches_job: true, count: 1, score, action: Some("take the GPU out of service and run the vendor's diagnostics (dcgmi diag -r 3)"), consequence: false, kernel_lines: Vec::new(), unforgeable: true, written_from_user_space: None, lines_not_user_written: 0 });
+            suspects.push(Finding { signal: sig.id, family: sig.family, severity: sig.severity, rel_s: 0.0, first_rel_s: 0.0, text: format!("nantrace gpucheck after the incident: {f}"), touches_job: true, count: 1, score, action: Some("take the GPU out of service and run the vendor's diagnostics (dcgmi diag -r 3)"), consequence: false, kernel_lines: Vec::new(), unforgeable: true, written_from_user_space: None, lines_kernel: 0, lines_unknown: 0, not_the_kernels: None });
         }
     }
 }

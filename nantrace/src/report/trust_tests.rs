@@ -130,6 +130,55 @@ fn a_kernel_log_line_written_from_user_space_is_at_most_possibly() {
     assert!(s.analyze().verdict.starts_with("PROBABLY THE MACHINE (GPU): "));
 }
 
+/// The second review of 2026-12-04: every kernel-log detector reads who wrote its lines (a
+/// forged hung task was PROBABLY (kernel)); a forged line never speaks for the machine over
+/// real evidence beside it (a forged Xid and a real OOM kill of the user's own process: the
+/// verdict was PROBABLY (GPU)); a dump that could not check every line leaves a finding with
+/// an unchecked line and none the kernel's unverified.
+#[test]
+fn forged_lines_of_every_detector_and_beside_real_evidence_are_not_the_kernels() {
+    let user = "written into /dev/kmsg from user space (facility 1), not by the kernel";
+    let forged = |t: f64, ns: u64, text: &str| {
+        let mut e = kmsg(t, text);
+        e["mono_ns"] = json!(ns);
+        (e, json!({ "mono_ns": ns, "text": text, "writer": user }))
+    };
+    let (hung, w) = forged(-3.0, 11, "INFO: task python3:4242 blocked for more than 120 seconds.");
+    let mut s = Scenario::healthy().with(hung);
+    s.writers = json!({ "checked": 1, "not_the_kernels": [w] });
+    let a = s.analyze();
+    assert!(!a.verdict.starts_with("PROBABLY"), "{}", a.verdict);
+    assert!(a.verdict.contains(user), "{}", a.verdict);
+    // A forged Xid beside a real OOM kill (the tracepoint's record) of another process.
+    let (xid, w) = forged(-2.0, 12, &format!("NVRM: Xid (PCI:0000:3b:00): 79, pid={ROOT}, name=python3, GPU has fallen off the bus."));
+    let mut s = Scenario::healthy()
+        .with(xid)
+        .with(json!({ "offset_s": -1.0, "source": "oom", "victim_pid": 777, "victim_comm": "hog", "victim_job": false, "anon_rss_kb": 1_048_576, "pid": 777 }));
+    s.writers = json!({ "checked": 1, "not_the_kernels": [w] });
+    let a = s.analyze();
+    assert!(
+        !a.verdict.contains("THE MACHINE (GPU)"),
+        "the forged Xid spoke for the machine: {}",
+        a.verdict
+    );
+    // More lines than a dump checks: the Xid unchecked, none of its lines the kernel's.
+    let line = format!("NVRM: Xid (PCI:0000:3b:00): 79, pid={ROOT}, name=python3, GPU has fallen off the bus.");
+    let mut e = kmsg(-2.0, &line);
+    e["mono_ns"] = json!(13u64);
+    let mut s = Scenario::healthy().with(e);
+    s.writers = json!({ "checked": 64, "not_checked": 40, "the_kernels": [], "not_the_kernels": [] });
+    let a = s.analyze();
+    assert!(
+        a.verdict.starts_with("POSSIBLY THE MACHINE (GPU), on a kernel log line not the kernel's only")
+            && a.verdict.contains("not checked: the dump could not check every kernel log line"),
+        "{}",
+        a.verdict
+    );
+    // The same with the line found the kernel's: PROBABLY.
+    s.writers["the_kernels"] = json!([{ "mono_ns": 13u64, "text": line }]);
+    assert!(s.analyze().verdict.starts_with("PROBABLY THE MACHINE (GPU): "));
+}
+
 /// D-14 of the third adversarial test: a bundle (anyone's, read by root's `report`) whose
 /// window says 1e300 seconds is not printed as a 300-digit number of minutes; a real window is.
 #[test]

@@ -238,7 +238,10 @@ fn software_explains_the_gpu(suspects: &[Finding]) -> Option<(String, String)> {
 /// The machine's evidence: PROBABLY on a strong signal, POSSIBLY on a weak or ambiguous one
 /// or on the job's words alone.
 fn machine(suspects: &[Finding], timeline: &Value, snapshot: &Value) -> Option<(String, String)> {
-    let top = first(suspects, Finding::blames_machine)?;
+    // A kernel log line not the kernel's never speaks for the machine over evidence that is
+    // (a forged Xid beside a real OOM kill of the user's own process: the OOM kill).
+    let top = first(suspects, |s| s.blames_machine() && !s.user_written_only())
+        .or_else(|| first(suspects, Finding::blames_machine))?;
     let job_sw = first(suspects, |s| {
         matches!(s.family, Family::Software | Family::GpuMemoryLimit)
     })

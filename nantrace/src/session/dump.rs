@@ -138,7 +138,12 @@ impl OwnedDump {
                 result.verdict = Some(w.analysis.verdict.clone());
                 result.family = Some(w.analysis.family.clone());
                 // The top suspect that is not a consequence of another (report::order).
-                let top = w.analysis.suspects.iter().find(|f| !f.consequence);
+                let top = w
+                    .analysis
+                    .suspects
+                    .iter()
+                    .find(|f| !f.consequence && !f.user_written_only())
+                    .or_else(|| w.analysis.suspects.iter().find(|f| !f.consequence));
                 result.top_suspect = top.map(|f| f.text.clone());
                 result.top_signal = top.map(|f| f.signal);
                 result.top_action = top.and_then(|f| f.action);

@@ -169,7 +169,15 @@ impl Session {
         let silence = now.saturating_sub(last);
         if silence < after / 2 {
             self.stall_probe = None;
-            self.stall_pending = None;
+            // A sample still being taken is kept (its thread may be stuck in /proc): no second
+            // thread is started while one has not answered.
+            if self
+                .stall_pending
+                .as_ref()
+                .is_some_and(|p| !matches!(p.rx.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty)))
+            {
+                self.stall_pending = None;
+            }
             return;
         }
         let Some(root) = self.info.root_pid else {
@@ -184,12 +192,20 @@ impl Session {
                     self.stall_pending = None;
                     self.on_progress_sample(now, silence, s);
                 }
-                Err(std::sync::mpsc::TryRecvError::Empty)
-                    if now.saturating_sub(p.asked) < progress::SAMPLE_DEADLINE_NS => {}
-                Err(_) => {
+                // Not answered past its deadline: the stall is judged without it, and the
+                // thread is left to answer (or not): never a second one beside it.
+                Err(std::sync::mpsc::TryRecvError::Empty) => {
+                    if silence >= after
+                        && now.saturating_sub(p.asked) >= progress::SAMPLE_DEADLINE_NS
+                    {
+                        self.fire_stall(now, silence, Some("the job's /proc counters did not answer within 5 s (a process stuck in the kernel)"));
+                    }
+                }
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    // No thread could be started (or it died): judged without the counters.
                     self.stall_pending = None;
                     if silence >= after {
-                        self.fire_stall(now, silence, Some("the job's /proc counters did not answer within 5 s (a process stuck in the kernel)"));
+                        self.fire_stall(now, silence, Some("the job's /proc counters could not be read (no thread for them)"));
                     }
                 }
             }

@@ -53,7 +53,12 @@ pub fn sample(root: u32, at: u64) -> Sample {
                 c.storage = io.read_bytes.saturating_add(io.write_bytes);
                 c.calls = io.rchar.saturating_add(io.wchar);
             }
-            Err(_) => s.unread += 1,
+            // Left out (not counted as zero: read next time, its lifetime's bytes would look
+            // like progress).
+            Err(_) => {
+                s.unread += 1;
+                continue;
+            }
         }
         if let Ok(st) = p.stat() {
             c.cpu = st.utime.saturating_add(st.stime);

@@ -80,6 +80,7 @@ fn kernel_lines(ctx: &Ctx<'_>, acc: &mut Acc, nvml_xids: &[(f64, &Value)]) {
                 acc.add(signal("sxid"), &sx.to_string(), *rel, false, || {
                     format!("NVSwitch SXid {sx} on {}", e["pci"].as_str().unwrap_or("?"))
                 });
+                acc.witness(signal("sxid"), &sx.to_string(), e);
             }
             "segfault" => {
                 // Only a crash of a job process inside the GPU libraries is worth a line; the

@@ -30,6 +30,7 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
                 if job { " (job)" } else { "" }
             )
         });
+        acc.witness(sig, &v.to_string(), e);
     }
     for (rel, e) in ctx.src(Source::Oom) {
         let v = e["victim_pid"].as_u64().unwrap_or(0);

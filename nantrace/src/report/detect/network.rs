@@ -8,26 +8,24 @@ use crate::source::Source;
 pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
     for (rel, e) in &kernel_events(ctx) {
         match e["class"].as_str().unwrap_or("") {
-            "link_down" => acc.add(
-                signal("ib_link_down"),
-                e["iface"].as_str().unwrap_or(""),
-                *rel,
-                false,
-                || format!("link down on {}", e["iface"].as_str().unwrap_or("?")),
-            ),
-            "nic_error" => acc.add(
-                signal("nic_error"),
-                e["device"].as_str().unwrap_or(""),
-                *rel,
-                false,
-                || {
+            "link_down" => {
+                let key = e["iface"].as_str().unwrap_or("");
+                acc.add(signal("ib_link_down"), key, *rel, false, || {
+                    format!("link down on {}", e["iface"].as_str().unwrap_or("?"))
+                });
+                acc.witness(signal("ib_link_down"), key, e);
+            }
+            "nic_error" => {
+                let key = e["device"].as_str().unwrap_or("");
+                acc.add(signal("nic_error"), key, *rel, false, || {
                     format!(
                         "NIC error on {}: {}",
                         e["device"].as_str().unwrap_or("?"),
                         e["message"].as_str().unwrap_or("")
                     )
-                },
-            ),
+                });
+                acc.witness(signal("nic_error"), key, e);
+            }
             _ => {}
         }
     }

@@ -20,30 +20,31 @@ pub(super) fn detect(ctx: &Ctx<'_>, acc: &mut Acc) {
 fn errors(ctx: &Ctx<'_>, acc: &mut Acc) {
     for (rel, e) in &kernel_events(ctx) {
         match e["class"].as_str().unwrap_or("") {
-            "net_fs_down" => acc.add(
-                signal("netfs_down"),
-                e["server"].as_str().unwrap_or(""),
-                *rel,
-                false,
-                || {
+            "net_fs_down" => {
+                let key = e["server"].as_str().unwrap_or("");
+                acc.add(signal("netfs_down"), key, *rel, false, || {
                     format!(
                         "{} server {} not responding",
                         e["fs"].as_str().unwrap_or("?"),
                         e["server"].as_str().unwrap_or("?")
                     )
-                },
-            ),
-            "stale_handle" => acc.add(signal("stale_handle"), "stale", *rel, false, || {
-                format!(
-                    "stale file handle: {}",
-                    e["message"]
-                        .as_str()
-                        .unwrap_or("")
-                        .chars()
-                        .take(100)
-                        .collect::<String>()
-                )
-            }),
+                });
+                acc.witness(signal("netfs_down"), key, e);
+            }
+            "stale_handle" => {
+                acc.add(signal("stale_handle"), "stale", *rel, false, || {
+                    format!(
+                        "stale file handle: {}",
+                        e["message"]
+                            .as_str()
+                            .unwrap_or("")
+                            .chars()
+                            .take(100)
+                            .collect::<String>()
+                    )
+                });
+                acc.witness(signal("stale_handle"), "stale", e);
+            }
             "block_error" => {
                 let dev = e["dev"].as_str().unwrap_or("?");
                 acc.add(signal("block_io_error"), dev, *rel, false, || {
@@ -52,6 +53,7 @@ fn errors(ctx: &Ctx<'_>, acc: &mut Acc) {
                         e["kind"].as_str().unwrap_or("I/O error").replace('_', " ")
                     )
                 });
+                acc.witness(signal("block_io_error"), dev, e);
             }
             _ => {}
         }
