@@ -5,6 +5,7 @@
 # agent with the job directory on the shared filesystem. Then it runs what the host puts in
 # /mnt/shared/cmd/<node>/<n>.sh, one after the other (output and rc beside it), until
 # /mnt/shared/cmd/<node>/stop appears. vm.env: NODE, IP, NT (the nantrace binary), CTL_IP.
+# /mnt/nantrace_fault.ko: the test-fault module (cargo xtask vm-cluster built it for this kernel).
 set -u
 O=/mnt
 . $O/vm.env
@@ -30,15 +31,16 @@ mkdir -p /sys/fs/cgroup/system.slice
 if [ "$NODE" = n1 ]; then slurmctld -f $SLURM_CONF; fi
 slurmd -f $SLURM_CONF -N "$NODE"
 log "slurm started"
+# The scenarios' kernel faults (an Xid): printed by this kernel through the test module
+# (scripts/vm/fault-module/; debugfs, root only), so /dev/kmsg records them with facility 0
+# as a driver's own lines. Unsigned: it loads with a taint (no lockdown, no forced signatures).
+if insmod $O/nantrace_fault.ko > $O/insmod.log 2>&1; then log "fault module loaded"; else log "FAILED to load the fault module: $(cat $O/insmod.log)"; fi
 cat > $R/nt/agent.toml <<EOF
 job_dir = "$S/jobs"
 slurm_jobs = "all"
 spool_dir = "$R/nt/spool"
 socket = "$R/nt/agent.sock"
 metrics_addr = ""
-# The scenarios inject faults by writing into /dev/kmsg (user space): a test cluster's
-# switch, never a production one (docs/agent.md).
-trust_user_written_kmsg = true
 EOF
 "$NT" agent --config $R/nt/agent.toml > $O/agent.log 2>&1 &
 echo $! > $R/nt/agent.pid

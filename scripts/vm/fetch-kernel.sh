@@ -11,26 +11,10 @@ set -euo pipefail
 CACHE=$1 LABEL=$2 SUITE=$3 SPEC=$4; shift 4
 MODS=("$@")
 DIR=$CACHE/kernels/$LABEL
-mkdir -p "$CACHE"/{apt/lists/partial,apt/cache/archives/partial,debs} "$DIR"
-MIRROR=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
-APT=(-o Dir::Etc::SourceList="$CACHE/apt/sources.list" -o Dir::Etc::SourceParts=/nonexistent
-     -o Dir::State::Lists="$CACHE/apt/lists" -o Dir::Cache="$CACHE/apt/cache"
-     -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= -o Acquire::Languages=none
-     -o Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false
-     -o Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false
-     -o Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled=false
-     -o APT::Sandbox::User=root)
-want="deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $MIRROR $SUITE main"
-# One sources.list per suite (the lists of several suites live side by side).
-SL=$CACHE/apt/sources.$SUITE.list
-APT[1]=Dir::Etc::SourceList=$SL
-if [ "$want" != "$(cat "$SL" 2>/dev/null)" ] || ! ls "$CACHE"/apt/lists/*_dists_"${SUITE}"_main_binary-amd64_Packages* >/dev/null 2>&1 ||
-   [ -n "$(find "$CACHE/apt/lists" -maxdepth 1 -name "*_dists_${SUITE}_InRelease" -mmin +1440 2>/dev/null)" ]; then
-  echo "$want" > "$SL"
-  apt-get "${APT[@]}" update >"$CACHE/apt-update.$SUITE.log" 2>&1 || { cat "$CACHE/apt-update.$SUITE.log" >&2; exit 1; }
-fi
-idx=$(ls "$CACHE"/apt/lists/*_dists_"${SUITE}"_main_binary-amd64_Packages* | head -1)
+mkdir -p "$DIR"
+. "$(dirname "$0")/apt-private.sh"
+apt_private "$CACHE" "$SUITE"
+idx=$IDX
 packages() { /usr/lib/apt/apt-helper cat-file "$idx"; }
 if [ "$SPEC" = linux-image-amd64 ]; then
   pv=$(packages | awk '/^Package: /{p=$2} /^Version: /{v=$2} /^Depends: /{ if (p=="linux-image-amd64") { match($0, /linux-image-[^ ,]+/); print substr($0, RSTART, RLENGTH), v } }' | sort -V -k2 | tail -1)

@@ -6,7 +6,9 @@
 //! the kernel matrix does: scripts/vm/). A 3-rank job over TCP (scripts/vm/cluster-job.py,
 //! one rank per node through srun; rank 0 prints the loss); the scenarios and what each
 //! must give are in [`SCENARIOS`]; `nantrace report` on the job's incident directory is run
-//! here, on the host, as a person would.
+//! here, on the host, as a person would. A kernel fault (the Xid) is printed by the node's
+//! kernel through a test module built here against Debian's headers of the guests' kernel
+//! ([`fault_module`], scripts/vm/fault-module/), never written into /dev/kmsg from user space.
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -142,6 +144,52 @@ fn fetch_kernel() -> Result<PathBuf> {
     Ok(cache.join("kernels/cluster-6.1-bookworm"))
 }
 
+/// The cluster's test-fault module (scripts/vm/fault-module/, built by
+/// scripts/vm/fault-module.sh against Debian's headers of the kernel in `kdir`, cached under
+/// the kernel package's version): its path. The scenarios' kernel faults are printed by the
+/// guests' kernels through it (facility 0 in /dev/kmsg, as a driver's own lines); a write
+/// into /dev/kmsg from user space drains nothing, and no switch trusts one here. Fails when
+/// it cannot build: the Xid scenario would prove nothing without it.
+fn fault_module(kdir: &Path) -> Result<PathBuf> {
+    let cache = kdir
+        .parent()
+        .and_then(Path::parent)
+        .context("the kernel's cache directory")?;
+    let label = kdir
+        .file_name()
+        .context("the kernel's label")?
+        .to_string_lossy()
+        .into_owned();
+    let mut build = Command::new("bash");
+    build
+        .arg(root().join("scripts/vm/fault-module.sh"))
+        .arg(cache)
+        .args([label.as_str(), "bookworm"]);
+    eprintln!("xtask: running {build:?}");
+    let t0 = Instant::now();
+    let o = build
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("spawning scripts/vm/fault-module.sh")?;
+    if !o.status.success() {
+        bail!(
+            "building the cluster's fault module (scripts/vm/fault-module/) failed ({}): the Xid \
+             scenario needs the kernel to print its fault",
+            o.status
+        );
+    }
+    let ko = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+    if !ko.is_file() {
+        bail!("scripts/vm/fault-module.sh: no module at {}", ko.display());
+    }
+    eprintln!(
+        "xtask: vm-cluster: fault module {} ({:.1} s)",
+        ko.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(ko)
+}
+
 /// The directory the nodes share: Slurm's and munge's configuration and key, the hosts, the
 /// job's script; the job directories, the job's output, each node's commands.
 fn prepare_shared(shared: &Path) -> Result<()> {
@@ -178,6 +226,7 @@ fn prepare_shared(shared: &Path) -> Result<()> {
 fn boot_nodes(
     nt: &Path,
     kdir: &Path,
+    ko: &Path,
     base: &Path,
     shared: &Path,
     netns: &str,
@@ -193,6 +242,8 @@ fn boot_nodes(
             root().join("scripts/vm/cluster-guest.sh"),
             out.join("guest.sh"),
         )?;
+        // Loaded by the guest (insmod /mnt/nantrace_fault.ko) before its agent starts.
+        std::fs::copy(ko, out.join("nantrace_fault.ko"))?;
         std::fs::write(
             out.join("vm.env"),
             format!(
@@ -241,6 +292,11 @@ fn scenarios(c: &mut Cluster, nt: &Path, t0: Instant) -> Result<Vec<Outcome>> {
         t0.elapsed().as_secs_f64(),
         idle.replace('\n', ", ")
     );
+    // The fault module on every node, or no scenario: an Xid that never reached the kernel
+    // proves nothing.
+    for i in 0..NODES.len() {
+        c.ok(i, "grep -q '^nantrace_fault ' /proc/modules && test -e /sys/kernel/debug/nantrace_fault/inject || { echo \"the fault module is not loaded: $(cat /mnt/insmod.log 2>/dev/null)\"; exit 1; }")?;
+    }
     let mut outs = Vec::new();
     for s in SCENARIOS {
         let t = Instant::now();
@@ -285,6 +341,7 @@ fn stop_nodes(vms: Vec<Child>, shared: &Path) {
 fn in_netns(
     nt: &Path,
     kdir: &Path,
+    ko: &Path,
     base: &Path,
     shared: &Path,
     netns: &str,
@@ -293,7 +350,7 @@ fn in_netns(
         sh(&format!("ip -n {netns} tuntap add tap{i} mode tap && ip -n {netns} link set tap{i} master br0 && ip -n {netns} link set tap{i} up"))?;
     }
     let t0 = Instant::now();
-    let vms = boot_nodes(nt, kdir, base, shared, netns)?;
+    let vms = boot_nodes(nt, kdir, ko, base, shared, netns)?;
     let mut c = Cluster {
         shared: shared.to_path_buf(),
         seq: [0; 3],
@@ -309,7 +366,10 @@ pub fn vm_cluster(nt: &Path) -> Result<()> {
     run(Command::new("bash")
         .arg(root().join("scripts/slurm-local.sh"))
         .arg("install"))?;
+    // The fault module's build: the kernel's headers (Debian's) and its compiler.
+    crate::setup::apt_install(&["gcc-12", "make", "libelf1", "libssl3"])?;
     let kdir = fetch_kernel()?;
+    let ko = fault_module(&kdir)?;
     let base = root()
         .join("target/vm-cluster")
         .join(format!("{}", std::process::id()));
@@ -318,7 +378,7 @@ pub fn vm_cluster(nt: &Path) -> Result<()> {
     prepare_shared(&shared)?;
     let netns = format!("ntc{}", std::process::id());
     sh(&format!("ip netns add {netns} && ip -n {netns} link add br0 type bridge && ip -n {netns} addr add 10.77.0.1/24 dev br0 && ip -n {netns} link set br0 up && ip -n {netns} link set lo up"))?;
-    let result = in_netns(nt, &kdir, &base, &shared, &netns);
+    let result = in_netns(nt, &kdir, &ko, &base, &shared, &netns);
     let _ = Command::new("ip").args(["netns", "del", &netns]).status();
     let outs = result.with_context(|| format!("the VM cluster (logs: {})", base.display()))?;
     let bad: Vec<String> = outs

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 
 use super::{wait_for, Cluster, NODES};
@@ -18,6 +18,9 @@ pub(super) struct Scenario {
     steps: u32,
     /// (node, step at which, script)
     fault: Option<(usize, u32, &'static str)>,
+    /// The line the fault makes the node's kernel print: its record in the node's /dev/kmsg
+    /// must be the kernel's (facility 0), or the scenario proves nothing.
+    kernel_line: Option<&'static str>,
     clear: Option<(usize, &'static str)>,
     stop_agent: Option<usize>,
     /// The verdict starts with this; the named node; the missing nodes.
@@ -27,7 +30,14 @@ pub(super) struct Scenario {
     contains: &'static str,
 }
 
-const XID: &str = "echo '<3>NVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python3, GPU has fallen off the bus.' > /dev/kmsg";
+/// The Xid is printed by n2's kernel (the test module scripts/vm/fault-module/, loaded by
+/// cluster-guest.sh): /dev/kmsg records it with facility 0, as the driver's own line, and the
+/// drain rests on it. A line written into /dev/kmsg from user space would be LOG_USER and
+/// drain nothing; no switch in the guests' agents trusts one.
+const XID: &str = "echo 'xid 0000:3b:00 79 2214' > /sys/kernel/debug/nantrace_fault/inject";
+/// What [`XID`] makes the kernel print (NVIDIA's format, FIELD-NOTES.md).
+const XID_LINE: &str =
+    "NVRM: Xid (PCI:0000:3b:00): 79, pid=2214, name=python3, GPU has fallen off the bus.";
 /// Half of what n2 sends to rank 0 is lost: its kernel retransmits, the job goes on slowly.
 const DROP: &str = "nft add table inet ntc && nft add chain inet ntc out '{ type filter hook output priority 0; }' && nft add rule inet ntc out tcp dport 29500 numgen random mod 2 0 drop";
 
@@ -40,6 +50,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         nan_at: 15,
         steps: 60,
         fault: None,
+        kernel_line: None,
         clear: None,
         stop_agent: None,
         verdict: "NOT THE MACHINE",
@@ -52,6 +63,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         nan_at: 12,
         steps: 60,
         fault: None,
+        kernel_line: None,
         clear: None,
         stop_agent: Some(2),
         verdict: "",
@@ -67,6 +79,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         nan_at: 45,
         steps: 60,
         fault: Some((1, 8, DROP)),
+        kernel_line: None,
         clear: Some((1, "nft delete table inet ntc")),
         stop_agent: None,
         verdict: "",
@@ -79,6 +92,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         nan_at: 25,
         steps: 60,
         fault: Some((1, 12, XID)),
+        kernel_line: Some(XID_LINE),
         clear: None,
         stop_agent: None,
         verdict: "PROBABLY THE MACHINE (GPU): n2, GPU 0000:3b:00.0",
@@ -147,6 +161,53 @@ fn inject(c: &mut Cluster, s: &Scenario, (node, at, script): (usize, u32, &str))
     Ok(())
 }
 
+/// The prefix (`prio,seq,time,flags`) of the last record in `node`'s /dev/kmsg whose message
+/// is `line`; an error unless the kernel wrote it (facility 0: `prio >> 3`, klog::Writer).
+fn kernel_record(c: &mut Cluster, node: usize, line: &str) -> Result<String> {
+    if line.contains('\'') {
+        bail!("a kernel line with a quote: {line}");
+    }
+    let out = c.ok(
+        node,
+        &format!(
+            r#"python3 - '{line}' <<'PY'
+import os, sys
+fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+while True:
+    try:
+        rec = os.read(fd, 8192).decode("utf-8", "replace")
+    except BlockingIOError:
+        break
+    except BrokenPipeError:
+        continue
+    head, _, msg = rec.partition(";")
+    if msg.split("\n", 1)[0] == sys.argv[1]:
+        print(head)
+PY"#
+        ),
+    )?;
+    let Some(head) = out.lines().last().map(str::trim) else {
+        bail!(
+            "{}: no record \"{line}\" in /dev/kmsg: the fault did not reach the kernel",
+            NODES[node]
+        );
+    };
+    let prio: u32 = head
+        .split(',')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .with_context(|| format!("{}: a /dev/kmsg record's prefix {head:?}", NODES[node]))?;
+    if prio >> 3 != 0 {
+        bail!(
+            "{}: the record \"{line}\" ({head}) has facility {}: written from user space, not \
+             by the kernel",
+            NODES[node],
+            prio >> 3
+        );
+    }
+    Ok(head.to_string())
+}
+
 /// The incident directory under `jobs` that holds `want` node bundles.
 fn wait_bundles(s: &Scenario, id: &str, jobs: &Path, want: usize) -> Result<PathBuf> {
     wait_for(
@@ -176,6 +237,13 @@ pub(super) fn run_scenario(c: &mut Cluster, nt: &Path, s: &Scenario) -> Result<O
     let id = submit(c, s)?;
     if let Some(fault) = s.fault {
         inject(c, s, fault)?;
+        if let Some(line) = s.kernel_line {
+            let head = kernel_record(c, fault.0, line)?;
+            eprintln!(
+                "xtask: vm-cluster: {}: {}'s kernel wrote it: /dev/kmsg record {head} (facility 0)",
+                s.name, NODES[fault.0]
+            );
+        }
     }
     // The job ends (its NaN, or the timeout the fault causes): then every node's bundle.
     let batch = shared.join(format!("out/{id}.batch"));
