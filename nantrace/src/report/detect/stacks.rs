@@ -104,9 +104,63 @@ pub(crate) fn rank_state(stacks: &Value, rank: u32) -> Option<String> {
 pub(crate) fn rank_groups<'a>(
     stacks: impl IntoIterator<Item = (Option<&'a str>, &'a Value)>,
 ) -> Option<String> {
-    use std::collections::{BTreeMap, BTreeSet};
+    rank_groups_by(stacks, |_| None)
+}
+
+/// As [`rank_groups`], per process group where `pg_of` knows the ranks' (the group each
+/// rank's watchdog line timed out in: a pipeline stage, a tensor-parallel group): ranks of
+/// different stages stand in different places by design, so each group is read alone and the
+/// ranks outside the largest stack group *of their process group* are named. With one
+/// process group (or none known) the reading is [`rank_groups`]'s.
+pub(crate) fn rank_groups_by<'a>(
+    stacks: impl IntoIterator<Item = (Option<&'a str>, &'a Value)>,
+    pg_of: impl Fn(u32) -> Option<String>,
+) -> Option<String> {
+    use std::collections::BTreeMap;
+    let ranks = main_threads(stacks);
+    let mut by_pg: BTreeMap<Option<String>, Vec<RankAt>> = BTreeMap::new();
+    for r in ranks {
+        let pg = pg_of(r.rank);
+        if by_pg.len() < 64 || by_pg.contains_key(&pg) {
+            by_pg.entry(pg).or_default().push(r);
+        }
+    }
+    if by_pg.keys().filter(|k| k.is_some()).count() <= 1 {
+        return said(by_pg.into_values().flatten().collect(), "").map(|(s, _)| s);
+    }
+    let mut parts = Vec::new();
+    let mut outside = Vec::new();
+    for (pg, rs) in by_pg {
+        let name = pg.map_or_else(|| "ranks without a watchdog line".to_string(), |p| format!("PG {p}"));
+        if let Some((s, out)) = said(rs, &format!("{name}: ")) {
+            parts.push(s);
+            outside.extend(out);
+        }
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "per process group (the one each rank's watchdog line timed out in): {}; outside the largest group of their process group: {} {}",
+        parts.join("; "),
+        if outside.len() == 1 { "rank" } else { "ranks" },
+        crate::report::hang::rank_list(&outside)
+    ))
+}
+
+/// One rank's main thread at the trigger: where it stood, on which node.
+struct RankAt<'a> {
+    rank: u32,
+    node: Option<&'a str>,
+    at: String,
+}
+
+fn main_threads<'a>(
+    stacks: impl IntoIterator<Item = (Option<&'a str>, &'a Value)>,
+) -> Vec<RankAt<'a>> {
+    use std::collections::BTreeSet;
     let mut seen = BTreeSet::new();
-    let mut groups: BTreeMap<String, Vec<(u32, Option<&str>)>> = BTreeMap::new();
+    let mut out = Vec::new();
     for (node, st) in stacks {
         for p in st["processes"].as_array().into_iter().flatten() {
             let (Some(rank), Some(pid)) = (
@@ -133,10 +187,24 @@ pub(crate) fn rank_groups<'a>(
                 .filter(|w| !w.is_empty() && *w != "0")
                 .map_or(String::new(), |w| format!(" in {w}"));
             let py = python_frame(st, pid).map_or(String::new(), |f| format!(", at {f}"));
-            let key = format!("{state}{wchan}{py}");
-            if groups.len() < 1024 || groups.contains_key(&key) {
-                groups.entry(key).or_default().push((rank, node));
-            }
+            out.push(RankAt {
+                rank,
+                node,
+                at: format!("{state}{wchan}{py}"),
+            });
+        }
+    }
+    out
+}
+
+/// The groups of `ranks` by where they stood, said (after `head`), and the ranks outside the
+/// largest; `None` with fewer than two ranks or one group.
+fn said(ranks: Vec<RankAt<'_>>, head: &str) -> Option<(String, Vec<u32>)> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut groups: BTreeMap<String, Vec<(u32, Option<&str>)>> = BTreeMap::new();
+    for r in ranks {
+        if groups.len() < 1024 || groups.contains_key(&r.at) {
+            groups.entry(r.at).or_default().push((r.rank, r.node));
         }
     }
     let n: usize = groups.values().map(Vec::len).sum();
@@ -170,12 +238,15 @@ pub(crate) fn rank_groups<'a>(
         .iter()
         .flat_map(|x| x.1.iter().map(|r| r.0))
         .collect();
-    Some(format!(
-        "the ranks' main threads at the trigger in {} groups: {}; outside the largest group: {} {}",
-        g.len(),
-        said.join("; "),
-        if outside.len() == 1 { "rank" } else { "ranks" },
-        crate::report::hang::rank_list(&outside)
+    Some((
+        format!(
+            "{head}the ranks' main threads at the trigger in {} groups: {}; outside the largest group: {} {}",
+            g.len(),
+            said.join("; "),
+            if outside.len() == 1 { "rank" } else { "ranks" },
+            crate::report::hang::rank_list(&outside)
+        ),
+        outside,
     ))
 }
 
@@ -245,5 +316,31 @@ mod tests {
             python_frame(&s, 9).as_deref(),
             Some("train.py:211 log_metrics")
         );
+    }
+
+    /// Two pipeline stages (process groups 1 and 2) stand in different places by design:
+    /// read together, stage 2's four ranks were the largest group and stage 1's healthy
+    /// ranks 0, 1 and 3 were named with rank 2; per process group only rank 2 is.
+    #[test]
+    fn ranks_are_grouped_per_process_group_where_it_is_known() {
+        let proc_ = |rank: u32, wchan: &str| json!({ "pid": 100 + rank, "rank": rank, "rank_main": true, "threads": [{ "tid": 100 + rank, "state": ["S", "S"], "wchan": [wchan, wchan] }] });
+        let mut ps = Vec::new();
+        for r in 0..4 {
+            ps.push(proc_(r, if r == 2 { "hrtimer_nanosleep" } else { "futex_wait_queue" }));
+        }
+        for r in 4..8 {
+            ps.push(proc_(r, "sk_wait_data"));
+        }
+        let st = json!({ "processes": ps });
+        let one = rank_groups([(Some("n1"), &st)]).unwrap();
+        assert!(one.ends_with("outside the largest group: ranks 0-3"), "{one}");
+        let per = rank_groups_by([(Some("n1"), &st)], |r| Some(if r < 4 { "1" } else { "2" }.to_string())).unwrap();
+        assert!(
+            per.starts_with("per process group (the one each rank's watchdog line timed out in): PG 1: the ranks' main threads at the trigger in 2 groups")
+                && per.ends_with("outside the largest group of their process group: rank 2"),
+            "{per}"
+        );
+        // One process group known: the plain reading.
+        assert_eq!(rank_groups_by([(Some("n1"), &st)], |_| Some("0".into())), Some(one));
     }
 }
