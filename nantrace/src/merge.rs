@@ -184,6 +184,13 @@ impl Clock {
             format!("nodes {unsynced:?} report no synchronised clock: cross-node order is only as good as their unsynchronised clocks; within a node, order is exact")
         };
         let first = &nodes[0].timeline;
+        // Who wrote the kernel log lines, as every node's dump checked them (not the first
+        // node's list for all: a forged line on another node would read as the kernel's).
+        let mut accounting = first["accounting"].clone();
+        if accounting.is_object() {
+            accounting["kernel_writers"] =
+                union_kernel_writers(nodes.iter().map(|n| &n.timeline));
+        }
         json!({
             "schema": SCHEMA,
             "nodes": nodes.iter().map(|n| json!({
@@ -199,11 +206,40 @@ impl Clock {
             "first_nan": self.first_nan,
             "window": first["window"],
             "job": first["job"],
-            "accounting": first["accounting"],
+            "accounting": accounting,
             "events": events.into_iter().map(|e| e.1).collect::<Vec<_>>(),
         })
     }
 }
+
+/// `accounting.kernel_writers` over several timelines (a node's dumps, or the nodes of a
+/// merge): each list's entries once (at most 256 each, as the report reads them), the counts
+/// summed.
+pub fn union_kernel_writers<'a>(timelines: impl Iterator<Item = &'a Value>) -> Value {
+    let mut out = json!({ "checked": 0, "not_checked": 0, "the_kernels": [], "not_the_kernels": [] });
+    let (mut k, mut u) = (
+        std::collections::BTreeSet::new(),
+        std::collections::BTreeSet::new(),
+    );
+    for t in timelines {
+        let w = &t["accounting"]["kernel_writers"];
+        for (name, seen) in [("the_kernels", &mut k), ("not_the_kernels", &mut u)] {
+            for e in w[name].as_array().into_iter().flatten() {
+                let key = (e["mono_ns"].as_u64(), e["text"].as_str().map(str::to_string));
+                if seen.len() < 256 && seen.insert(key) {
+                    if let Some(a) = out[name].as_array_mut() {
+                        a.push(e.clone());
+                    }
+                }
+            }
+        }
+        for n in ["checked", "not_checked"] {
+            out[n] = json!(out[n].as_u64().unwrap_or(0) + w[n].as_u64().unwrap_or(0));
+        }
+    }
+    out
+}
+
 
 /// Merge node timelines into one (schema `nantrace.merged/1`).
 pub fn merge(nodes: &mut [Node]) -> Value {
@@ -293,6 +329,22 @@ pub(crate) mod tests {
         assert_eq!(m["events"][0]["node"], "b");
         assert_eq!(m["residual_uncertainty_s"], 0.004);
         assert_eq!(m["trigger"]["node"], "b");
+    }
+
+    /// Every node's check of who wrote its kernel log lines reaches the merged timeline (the
+    /// second review of 2026-12-04: only the first node's list did, so a forged line on
+    /// another node read as the kernel's).
+    #[test]
+    fn every_nodes_kernel_writers_are_kept() {
+        let mut a = node("a", 0.0, &[("2026-11-30T10:00:00Z", "a1")]);
+        let mut b = node("b", 0.0, &[("2026-11-30T10:00:01Z", "b1")]);
+        a.timeline["accounting"] = json!({ "kernel_writers": { "checked": 1, "not_checked": 0, "the_kernels": [{ "mono_ns": 5, "text": "x" }], "not_the_kernels": [] } });
+        b.timeline["accounting"] = json!({ "kernel_writers": { "checked": 2, "not_checked": 3, "the_kernels": [], "not_the_kernels": [{ "mono_ns": 7, "text": "NVRM: Xid forged", "writer": "user" }] } });
+        let m = merge(&mut [a, b]);
+        let w = &m["accounting"]["kernel_writers"];
+        assert_eq!(w["the_kernels"].as_array().unwrap().len(), 1, "{w}");
+        assert_eq!(w["not_the_kernels"][0]["text"], "NVRM: Xid forged", "{w}");
+        assert_eq!((w["checked"].as_u64(), w["not_checked"].as_u64()), (Some(3), Some(3)));
     }
 
     #[test]

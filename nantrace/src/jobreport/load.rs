@@ -467,7 +467,7 @@ fn combine(mut group: Vec<Node>) -> Node {
                     .cmp(b["time"].as_str().unwrap_or(""))
             });
         let dirs: Vec<String> = group.iter().map(|n| n.dir.display().to_string()).collect();
-        let writers = union_kernel_writers(group.iter().map(|n| &n.timeline));
+        let writers = crate::merge::union_kernel_writers(group.iter().map(|n| &n.timeline));
         let mut first = group.remove(0);
         let last = group.pop().unwrap_or_else(|| unreachable!("two or more"));
         first.timeline["events"] = Value::Array(events);
@@ -498,30 +498,6 @@ fn combine(mut group: Vec<Node>) -> Node {
         }
         first
     }
-}
-
-/// `accounting.kernel_writers` over several dumps of one node: each list's entries once
-/// (at most 256 each, as the report reads them), `not_checked` summed.
-fn union_kernel_writers<'a>(timelines: impl Iterator<Item = &'a Value>) -> Value {
-    let mut out = json!({ "checked": 0, "not_checked": 0, "the_kernels": [], "not_the_kernels": [] });
-    let (mut k, mut u) = (BTreeSet::new(), BTreeSet::new());
-    for t in timelines {
-        let w = &t["accounting"]["kernel_writers"];
-        for (name, seen) in [("the_kernels", &mut k), ("not_the_kernels", &mut u)] {
-            for e in w[name].as_array().into_iter().flatten() {
-                let key = (e["mono_ns"].as_u64(), e["text"].as_str().map(str::to_string));
-                if seen.len() < 256 && seen.insert(key) {
-                    if let Some(a) = out[name].as_array_mut() {
-                        a.push(e.clone());
-                    }
-                }
-            }
-        }
-        for n in ["checked", "not_checked"] {
-            out[n] = json!(out[n].as_u64().unwrap_or(0) + w[n].as_u64().unwrap_or(0));
-        }
-    }
-    out
 }
 
 /// The job's sockets over several snapshots of one node, each (local, remote) once, at most

@@ -203,46 +203,28 @@ fn handle(root: &Root, host: &str, jobs: &mut BTreeMap<String, Watched>, report:
                 w.current = None;
                 return;
             };
-            let id = match w.current.take() {
-                Some((id, _)) => id,
-                None => match root.open_incident_of(
-                    &w.job,
-                    &w.owner,
-                    host,
-                    "dump",
-                    "a bundle without a trigger of its own",
-                    crate::clock::realtime_ns(),
-                ) {
-                    Ok(id) => id,
-                    Err(e) => {
-                        return report(
-                            &key,
-                            &format!("WARNING: job directory: bundle not shared: {e}"),
-                        )
-                    }
-                },
+            // A bundle without a trigger of its own, or whose incident an earlier agent
+            // removed with none of its window seen here: a new incident, never that one
+            // recreated without its marker.
+            let open = |why: &str| {
+                root.open_incident_of(&w.job, &w.owner, host, "dump", why, crate::clock::realtime_ns())
             };
-            w.seen.insert(id.clone());
-            let id = match root.settle_of(&w.job, &w.owner, &id) {
-                Some(id) => id,
-                // An earlier agent's incident, removed by its agent, and none within its
-                // window seen here: a new one, not that one recreated without its marker.
-                None => match root.open_incident_of(
-                    &w.job,
-                    &w.owner,
-                    host,
-                    "dump",
-                    "a bundle whose incident was removed by an earlier agent",
-                    crate::clock::realtime_ns(),
-                ) {
-                    Ok(id) => id,
-                    Err(e) => {
-                        return report(
-                            &key,
-                            &format!("WARNING: job directory: bundle not shared: {e}"),
-                        )
-                    }
-                },
+            let id = match w.current.take() {
+                Some((id, _)) => Ok(id),
+                None => open("a bundle without a trigger of its own"),
+            }
+            .and_then(|id| {
+                w.seen.insert(id.clone());
+                match root.settle_of(&w.job, &w.owner, &id) {
+                    Some(id) => Ok(id),
+                    None => open("a bundle whose incident was removed by an earlier agent"),
+                }
+            });
+            let id = match id {
+                Ok(id) => id,
+                Err(e) => {
+                    return report(&key, &format!("WARNING: job directory: bundle not shared: {e}"))
+                }
             };
             w.seen.insert(id.clone());
             let t = root.time_of_incident(&w.job, &id);
