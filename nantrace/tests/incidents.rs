@@ -381,8 +381,11 @@ fn the_second_hang_collection_is_read_for_its_cause() {
 }
 
 /// The hang collection's first score (2026-12-02 16:10: the machine 4/10, the family 3/10,
-/// the rank named 0/3), rounded down (docs/hangs.md).
-const HANG_MACHINE_FLOOR_PCT: usize = 40;
+/// the rank named 0/3), rounded down (docs/hangs.md). The machine's floor lowered to 30 on
+/// 2026-12-05: 003 (only the watchdog's C++ frames) was right by accident, NOT THE MACHINE
+/// with "look at the model side" for a hang; it is read as the collective hang it is now
+/// (UNDECIDED on one node's lines, as 001 and 002), which the score counts as wrong.
+const HANG_MACHINE_FLOOR_PCT: usize = 30;
 const HANG_FAMILY_FLOOR_PCT: usize = 30;
 const HANG_RANK_FLOOR_PCT: usize = 0;
 /// The second collection's first score (2026-12-04 20:50: the machine 2/5, the family 2/5,

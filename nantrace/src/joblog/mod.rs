@@ -160,6 +160,9 @@ const RULES: &[Rule] = &[
     ignore("not_a_failure", r"(?i)this is not a failure|is not a failure, but|may not be a failure|retrying allocation|will retry|Retrying in \d|entering retry loop|The client socket has failed to connect|waiting for (?:the )?(?:master|store|rendezvous)"),
     // A literal in code or configuration (`RETRYABLE = ['unspecified launch failure', ...]`).
     ignore("literal", r#"^\s*[A-Za-z_][\w.]*\s*=\s*[\[{(]?\s*['"]"#),
+    // The one C++ frame that is a failure by itself: the NCCL watchdog's timeout check at the
+    // top of its stack (a log that kept only the frames: incidents 014, 025, hangs 003).
+    r("nccl_watchdog_frame", Hang, "collective timed out (NCCL watchdog; only its C++ stack in view)", r"^\s*frame #\d+: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout\b"),
     ignore("cxx_frame", r"^\s*(?:frame #\d+:|Exception raised from |\d+\s+0x[0-9a-f]+ |#\d+ 0x[0-9a-f]+ in )"),
     ignore("deprecation", r"(?i)\bis deprecated\b|\bdeprecat(?:ed|ion) warning|FutureWarning|DeprecationWarning"),
     ignore("env_dump", r"(?i)^\s*(?:export\s+)?[A-Z][A-Z0-9_]*=\S*\s*$"),

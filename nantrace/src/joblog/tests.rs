@@ -198,3 +198,20 @@ fn reader_state_is_bounded() {
     }
     assert!(r.states.len() <= Reader::MAX_RANKS);
 }
+
+/// A log that kept only the NCCL watchdog's C++ stack (incidents 014, 025, hangs 003) is a
+/// collective timeout; every other frame, the watchdog's own included, stays no evidence (a
+/// CUDA error raised on the watchdog thread prints `ncclCommWatchdog` frames too).
+#[test]
+fn the_watchdogs_timeout_frame_is_a_hang_and_other_frames_are_not() {
+    let f = classify("frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration<long, std::ratio<1l, 1000l> > >) + 0x1d2 (0x7f9391ba8c62 in /x/site-packages/torch/lib/libtorch_cuda.so)").unwrap();
+    assert_eq!((f.family, f.kind), (Hang, "nccl_watchdog_frame"));
+    for other in [
+        "frame #2: c10d::ProcessGroupNCCL::watchdogHandler() + 0x1a0 (0x7f9391bada80 in /x/libtorch_cuda.so)",
+        "frame #3: c10d::ProcessGroupNCCL::ncclCommWatchdog() + 0x10c (0x7f9391baedcc in /x/libtorch_cuda.so)",
+        "Exception raised from ncclCommWatchdog at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1521 (most recent call first):",
+        "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f in /x/libc10.so)",
+    ] {
+        assert_eq!(classify(other).map(|f| f.kind), None, "{other}");
+    }
+}
