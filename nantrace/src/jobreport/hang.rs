@@ -129,23 +129,6 @@ pub struct RankStood {
     pub fr_completed: Option<i64>,
 }
 
-/// Each rank's process group, where its watchdog lines name one only (a pipeline stage's
-/// ranks stand apart from another stage's by design): `rank_groups_by`'s grouping.
-fn pg_of_ranks<'a>(keys: impl Iterator<Item = &'a (String, u32)>) -> BTreeMap<u32, Option<String>> {
-    let mut pg_of: BTreeMap<u32, Option<String>> = BTreeMap::new();
-    for (pg, r) in keys {
-        pg_of
-            .entry(*r)
-            .and_modify(|p| {
-                if p.as_deref() != Some(pg.as_str()) {
-                    *p = None;
-                }
-            })
-            .or_insert_with(|| Some(pg.clone()));
-    }
-    pg_of
-}
-
 /// Each rank the nodes' stacks (its main process) or Flight Recorder dumps (`dumps`, of
 /// group `pg`) hold, each once (the first node's), at most [`HangView::STOOD`].
 fn stood(
@@ -397,11 +380,12 @@ impl JobHang {
                     .map(|s| format!("rank {r} on {node}, {s}"))
             })
             .collect();
-        let pg_of = pg_of_ranks(rows.keys());
+        let (pg_of, from) = crate::report::detect::rank_pgs(rows.keys(), &dumps);
         let groups = crate::report::detect::rank_groups_by(
             raw.iter()
                 .map(|n| (Some(n.name.as_str()), &n.snapshot["stacks"])),
             |r| pg_of.get(&r).cloned().flatten(),
+            from,
         );
         let views: Vec<(&str, String)> = raw
             .iter()

@@ -47,6 +47,28 @@ pub fn dumps(section: &Value, node: Option<&str>) -> (Vec<RankDump>, Vec<(u32, S
     (read, not)
 }
 
+/// Each rank's process group as its dump says it: the group of the oldest collective it
+/// has not completed (the one it waits in, as a watchdog line's group), by `pg_name` as the
+/// dumps compare them. Only from a dump that records completion (NCCL's: `completed`
+/// entries); gloo's (torch 2.15) leaves every entry `scheduled`, so its newest entry is no
+/// more the one a rank waits in than the last one it finished: none is said. A rank with
+/// nothing in flight (the one that stopped on its CPU side) has no group.
+pub fn pg_of_ranks(ds: &[RankDump]) -> BTreeMap<u32, String> {
+    ds.iter()
+        .filter(|d| d.dump.entries.iter().any(|e| e.state == "completed"))
+        .filter_map(|d| {
+            let e = d
+                .dump
+                .entries
+                .iter()
+                .filter(|e| e.is_p2p != Some(true) && e.collective_seq_id.is_some_and(|s| s > 0))
+                .filter(|e| !e.pg_name.is_empty() && e.state != "completed")
+                .min_by_key(|e| (e.time_created_ns, e.record_id))?;
+            Some((d.rank, e.pg_name.clone()))
+        })
+        .collect()
+}
+
 /// What the dumps say.
 #[derive(Clone, Debug, Default)]
 pub struct Flight {

@@ -44,7 +44,7 @@ pub(super) fn stall_verdict(timeline: &Value, snapshot: &Value) -> (String, Stri
             ));
         }
     }
-    let at = match detect::rank_groups([(None, stacks)]) {
+    let at = match detect::node_rank_groups(stacks, &snapshot["flight_recorder"]) {
         Some(g) => g,
         None if at.is_empty() => "no job process was left to sample".to_string(),
         None => format!("at the trigger: {}", at.join("; ")),
@@ -96,7 +96,7 @@ pub(super) fn hang_verdict(top: &Finding, timeline: &Value, snapshot: &Value) ->
             .take(8)
             .filter_map(|r| detect::rank_state(stacks, *r).map(|s| format!("rank {r}, {s}")))
             .collect();
-        let groups = detect::rank_groups([(None, stacks)])
+        let groups = detect::node_rank_groups(stacks, &snapshot["flight_recorder"])
             .map_or(String::new(), |g| format!("; {g}"))
             + &ras;
         if at.is_empty() {

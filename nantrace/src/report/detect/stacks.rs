@@ -2,6 +2,7 @@
 //! blocked in D state in the filesystem or block layer (storage), or inside the NVIDIA driver
 //! (its GPU), in both samples, with no I/O progress between them. A user's own FUSE daemon can
 //! hold a thread in D state: these are at most POSSIBLY (severity below a drain's).
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
 
 use regex::Regex;
@@ -104,17 +105,68 @@ pub(crate) fn rank_state(stacks: &Value, rank: u32) -> Option<String> {
 pub(crate) fn rank_groups<'a>(
     stacks: impl IntoIterator<Item = (Option<&'a str>, &'a Value)>,
 ) -> Option<String> {
-    rank_groups_by(stacks, |_| None)
+    rank_groups_by(stacks, |_| None, "")
 }
 
-/// As [`rank_groups`], per process group where `pg_of` knows the ranks' (the group each
-/// rank's watchdog line timed out in: a pipeline stage, a tensor-parallel group): ranks of
-/// different stages stand in different places by design, so each group is read alone and the
-/// ranks outside the largest stack group *of their process group* are named. With one
-/// process group (or none known) the reading is [`rank_groups`]'s.
+/// [`rank_groups`] over one node's stacks, per process group where the node's Flight Recorder
+/// dumps (snapshot `flight_recorder`) put its ranks in two or more.
+pub(crate) fn node_rank_groups(stacks: &Value, flight: &Value) -> Option<String> {
+    let (ds, _) = crate::report::flight::dumps(flight, None);
+    let pg = crate::report::flight::pg_of_ranks(&ds);
+    if pg.values().collect::<BTreeSet<_>>().len() < 2 {
+        return rank_groups([(None, stacks)]);
+    }
+    rank_groups_by([(None, stacks)], |r| pg.get(&r).cloned(), PG_FROM_FLIGHT)
+}
+
+/// Each rank's process group, where its watchdog lines name one only (a pipeline stage's
+/// ranks stand apart from another stage's by design): `rank_groups_by`'s grouping, and where
+/// the group was read. Where the lines name fewer than two groups (gloo prints no watchdog
+/// line; a paste of one rank's), the group each rank's Flight Recorder dump shows it waiting
+/// in (`flight::pg_of_ranks`; the two are never mixed: the lines' PG ids and the dumps' names differ).
+pub(crate) type RankPgs = (BTreeMap<u32, Option<String>>, &'static str);
+
+pub(crate) fn rank_pgs<'a>(
+    keys: impl Iterator<Item = &'a (String, u32)>,
+    dumps: &[crate::report::flight::RankDump],
+) -> RankPgs {
+    let mut pg_of: BTreeMap<u32, Option<String>> = BTreeMap::new();
+    for (pg, r) in keys {
+        pg_of
+            .entry(*r)
+            .and_modify(|p| {
+                if p.as_deref() != Some(pg.as_str()) {
+                    *p = None;
+                }
+            })
+            .or_insert_with(|| Some(pg.clone()));
+    }
+    let groups =
+        |m: &BTreeMap<u32, Option<String>>| m.values().flatten().collect::<BTreeSet<_>>().len();
+    let fr: BTreeMap<u32, Option<String>> = crate::report::flight::pg_of_ranks(dumps)
+        .into_iter()
+        .map(|(r, p)| (r, Some(p)))
+        .collect();
+    if groups(&pg_of) < 2 && groups(&fr) >= 2 {
+        return (fr, PG_FROM_FLIGHT);
+    }
+    (pg_of, PG_FROM_WATCHDOG)
+}
+
+/// Where a rank's process group was read, for [`rank_groups_by`]'s sentence.
+pub(crate) const PG_FROM_WATCHDOG: &str = "the one each rank's watchdog line timed out in";
+pub(crate) const PG_FROM_FLIGHT: &str =
+    "the one each rank's Flight Recorder dump shows it waiting in";
+
+/// As [`rank_groups`], per process group where `pg_of` knows the ranks' (read `from` a
+/// rank's watchdog line or its Flight Recorder dump: a pipeline stage, a tensor-parallel
+/// group): ranks of different stages stand in different places by design, so each group is
+/// read alone and the ranks outside the largest stack group *of their process group* are
+/// named. With one process group (or none known) the reading is [`rank_groups`]'s.
 pub(crate) fn rank_groups_by<'a>(
     stacks: impl IntoIterator<Item = (Option<&'a str>, &'a Value)>,
     pg_of: impl Fn(u32) -> Option<String>,
+    from: &str,
 ) -> Option<String> {
     use std::collections::BTreeMap;
     let ranks = main_threads(stacks);
@@ -131,7 +183,10 @@ pub(crate) fn rank_groups_by<'a>(
     let mut parts = Vec::new();
     let mut outside = Vec::new();
     for (pg, rs) in by_pg {
-        let name = pg.map_or_else(|| "ranks without a watchdog line".to_string(), |p| format!("PG {p}"));
+        let name = pg.map_or_else(
+            || "ranks of no known group".to_string(),
+            |p| format!("PG {p}"),
+        );
         if let Some((s, out)) = said(rs, &format!("{name}: ")) {
             parts.push(s);
             outside.extend(out);
@@ -141,7 +196,7 @@ pub(crate) fn rank_groups_by<'a>(
         return None;
     }
     Some(format!(
-        "per process group (the one each rank's watchdog line timed out in): {}; outside the largest group of their process group: {} {}",
+        "per process group ({from}): {}; outside the largest group of their process group: {} {}",
         parts.join("; "),
         if outside.len() == 1 { "rank" } else { "ranks" },
         crate::report::hang::rank_list(&outside)
@@ -326,21 +381,39 @@ mod tests {
         let proc_ = |rank: u32, wchan: &str| json!({ "pid": 100 + rank, "rank": rank, "rank_main": true, "threads": [{ "tid": 100 + rank, "state": ["S", "S"], "wchan": [wchan, wchan] }] });
         let mut ps = Vec::new();
         for r in 0..4 {
-            ps.push(proc_(r, if r == 2 { "hrtimer_nanosleep" } else { "futex_wait_queue" }));
+            ps.push(proc_(
+                r,
+                if r == 2 {
+                    "hrtimer_nanosleep"
+                } else {
+                    "futex_wait_queue"
+                },
+            ));
         }
         for r in 4..8 {
             ps.push(proc_(r, "sk_wait_data"));
         }
         let st = json!({ "processes": ps });
         let one = rank_groups([(Some("n1"), &st)]).unwrap();
-        assert!(one.ends_with("outside the largest group: ranks 0-3"), "{one}");
-        let per = rank_groups_by([(Some("n1"), &st)], |r| Some(if r < 4 { "1" } else { "2" }.to_string())).unwrap();
+        assert!(
+            one.ends_with("outside the largest group: ranks 0-3"),
+            "{one}"
+        );
+        let per = rank_groups_by(
+            [(Some("n1"), &st)],
+            |r| Some(if r < 4 { "1" } else { "2" }.to_string()),
+            PG_FROM_WATCHDOG,
+        )
+        .unwrap();
         assert!(
             per.starts_with("per process group (the one each rank's watchdog line timed out in): PG 1: the ranks' main threads at the trigger in 2 groups")
                 && per.ends_with("outside the largest group of their process group: rank 2"),
             "{per}"
         );
         // One process group known: the plain reading.
-        assert_eq!(rank_groups_by([(Some("n1"), &st)], |_| Some("0".into())), Some(one));
+        assert_eq!(
+            rank_groups_by([(Some("n1"), &st)], |_| Some("0".into()), PG_FROM_WATCHDOG),
+            Some(one)
+        );
     }
 }

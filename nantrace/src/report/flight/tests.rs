@@ -112,3 +112,50 @@ fn one_dump_and_no_world_say_nothing() {
     assert!(judge(&one, &[], None).is_none());
     assert!(judge(&[], &[], Some(3)).is_none());
 }
+
+/// gloo's dumps (torch 2.15) leave every entry `scheduled`: no rank's waiting group is said
+/// from them. With the states NCCL's dumps record (made here on the same dumps: no GPU run
+/// yet), each rank's group is the one of its oldest unfinished collective, and a rank with
+/// nothing in flight has none; the job report groups the stacks by them only where the
+/// ranks' watchdog lines name fewer than two groups.
+#[test]
+fn the_group_a_rank_waits_in_is_read_only_from_a_dump_that_records_completion() {
+    let mut ds = real("two_pgs");
+    assert!(pg_of_ranks(&ds).is_empty());
+    // As NCCL would: rank 0 waits in group 1's broadcast 3, rank 2 in the default group's
+    // all_reduce 4, rank 1 (stopped in Python) finished all it entered.
+    let waiting = [(0, "1", 3), (2, "0", 4)];
+    for d in &mut ds {
+        for e in &mut d.dump.entries {
+            let w = waiting.iter().any(|(r, pg, s)| {
+                *r == d.rank && e.pg_name == *pg && e.collective_seq_id == Some(*s)
+            });
+            e.state = if w { "started" } else { "completed" }.into();
+        }
+    }
+    let got = pg_of_ranks(&ds);
+    assert_eq!(
+        got.into_iter().collect::<Vec<_>>(),
+        vec![(0, "1".to_string()), (2, "0".to_string())]
+    );
+    // The lines name one group: the dumps' reading is taken, and said as the dumps'.
+    let lines = [("0".to_string(), 0), ("0".to_string(), 2)];
+    let (pg, from) = crate::report::detect::rank_pgs(lines.iter(), &ds);
+    assert_eq!(
+        (
+            pg.get(&0).cloned().flatten(),
+            pg.get(&1).cloned().flatten(),
+            from
+        ),
+        (
+            Some("1".into()),
+            None,
+            crate::report::detect::PG_FROM_FLIGHT
+        )
+    );
+    // Two groups in the lines: theirs, never mixed with the dumps'.
+    let lines = [("3".to_string(), 0), ("4".to_string(), 2)];
+    let (pg, _) = crate::report::detect::rank_pgs(lines.iter(), &ds);
+    assert_eq!(pg.get(&0).cloned().flatten(), Some("3".into()));
+    assert_eq!(pg.get(&1), None);
+}
