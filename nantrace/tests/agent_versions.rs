@@ -25,6 +25,10 @@ use common::{privileged, BIN};
 /// The earlier version's commit and where `cargo xtask test` puts its binary.
 const OLD_COMMIT: &str = "940e9bb";
 const OLD_DEFAULT: &str = "/var/cache/nantrace-tests/nantrace-940e9bb/nantrace";
+/// Two NaN triggers this close are one line seen by both nodes at once (measured: 0 ms, the
+/// same kernel timestamp); a node that dumped only because the other's incident asked would
+/// have no NaN trigger of its own.
+const CONCURRENT_MS: i64 = 3_000;
 
 fn old_agent() -> String {
     let p = std::env::var("NANTRACE_OLD_AGENT").unwrap_or_else(|_| OLD_DEFAULT.to_string());
@@ -61,6 +65,23 @@ fn names(d: &Path) -> Vec<String> {
         .unwrap_or_default();
     v.sort();
     v
+}
+
+/// The monotonic time (ns) of the NaN trigger in `host`'s bundle, if one is there: both
+/// agents run on this one machine, so their monotonic clocks are one.
+fn nan_trigger_ns(job: &Path, bundles: &[(String, String)], host: &str) -> Option<i64> {
+    bundles
+        .iter()
+        .filter(|(_, b)| b == host || b.starts_with(&format!("{host}-")))
+        .filter_map(|(i, b)| {
+            let t: serde_json::Value = serde_json::from_slice(
+                &std::fs::read(job.join(i).join(b).join("timeline.json")).ok()?,
+            )
+            .ok()?;
+            let tr = &t["trigger"];
+            (tr["kind"] == "nan").then(|| tr["mono_ns"].as_i64()).flatten()
+        })
+        .min()
 }
 
 /// Every node bundle under the job's incidents: (incident, bundle directory name).
@@ -109,6 +130,7 @@ fn an_earlier_agent_and_this_one_share_one_incident_per_job() {
     let rounds = 4;
     let mut openers = Vec::new();
     let mut leftovers = 0;
+    let mut gaps_ms = Vec::new();
     for round in 0..rounds {
         let id = slurm.sbatch(
             "ntjob",
@@ -150,6 +172,22 @@ fn an_earlier_agent_and_this_one_share_one_incident_per_job() {
             with_bundles.len()
         );
         let inc = with_bundles.into_iter().next().unwrap();
+        // The race this test is for: each node triggered on the NaN by itself (its bundle's
+        // trigger is the NaN line, not a job-wide dump the other node's incident asked for),
+        // on the same line (both read the job's output through the kernel: one timestamp,
+        // 0 ms apart in every round measured), so both went to open an incident at once.
+        let (Some(tn), Some(to)) = (
+            nan_trigger_ns(&job, &bundles, "vnew"),
+            nan_trigger_ns(&job, &bundles, "vold"),
+        ) else {
+            panic!("round {round}: a node's bundles hold no NaN trigger: {bundles:?}");
+        };
+        let gap_ms = (tn - to).abs() / 1_000_000;
+        gaps_ms.push(gap_ms);
+        assert!(
+            gap_ms <= CONCURRENT_MS,
+            "round {round}: the two nodes' NaN triggers were {gap_ms} ms apart: not the concurrent triggers this test is for"
+        );
         // This build's agent dumps the NaN and the job's exit, nothing more: an earlier
         // agent's incident opened at the same moment is not dumped again (`took`).
         let ours = bundles.iter().filter(|(_, b)| b.starts_with("vnew")).count();
@@ -179,7 +217,7 @@ fn an_earlier_agent_and_this_one_share_one_incident_per_job() {
             .env("SLURM_CONF", &slurm.conf)
             .status();
     }
-    eprintln!("opened by: {openers:?}; marker-only incidents left: {leftovers}");
+    eprintln!("opened by: {openers:?}; marker-only incidents left: {leftovers}; the two NaN triggers apart (ms): {gaps_ms:?}");
     new.stop();
     older.stop();
     let _ = std::fs::remove_dir_all(&base);
