@@ -1075,6 +1075,29 @@ fn nfs_a_marker_one_mount_looked_up_before_it_was_written_is_joined() {
     );
     assert!(a.marker(job, id).is_some(), "A reads it now");
 
+    // `refresh` by itself: A's cache hides B's marker, a change of A's own in the
+    // directory makes its client look again (a review found the tests passed with `refresh`
+    // a no-op; measured with it a no-op: this block fails, "after refresh mount A still
+    // reads no marker", and the convergence rounds waited out a hidden marker in 3-5 of 40,
+    // 0-1 with it).
+    let job = "7705";
+    let claimed = b.job(job).unwrap().create_subdir(id).unwrap();
+    assert!(a.marker(job, id).is_none(), "no marker yet");
+    let marker = json!({ "schema": "nantrace.incident/1", "job": job, "owner": Value::Null, "incident": id, "host": "nb", "trigger": "nan", "reason": "x", "time": crate::clock::rfc3339(now), "time_ns": now.to_string() });
+    claimed
+        .replace(MARKER, &serde_json::to_vec_pretty(&marker).unwrap())
+        .unwrap();
+    assert!(
+        a.marker(job, id).is_none(),
+        "mount A already reads the marker: its client cached no negative lookup"
+    );
+    a.refresh(job, id);
+    assert!(
+        a.marker(job, id).is_some(),
+        "after refresh mount A still reads no marker: its client did not look again"
+    );
+    assert_eq!(names_in(&server.join(job).join(id)).unwrap(), [MARKER], "refresh leaves nothing behind");
+
     // A triggers first; B's marker arrives while A waits for it.
     let job = "7704";
     let claimed = b.job(job).unwrap().create_subdir(id).unwrap();
