@@ -403,6 +403,8 @@ fn job_steps(merged: &Value, nan_off: f64) -> Vec<f64> {
 }
 
 mod buckets;
+mod flight_clock;
+pub use flight_clock::FrCreated;
 mod hang;
 mod load;
 pub mod summary;
@@ -422,7 +424,7 @@ use peers::measures;
 pub use peers::{outliers, MEASURES, PEER_AFTER_S, PEER_BEFORE_S};
 
 #[cfg(test)]
-mod flight_tests;
+pub(crate) mod flight_tests;
 #[cfg(test)]
 mod hang_tests;
 #[cfg(test)]

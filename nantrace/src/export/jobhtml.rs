@@ -106,7 +106,7 @@ pub fn render(r: &JobReport, merged: &Value) -> String {
         .collect();
     let (what, ranks_words) = match (&ranks, ranks_note) {
         (Some(k), Some(n)) => {
-            legend.push_str(r#"<span class="sw k-progress"></span>a rank's last step/loss line<span class="sw since"></span>its silence since"#);
+            legend.push_str(r#"<span class="sw k-progress"></span>a rank's last step/loss line<span class="sw since"></span>its silence since<span class="sw k-fr"></span>its Flight Recorder dump's last collective created"#);
             (
                 "The nodes and, under each, its ranks on one clock",
                 format!(

@@ -192,6 +192,13 @@ impl Buckets {
 /// node's clock correction applied, counted from the job's first trigger `t0_ns`.
 pub fn start_rel(b: i64, correction_s: f64, t0_ns: i128, reference_s: f64) -> f64 {
     let start = i128::from(b) * i128::from(BUCKET_S) * 1_000_000_000;
-    let on_job_clock = start.saturating_add((correction_s * 1e9) as i128);
-    (on_job_clock - t0_ns) as f64 / 1e9 - reference_s
+    rel_s(start, correction_s, t0_ns, reference_s)
+}
+
+/// An instant of a node's wall clock (`ns` since the epoch) on the job's clock, in seconds
+/// relative to the job's reference, as `merge` puts the node's events there: the node's clock
+/// correction applied, counted from the job's first trigger `t0_ns`.
+pub fn rel_s(ns: i128, correction_s: f64, t0_ns: i128, reference_s: f64) -> f64 {
+    let on_job_clock = ns.saturating_add((correction_s * 1e9) as i128);
+    on_job_clock.saturating_sub(t0_ns) as f64 / 1e9 - reference_s
 }

@@ -1,6 +1,6 @@
 //! A hung collective across the job's nodes (`report::hang` over every node's lines), with
 //! each named rank's node and state at its node's trigger, and the job report's verdict for it.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::Value;
 
@@ -127,17 +127,21 @@ pub struct RankStood {
     /// last one it completed.
     pub fr_last: Option<(i64, String, String)>,
     pub fr_completed: Option<i64>,
+    /// When that last collective was created, on the job's clock, or why it is not drawn.
+    pub fr_created: Option<super::FrCreated>,
 }
 
 /// Each rank the nodes' stacks (its main process) or Flight Recorder dumps (`dumps`, of
-/// group `pg`) hold, each once (the first node's), at most [`HangView::STOOD`].
+/// group `pg`) hold, each once (the first node's), at most [`HangView::STOOD`]; a dump's
+/// time on the job's clock (`clock`: its first trigger, the reference's offset from it).
 fn stood(
     raw: &[Node],
     node_of: &BTreeMap<u32, String>,
-    pg: &str,
+    (pg, clock): (&str, (i128, f64)),
     dumps: &[RankDump],
 ) -> Vec<RankStood> {
     let mut out: BTreeMap<u32, RankStood> = BTreeMap::new();
+    let mut created: BTreeMap<u32, Option<i64>> = BTreeMap::new();
     for n in raw {
         let st = &n.snapshot["stacks"];
         for p in st["processes"].as_array().into_iter().flatten() {
@@ -187,15 +191,22 @@ fn stood(
         });
         if let Some((n, e)) = of_pg().max_by_key(|x| x.0) {
             s.fr_last = Some((n, e.profiling_name.clone(), e.state.clone()));
+            created.insert(d.rank, e.time_created_ns);
         }
         s.fr_completed = of_pg()
             .filter(|(_, e)| e.state == "completed")
             .map(|x| x.0)
             .max();
     }
+    // The dump's clock is the node's the rank ran on (the first bundle of that name).
+    let by_name: HashMap<&str, &Node> = raw.iter().rev().map(|n| (n.name.as_str(), n)).collect();
     for s in out.values_mut() {
         if let Some(n) = node_of.get(&s.rank) {
             s.node = Some(n.clone());
+        }
+        if let Some(ns) = created.get(&s.rank) {
+            let node = s.node.as_deref().and_then(|n| by_name.get(n)).copied();
+            s.fr_created = Some(super::flight_clock::created(*ns, node, clock));
         }
     }
     out.into_values().collect()
@@ -404,7 +415,8 @@ impl JobHang {
             .iter()
             .filter(|e| e["source"] == "log" && e["fault"]["family"].as_str() == Some(network))
             .all(|e| e["fault"]["kind"] == "socket_reset");
-        let stood = stood(raw, &node_of, &hang.pg, &dumps);
+        let clock = (super::t0_of(merged), nan_off);
+        let stood = stood(raw, &node_of, (&hang.pg, clock), &dumps);
         Some(JobHang {
             stood,
             sockets_only,

@@ -2,13 +2,21 @@
 //! it reads a [`JobReport`], never the bundles.
 use serde_json::Value;
 
+use super::hang::{HangView, RankRow};
 use super::peers::MEASURES;
 use super::JobReport;
+
+/// Rows of the ranks' table at most (the rest are counted), as job-report.html's.
+const RANK_ROWS: usize = 64;
+
+/// Untrusted text for a table's cell: the node report's escaping, and `|`.
+fn esc(t: &str) -> String {
+    crate::report::md(t).replace('|', "\\|")
+}
 
 /// The job report in Markdown (untrusted text escaped by the same rules as the node report).
 pub fn markdown(r: &JobReport) -> String {
     use std::fmt::Write as _;
-    let esc = |t: &str| crate::report::md(t).replace('|', "\\|");
     let mut s = String::new();
     let _ = writeln!(s, "# nantrace job report\n");
     let _ = writeln!(s, "**Verdict: {}**\n", esc(&r.verdict));
@@ -89,6 +97,9 @@ pub fn markdown(r: &JobReport) -> String {
     for m in &r.missing {
         let _ = writeln!(s, "| {} | | MISSING: no bundle | |", esc(m));
     }
+    if let Some(h) = &r.hang {
+        s.push_str(&ranks_table(h));
+    }
     let _ = writeln!(s, "\n## Peers compared\n");
     if r.nodes.len() < 3 {
         let _ = writeln!(
@@ -154,4 +165,78 @@ pub(super) fn ranks_text(d: &Value) -> Option<String> {
         "{span}{of} ({}{node})",
         d["launcher"].as_str().unwrap_or("?")
     ))
+}
+
+/// A hang's ranks, the named ones first: where each stood as its watchdog lines say (a row
+/// per process group its lines name) and, on the hang's group's row, its Flight Recorder
+/// dump's last collective (number, operation, state) and last completed one; "—" where
+/// none. A named rank or a rank with a dump, and no watchdog line, has a row of its own.
+fn ranks_table(h: &HangView) -> String {
+    use std::fmt::Write as _;
+    let mut rows: Vec<RankRow> = h.ranks.clone();
+    let named = h.lagging.iter().map(|(r, n)| (*r, n));
+    let dumped = h.stood.iter().filter(|st| st.fr_last.is_some());
+    let mut seen: std::collections::HashSet<u32> = rows
+        .iter()
+        .filter(|r| r.pg == h.pg)
+        .map(|r| r.rank)
+        .collect();
+    for (rank, node) in named.chain(dumped.map(|st| (st.rank, &st.node))) {
+        if seen.insert(rank) {
+            rows.push(RankRow {
+                rank,
+                pg: h.pg.clone(),
+                node: node.clone(),
+                lagging: h.lagging.iter().any(|l| l.0 == rank),
+                ..RankRow::default()
+            });
+        }
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    // As job-report.html: the named ranks first, then by group (in number order) and rank.
+    rows.sort_by_key(|r| {
+        (
+            !r.lagging,
+            r.pg.parse::<u64>().unwrap_or(u64::MAX),
+            r.pg.clone(),
+            r.rank,
+        )
+    });
+    let dash = |v: Option<i64>| v.map_or("—".to_string(), |v| v.to_string());
+    let mut s = String::from("\n## The hang: where each rank stood\n\n| rank | node | PG | timed out in | last enqueued | last completed | Flight Recorder: last collective | Flight Recorder: last completed | its line (the job's own words) |\n|---|---|---|---|---|---|---|---|---|\n");
+    for r in rows.iter().take(RANK_ROWS) {
+        let st = h.stood.iter().find(|st| st.rank == r.rank && r.pg == h.pg);
+        let last = st
+            .and_then(|st| st.fr_last.as_ref())
+            .map_or("—".to_string(), |(n, op, state)| {
+                format!("{n} {op} {state}")
+            });
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.rank,
+            esc(r.node.as_deref().unwrap_or("?")),
+            esc(&r.pg),
+            match (r.waits_in, &r.op) {
+                (Some(w), Some(op)) => format!("{w} ({})", esc(op)),
+                (w, _) => dash(w),
+            },
+            dash(r.enqueued),
+            dash(r.completed),
+            esc(&last),
+            dash(st.and_then(|st| st.fr_completed)),
+            if r.line.is_empty() {
+                "—".to_string()
+            } else {
+                esc(&r.line)
+            },
+        );
+    }
+    let more = rows.len().saturating_sub(RANK_ROWS) + h.ranks_seen.saturating_sub(h.ranks.len());
+    if more > 0 {
+        let _ = writeln!(s, "\n{more} more ranks not listed.");
+    }
+    s
 }

@@ -1,8 +1,10 @@
 //! The ranks' lanes of job-report.html: under each node its ranks on the job's clock, each
 //! with its last step/loss line, its first watchdog line, its collective and its stack group,
-//! the named rank highlighted with its frame; on the recorded real PyTorch hang (loaded in
-//! headless chromium too), on a storage variant of it, on NCCL watchdog lines, on hostile
-//! text, and past the cap.
+//! the named rank highlighted with its frame, its Flight Recorder dump's last collective as a
+//! mark where its node's clock puts it on the job's (or why not); on the recorded real PyTorch
+//! hang (loaded in headless chromium too), on a storage variant of it, on torch's own dumps of
+//! tests/flight with their times moved or not, on NCCL watchdog lines, on hostile text, and
+//! past the cap.
 use std::process::Command;
 
 use serde_json::{json, Value};
@@ -172,6 +174,169 @@ fn the_recorded_hang_draws_each_rank_under_its_node_with_its_collective_group_an
         dom.contains("rank 1 on n2: S in hrtimer_nanosleep, torch_train.py:50 wait_for_the_flag")
     );
     assert!(dom.contains("last enqueued 6, completed – (its Flight Recorder dump"));
+    assert_eq!(
+        dom.matches("class=\"ev k-fr\"").count(),
+        2,
+        "ranks 0 and 2's dumps"
+    );
+    assert!(dom.contains("FR: collective 6 gloo:all_reduce created -3.8 s"));
+}
+
+/// The page's axis (its main lanes): seconds from the reference to x, from its first and last
+/// ticks (`<text x="..." ... class="tick" ...>+1.0s</text>`).
+fn axis(html: &str) -> impl Fn(f64) -> f64 {
+    let svg = &html[pos(html, "<svg id=\"lanes\"")..];
+    let svg = &svg[..svg.find("</svg>").unwrap()];
+    let ticks: Vec<(f64, f64)> = svg
+        .match_indices("class=\"tick\"")
+        .map(|(i, _)| {
+            let x = &svg[svg[..i].rfind("<text x=\"").unwrap() + 9..];
+            let t = &svg[i + svg[i..].find('>').unwrap() + 1..];
+            (
+                t[..t.find("s<").unwrap()].parse::<f64>().unwrap(),
+                x[..x.find('"').unwrap()].parse::<f64>().unwrap(),
+            )
+        })
+        .collect();
+    assert!(ticks.len() >= 2, "{svg}");
+    let ((t1, x1), (t2, x2)) = (ticks[0], ticks[ticks.len() - 1]);
+    move |t| x1 + (t - t1) * (x2 - x1) / (t2 - t1)
+}
+
+/// The x of a lane's mark: `what` opens its attribute (`class="ev k-fr" d="M`: the path's
+/// apex after its `L`; `class="ev k-hang" cx="`; `class="ev k-progress" x="`: its centre).
+fn mark_x(lane: &str, what: &str) -> f64 {
+    let at = &lane[pos(lane, what) + what.len()..];
+    let num = |s: &str| {
+        let end = s.find(|c: char| c != '.' && c != '-' && !c.is_ascii_digit());
+        s[..end.unwrap()].parse::<f64>().unwrap()
+    };
+    match what {
+        w if w.contains("k-fr") => num(&at[at.find('L').unwrap() + 1..]),
+        w if w.contains("k-progress") => num(at) + 4.0,
+        _ => num(at),
+    }
+}
+
+#[test]
+fn the_flight_recorders_last_collective_is_a_mark_where_its_nodes_clock_puts_it() {
+    // The real job: ranks 0 (n1) and 2 (n3) dumped, their last collective 6 created at
+    // 20:34:50.324128148 and 20:34:50.323010660 on their nodes' clocks (torch's epoch ns);
+    // the reference is the first trigger, n1's at 20:34:54.136429054; no correction (the
+    // nodes' NTP is unsynchronised: 0).
+    let (_, html) = recorded_hang("fr", |_| {});
+    let x_of = axis(&html);
+    for (rank, t, title) in [
+        (0, -3.812_300_906, "-3.812 s"),
+        (2, -3.813_418_394, "-3.813 s"),
+    ] {
+        let w = words(&html, rank);
+        assert_eq!(w.matches("class=\"ev k-fr\"").count(), 1, "{w}");
+        assert!(
+            w.contains(&format!("<title>rank {rank}: FR: collective 6 gloo:all_reduce created: {title} (its Flight Recorder dump; its node's clock put on the job's)</title>")),
+            "{w}"
+        );
+        assert!(
+            w.contains("FR: collective 6 gloo:all_reduce created -3.8 s (its node's clock put on the job's)"),
+            "{w}"
+        );
+        let x = mark_x(w, "class=\"ev k-fr\" d=\"M");
+        assert!(
+            (x - x_of(t)).abs() < 0.3,
+            "rank {rank}: x {x}, want {}",
+            x_of(t)
+        );
+        // Created after its last step line (-4.1 s), before its timeout (+6.2 s).
+        let (step, timeout) = (
+            mark_x(w, "class=\"ev k-progress\" x=\""),
+            mark_x(w, "class=\"ev k-hang\" cx=\""),
+        );
+        assert!(step < x && x < timeout, "{step} {x} {timeout}");
+        assert!((step - x_of(-4.063)).abs() < 0.3, "{step}");
+    }
+    // Rank 1 wrote no dump: no mark, no third line.
+    let r1 = words(&html, 1);
+    assert!(!r1.contains("k-fr") && !r1.contains("FR: "), "{r1}");
+    assert!(html.contains(
+        "<span class=\"sw k-fr\"></span>its Flight Recorder dump's last collective created"
+    ));
+}
+
+/// Moves the times of `n`'s dump (torch's spacing kept) so that its last entry was created
+/// `at_s` from the builders' zero, on `n`'s clock.
+fn created_at(n: &mut Node, at_s: f64) {
+    let zero = crate::clock::parse_rfc3339_ns(&super::tests::at(0.0)).unwrap();
+    let entries = n.snapshot["flight_recorder"]["read"]["ranks"][0]["dump"]["entries"]
+        .as_array_mut()
+        .unwrap();
+    let t = |e: &Value| i128::from(e["time_created_ns"].as_i64().unwrap());
+    let last = entries.iter().map(t).max().unwrap();
+    let to = zero + (at_s * 1e9) as i128;
+    for e in entries {
+        e["time_created_ns"] = json!(i64::try_from(t(e) - last + to).unwrap());
+    }
+}
+
+#[test]
+fn a_dump_time_goes_on_the_jobs_clock_with_its_nodes_correction_and_one_outside_its_window_is_said()
+{
+    // torch's dumps of tests/flight/stopped on the job of `jobreport::flight_tests`, their
+    // times moved to this incident: rank 0's last collective 1 s before n1's trigger, rank 1's
+    // 2 s before n2's on n2's clock, which is 0.25 s behind (its correction), rank 2's two
+    // hours before n3's trigger, outside the 300 s n3's bundle recorded.
+    let mut nodes = crate::jobreport::flight_tests::job("stopped");
+    created_at(&mut nodes[0], -1.0);
+    created_at(&mut nodes[1], -2.0);
+    nodes[1].correction_s = 0.25;
+    nodes[1].timeline["clock"]["correction_s"] = json!(0.25);
+    created_at(&mut nodes[2], -7200.0);
+    let (r, html) = page(nodes);
+    assert_eq!(r.node.as_deref(), Some("n2"), "{}", r.verdict);
+    let x_of = axis(&html);
+    let r1 = words(&html, 1);
+    assert!(
+        r1.contains("<title>rank 1: FR: collective 5 gloo:all_reduce created: -1.750 s (its Flight Recorder dump; its node's clock put on the job's)</title>"),
+        "{r1}"
+    );
+    assert!(
+        r1.contains("FR: collective 5 gloo:all_reduce created -1.8 s"),
+        "{r1}"
+    );
+    let x = mark_x(r1, "class=\"ev k-fr\" d=\"M");
+    assert!((x - x_of(-1.75)).abs() < 0.3, "x {x}, want {}", x_of(-1.75));
+    let r0 = words(&html, 0);
+    assert!(
+        r0.contains("FR: collective 6 gloo:all_reduce created: -1.000 s"),
+        "{r0}"
+    );
+    let r2 = words(&html, 2);
+    assert!(!r2.contains("k-fr"), "{r2}");
+    assert!(
+        r2.contains("FR: collective 6 gloo:all_reduce created: not drawn: -7200.0 s, before the window n3's bundle recorded (-300.0 s to +0.0 s)"),
+        "{r2}"
+    );
+    // The axis is not stretched to it.
+    assert!(x_of(-7200.0) < 0.0, "the page's axis reaches -7200 s");
+}
+
+#[test]
+fn a_dump_time_days_from_its_nodes_trigger_is_not_drawn_and_said() {
+    // torch's dumps of tests/flight/stopped as written (2026-12-04 20:19:58 UTC: epoch ns)
+    // on nodes whose triggers are 2026-11-30's (the builders' zero): 4.8 days apart.
+    let (r, html) = page(crate::jobreport::flight_tests::job("stopped"));
+    assert_eq!(r.node.as_deref(), Some("n2"), "{}", r.verdict);
+    assert!(!html.contains("class=\"ev k-fr\""), "nothing drawn");
+    for (rank, node, last, at) in [
+        (0, "n1", 6, "20:19:58.125"),
+        (1, "n2", 5, "20:19:58.068"),
+        (2, "n3", 6, "20:19:58.125"),
+    ] {
+        let w = words(&html, rank);
+        assert!(
+            w.contains(&format!("FR: collective {last} gloo:all_reduce created: not drawn: 2026-12-04T{at}Z on {node}'s clock, 4.8 days after its trigger: not this incident's time (a wrong clock)")),
+            "{w}"
+        );
+    }
 }
 
 #[test]
@@ -262,6 +427,16 @@ fn stacks(ranks: &[(u32, u64, &str, &str)]) -> Value {
     json!({ "gap_ms": 300, "processes": procs, "python": { "dumps": dumps } })
 }
 
+/// A node's `flight_recorder` section holding one dump of `rank`: its collective 41 of the
+/// default group, operation `op`, created at `at_s` from the builders' zero (its node's clock).
+fn fr_section(rank: u32, op: &str, at_s: f64) -> Value {
+    let ns = crate::clock::parse_rfc3339_ns(&super::tests::at(at_s)).unwrap();
+    let entry = json!({ "pg_name": "0", "pg_desc": "default_pg", "collective_seq_id": 41, "profiling_name": op, "time_created_ns": i64::try_from(ns).unwrap(), "state": "scheduled", "input_sizes": [], "input_dtypes": [], "output_sizes": [], "output_dtypes": [] });
+    let dump =
+        json!({ "version": "2.10", "entries_total": 1, "entries_not_kept": 0, "entries": [entry] });
+    json!({ "sources": [], "read": { "schema": crate::collect::flight::SCHEMA, "ranks_read": 1, "ranks": [{ "rank": rank, "pid": 100, "status": "read", "path": "/tmp/fr", "dump": dump }] } })
+}
+
 #[test]
 fn hostile_frames_lines_and_host_names_on_the_rank_lanes_are_text() {
     let evil_frame = "<img src=x onerror=alert(5)> (train.py:1)";
@@ -270,6 +445,11 @@ fn hostile_frames_lines_and_host_names_on_the_rank_lanes_are_text() {
     n1.snapshot["stacks"] = stacks(&[(0, 100, "futex_wait_queue", "all_reduce (c10d.py:10)")]);
     let mut n2 = node("n2<script>alert(3)</script>", vec![line(0.2, R1)], false, 1);
     n2.snapshot["stacks"] = stacks(&[(1, 100, "hrtimer_nanosleep", evil_frame)]);
+    // A bundle's dump is read as written: its operation and its node's name go into the
+    // mark's label and the words on why a time is not drawn (three days from the trigger).
+    n1.snapshot["flight_recorder"] = fr_section(0, "<img src=x onerror=alert(7)>", -0.2);
+    n2.snapshot["flight_recorder"] =
+        fr_section(1, "</text><script>alert(8)</script>", 3.0 * 86_400.0);
     let name3 = "n3\" onmouseover=\"alert(4)";
     let mut n3 = node(name3, vec![line(-0.1, R2), evil_step], false, 2);
     n3.snapshot["stacks"] = stacks(&[(2, 300, "futex_wait_queue", "all_reduce (c10d.py:10)")]);
@@ -296,6 +476,17 @@ fn hostile_frames_lines_and_host_names_on_the_rank_lanes_are_text() {
     assert!(
         words(&html, 2).contains("step 3 | loss 0.5 &lt;/text&gt;&lt;script&gt;"),
         "cut and escaped"
+    );
+    let r0 = words(&html, 0);
+    assert!(
+        r0.contains(
+            "<title>rank 0: FR: collective 41 &lt;img src=x onerror=alert(7)&gt; created: -0.700 s"
+        ),
+        "{r0}"
+    );
+    assert!(
+        r1.contains("FR: collective 41 &lt;/text&gt;&lt;script&gt;alert(8)&lt;/script&gt; created: not drawn: 2026-12-03T00:53:20.000Z on n2&lt;script&gt;alert(3)&lt;/script&gt;'s clock, 3.0 days after its trigger"),
+        "{r1}"
     );
     assert!(html.contains(
         "data-rank=\"1\" data-node=\"n2&lt;script&gt;alert(3)&lt;/script&gt;\" data-group=\"B\""

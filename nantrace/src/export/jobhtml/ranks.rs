@@ -4,16 +4,19 @@
 //! collective it last enqueued and completed (its watchdog lines' counters, else its Flight
 //! Recorder dump), its stack group (ranks whose main threads stood in the same place at the
 //! trigger; the ranks outside the largest group are where to look) and, for the rank the
-//! verdict names and the ranks outside the largest group, its frame. At most
-//! [`RANK_LANES_MAX`] lanes: the named ranks, their neighbours, the ranks outside the largest
-//! group first; the page says how many are not drawn. The job's words are cut and escaped.
+//! verdict names and the ranks outside the largest group, its frame. Its Flight Recorder
+//! dump's last collective of the hang's group is a mark where it was created, on its node's
+//! clock put on the job's (`jobreport::FrCreated`), or a line of words saying why it is not.
+//! At most [`RANK_LANES_MAX`] lanes: the named ranks, their neighbours, the ranks outside the
+//! largest group first; the page says how many are not drawn. The job's words are cut and
+//! escaped.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::Value;
 
 use super::lanes::{Axis, LEFT, RIGHT, W};
 use super::{cut, esc, num};
-use crate::jobreport::{HangView, JobReport};
+use crate::jobreport::{FrCreated, HangView, JobReport};
 
 /// Ranks drawn at most (a lane each).
 pub const RANK_LANES_MAX: usize = 48;
@@ -43,6 +46,9 @@ pub(super) struct RankLane {
     watchdog: Option<(f64, String)>,
     /// The collective it last enqueued and completed, in words (unescaped).
     collective: String,
+    /// Its Flight Recorder dump's last collective (number, operation) and when it was
+    /// created on the page's clock, or why that is not drawn.
+    fr: Option<(i64, String, FrCreated)>,
     /// Where its main thread stood at its node's trigger (`S in futex_wait_queue,
     /// train.py:211 log_metrics`), and its stack group (0: the largest).
     frame: Option<String>,
@@ -71,6 +77,7 @@ fn lane_of(lanes: &mut BTreeMap<u32, RankLane>, rank: u32) -> Option<&mut RankLa
         progress: None,
         watchdog: None,
         collective: String::new(),
+        fr: None,
         frame: None,
         group: None,
         suspect: false,
@@ -161,6 +168,15 @@ pub(super) fn read(r: &JobReport, h: &HangView, merged: &Value, zero: f64) -> Ra
             pids.insert((n, p), s.rank);
         }
         l.frame = s.stack.as_deref().map(frame);
+        if let (Some((n, op, _)), Some(c)) = (&s.fr_last, &s.fr_created) {
+            let c = match c {
+                FrCreated::At(t) => {
+                    clock(*t).map_or(FrCreated::NotDrawn("no time".into()), FrCreated::At)
+                }
+                c => c.clone(),
+            };
+            l.fr = Some((*n, op.clone(), c));
+        }
         if let (true, Some((n, op, state))) = (l.collective.is_empty(), &s.fr_last) {
             l.collective = format!(
                 "last enqueued {n}, completed {} (its Flight Recorder dump: {op}, {state})",
@@ -373,7 +389,7 @@ impl Ranks {
 pub(super) fn style() -> String {
     let mut s = String::from(".rname{font-size:11px;fill:#566573} .rank-lane.suspect .rname{fill:#9a7d0a;font-weight:700} .rank-lane.named .rname{fill:#922b21;font-weight:700}
 .rtext{font-size:10.5px;fill:#424949;paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round} .rtext .frame{fill:#922b21;font-weight:700} .gl{font-size:9px;fill:#fff;font-weight:700}
-.k-progress{fill:#5d6d7e} .sw.k-progress{background:#5d6d7e} .since{stroke:#909497;stroke-dasharray:3 3} .sw.since{background:none;border-top:2px dashed #909497;border-radius:0;height:0}
+.k-progress{fill:#5d6d7e} .sw.k-progress{background:#5d6d7e} .k-fr{fill:#1a5276} .sw.k-fr{background:#1a5276;border-radius:0} .since{stroke:#909497;stroke-dasharray:3 3} .sw.since{background:none;border-top:2px dashed #909497;border-radius:0;height:0}
 ");
     for (i, c) in PALETTE.iter().chain(["#95a5a6"].iter()).enumerate() {
         s.push_str(&format!(".g{i}{{fill:{c}}} .sw.g{i}{{background:{c}}} "));
@@ -383,14 +399,24 @@ pub(super) fn style() -> String {
 }
 
 impl RankLane {
-    /// Its band, then its two lines of words.
+    /// Its band, then its lines of words (a third for its Flight Recorder dump).
     pub(super) fn height(&self) -> f64 {
-        BAND_H + 2.0 * TEXT_H + 4.0
+        let lines = if self.fr.is_some() { 3.0 } else { 2.0 };
+        BAND_H + lines * TEXT_H + 4.0
+    }
+
+    /// When its Flight Recorder dump's last collective was created, where it is drawn.
+    fn fr_at(&self) -> Option<f64> {
+        match &self.fr {
+            Some((_, _, FrCreated::At(t))) => Some(*t),
+            _ => None,
+        }
     }
 
     /// The times it marks.
     pub(super) fn times(&self) -> impl Iterator<Item = f64> + '_ {
-        self.progress.iter().chain(&self.watchdog).map(|p| p.0)
+        let p = self.progress.iter().chain(&self.watchdog).map(|p| p.0);
+        p.chain(self.fr_at())
     }
 
     /// Its band at `y` and its label: the rank, its node, its stack group's chip; the named
@@ -462,8 +488,20 @@ impl RankLane {
                 self.title("its first watchdog / timeout line", *t, line)
             ));
         }
-        let (first, second) = self.words();
-        for (k, text) in [first, second].iter().enumerate() {
+        if let (Some((n, op, _)), Some(t)) = (&self.fr, self.fr_at().filter(|t| inside(*t))) {
+            let x = ax.x(t);
+            s.push_str(&format!(
+                r#"<path class="ev k-fr" d="M{:.1} {:.1}L{x:.1} {:.1}L{:.1} {:.1}Z"><title>rank {}: {}: {t:+.3} s (its Flight Recorder dump; its node's clock put on the job's)</title></path>"#,
+                x - 5.0,
+                yc + 5.0,
+                yc - 5.0,
+                x + 5.0,
+                yc + 5.0,
+                self.rank,
+                fr_label(*n, op)
+            ));
+        }
+        for (k, text) in self.words().iter().enumerate() {
             s.push_str(&format!(
                 r#"<text x="{}" y="{:.1}" class="rtext">{text}</text>"#,
                 LEFT + 4.0,
@@ -481,9 +519,10 @@ impl RankLane {
         )
     }
 
-    /// Its two lines of words (markup): when it last made progress and timed out; where it
-    /// stood (the named rank's and a suspect's frame first) and its collective.
-    fn words(&self) -> (String, String) {
+    /// Its lines of words (markup): when it last made progress and timed out; where it stood
+    /// (the named rank's and a suspect's frame first) and its collective; when its Flight
+    /// Recorder dump's last collective was created, or why that is not drawn.
+    fn words(&self) -> Vec<String> {
         let progress = match &self.progress {
             Some((t, line)) => format!(
                 "last step/loss line {t:+.1} s: {}",
@@ -517,9 +556,26 @@ impl RankLane {
         } else {
             cut(&self.collective, 110)
         };
-        (
+        let fr = self.fr.as_ref().map(|(n, op, c)| match c {
+            FrCreated::At(t) => format!(
+                "{} {t:+.1} s (its node's clock put on the job's)",
+                fr_label(*n, op)
+            ),
+            FrCreated::NotDrawn(why) => {
+                format!("{}: not drawn: {}", fr_label(*n, op), cut(why, 200))
+            }
+        });
+        [
             format!("{progress} · {watchdog}"),
             format!("{stood} · {collective}"),
-        )
+        ]
+        .into_iter()
+        .chain(fr)
+        .collect()
     }
+}
+
+/// A Flight Recorder mark's label (markup): `FR: collective 6 gloo:all_reduce created`.
+fn fr_label(n: i64, op: &str) -> String {
+    format!("FR: collective {n} {} created", cut(op, 64))
 }

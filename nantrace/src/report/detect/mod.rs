@@ -17,7 +17,9 @@ mod process;
 mod ras;
 pub(crate) use ras::{clause as ras_clause, view as ras_view};
 mod stacks;
-pub(crate) use stacks::{node_rank_groups, rank_groups_by, rank_pgs, rank_state, PG_FROM_FLIGHT};
+pub(crate) use stacks::{node_rank_groups, rank_groups_by, rank_pgs, rank_state};
+#[cfg(test)]
+pub(crate) use stacks::PG_FROM_FLIGHT;
 mod storage;
 
 use serde_json::Value;
