@@ -73,7 +73,7 @@ pub fn job_dir(dir: &Path, json: bool, write: bool) -> anyhow::Result<()> {
     let (r, merged, nodes) = crate::jobreport::from_dir(dir)?;
     if r.from_summaries > 0 {
         crate::say!(
-            "nantrace: {} of {} nodes read from their summaries (quiet nodes), the others from their timelines",
+            "nantrace: {} of {} nodes read from their summaries (quiet nodes, and nodes whose only words are hang lines), the others from their timelines",
             r.from_summaries,
             r.nodes.len()
         );

@@ -77,6 +77,9 @@ fn the_rank_that_never_enqueued_the_collective_is_named_with_its_node() {
     assert!(!r.verdict.contains("model side"), "{}", r.verdict);
     assert_eq!(r.node.as_deref(), Some("n2"));
     assert_eq!(r.family, "software/configuration");
+    // Every node's only words are hang lines: the differential test read n1 and n3 from
+    // their summaries (n2, named, read whole again) and found the same report.
+    assert_eq!(super::scale_tests::SUMMARISED.with(std::cell::Cell::get), 2);
     assert!(
         r.action
             .as_deref()

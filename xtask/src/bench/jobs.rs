@@ -30,6 +30,9 @@ enum Cause {
     Clean,
     /// No cause on the machine: the other ranks' communicator errors after rank 0's NaN.
     Consequences,
+    /// A hung collective (the scale run only): every rank of every node prints torch's
+    /// watchdog lines for collective 42; one rank (on the culprit) never enqueued it.
+    Hang,
 }
 
 impl Cause {
@@ -56,6 +59,7 @@ impl Cause {
             Cause::Ecc => "ecc_corrected",
             Cause::Clean => "clean",
             Cause::Consequences => "consequences_only",
+            Cause::Hang => "hang",
         }
     }
 }
@@ -153,6 +157,31 @@ fn samples(ev: &mut Vec<(f64, Value)>, shape: Shape, cause: Option<Cause>, rng: 
     }
 }
 
+/// A hang job's directory (`scale-hang-N`): every node of it prints the hang's lines.
+fn hang_job(dir: &Path) -> bool {
+    dir.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("scale-hang-"))
+}
+
+/// torch's watchdog lines of a node's ranks for a hang in collective 42 (as recorded from
+/// torch 2.x, docs/hangs.md), classified as the session does; on the culprit, the rank of
+/// the faulty GPU never enqueued 42 and printed only its counters.
+fn hang_lines(ev: &mut Vec<(f64, Value)>, (i, gpus): (usize, u32), culprit: bool, rng: &mut Lcg) {
+    let fault = |kind: &str, rank: u32| json!({ "family": "hang", "kind": kind, "what": "collective timed out (NCCL watchdog)", "code": "ALLREDUCE SeqNum=42 timeout 600000 ms ran 600035 ms", "generic": false, "fatal": true, "rank": rank, "group": 0 });
+    for g in 0..gpus {
+        let rank = i as u32 * gpus + g;
+        let t = -0.5 + (rng.below(200) as f64) / 1000.0;
+        let pid = 1000 + g;
+        if culprit && g == FAULTY_GPU {
+            ev.push((t + 0.8, json!({ "source": "log", "pid": pid, "job": true, "line": format!("[rank{rank}]:[E1202 04:54:04.100 ProcessGroupNCCL.cpp:1595] [PG ID 0 PG GUID 0(default_pg) Rank {rank}] Received a dump signal due to a collective timeout from rank 0 and we will try our best to dump the debug info. Last enqueued NCCL work: 41, last completed NCCL work: 41.") })));
+            continue;
+        }
+        ev.push((t, json!({ "source": "log", "pid": pid, "job": true, "line": format!("[rank{rank}]:[E1202 04:54:03.190 ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for 600035 milliseconds before timing out."), "fault": fault("nccl_watchdog_timeout", rank) })));
+        ev.push((t + 0.01, json!({ "source": "log", "pid": pid, "job": true, "line": format!("[rank{rank}]:[E1202 04:54:03.200 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank {rank}] Exception (either an error or timeout) detected by watchdog at work: 42, last enqueued NCCL work: 42, last completed NCCL work: 41."), "fault": fault("nccl_watchdog_timeout", rank) })));
+    }
+}
+
 /// One node's bundle in `dir/<host>/`, as the agent writes it.
 fn write_node(
     dir: &Path,
@@ -164,7 +193,8 @@ fn write_node(
     let name = host(i);
     let d = dir.join(&name);
     std::fs::create_dir_all(&d)?;
-    let rank0 = i == 0;
+    let hang = cause == Some(Cause::Hang) || hang_job(dir);
+    let rank0 = i == 0 && !hang;
     let mut ev: Vec<(f64, Value)> = Vec::new();
     let jitter = |rng: &mut Lcg| (rng.below(1000) as f64) / 1000.0;
     samples(&mut ev, shape, cause, rng);
@@ -186,9 +216,17 @@ fn write_node(
         Some(Cause::Consequences) => ev.push((2.0, json!({ "source": "log", "pid": 100, "job": true, "line": format!("{name}:100:200 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.1<4711> with status=12 opcode=0 len=0 vendor err 129 (Recv)"), "fault": { "family": "network", "code": "ibv status 12", "what": "IB completion error" } }))),
         _ => {}
     }
+    if hang {
+        hang_lines(&mut ev, (i, shape.gpus), cause == Some(Cause::Hang), rng);
+    }
     ev.sort_by(|a, b| a.0.total_cmp(&b.0));
     let nan = rank0;
     let trigger_s = if nan { 0.0 } else { 0.5 + jitter(rng) };
+    let identity = if hang {
+        json!({ "job": "slurm-4711", "scheduler": { "kind": "slurm", "job_id": "4711" }, "distributed": { "launcher": "torch", "world_size": n as u32 * shape.gpus, "ranks": (0..shape.gpus).map(|g| json!({ "pid": 1000 + g, "rank": i as u32 * shape.gpus + g })).collect::<Vec<_>>() } })
+    } else {
+        json!({ "job": "slurm-4711", "scheduler": { "kind": "slurm", "job_id": "4711" } })
+    };
     let mut text = String::with_capacity(ev.len() * 200);
     text.push_str("{\n");
     let head = [
@@ -203,7 +241,7 @@ fn write_node(
         ),
         (
             "trigger",
-            json!({ "kind": if nan { "nan" } else { "job-wide" }, "time": at(trigger_s), "mono_ns": 1_000_000_000i64 + (trigger_s * 1e9) as i64, "reason": "" }),
+            json!({ "kind": if nan { "nan" } else if hang { "job-error" } else { "job-wide" }, "time": at(trigger_s), "mono_ns": 1_000_000_000i64 + (trigger_s * 1e9) as i64, "reason": "" }),
         ),
         (
             "first_nan",
@@ -215,7 +253,7 @@ fn write_node(
         ),
         (
             "job",
-            json!({ "root_pid": 100, "identity": { "job": "slurm-4711", "scheduler": { "kind": "slurm", "job_id": "4711" } } }),
+            json!({ "root_pid": 100, "identity": identity }),
         ),
         ("window", json!({ "pre_s": shape.window_s })),
         (
@@ -312,8 +350,17 @@ fn report(bin: &Path, dir: &Path) -> Result<(Value, f64, f64)> {
         "nantrace report {}: {st}: {err}",
         dir.display()
     );
-    let v: Value = serde_json::from_str(&out)
+    let mut v: Value = serde_json::from_str(&out)
         .with_context(|| format!("nantrace report --json: {out:.200}"))?;
+    // "nantrace: N of M nodes read from their summaries ...": not in the JSON.
+    let summarised = err
+        .lines()
+        .find(|l| l.contains("nodes read from their summaries"))
+        .and_then(|l| l.strip_prefix("nantrace: "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    v["from_summaries"] = json!(summarised);
     Ok((v, wall, hwm_kib as f64 / 1024.0))
 }
 
@@ -321,8 +368,13 @@ fn report(bin: &Path, dir: &Path) -> Result<(Value, f64, f64)> {
 fn scale(smoke: bool, bin: &Path, tmp: &Path, rng: &mut Lcg) -> Result<Vec<Value>> {
     let sizes: &[usize] = if smoke { &[20] } else { &[64, 256, 1024] };
     let mut scale = Vec::new();
-    for &n in sizes {
-        let dir = tmp.join(format!("scale-{n}"));
+    for (&n, hang) in sizes
+        .iter()
+        .map(|n| (n, false))
+        .chain(sizes.iter().map(|n| (n, true)))
+    {
+        let cause = if hang { Cause::Hang } else { Cause::Xid };
+        let dir = tmp.join(format!("scale-{}{n}", if hang { "hang-" } else { "" }));
         let culprit = 1 + rng.below(n as u64 - 1) as usize;
         let t0 = Instant::now();
         let mut bytes = 0;
@@ -331,7 +383,7 @@ fn scale(smoke: bool, bin: &Path, tmp: &Path, rng: &mut Lcg) -> Result<Vec<Value
                 &dir,
                 (i, n),
                 REAL,
-                (i == culprit).then_some(Cause::Xid),
+                (i == culprit).then_some(cause),
                 rng,
             )?;
         }
@@ -340,7 +392,8 @@ fn scale(smoke: bool, bin: &Path, tmp: &Path, rng: &mut Lcg) -> Result<Vec<Value
         drop_caches();
         let (v, wall, rss) = report(bin, &dir)?;
         let named = v["node"].as_str().unwrap_or("");
-        eprintln!("xtask bench-jobs: {n} nodes ({:.0} MiB of bundles, written in {gen_s:.1} s), no summaries: report {wall:.2} s, peak RSS {rss:.0} MiB, named {named:?} (the Xid is on {})", bytes as f64 / 1048576.0, host(culprit));
+        let what = if hang { "the rank that never enqueued" } else { "the Xid" };
+        eprintln!("xtask bench-jobs: {n} nodes{} ({:.0} MiB of bundles, written in {gen_s:.1} s), no summaries: report {wall:.2} s, peak RSS {rss:.0} MiB, named {named:?} ({what} is on {})", if hang { ", a hang" } else { "" }, bytes as f64 / 1048576.0, host(culprit));
         // Each node's summary, as the agent writes it at the dump (`report --summaries`
         // writes the same for bundles without one), then the job report on them.
         let t0 = Instant::now();
@@ -355,8 +408,8 @@ fn scale(smoke: bool, bin: &Path, tmp: &Path, rng: &mut Lcg) -> Result<Vec<Value
             vs["verdict"],
             v["verdict"]
         );
-        eprintln!("xtask bench-jobs: {n} nodes with summaries (written in {sum_s:.1} s): report {wall_s:.2} s, peak RSS {rss_s:.0} MiB, named {named_s:?}");
-        scale.push(json!({ "nodes": n, "bundle_mib": bytes as f64 / 1048576.0, "report_s": wall, "peak_rss_mib": rss, "summaries_report_s": wall_s, "summaries_peak_rss_mib": rss_s, "named": named, "culprit": host(culprit), "right": named == host(culprit) && named_s == named }));
+        eprintln!("xtask bench-jobs: {n} nodes{} with summaries (written in {sum_s:.1} s): report {wall_s:.2} s, peak RSS {rss_s:.0} MiB, named {named_s:?}, {} nodes read from their summaries", if hang { ", a hang," } else { "" }, vs["from_summaries"]);
+        scale.push(json!({ "job": cause.name(), "nodes": n, "from_summaries": vs["from_summaries"], "bundle_mib": bytes as f64 / 1048576.0, "report_s": wall, "peak_rss_mib": rss, "summaries_report_s": wall_s, "summaries_peak_rss_mib": rss_s, "named": named, "culprit": host(culprit), "right": named == host(culprit) && named_s == named }));
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(scale)
@@ -445,7 +498,7 @@ pub fn run(smoke: bool, bin: &Path, out: &Path) -> Result<Value> {
     for s in &scale {
         anyhow::ensure!(
             s["right"] == true,
-            "the job report did not name the node with the Xid: {s}"
+            "the job report did not name the node with the Xid or the rank that stopped: {s}"
         );
     }
     Ok(result)
