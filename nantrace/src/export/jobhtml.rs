@@ -252,10 +252,16 @@ fn hang(h: &HangView) -> String {
         h.kind,
         if h.first_rel_s.is_finite() { h.first_rel_s } else { 0.0 }
     );
-    s.push_str("<table id=\"ranks\"><tr><th>rank</th><th>node</th><th>PG</th><th>timed out in</th><th>operation</th><th>last enqueued</th><th>last completed</th><th>its line (the job's own words)</th></tr>\n");
-    for row in h.ranks.iter().take(ROWS_MAX) {
+    s.push_str("<table id=\"ranks\"><tr><th>rank</th><th>node</th><th>PG</th><th>timed out in</th><th>operation</th><th>last enqueued</th><th>last completed</th><th>Flight Recorder: last collective</th><th>Flight Recorder: last completed</th><th>its line (the job's own words)</th></tr>\n");
+    let rows = h.table_rows();
+    for (row, st) in rows.iter().take(ROWS_MAX) {
+        let fr_last = st
+            .and_then(|st| st.fr_last.as_ref())
+            .map_or("–".to_string(), |(n, op, state)| {
+                format!("{n} {} {}", cut(op, 32), cut(state, 16))
+            });
         s.push_str(&format!(
-            "<tr{}><td class=\"num\">{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td><code>{}</code></td></tr>\n",
+            "<tr{}><td class=\"num\">{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{fr_last}</td><td class=\"num\">{}</td><td><code>{}</code></td></tr>\n",
             if row.lagging { " class=\"lagging\"" } else { "" },
             row.rank,
             row.node.as_deref().map_or("?".to_string(), |n| cut(n, 60)),
@@ -264,15 +270,15 @@ fn hang(h: &HangView) -> String {
             row.op.as_deref().map_or("–".to_string(), |o| cut(o, 32)),
             num(row.enqueued),
             num(row.completed),
-            cut(&row.line, 200),
+            num(st.and_then(|st| st.fr_completed)),
+            if row.line.is_empty() { "–".to_string() } else { cut(&row.line, 200) },
         ));
     }
     s.push_str("</table>\n");
-    let shown = h.ranks.len().min(ROWS_MAX);
-    if h.ranks_seen > shown {
+    let more = h.rows_not_listed(rows.len(), ROWS_MAX);
+    if more > 0 {
         s.push_str(&format!(
-            "<p class=\"note\">{} more ranks with a watchdog line not listed.</p>\n",
-            h.ranks_seen - shown
+            "<p class=\"note\">{more} more ranks not listed.</p>\n"
         ));
     }
     if !h.missing.is_empty() {

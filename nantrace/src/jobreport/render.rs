@@ -167,47 +167,67 @@ pub(super) fn ranks_text(d: &Value) -> Option<String> {
     ))
 }
 
-/// A hang's ranks, the named ones first: where each stood as its watchdog lines say (a row
-/// per process group its lines name) and, on the hang's group's row, its Flight Recorder
-/// dump's last collective (number, operation, state) and last completed one; "—" where
-/// none. A named rank or a rank with a dump, and no watchdog line, has a row of its own.
+impl HangView {
+    /// The ranks' table of job-report.md and .html, the named ranks first, then by group (in
+    /// number order) and rank: where each stood as its watchdog lines say (a row per process
+    /// group its lines name) and, on the hang's group's row, what the stacks and its Flight
+    /// Recorder dump say of it. A named rank or a rank with a dump, and no watchdog line, has
+    /// a row of its own.
+    pub fn table_rows(&self) -> Vec<(RankRow, Option<&super::hang::RankStood>)> {
+        let mut rows: Vec<RankRow> = self.ranks.clone();
+        let named = self.lagging.iter().map(|(r, n)| (*r, n));
+        let dumped = self.stood.iter().filter(|st| st.fr_last.is_some());
+        let mut seen: std::collections::HashSet<u32> = rows
+            .iter()
+            .filter(|r| r.pg == self.pg)
+            .map(|r| r.rank)
+            .collect();
+        for (rank, node) in named.chain(dumped.map(|st| (st.rank, &st.node))) {
+            if seen.insert(rank) {
+                rows.push(RankRow {
+                    rank,
+                    pg: self.pg.clone(),
+                    node: node.clone(),
+                    lagging: self.lagging.iter().any(|l| l.0 == rank),
+                    ..RankRow::default()
+                });
+            }
+        }
+        rows.sort_by_key(|r| {
+            (
+                !r.lagging,
+                r.pg.parse::<u64>().unwrap_or(u64::MAX),
+                r.pg.clone(),
+                r.rank,
+            )
+        });
+        rows.into_iter()
+            .map(|r| {
+                let st = self
+                    .stood
+                    .iter()
+                    .find(|st| st.rank == r.rank && r.pg == self.pg);
+                (r, st)
+            })
+            .collect()
+    }
+
+    /// The table's rows not listed (past `shown`) and ranks with a watchdog line not kept.
+    pub fn rows_not_listed(&self, rows: usize, shown: usize) -> usize {
+        rows.saturating_sub(shown) + self.ranks_seen.saturating_sub(self.ranks.len())
+    }
+}
+
+/// [`HangView::table_rows`] in Markdown; "—" where a cell has nothing.
 fn ranks_table(h: &HangView) -> String {
     use std::fmt::Write as _;
-    let mut rows: Vec<RankRow> = h.ranks.clone();
-    let named = h.lagging.iter().map(|(r, n)| (*r, n));
-    let dumped = h.stood.iter().filter(|st| st.fr_last.is_some());
-    let mut seen: std::collections::HashSet<u32> = rows
-        .iter()
-        .filter(|r| r.pg == h.pg)
-        .map(|r| r.rank)
-        .collect();
-    for (rank, node) in named.chain(dumped.map(|st| (st.rank, &st.node))) {
-        if seen.insert(rank) {
-            rows.push(RankRow {
-                rank,
-                pg: h.pg.clone(),
-                node: node.clone(),
-                lagging: h.lagging.iter().any(|l| l.0 == rank),
-                ..RankRow::default()
-            });
-        }
-    }
+    let rows = h.table_rows();
     if rows.is_empty() {
         return String::new();
     }
-    // As job-report.html: the named ranks first, then by group (in number order) and rank.
-    rows.sort_by_key(|r| {
-        (
-            !r.lagging,
-            r.pg.parse::<u64>().unwrap_or(u64::MAX),
-            r.pg.clone(),
-            r.rank,
-        )
-    });
     let dash = |v: Option<i64>| v.map_or("—".to_string(), |v| v.to_string());
     let mut s = String::from("\n## The hang: where each rank stood\n\n| rank | node | PG | timed out in | last enqueued | last completed | Flight Recorder: last collective | Flight Recorder: last completed | its line (the job's own words) |\n|---|---|---|---|---|---|---|---|---|\n");
-    for r in rows.iter().take(RANK_ROWS) {
-        let st = h.stood.iter().find(|st| st.rank == r.rank && r.pg == h.pg);
+    for (r, st) in rows.iter().take(RANK_ROWS) {
         let last = st
             .and_then(|st| st.fr_last.as_ref())
             .map_or("—".to_string(), |(n, op, state)| {
@@ -234,7 +254,7 @@ fn ranks_table(h: &HangView) -> String {
             },
         );
     }
-    let more = rows.len().saturating_sub(RANK_ROWS) + h.ranks_seen.saturating_sub(h.ranks.len());
+    let more = h.rows_not_listed(rows.len(), RANK_ROWS);
     if more > 0 {
         let _ = writeln!(s, "\n{more} more ranks not listed.");
     }

@@ -158,6 +158,26 @@ fn the_recorded_hang_draws_each_rank_under_its_node_with_its_collective_group_an
     );
     assert!(html.contains("<p id=\"rank-lanes-note\" class=\"note\">Under each node its ranks, each on its own lane (3).</p>"));
     assert!(html.contains("<table id=\"ranks\">"), "the table kept");
+    // The table as job-report.md's: the named rank first (no watchdog line of its own, no
+    // dump), then each rank's Flight Recorder columns.
+    let table = &html[pos(&html, "<table id=\"ranks\">")..];
+    let table = &table[..pos(table, "</table>")];
+    assert!(table.contains("<th>Flight Recorder: last collective</th><th>Flight Recorder: last completed</th>"), "{table}");
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("<tr")).collect();
+    assert_eq!(rows.len(), 3, "{table}");
+    assert!(
+        rows[0].starts_with("<tr class=\"lagging\"><td class=\"num\">1</td><td>n2</td><td>0</td>")
+            && rows[0].contains("<td>–</td><td class=\"num\">–</td><td><code>–</code></td>"),
+        "{}",
+        rows[0]
+    );
+    for (row, rank) in rows[1..].iter().zip([0, 2]) {
+        assert!(
+            row.starts_with(&format!("<tr><td class=\"num\">{rank}</td>"))
+                && row.contains("<td>6 gloo:all_reduce scheduled</td><td class=\"num\">–</td>"),
+            "{row}"
+        );
+    }
     // As the browser draws it: the same lanes, no console message (a CSP violation, an error).
     let Some((dom, console)) = in_chromium(&html, "python") else {
         return;
