@@ -5,8 +5,10 @@
 # that torch's real watchdog lines, its Flight Recorder dump (NCCL's, with completion states)
 # and NCCL RAS's answer are recorded, under `nantrace run` (probes, NVML, the stall and
 # job-error triggers, the stacks, the Flight Recorder read and the RAS query at the trigger).
-# Two shapes: one rank (always possible on one GPU) and two ranks on the one GPU (NCCL may
-# refuse two ranks on one device: what it says is kept). Everything lands in $OUT: the job's
+# Two shapes: one rank (always possible on one GPU) and two ranks on the one GPU (NCCL
+# refuses two ranks on one device, "Duplicate GPU detected": what it says is kept). The stall
+# trigger fires at ~6 s of silence, the watchdog at 10 s: --post 30 keeps the bundle open
+# until torch has written its dump (the post window ends early when the job exits). Everything lands in $OUT: the job's
 # lines, the dumps, the bundle's report, timeline and snapshot sections, the job report.
 # Not part of CI (no GPU there). The binary: `cargo build --release` here (probes embedded),
 # copied to gpu-check/nantrace and carried.
@@ -32,9 +34,14 @@ world = int(os.environ["WORLD_SIZE"])
 torch.cuda.set_device(0)
 dist.init_process_group("nccl", rank=rank, world_size=world,
                         timeout=datetime.timedelta(seconds=10))
+# A gloo group first, then an NCCL one: the NCCL group's local id (a watchdog line's PG ID,
+# an entry's pg_id) is 1 and its GUID (pg_name) 2, so the dump tells the two apart.
+side = dist.new_group(list(range(world)), backend="gloo")
+sub = dist.new_group(list(range(world)))
 x = torch.ones(1 << 20, device="cuda")
 for step in range(1, 9):
     dist.all_reduce(x)
+    dist.all_reduce(x, group=sub)
     torch.cuda.synchronize()
     print(f"[rank{rank}]: step {step} | loss {2.0 / step:.4f}", flush=True)
     time.sleep(0.5)
@@ -42,7 +49,7 @@ for step in range(1, 9):
 # cannot start; the watchdog times the collective out after 10 s.
 if rank == world - 1:
     torch.cuda._sleep(int(60 * 1.98e9))
-dist.all_reduce(x)
+dist.all_reduce(x, group=sub)
 torch.cuda.synchronize()
 print(f"[rank{rank}]: not reached", flush=True)
 PY
@@ -53,6 +60,10 @@ export MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29400 + $1)) WORLD_SIZE=$1
 export TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1
 export TORCH_FR_DUMP_TEMP_FILE=$FR/nccl_trace_rank_ TORCH_NCCL_DEBUG_INFO_TEMP_FILE=$FR/nccl_trace_rank_
 export TORCH_NCCL_DESYNC_DEBUG=1 NCCL_RAS_ENABLE=1 NCCL_DEBUG=WARN
+# "started" states in the dump (else NCCL's entries go from scheduled to completed only).
+export TORCH_NCCL_ENABLE_TIMING=1
+# The watchdog's SIGABRT of a CUDA process writes no core of gigabytes.
+ulimit -c 0
 pids=()
 for r in $(seq 0 $(($1 - 1))); do RANK=$r "$PY" "$JOBS/hang.py" & pids+=($!); done
 rc=0
@@ -64,7 +75,7 @@ for n in 1 2; do
   d="$OUT/world$n"
   mkdir -p "$d/b" "$d/fr"
   chmod 777 "$d/fr"
-  ( time FR="$d/fr" PY="$PY" JOBS="$OUT/jobs" timeout 150 "$B" run --as-root --post 5 --hang-after 6 \
+  ( time FR="$d/fr" PY="$PY" JOBS="$OUT/jobs" timeout 150 "$B" run --as-root --post 30 --hang-after 6 \
       --out "$d/b" -- "$OUT/jobs/launch.sh" "$n" ) > "$d/run.log" 2>&1
   echo "rc=$?" >> "$d/run.log"
   for b in "$d/b"/nantrace-*; do
@@ -79,7 +90,7 @@ s = json.load(open(f"{b}/snapshot.json"))
 t = json.load(open(f"{b}/timeline.json"))
 print(json.dumps({"trigger": t.get("trigger"), "triggers": t.get("triggers"),
                   "nccl_ras": s.get("nccl_ras"), "flight_recorder": s.get("flight_recorder"),
-                  "stacks": s.get("stacks")}, indent=1)[:2_000_000])
+                  "stacks": s.get("stacks")}, indent=1))
 P
     timeout 60 "$B" report "$b" > "$d/nantrace-report-$n2.txt" 2>&1
   done

@@ -404,6 +404,7 @@ fn job_steps(merged: &Value, nan_off: f64) -> Vec<f64> {
 
 mod buckets;
 mod flight_clock;
+mod hang_flight;
 pub use flight_clock::FrCreated;
 mod hang;
 mod load;

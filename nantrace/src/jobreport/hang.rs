@@ -4,6 +4,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::Value;
 
+use super::hang_flight::{silent_in_the_dumps_collective, PgKey};
+
 use super::{Node, NodeSummary, Verdict};
 use crate::report::flight::RankDump;
 
@@ -137,7 +139,7 @@ pub struct RankStood {
 fn stood(
     raw: &[Node],
     node_of: &BTreeMap<u32, String>,
-    (pg, clock): (&str, (i128, f64)),
+    (pg, clock): (&PgKey<'_>, (i128, f64)),
     dumps: &[RankDump],
 ) -> Vec<RankStood> {
     let mut out: BTreeMap<u32, RankStood> = BTreeMap::new();
@@ -181,7 +183,7 @@ fn stood(
             d.dump
                 .entries
                 .iter()
-                .filter(|e| e.pg_name == pg && e.is_p2p != Some(true))
+                .filter(|e| pg.is(e) && e.is_p2p != Some(true))
                 .filter_map(|e| Some((e.collective_seq_id?, e)))
         };
         let s = out.entry(d.rank).or_insert_with(|| RankStood {
@@ -366,15 +368,7 @@ impl JobHang {
                 None => (f?, true),
             },
         };
-        if let (crate::report::hang::Kind::Silent, None, Some((n, op, pg))) =
-            (hang.kind, hang.collective, dumps_at)
-        {
-            if pg == hang.pg {
-                hang.collective = Some(n);
-                hang.op = op;
-                hang.detail = format!("{}; their Flight Recorder dumps end in it", hang.detail);
-            }
-        }
+        silent_in_the_dumps_collective(&mut hang, from_flight, dumps_at, &dumps);
         for ((_, r), row) in &mut rows {
             row.node = node_of.get(r).cloned();
             row.lagging = hang.ranks.contains(r);
@@ -416,7 +410,12 @@ impl JobHang {
             .filter(|e| e["source"] == "log" && e["fault"]["family"].as_str() == Some(network))
             .all(|e| e["fault"]["kind"] == "socket_reset");
         let clock = (super::t0_of(merged), nan_off);
-        let stood = stood(raw, &node_of, (&hang.pg, clock), &dumps);
+        let key = if from_flight {
+            PgKey::Name(&hang.pg)
+        } else {
+            PgKey::Id(&hang.pg)
+        };
+        let stood = stood(raw, &node_of, (&key, clock), &dumps);
         Some(JobHang {
             stood,
             sockets_only,

@@ -305,3 +305,51 @@ fn the_hang_says_what_nccl_ras_saw_and_where_it_was_asked() {
     assert!(r.verdict.contains("DEAD"), "{}", r.verdict);
     assert!(r.verdict.contains("(asked on n1)"), "{}", r.verdict);
 }
+
+/// A watchdog line's `PG ID` is torch's local id, a Flight Recorder entry's `pg_id`; the
+/// dumps' `pg_name` is the group's GUID. With a gloo group made first, the NCCL default
+/// group's GUID and id differ from another group's: the ranks' table shows the hang's group's
+/// collective (42), not the collective of the group whose GUID reads like the lines' id
+/// (review: pg_name was compared with the lines' id).
+#[test]
+fn the_flight_recorder_columns_are_of_the_group_the_lines_name_by_its_id() {
+    let entry = |pg_id: i64, guid: &str, seq: i64, op: &str, state: &str| json!({ "pg_id": pg_id, "pg_name": guid, "pg_desc": "", "collective_seq_id": seq, "profiling_name": op, "time_created_ns": 1_000 + seq, "state": state, "input_sizes": [], "input_dtypes": [], "output_sizes": [], "output_dtypes": [] });
+    let section = |rank: u32| {
+        let entries = vec![
+            entry(0, "1", 41, "nccl:all_reduce", "completed"),
+            entry(0, "1", 42, "nccl:all_reduce", "started"),
+            entry(1, "0", 7, "nccl:broadcast", "completed"),
+        ];
+        json!({ "sources": [], "read": { "schema": crate::collect::flight::SCHEMA, "ranks_read": 1, "ranks": [{ "rank": rank, "pid": 100, "status": "read", "path": "/tmp/fr", "dump": { "version": "2.10", "entries_total": 3, "entries_not_kept": 0, "entries": entries } }] } })
+    };
+    let mut nodes = Vec::new();
+    for (i, (name, lines)) in [
+        ("n1", vec![line(-0.2, R0_TIMEOUT), line(-0.1, R0)]),
+        ("n2", vec![line(0.8, R1)]),
+        ("n3", vec![line(-0.1, R2_TIMEOUT), line(0.0, R2)]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut n = node(name, [healthy(name, i == 0), lines].concat(), 0.0, false, "n[1-3]");
+        ranks(&mut n, i as u64);
+        if i != 1 {
+            n.snapshot["flight_recorder"] = section(i as u32);
+        }
+        nodes.push(n);
+    }
+    let r = report(nodes);
+    assert!(r.verdict.contains("rank 1 on n2 stopped first"), "{}", r.verdict);
+    let md = super::markdown(&r);
+    let table = &md[md.find("## The hang: where each rank stood").expect(&md)..];
+    for rank in [0, 2] {
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(&format!("| {rank} |")))
+            .unwrap_or_else(|| panic!("{table}"));
+        assert!(
+            row.contains("| 42 nccl:all_reduce started | 41 |"),
+            "rank {rank}: {row}"
+        );
+    }
+}

@@ -176,7 +176,13 @@ impl HangView {
     pub fn table_rows(&self) -> Vec<(RankRow, Option<&super::hang::RankStood>)> {
         let mut rows: Vec<RankRow> = self.ranks.clone();
         let named = self.lagging.iter().map(|(r, n)| (*r, n));
-        let dumped = self.stood.iter().filter(|st| st.fr_last.is_some());
+        // Past the rows kept, a rank with a dump may have a line row that was cut: not added
+        // again (it is counted with the ranks not listed).
+        let all_kept = self.ranks_seen <= self.ranks.len();
+        let dumped = self
+            .stood
+            .iter()
+            .filter(|st| all_kept && st.fr_last.is_some());
         let mut seen: std::collections::HashSet<u32> = rows
             .iter()
             .filter(|r| r.pg == self.pg)

@@ -48,11 +48,12 @@ pub fn dumps(section: &Value, node: Option<&str>) -> (Vec<RankDump>, Vec<(u32, S
 }
 
 /// Each rank's process group as its dump says it: the group of the oldest collective it
-/// has not completed (the one it waits in, as a watchdog line's group), by `pg_name` as the
-/// dumps compare them. Only from a dump that records completion (NCCL's: `completed`
-/// entries); gloo's (torch 2.15) leaves every entry `scheduled`, so its newest entry is no
-/// more the one a rank waits in than the last one it finished: none is said. A rank with
-/// nothing in flight (the one that stopped on its CPU side) has no group.
+/// has not completed (the one it waits in, as a watchdog line's group), by the entry's
+/// `pg_id`, torch's local id, which a watchdog line prints as its `PG ID`. Only from a dump
+/// that records completion (NCCL's: `completed` entries); gloo's (torch 2.15) leaves every
+/// entry `scheduled`, so its newest entry is no more the one a rank waits in than the last
+/// one it finished: none is said. A rank with nothing in flight (the one that stopped on its
+/// CPU side) has no group; an entry without a creation time is not taken as the oldest.
 pub fn pg_of_ranks(ds: &[RankDump]) -> BTreeMap<u32, String> {
     ds.iter()
         .filter(|d| d.dump.entries.iter().any(|e| e.state == "completed"))
@@ -62,9 +63,9 @@ pub fn pg_of_ranks(ds: &[RankDump]) -> BTreeMap<u32, String> {
                 .entries
                 .iter()
                 .filter(|e| e.is_p2p != Some(true) && e.collective_seq_id.is_some_and(|s| s > 0))
-                .filter(|e| !e.pg_name.is_empty() && e.state != "completed")
+                .filter(|e| e.state != "completed" && e.time_created_ns.is_some())
                 .min_by_key(|e| (e.time_created_ns, e.record_id))?;
-            Some((d.rank, e.pg_name.clone()))
+            Some((d.rank, e.pg_id?.to_string()))
         })
         .collect()
 }

@@ -451,7 +451,7 @@ fn stacks(ranks: &[(u32, u64, &str, &str)]) -> Value {
 /// default group, operation `op`, created at `at_s` from the builders' zero (its node's clock).
 fn fr_section(rank: u32, op: &str, at_s: f64) -> Value {
     let ns = crate::clock::parse_rfc3339_ns(&super::tests::at(at_s)).unwrap();
-    let entry = json!({ "pg_name": "0", "pg_desc": "default_pg", "collective_seq_id": 41, "profiling_name": op, "time_created_ns": i64::try_from(ns).unwrap(), "state": "scheduled", "input_sizes": [], "input_dtypes": [], "output_sizes": [], "output_dtypes": [] });
+    let entry = json!({ "pg_id": 0, "pg_name": "0", "pg_desc": "default_pg", "collective_seq_id": 41, "profiling_name": op, "time_created_ns": i64::try_from(ns).unwrap(), "state": "scheduled", "input_sizes": [], "input_dtypes": [], "output_sizes": [], "output_dtypes": [] });
     let dump =
         json!({ "version": "2.10", "entries_total": 1, "entries_not_kept": 0, "entries": [entry] });
     json!({ "sources": [], "read": { "schema": crate::collect::flight::SCHEMA, "ranks_read": 1, "ranks": [{ "rank": rank, "pid": 100, "status": "read", "path": "/tmp/fr", "dump": dump }] } })

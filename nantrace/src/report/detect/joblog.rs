@@ -51,9 +51,10 @@ fn ranks(r: &BTreeSet<u64>) -> String {
 
 /// A collective that timed out with no error in view: where to look, and what the watchdog's
 /// own numbers say (a timeout the job set far below torch's 10 minutes is outlasted by one
-/// rank's slow step). In nantrace's corpus of public incidents (tests/corpus/incidents), all 7
-/// logs whose only failure lines were watchdog timeouts were the job's own doing (the two hangs
-/// the network caused, a firewall and an antivirus, printed no error at all).
+/// rank's slow step). In nantrace's corpus of public incidents (tests/corpus/incidents), all 9
+/// logs whose only failure lines were watchdog timeouts (2 of them only its C++ stack) were
+/// the job's own doing (the two hangs the network caused, a firewall and an antivirus,
+/// printed no error at all).
 fn watchdog_timeout_ms(code: Option<&str>) -> Option<u64> {
     code.and_then(|c| c.split("timeout ").nth(1))
         .and_then(|t| t.split(' ').next())

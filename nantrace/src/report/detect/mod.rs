@@ -19,7 +19,7 @@ pub(crate) use ras::{clause as ras_clause, view as ras_view};
 mod stacks;
 pub(crate) use stacks::{node_rank_groups, rank_groups_by, rank_pgs, rank_state};
 #[cfg(test)]
-pub(crate) use stacks::PG_FROM_FLIGHT;
+pub(crate) use stacks::{PG_FROM_BOTH, PG_FROM_WATCHDOG};
 mod storage;
 
 use serde_json::Value;

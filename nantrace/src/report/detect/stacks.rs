@@ -119,13 +119,14 @@ pub(crate) fn node_rank_groups(stacks: &Value, flight: &Value) -> Option<String>
     rank_groups_by([(None, stacks)], |r| pg.get(&r).cloned(), PG_FROM_FLIGHT)
 }
 
-/// Each rank's process group, where its watchdog lines name one only (a pipeline stage's
-/// ranks stand apart from another stage's by design): `rank_groups_by`'s grouping, and where
-/// the group was read. Where the lines name fewer than two groups (gloo prints no watchdog
-/// line; a paste of one rank's), the group each rank's Flight Recorder dump shows it waiting
-/// in (`flight::pg_of_ranks`; the two are never mixed: the lines' PG ids and the dumps' names differ).
 pub(crate) type RankPgs = (BTreeMap<u32, Option<String>>, &'static str);
 
+/// Each rank's process group, where its watchdog lines name one only (a pipeline stage's
+/// ranks stand apart from another stage's by design): `rank_groups_by`'s grouping, and where
+/// the group was read. A rank with no watchdog line (gloo prints none; the rank that stopped
+/// prints none; a paste of one rank's) takes the group its Flight Recorder dump shows it
+/// waiting in (`flight::pg_of_ranks`: by the same id as the lines' `PG ID`); the lines'
+/// group always wins.
 pub(crate) fn rank_pgs<'a>(
     keys: impl Iterator<Item = &'a (String, u32)>,
     dumps: &[crate::report::flight::RankDump],
@@ -141,22 +142,21 @@ pub(crate) fn rank_pgs<'a>(
             })
             .or_insert_with(|| Some(pg.clone()));
     }
-    let groups =
-        |m: &BTreeMap<u32, Option<String>>| m.values().flatten().collect::<BTreeSet<_>>().len();
-    let fr: BTreeMap<u32, Option<String>> = crate::report::flight::pg_of_ranks(dumps)
-        .into_iter()
-        .map(|(r, p)| (r, Some(p)))
-        .collect();
-    if groups(&pg_of) < 2 && groups(&fr) >= 2 {
-        return (fr, PG_FROM_FLIGHT);
+    let mut from = PG_FROM_WATCHDOG;
+    for (r, pg) in crate::report::flight::pg_of_ranks(dumps) {
+        if let std::collections::btree_map::Entry::Vacant(v) = pg_of.entry(r) {
+            v.insert(Some(pg));
+            from = PG_FROM_BOTH;
+        }
     }
-    (pg_of, PG_FROM_WATCHDOG)
+    (pg_of, from)
 }
 
 /// Where a rank's process group was read, for [`rank_groups_by`]'s sentence.
 pub(crate) const PG_FROM_WATCHDOG: &str = "the one each rank's watchdog line timed out in";
 pub(crate) const PG_FROM_FLIGHT: &str =
     "the one each rank's Flight Recorder dump shows it waiting in";
+pub(crate) const PG_FROM_BOTH: &str = "the one each rank's watchdog line timed out in, else the one its Flight Recorder dump shows it waiting in";
 
 /// As [`rank_groups`], per process group where `pg_of` knows the ranks' (read `from` a
 /// rank's watchdog line or its Flight Recorder dump: a pipeline stage, a tensor-parallel
@@ -168,39 +168,81 @@ pub(crate) fn rank_groups_by<'a>(
     pg_of: impl Fn(u32) -> Option<String>,
     from: &str,
 ) -> Option<String> {
-    use std::collections::BTreeMap;
     let ranks = main_threads(stacks);
-    let mut by_pg: BTreeMap<Option<String>, Vec<RankAt>> = BTreeMap::new();
+    // Where most of the job's ranks stood (none on a tie): what a rank of no known group is
+    // compared with (never with the other ranks of no group: they are no group).
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &ranks {
+        *counts.entry(r.at.as_str()).or_default() += 1;
+    }
+    let job_largest = largest(&counts).map(str::to_string);
+    let mut by_pg: BTreeMap<String, Vec<RankAt>> = BTreeMap::new();
+    let mut no_group = Vec::new();
     for r in ranks {
-        let pg = pg_of(r.rank);
-        if by_pg.len() < 64 || by_pg.contains_key(&pg) {
-            by_pg.entry(pg).or_default().push(r);
+        match pg_of(r.rank) {
+            Some(pg) if by_pg.len() < 64 || by_pg.contains_key(&pg) => {
+                by_pg.entry(pg).or_default().push(r);
+            }
+            _ => no_group.push(r),
         }
     }
-    if by_pg.keys().filter(|k| k.is_some()).count() <= 1 {
-        return said(by_pg.into_values().flatten().collect(), "").map(|(s, _)| s);
+    if by_pg.len() <= 1 {
+        let all = by_pg.into_values().flatten().chain(no_group).collect();
+        return said(all, "").map(|(s, _)| s);
     }
     let mut parts = Vec::new();
     let mut outside = Vec::new();
     for (pg, rs) in by_pg {
-        let name = pg.map_or_else(
-            || "ranks of no known group".to_string(),
-            |p| format!("PG {p}"),
-        );
-        if let Some((s, out)) = said(rs, &format!("{name}: ")) {
+        if let Some((s, out)) = said(rs, &format!("PG {pg}: ")) {
             parts.push(s);
             outside.extend(out);
         }
     }
+    let apart: Vec<String> = no_group
+        .iter()
+        .filter(|r| job_largest.as_deref().is_some_and(|l| r.at != l))
+        .take(8)
+        .map(|r| {
+            outside.push(r.rank);
+            let on = r.node.map_or(String::new(), |n| format!(" ({n})"));
+            format!("rank {}{on}: main thread {}", r.rank, r.at)
+        })
+        .collect();
+    if !apart.is_empty() {
+        parts.push(format!(
+            "of no known group (nothing in flight), apart from where most of the job's ranks stood: {}",
+            apart.join("; ")
+        ));
+    }
     if parts.is_empty() {
         return None;
     }
+    outside.sort_unstable();
     Some(format!(
-        "per process group ({from}): {}; outside the largest group of their process group: {} {}",
+        "per process group ({from}): {}; outside the largest group of their process group: {}",
         parts.join("; "),
-        if outside.len() == 1 { "rank" } else { "ranks" },
-        crate::report::hang::rank_list(&outside)
+        named(&outside)
     ))
+}
+
+/// The key held by the most, unless two hold as many.
+fn largest<'k>(counts: &BTreeMap<&'k str, usize>) -> Option<&'k str> {
+    let mut v: Vec<(&str, usize)> = counts.iter().map(|(k, n)| (*k, *n)).collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1));
+    match v.as_slice() {
+        [a, b, ..] if a.1 == b.1 => None,
+        [a, ..] => Some(a.0),
+        [] => None,
+    }
+}
+
+/// `rank 2`, `ranks 0, 3`, or that no rank is named (every group as large as another).
+fn named(outside: &[u32]) -> String {
+    match outside.len() {
+        0 => "none (no group is the largest)".to_string(),
+        1 => format!("rank {}", crate::report::hang::rank_list(outside)),
+        _ => format!("ranks {}", crate::report::hang::rank_list(outside)),
+    }
 }
 
 /// One rank's main thread at the trigger: where it stood, on which node.
@@ -289,17 +331,19 @@ fn said(ranks: Vec<RankAt<'_>>, head: &str) -> Option<(String, Vec<u32>)> {
             )
         })
         .collect();
-    let outside: Vec<u32> = g[1..]
-        .iter()
-        .flat_map(|x| x.1.iter().map(|r| r.0))
-        .collect();
+    // Two groups as large as each other: which one is apart the stacks cannot tell.
+    let tie = g[0].1.len() == g[1].1.len();
+    let outside: Vec<u32> = if tie {
+        Vec::new()
+    } else {
+        g[1..].iter().flat_map(|x| x.1.iter().map(|r| r.0)).collect()
+    };
     Some((
         format!(
-            "{head}the ranks' main threads at the trigger in {} groups: {}; outside the largest group: {} {}",
+            "{head}the ranks' main threads at the trigger in {} groups: {}; outside the largest group: {}",
             g.len(),
             said.join("; "),
-            if outside.len() == 1 { "rank" } else { "ranks" },
-            crate::report::hang::rank_list(&outside)
+            named(&outside)
         ),
         outside,
     ))
@@ -409,6 +453,71 @@ mod tests {
             per.starts_with("per process group (the one each rank's watchdog line timed out in): PG 1: the ranks' main threads at the trigger in 2 groups")
                 && per.ends_with("outside the largest group of their process group: rank 2"),
             "{per}"
+        );
+        // Ranks of no known group are compared with where most of the job's ranks stood,
+        // never with each other (review: a stopped rank alone in that bucket was dropped, and
+        // of two there the healthy one was named by its text's order).
+        let ps: Vec<Value> = (0..8)
+            .map(|r| proc_(r, if r == 5 { "hrtimer_nanosleep" } else { "futex_wait_queue" }))
+            .collect();
+        let st8 = json!({ "processes": ps });
+        let pg = |r: u32| match r {
+            0..=3 => Some("0".to_string()),
+            5 => None,
+            _ => Some("2".to_string()),
+        };
+        let a = rank_groups_by([(Some("n1"), &st8)], pg, PG_FROM_BOTH).unwrap();
+        assert!(
+            a.contains("of no known group (nothing in flight), apart from where most of the job's ranks stood: rank 5 (n1): main thread S in hrtimer_nanosleep")
+                && a.ends_with("outside the largest group of their process group: rank 5"),
+            "{a}"
+        );
+        let ps = vec![
+            proc_(0, "futex_wait_queue"),
+            json!({ "pid": 101, "rank": 1, "rank_main": true, "threads": [{ "tid": 101, "state": ["R", "R"], "wchan": ["0", "0"] }] }),
+            proc_(2, "futex_wait_queue"),
+            proc_(3, "futex_wait_queue"),
+        ];
+        let st4 = json!({ "processes": ps });
+        let pg = |r: u32| match r {
+            0 => Some("1".to_string()),
+            2 => Some("2".to_string()),
+            _ => None,
+        };
+        let b = rank_groups_by([(Some("n1"), &st4)], pg, PG_FROM_BOTH).unwrap();
+        assert!(b.ends_with("outside the largest group of their process group: rank 1"), "{b}");
+        // Two ranks, two places: which one is apart the stacks cannot tell.
+        let st2 = json!({ "processes": [proc_(0, "futex_wait_queue"), proc_(1, "hrtimer_nanosleep")] });
+        let t = rank_groups([(Some("n1"), &st2)]).unwrap();
+        assert!(t.ends_with("outside the largest group: none (no group is the largest)"), "{t}");
+        // A node's report groups by its dumps' groups (NCCL's states: a completed entry,
+        // then the one each rank waits in): stage 1 (PG 1: ranks 0, 1 wait) and stage 2 (PG
+        // 2: ranks 3-5) stand apart by design; rank 2 stopped with nothing in flight and is
+        // the one named (the plain reading named ranks 0-2: stage 2 was the largest group).
+        let entry = |pg: i64, seq: i64, state: &str| json!({ "pg_id": pg, "pg_name": pg.to_string(), "pg_desc": "", "collective_seq_id": seq, "profiling_name": "nccl:all_reduce", "time_created_ns": 1_000 + seq, "state": state, "input_sizes": [], "input_dtypes": [], "output_sizes": [], "output_dtypes": [] });
+        let mut ps = Vec::new();
+        let mut dumps = Vec::new();
+        for r in 0..6u32 {
+            let pg = if r < 3 { 1 } else { 2 };
+            let wchan = match r {
+                2 => "hrtimer_nanosleep",
+                0 | 1 => "futex_wait_queue",
+                _ => "sk_wait_data",
+            };
+            ps.push(proc_(r, wchan));
+            let entries = if r == 2 {
+                vec![entry(pg, 7, "completed")]
+            } else {
+                vec![entry(pg, 7, "completed"), entry(pg, 8, "started")]
+            };
+            dumps.push(json!({ "rank": r, "pid": 100 + r, "status": "read", "path": "/tmp/fr", "dump": { "version": "2.10", "entries_total": entries.len(), "entries_not_kept": 0, "entries": entries } }));
+        }
+        let flight = json!({ "sources": [], "read": { "schema": crate::collect::flight::SCHEMA, "ranks_read": 6, "ranks": dumps } });
+        let node = node_rank_groups(&json!({ "processes": ps }), &flight).unwrap();
+        assert!(
+            node.starts_with("per process group (the one each rank's Flight Recorder dump shows it waiting in): of no known group (nothing in flight), apart from where most of the job's ranks stood: rank 2: main thread S in hrtimer_nanosleep")
+                && node.ends_with("outside the largest group of their process group: rank 2"),
+            "{node}"
         );
         // One process group known: the plain reading.
         assert_eq!(

@@ -116,8 +116,8 @@ fn one_dump_and_no_world_say_nothing() {
 /// gloo's dumps (torch 2.15) leave every entry `scheduled`: no rank's waiting group is said
 /// from them. With the states NCCL's dumps record (made here on the same dumps: no GPU run
 /// yet), each rank's group is the one of its oldest unfinished collective, and a rank with
-/// nothing in flight has none; the job report groups the stacks by them only where the
-/// ranks' watchdog lines name fewer than two groups.
+/// nothing in flight has none; the stacks are grouped by them for the ranks whose watchdog
+/// lines name no group.
 #[test]
 fn the_group_a_rank_waits_in_is_read_only_from_a_dump_that_records_completion() {
     let mut ds = real("two_pgs");
@@ -138,24 +138,36 @@ fn the_group_a_rank_waits_in_is_read_only_from_a_dump_that_records_completion() 
         got.into_iter().collect::<Vec<_>>(),
         vec![(0, "1".to_string()), (2, "0".to_string())]
     );
-    // The lines name one group: the dumps' reading is taken, and said as the dumps'.
-    let lines = [("0".to_string(), 0), ("0".to_string(), 2)];
+    // A rank's own watchdog line wins; a rank without one (rank 0 here) takes its dump's
+    // group, by the entry's `pg_id` (torch's local id, a watchdog line's `PG ID`).
+    let lines = [("0".to_string(), 2)];
     let (pg, from) = crate::report::detect::rank_pgs(lines.iter(), &ds);
     assert_eq!(
         (
             pg.get(&0).cloned().flatten(),
             pg.get(&1).cloned().flatten(),
+            pg.get(&2).cloned().flatten(),
             from
         ),
         (
             Some("1".into()),
             None,
-            crate::report::detect::PG_FROM_FLIGHT
+            Some("0".into()),
+            crate::report::detect::PG_FROM_BOTH
         )
     );
-    // Two groups in the lines: theirs, never mixed with the dumps'.
+    // Every rank's line names its group: the lines', whatever the dumps say.
     let lines = [("3".to_string(), 0), ("4".to_string(), 2)];
-    let (pg, _) = crate::report::detect::rank_pgs(lines.iter(), &ds);
+    let (pg, from) = crate::report::detect::rank_pgs(lines.iter(), &ds);
     assert_eq!(pg.get(&0).cloned().flatten(), Some("3".into()));
     assert_eq!(pg.get(&1), None);
+    assert_eq!(from, crate::report::detect::PG_FROM_WATCHDOG);
+    // An entry with no creation time is never taken as the oldest.
+    for e in &mut ds[0].dump.entries {
+        if e.pg_name == "0" && e.collective_seq_id == Some(3) {
+            e.state = "started".into();
+            e.time_created_ns = None;
+        }
+    }
+    assert_eq!(pg_of_ranks(&ds).get(&0).map(String::as_str), Some("1"));
 }
