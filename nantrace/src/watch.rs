@@ -27,6 +27,8 @@ pub struct Accounting {
     pub kernel_drops: BTreeMap<String, u64>,
     /// What the block probes could not keep (`Probes::block_losses`).
     pub block_losses: BTreeMap<String, u64>,
+    /// What the job membership map could not follow (`Probes::membership_losses`).
+    pub membership_losses: BTreeMap<String, u64>,
     pub decode_errors: u64,
     pub probes_attached: Vec<String>,
     pub probes_not_attached: BTreeMap<String, String>,
@@ -192,6 +194,11 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
     }
     acct.block_losses = probes
         .block_losses()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    acct.membership_losses = probes
+        .membership_losses()
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();

@@ -65,6 +65,9 @@ fn job_membership_follows_forks_threads_and_exits() {
         !probes.is_job_pid(me),
         "the test process (outside the job) is marked"
     );
+    // The sweep removes only the marks of tasks gone: none while the job runs.
+    assert_eq!(probes.sweep_exited(), 0, "the sweep removed a live task's mark");
+    assert!(probes.is_job_pid(child) && tids.iter().all(|t| probes.is_job_pid(*t)));
     // Marks of neighbouring pids are independent bytes: setting and clearing an unmarked pid
     // in the same 8-byte element leaves the kernel's mark of the child beside it alone.
     let other = (child & !7..(child & !7) + 8)
@@ -78,19 +81,34 @@ fn job_membership_follows_forks_threads_and_exits() {
         "clearing pid {other} cleared its neighbour {child}"
     );
     assert!(root.wait().unwrap().success());
-    // The exit program runs before the parent is woken, so the marks are gone by now.
-    assert!(
-        !probes.is_job_pid(child),
-        "the exited child {child} is still marked"
-    );
-    assert!(
-        !probes.is_job_pid(root_pid),
-        "the exited root {root_pid} is still marked"
-    );
-    for t in &tids {
+    // The exit program runs before the parent is woken, so the marks are gone by now: each
+    // thread's sched_process_exit comes before its release, and the leader is reaped only
+    // once every thread is released. Unless the kernel skipped the exit program's run as
+    // nested (7.3 under TCG, 1 of 60 runs: the three threads end together and one run of
+    // the program was preempted by another on its CPU; the 2-s watch showed the mark of a
+    // gone thread never cleared): then `recursion_misses` counts it and the sweep (the
+    // agent's sweep thread, every 5 s) removes the marks of tasks gone. A mark left with no
+    // skipped run is the exit program's own bug, and fails.
+    let left: Vec<u32> = [child, root_pid]
+        .iter()
+        .chain(&tids)
+        .copied()
+        .filter(|p| probes.is_job_pid(*p))
+        .collect();
+    if !left.is_empty() {
+        let losses = probes.membership_losses();
+        let skipped = losses["exit_runs_skipped_nested"];
         assert!(
-            !probes.is_job_pid(*t),
-            "the exited thread {t} is still marked"
+            skipped > 0,
+            "marks of exited tasks {left:?} (child {child}, root {root_pid}, threads {tids:?}) left behind, and the kernel skipped no run of the exit program: {losses:?}"
+        );
+        let removed = probes.sweep_exited();
+        eprintln!(
+            "KNOWN: the kernel skipped {skipped} run(s) of the exit program as nested; marks of exited tasks {left:?} were left, the sweep removed {removed}"
+        );
+        assert!(
+            left.iter().all(|p| !probes.is_job_pid(*p)),
+            "the sweep left marks of exited tasks {left:?}"
         );
     }
     assert_eq!(probes.job_pid_count(), 0, "marks left behind");
@@ -157,4 +175,32 @@ fn a_thread_that_execs_leaves_no_stale_mark() {
 fn probes_in_process() -> nantrace::probes::Probes {
     nantrace::probes::Probes::load(&nantrace::probes::Options::default())
         .expect("loading the probes")
+}
+
+/// The sweep (`Probes::sweep_exited`, run by the sweep thread every 5 s) removes the mark of
+/// a task that no longer exists, the mark a skipped exit program leaves (kernel 7.3), and
+/// counts it; a live task's mark stays.
+#[test]
+fn the_mark_of_a_task_gone_is_swept_and_counted() {
+    if !privileged("the_mark_of_a_task_gone_is_swept_and_counted") {
+        return;
+    }
+    let probes = probes_in_process();
+    let gone = (300_000u32..4_000_000)
+        .step_by(7919)
+        .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+        .expect("a pid no task has");
+    let me = std::process::id();
+    let before = probes.membership_losses()["stale_marks_removed"];
+    let mut probes = probes;
+    probes.add_job_pid(gone).unwrap();
+    probes.add_job_pid(me).unwrap();
+    assert_eq!(probes.sweep_exited(), 1);
+    assert!(!probes.is_job_pid(gone), "the mark of pid {gone} (no task) stayed");
+    assert!(probes.is_job_pid(me), "a live task's mark was swept");
+    assert_eq!(
+        probes.membership_losses()["stale_marks_removed"],
+        before + 1
+    );
+    probes.remove_job_pid(me).unwrap();
 }

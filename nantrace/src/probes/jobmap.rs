@@ -87,6 +87,21 @@ impl JobMap {
         self.byte(pid).is_ok_and(|b| b.load(Ordering::Relaxed) != 0)
     }
 
+    /// Up to `max` pids and tids marked now, in order (a scan of 4 MiB, byte loads).
+    pub fn marked(&self, max: usize) -> Vec<u32> {
+        let mut out = Vec::new();
+        for i in 0..self.len {
+            // SAFETY: every index is inside the live mapping.
+            if unsafe { AtomicU8::from_ptr(self.ptr.add(i)) }.load(Ordering::Relaxed) != 0 {
+                out.push(i as u32);
+                if out.len() >= max {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
     /// Pids and tids marked now (a scan of 4 MiB; byte loads, as the bytes are written).
     pub fn count(&self) -> usize {
         // SAFETY: every index is inside the live mapping.

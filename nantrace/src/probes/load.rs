@@ -102,7 +102,7 @@ impl Probes {
                 .ok_or_else(|| ProbeError::Map(name, "missing from the object".into()))
         };
         let job_map = match take(&mut ebpf, "JOB_MAP")? {
-            aya::maps::Map::Array(m) => jobmap::JobMap::new(m)?,
+            aya::maps::Map::Array(m) => std::sync::Arc::new(jobmap::JobMap::new(m)?),
             _ => return Err(ProbeError::Map("JOB_MAP", "not an array".into())),
         };
         let drops = PerCpuArray::try_from(take(&mut ebpf, "DROPS")?)
@@ -123,6 +123,7 @@ impl Probes {
             kmsg: None,
             pending: Vec::new(),
             queued_swept: Default::default(),
+            stale_marks: Default::default(),
         })
     }
 }

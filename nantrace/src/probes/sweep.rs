@@ -4,7 +4,8 @@
 //! `BLOCK_QUEUED_MAX_AGE_NS` as the job's; this thread removes such entries, so a job that
 //! runs for days does not fill the map with them. What it removed is counted
 //! (`block_losses.job_requests_never_dispatched`: merged away, or waiting longer than the
-//! bound, which the completion's latency then shows).
+//! bound, which the completion's latency then shows). The same thread removes the job
+//! membership map's marks of tasks that no longer exist (`Probes::sweep_exited`).
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,10 +31,15 @@ pub(super) fn sweep(map: &mut HashMap<MapData, BioKey, BioStart>, now: u64) -> u
     stale.iter().filter(|k| map.remove(k).is_ok()).count() as u64
 }
 
-/// Sweep every few seconds while `alive()`; the count of removed entries in `removed`.
+/// The job membership map and its count of stale marks removed (`Probes::sweep_exited`).
+type Marks = (Arc<super::jobmap::JobMap>, Arc<AtomicU64>);
+
+/// Sweep every few seconds while `alive()`; the count of removed entries in `removed`. The
+/// membership map's marks of tasks gone too (`marks`).
 fn spawn(
-    mut map: HashMap<MapData, BioKey, BioStart>,
+    mut map: Option<HashMap<MapData, BioKey, BioStart>>,
     removed: Arc<AtomicU64>,
+    marks: Marks,
     alive: impl Fn() -> bool + Send + 'static,
 ) {
     let r = std::thread::Builder::new()
@@ -41,10 +47,13 @@ fn spawn(
         .spawn(move || {
             while alive() {
                 std::thread::sleep(EVERY);
-                removed.fetch_add(
-                    sweep(&mut map, crate::clock::monotonic_ns()),
-                    Ordering::Relaxed,
-                );
+                if let Some(map) = map.as_mut() {
+                    removed.fetch_add(
+                        sweep(map, crate::clock::monotonic_ns()),
+                        Ordering::Relaxed,
+                    );
+                }
+                super::sweep_marks(&marks.0, &marks.1);
             }
         });
     if let Err(e) = r {
@@ -55,12 +64,12 @@ fn spawn(
 impl super::Probes {
     /// Start sweeping `JOB_QUEUED` of entries no dispatch will take, while `alive()`.
     pub(super) fn start_sweep(&mut self, alive: impl Fn() -> bool + Send + 'static) {
-        let Some(m) = self.ebpf.take_map("JOB_QUEUED") else {
-            return;
-        };
-        match HashMap::try_from(m) {
-            Ok(map) => spawn(map, self.queued_swept.clone(), alive),
-            Err(e) => crate::say!("nantrace: WARNING: JOB_QUEUED: {e}; a job's requests merged before dispatch are not swept"),
-        }
+        let queued = self.ebpf.take_map("JOB_QUEUED").and_then(|m| {
+            HashMap::try_from(m)
+                .map_err(|e| crate::say!("nantrace: WARNING: JOB_QUEUED: {e}; a job's requests merged before dispatch are not swept"))
+                .ok()
+        });
+        let marks = (self.job_map.clone(), self.stale_marks.clone());
+        spawn(queued, self.queued_swept.clone(), marks, alive);
     }
 }

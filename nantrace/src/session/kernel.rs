@@ -146,6 +146,14 @@ impl Kernel {
             acct.kernel_drops.insert("kmsg_overwritten".into(), missed);
         }
         acct.block_losses = self.block_losses();
+        acct.membership_losses = self
+            .with(|p| {
+                p.membership_losses()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect()
+            })
+            .unwrap_or_default();
         acct.events = counts.iter().map(|(k, v)| ((*k).to_string(), *v)).collect();
         acct.decode_errors = self.decode_errors();
         let mut v =
