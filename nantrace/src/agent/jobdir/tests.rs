@@ -1022,6 +1022,14 @@ fn nfs_nodes_triggering_at_once_converge_to_one_incident_every_time() {
     converge_rounds(&dirs, &server, "7701", 6, 40, Duration::from_secs(90));
 }
 
+/// Node B's marker of incident `id` of `job`, written whole (as the opener writes it).
+fn write_b_marker(claimed: &safefs::Dir, job: &str, id: &str, now: i128) {
+    let marker = json!({ "schema": "nantrace.incident/1", "job": job, "owner": Value::Null, "incident": id, "host": "nb", "trigger": "nan", "reason": "x", "time": crate::clock::rfc3339(now), "time_ns": now.to_string() });
+    claimed
+        .replace(MARKER, &serde_json::to_vec_pretty(&marker).unwrap())
+        .unwrap();
+}
+
 /// A node whose NFS client cached the marker's absence: mount A looks for the marker of an
 /// incident mount B has claimed (its `mkdir`) before B writes it, B writes it (whole, then
 /// renamed, as the opener does), and A, still reading no marker, triggers within the window:
@@ -1038,10 +1046,7 @@ fn nfs_a_marker_one_mount_looked_up_before_it_was_written_is_joined() {
     let now = 1_796_000_000_000_000_000i128;
     let claimed = b.job(job).unwrap().create_subdir(id).unwrap();
     assert!(a.marker(job, id).is_none(), "no marker yet");
-    let marker = json!({ "schema": "nantrace.incident/1", "job": job, "owner": Value::Null, "incident": id, "host": "nb", "trigger": "nan", "reason": "x", "time": crate::clock::rfc3339(now), "time_ns": now.to_string() });
-    claimed
-        .replace(MARKER, &serde_json::to_vec_pretty(&marker).unwrap())
-        .unwrap();
+    write_b_marker(&claimed, job, id, now);
     assert_eq!(raw_marker(&server, job, id).unwrap()["host"], "nb");
     assert!(b.marker(job, id).is_some(), "the writer's mount reads it");
     // The precondition: A's cache still holds the marker's absence (else this is the plain
@@ -1083,10 +1088,7 @@ fn nfs_a_marker_one_mount_looked_up_before_it_was_written_is_joined() {
     let job = "7705";
     let claimed = b.job(job).unwrap().create_subdir(id).unwrap();
     assert!(a.marker(job, id).is_none(), "no marker yet");
-    let marker = json!({ "schema": "nantrace.incident/1", "job": job, "owner": Value::Null, "incident": id, "host": "nb", "trigger": "nan", "reason": "x", "time": crate::clock::rfc3339(now), "time_ns": now.to_string() });
-    claimed
-        .replace(MARKER, &serde_json::to_vec_pretty(&marker).unwrap())
-        .unwrap();
+    write_b_marker(&claimed, job, id, now);
     assert!(
         a.marker(job, id).is_none(),
         "mount A already reads the marker: its client cached no negative lookup"
@@ -1109,10 +1111,7 @@ fn nfs_a_marker_one_mount_looked_up_before_it_was_written_is_joined() {
         (got, t0.elapsed())
     });
     std::thread::sleep(Duration::from_millis(500));
-    let marker = json!({ "schema": "nantrace.incident/1", "job": job, "owner": Value::Null, "incident": id, "host": "nb", "trigger": "nan", "reason": "x", "time": crate::clock::rfc3339(now), "time_ns": now.to_string() });
-    claimed
-        .replace(MARKER, &serde_json::to_vec_pretty(&marker).unwrap())
-        .unwrap();
+    write_b_marker(&claimed, job, id, now);
     let written = t0.elapsed();
     let (got, took) = node_a.join().unwrap();
     let got = got.unwrap();
