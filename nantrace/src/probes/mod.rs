@@ -14,10 +14,12 @@ pub mod btf;
 mod jobmap;
 mod klog_source;
 mod load;
+mod marks;
 mod micro;
 mod offsets;
 mod sweep;
 
+pub use marks::Swept;
 pub use micro::{membership_ab, microcost, MEMBERSHIP_AB, MICRO};
 pub use offsets::{btf_offsets, offsets};
 
@@ -111,8 +113,8 @@ pub struct Probes {
     ebpf: Ebpf,
     pub status: Vec<ProbeStatus>,
     job_map: std::sync::Arc<jobmap::JobMap>,
-    /// Marks of tasks that no longer exist, removed by the sweep (`sweep_exited`).
-    stale_marks: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// What the sweeps of the membership map did (`sweep_marks`).
+    mark_counts: std::sync::Arc<marks::MarkCounts>,
     drops: PerCpuArray<MapData, u64>,
     bio_hist: PerCpuArray<MapData, BioHistSlot>,
     block_stats: PerCpuArray<MapData, u64>,
@@ -267,13 +269,17 @@ impl Probes {
             .and_then(|v| v.trim().parse().ok())
     }
 
-    /// What the job membership map could not follow: runs of the exit and fork programs the
-    /// kernel skipped as nested (`recursion_misses`: measured on 7.3, whose tracepoint
-    /// programs can be preempted by another task's run of the same program on the CPU, a
-    /// thread's exit was skipped once in 60 runs of three threads ending together), and the
-    /// marks of tasks that no longer exist that the sweep removed (what a skipped exit left).
+    /// What the job membership map could not follow, and what the sweep mended: runs of the
+    /// exit and fork programs the kernel skipped as nested (`recursion_misses`: measured on
+    /// 7.3, whose tracepoint programs can be preempted by another task's run of the same
+    /// program on the CPU, a thread's exit was skipped once in 60 runs of three threads ending
+    /// together); the marks of tasks that no longer exist the sweep removed (what a skipped
+    /// exit left), and the job's processes and threads it found unmarked and marked (what a
+    /// skipped fork left).
     pub fn membership_losses(&self) -> BTreeMap<&'static str, u64> {
+        use std::sync::atomic::Ordering::Relaxed;
         let sum = |ps: &[&str]| ps.iter().filter_map(|p| self.recursion_misses(p)).sum();
+        let c = &self.mark_counts;
         BTreeMap::from([
             (
                 "exit_runs_skipped_nested",
@@ -283,44 +289,23 @@ impl Probes {
                 "fork_runs_skipped_nested",
                 sum(&["fork_btf", "sched_fork", "task_newtask"]),
             ),
-            (
-                "stale_marks_removed",
-                self.stale_marks.load(std::sync::atomic::Ordering::Relaxed),
-            ),
+            ("stale_marks_removed", c.stale_removed.load(Relaxed)),
+            ("unmarked_children_marked", c.children_marked.load(Relaxed)),
+            ("unmarked_threads_marked", c.threads_marked.load(Relaxed)),
         ])
     }
 
-    /// Remove the marks of tasks that no longer exist (their exit program did not run:
-    /// skipped as nested), so that a task given the pid later is not taken as the job's. The
-    /// sweep thread runs it every few seconds; how many.
-    pub fn sweep_exited(&self) -> u64 {
-        sweep_marks(&self.job_map, &self.stale_marks)
+    /// Mend the membership map from /proc (`marks::sweep`): remove the marks of tasks that no
+    /// longer exist (their exit program did not run), so that a task given the pid later is
+    /// not taken as the job's, and mark the job's processes and threads the fork program did
+    /// not. The sweep thread runs it every few seconds.
+    pub fn sweep_marks(&self) -> marks::Swept {
+        marks::sweep(&self.job_map, &self.mark_counts)
     }
 
     pub fn attached(&self) -> usize {
         self.status.iter().filter(|s| s.attached).count()
     }
-}
-
-/// Marks looked at per sweep at most (a job of thousands of processes and threads).
-const MARKS_SWEPT_MAX: usize = 1 << 16;
-
-/// [`Probes::sweep_exited`] on a map shared with the sweep thread.
-pub(crate) fn sweep_marks(map: &jobmap::JobMap, removed: &std::sync::atomic::AtomicU64) -> u64 {
-    let gone: Vec<u32> = map
-        .marked(MARKS_SWEPT_MAX)
-        .into_iter()
-        .filter(|p| {
-            // /proc/<tid> answers for a thread too (not listed, but there).
-            matches!(
-                std::fs::symlink_metadata(format!("/proc/{p}")),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound
-            )
-        })
-        .collect();
-    let n = gone.iter().filter(|p| map.set(**p, false).is_ok()).count() as u64;
-    removed.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-    n
 }
 
 /// Histogram slots of every CPU, summed by device (a device may sit in different slots on

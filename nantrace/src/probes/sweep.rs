@@ -5,7 +5,8 @@
 //! runs for days does not fill the map with them. What it removed is counted
 //! (`block_losses.job_requests_never_dispatched`: merged away, or waiting longer than the
 //! bound, which the completion's latency then shows). The same thread removes the job
-//! membership map's marks of tasks that no longer exist (`Probes::sweep_exited`).
+//! membership map's marks of tasks that no longer exist, and marks the job's tasks the fork
+//! program missed (`Probes::sweep_marks`).
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,11 +32,11 @@ pub(super) fn sweep(map: &mut HashMap<MapData, BioKey, BioStart>, now: u64) -> u
     stale.iter().filter(|k| map.remove(k).is_ok()).count() as u64
 }
 
-/// The job membership map and its count of stale marks removed (`Probes::sweep_exited`).
-type Marks = (Arc<super::jobmap::JobMap>, Arc<AtomicU64>);
+/// The job membership map and the counts of its sweeps (`Probes::sweep_marks`).
+type Marks = (Arc<super::jobmap::JobMap>, Arc<super::marks::MarkCounts>);
 
 /// Sweep every few seconds while `alive()`; the count of removed entries in `removed`. The
-/// membership map's marks of tasks gone too (`marks`).
+/// membership map's upkeep too (`marks`).
 fn spawn(
     mut map: Option<HashMap<MapData, BioKey, BioStart>>,
     removed: Arc<AtomicU64>,
@@ -48,12 +49,9 @@ fn spawn(
             while alive() {
                 std::thread::sleep(EVERY);
                 if let Some(map) = map.as_mut() {
-                    removed.fetch_add(
-                        sweep(map, crate::clock::monotonic_ns()),
-                        Ordering::Relaxed,
-                    );
+                    removed.fetch_add(sweep(map, crate::clock::monotonic_ns()), Ordering::Relaxed);
                 }
-                super::sweep_marks(&marks.0, &marks.1);
+                super::marks::sweep(&marks.0, &marks.1);
             }
         });
     if let Err(e) = r {
@@ -69,7 +67,7 @@ impl super::Probes {
                 .map_err(|e| crate::say!("nantrace: WARNING: JOB_QUEUED: {e}; a job's requests merged before dispatch are not swept"))
                 .ok()
         });
-        let marks = (self.job_map.clone(), self.stale_marks.clone());
+        let marks = (self.job_map.clone(), self.mark_counts.clone());
         spawn(queued, self.queued_swept.clone(), marks, alive);
     }
 }
