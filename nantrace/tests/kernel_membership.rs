@@ -35,6 +35,8 @@ fn job_membership_follows_forks_threads_and_exits() {
     assert!(!probes.is_job_pid(root_pid), "marked before it was added");
     probes.add_job_pid(root_pid).unwrap();
     assert!(probes.is_job_pid(root_pid));
+    // Skipped runs counted before the job ran are not its (the counts are the node's).
+    let at_start = probes.membership_losses();
     std::fs::write(&go, "").unwrap();
     let child = pid_from(&kid, "the child's pid");
     // Its threads, once it has started them.
@@ -50,7 +52,7 @@ fn job_membership_follows_forks_threads_and_exits() {
         .collect();
     if !missed.is_empty() {
         let losses = probes.membership_losses();
-        let skipped = losses["fork_runs_skipped_nested"];
+        let skipped = losses["fork_runs_skipped_nested"] - at_start["fork_runs_skipped_nested"];
         assert!(
             skipped > 0,
             "the fork program did not mark the job's child {child} or threads {missed:?} of {tids:?}, and the kernel skipped no run of it: {losses:?}"
@@ -107,7 +109,7 @@ fn job_membership_follows_forks_threads_and_exits() {
         .collect();
     if !left.is_empty() {
         let losses = probes.membership_losses();
-        let skipped = losses["exit_runs_skipped_nested"];
+        let skipped = losses["exit_runs_skipped_nested"] - at_start["exit_runs_skipped_nested"];
         assert!(
             skipped > 0,
             "marks of exited tasks {left:?} (child {child}, root {root_pid}, threads {tids:?}) left behind, and the kernel skipped no run of the exit program: {losses:?}"
@@ -259,10 +261,13 @@ fn the_mark_of_a_task_gone_is_swept_and_counted() {
 }
 
 /// A run of the fork program the kernel skipped (7.3) leaves a child of the job unmarked,
-/// and with it every process it starts: the sweep marks the job's processes and threads it
-/// finds unmarked, and counts them. The skip itself cannot be caused on purpose: the test
-/// clears the marks the fork program set, as a skipped run would have left them, on a real
-/// process tree; a process outside the job stays unmarked.
+/// and with it every process it starts: the sweep marks the processes and threads of the
+/// trees of the pids userspace marked that it finds unmarked, and counts them. The skip
+/// itself cannot be caused on purpose: the test clears the marks the fork program set, as a
+/// skipped run would have left them, on a real process tree. Not marked: a zombie child of the
+/// job (its exit program unmarked it; its pid is soon free), a child of a process marked
+/// but outside the trees (double-forked away from the job here; a stale mark's pid given to
+/// another user's process looks the same), a process outside the job.
 #[test]
 fn the_jobs_tasks_the_fork_program_missed_are_marked_by_the_sweep() {
     if !privileged("the_jobs_tasks_the_fork_program_missed_are_marked_by_the_sweep") {
@@ -270,14 +275,22 @@ fn the_jobs_tasks_the_fork_program_missed_are_marked_by_the_sweep() {
     }
     let mut probes = probes_in_process();
     let dir = out_dir("missed");
-    let (go, kid, sleeper) = (dir.join("go"), dir.join("kid"), dir.join("sleeper"));
+    let f = |n: &str| dir.join(n).display().to_string();
     let mut root = std::process::Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "while [ ! -e {go} ]; do sleep 0.02; done; {BIN} bench-internal synth-gen --rate 100 --seconds 4 --burst 1 --threads 3 >/dev/null & echo $! > {kid}; sleep 4 & echo $! > {sleeper}; wait; exit 0",
-            go = go.display(),
-            kid = kid.display(),
-            sleeper = sleeper.display(),
+            "while [ ! -e {go} ]; do sleep 0.02; done; \
+             {BIN} bench-internal synth-gen --rate 100 --seconds 6 --burst 1 --threads 3 >/dev/null & echo $! > {kid}; \
+             sleep 6 & echo $! > {sleeper}; \
+             sh -c 'sleep 0.1 & echo $! > {zombie}; exec sleep 6' & \
+             (setsid sh -c 'sleep 6 & echo $! > {away_kid}; exec sleep 6' & echo $! > {away}); \
+             wait; exit 0",
+            go = f("go"),
+            kid = f("kid"),
+            sleeper = f("sleeper"),
+            zombie = f("zombie"),
+            away = f("away"),
+            away_kid = f("away_kid"),
         ))
         .spawn()
         .unwrap();
@@ -287,17 +300,44 @@ fn the_jobs_tasks_the_fork_program_missed_are_marked_by_the_sweep() {
         .unwrap();
     let root_pid = root.id();
     probes.add_job_pid(root_pid).unwrap();
-    std::fs::write(&go, "").unwrap();
-    let (child, sleep_pid) = (
-        pid_from(&kid, "the generator's pid"),
-        pid_from(&sleeper, "the sleep's pid"),
+    std::fs::write(dir.join("go"), "").unwrap();
+    let pid = |n: &str| pid_from(&dir.join(n), n);
+    let (child, sleep_pid, zombie, away, away_kid) = (
+        pid("kid"),
+        pid("sleeper"),
+        pid("zombie"),
+        pid("away"),
+        pid("away_kid"),
     );
     let tids = tasks_of(child, 4);
     assert_eq!(tids.len(), 4, "the generator's threads {tids:?}");
+    let state = |p: u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')')?.1.trim_start().chars().next())
+    };
+    let t0 = std::time::Instant::now();
+    // The double fork's middle process (a subshell of the root) gone: `away` is no longer
+    // in the root's tree.
+    let under_root = |p: u32| ppid(p) == Some(root_pid) || ppid(p).and_then(ppid) == Some(root_pid);
+    while state(zombie) != Some('Z') || under_root(away) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the zombie {zombie} ({:?}) or the double fork {away} (ppid {:?})",
+            state(zombie),
+            ppid(away)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        probes.is_job_pid(away),
+        "the fork program did not mark {away}, forked in the job"
+    );
     let before = probes.membership_losses();
     // As skipped runs of the fork program leave them: the generator (a process) and its
-    // threads, and the sleep, unmarked.
-    for t in tids.iter().chain(&[sleep_pid]) {
+    // threads, the sleep, and the double-forked process's child unmarked; the zombie as its
+    // exit program leaves it.
+    for t in tids.iter().chain(&[sleep_pid, away_kid, zombie]) {
         probes.remove_job_pid(*t).unwrap();
     }
     let swept = probes.sweep_marks();
@@ -317,12 +357,16 @@ fn the_jobs_tasks_the_fork_program_missed_are_marked_by_the_sweep() {
         );
     }
     assert!(
-        !probes.is_job_pid(outsider.id()),
-        "the sweep marked a process outside the job"
+        !probes.is_job_pid(zombie),
+        "the sweep marked the zombie {zombie}"
     );
     assert!(
-        !probes.is_job_pid(std::process::id()),
-        "the sweep marked the test process"
+        !probes.is_job_pid(away_kid),
+        "the sweep followed {away}, marked but outside the job's tree, to its child {away_kid}"
+    );
+    assert!(
+        !probes.is_job_pid(outsider.id()),
+        "the sweep marked a process outside the job"
     );
     let after = probes.membership_losses();
     assert_eq!(
@@ -335,11 +379,19 @@ fn the_jobs_tasks_the_fork_program_missed_are_marked_by_the_sweep() {
     );
     // Nothing more to mend.
     assert_eq!(probes.sweep_marks(), nantrace::probes::Swept::default());
-    assert!(root.wait().unwrap().success());
     let _ = outsider.kill();
     let _ = outsider.wait();
+    for p in [away, away_kid] {
+        // SAFETY: plain kill(2) of the test's own double-forked processes.
+        unsafe { libc::kill(p as i32, libc::SIGKILL) };
+    }
+    assert!(root.wait().unwrap().success());
     // The marks the sweep set are cleared by the exit program like any other (unless the
     // kernel skipped its run: then by the sweep, as in the test above).
+    let t1 = std::time::Instant::now();
+    while probes.job_pid_count() != 0 && t1.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     if probes.job_pid_count() != 0 {
         let losses = probes.membership_losses();
         assert!(
@@ -350,4 +402,14 @@ fn the_jobs_tasks_the_fork_program_missed_are_marked_by_the_sweep() {
     }
     assert_eq!(probes.job_pid_count(), 0, "marks left behind");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn ppid(p: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+    s.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }

@@ -123,7 +123,7 @@ impl Probes {
             kmsg: None,
             pending: Vec::new(),
             queued_swept: Default::default(),
-            mark_counts: Default::default(),
+            mark_state: Default::default(),
         })
     }
 }

@@ -6,8 +6,13 @@
 //! the job unmarked, and with it every process it starts (the fork program follows marked
 //! parents only): marked, with its threads. The sweep thread runs this every 5 s; what it
 //! did is counted (`accounting.membership_losses`).
-use std::collections::{BTreeMap, BTreeSet};
+//!
+//! Only the trees of the processes userspace itself marked (the job's roots: `seed`) are
+//! followed, never a process merely marked: a stale mark's pid given to another user's
+//! process would otherwise bring that process's children and threads in.
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use super::jobmap::JobMap;
@@ -16,20 +21,78 @@ use super::jobmap::JobMap;
 const MARKS_SWEPT_MAX: usize = 1 << 16;
 /// Tasks marked per sweep at most.
 const MARKED_MAX: usize = 1 << 14;
+/// Roots kept at most (the agent marks every process and thread of its jobs).
+const SEEDED_MAX: usize = 1 << 16;
 /// How long an unmarked task of the job must stay unmarked before the sweep marks it: a
 /// task is in its parent's thread group or children from `copy_process`, a moment before
 /// the fork program marks it; such a task is not a loss.
 const SETTLE: Duration = Duration::from_millis(50);
+/// `PF_EXITING` of /proc/PID/stat's flags: the task is in `do_exit` (the exit program may
+/// have unmarked it already).
+const PF_EXITING: u32 = 0x4;
 
-/// What the sweeps did, shared by the sweep thread and the probes' accounting.
+/// What the sweeps did, and the roots they follow; shared by the probes and the sweep thread.
 #[derive(Debug, Default)]
-pub struct MarkCounts {
+pub struct MarkState {
     /// Marks of tasks that no longer exist, removed (a skipped exit).
     pub stale_removed: AtomicU64,
-    /// Processes of the job found unmarked and marked (a skipped fork), with their threads.
+    /// Processes of the job found unmarked and marked (a skipped fork).
     pub children_marked: AtomicU64,
-    /// Threads of a marked process found unmarked and marked (a skipped thread creation).
+    /// Threads of the job's processes found unmarked and marked (a skipped thread creation).
     pub threads_marked: AtomicU64,
+    /// Roots not kept: more than `SEEDED_MAX` (their trees are not mended).
+    pub roots_not_kept: AtomicU64,
+    /// The pids userspace marked, with their start time (ticks after boot) and when they were
+    /// marked (monotonic ns): the process at that pid is the root only while its start time
+    /// is the same.
+    seeded: Mutex<HashMap<u32, (u64, u64)>>,
+}
+
+impl MarkState {
+    /// Userspace marked `pid`: a root of the job's trees, while it is the same process.
+    pub fn seed(&self, pid: u32) {
+        let Some(start) = stat(&format!("/proc/{pid}/stat")).map(|t| t.start) else {
+            return;
+        };
+        let mut s = self
+            .seeded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if s.len() < SEEDED_MAX || s.contains_key(&pid) {
+            s.insert(pid, (start, crate::clock::monotonic_ns()));
+        } else {
+            self.roots_not_kept.fetch_add(1, Relaxed);
+        }
+    }
+
+    pub fn unseed(&self, pid: u32) {
+        self.seeded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&pid);
+    }
+
+    /// The roots that are still the processes marked: the others (gone, a pid given to
+    /// another process, a thread's id) are forgotten, unless marked after `listed` (the
+    /// process listing may predate them).
+    fn roots(&self, procs: &BTreeMap<u32, Task>, listed: u64, me: u32) -> Vec<u32> {
+        let mut s = self
+            .seeded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.retain(|pid, (start, at)| {
+            *at >= listed || procs.get(pid).is_some_and(|t| t.start == *start)
+        });
+        let mut roots: Vec<u32> = s
+            .iter()
+            .filter(|(pid, (start, _))| {
+                **pid != me && procs.get(pid).is_some_and(|t| t.start == *start)
+            })
+            .map(|(pid, _)| *pid)
+            .collect();
+        roots.sort_unstable();
+        roots
+    }
 }
 
 /// One sweep's work.
@@ -40,110 +103,161 @@ pub struct Swept {
     pub threads: u64,
 }
 
-/// Remove the marks of tasks gone, then mark the job's processes and threads the fork
-/// program missed. nantrace's own process is marked only while it starts a job (so that the
-/// kernel marks the job from its first instruction) and is never followed here: its threads
-/// and helpers are not the job's.
-pub fn sweep(map: &JobMap, counts: &MarkCounts) -> Swept {
-    let marked = map.marked(MARKS_SWEPT_MAX);
-    let (gone, live): (Vec<u32>, Vec<u32>) = marked.into_iter().partition(|p| {
-        // /proc/<tid> answers for a thread too (not listed, but there).
-        matches!(
-            std::fs::symlink_metadata(format!("/proc/{p}")),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound
-        )
-    });
-    let removed = gone.iter().filter(|p| map.set(**p, false).is_ok()).count() as u64;
-    counts.stale_removed.fetch_add(removed, Relaxed);
-    let me = std::process::id();
-    // Followed from marked processes only: a marked thread whose process is not marked
-    // (a stale mark's pid given to a thread) does not bring its process in.
-    let roots: Vec<u32> = live
+/// Remove the marks of tasks gone, then mark the processes and threads of the job's trees the
+/// fork program missed. nantrace's own process is marked only while it starts a job (so that
+/// the kernel marks the job from its first instruction) and is never followed here: its
+/// threads and helpers are not the job's.
+pub fn sweep(map: &JobMap, state: &MarkState) -> Swept {
+    let gone: Vec<u32> = map
+        .marked(MARKS_SWEPT_MAX)
         .into_iter()
-        .filter(|p| *p != me && is_process(*p))
+        .filter(|p| {
+            // /proc/<tid> answers for a thread too (not listed, but there).
+            matches!(
+                std::fs::symlink_metadata(format!("/proc/{p}")),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound
+            )
+        })
         .collect();
-    let first = unmarked(map, &roots, me);
+    let removed = gone.iter().filter(|p| map.set(**p, false).is_ok()).count() as u64;
+    state.stale_removed.fetch_add(removed, Relaxed);
+    let mut swept = Swept {
+        removed,
+        ..Swept::default()
+    };
+    // No roots (no job, or an idle agent): no listing of /proc.
+    if state
+        .seeded
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .is_empty()
+    {
+        return swept;
+    }
+    let me = std::process::id();
+    let listed = crate::clock::monotonic_ns();
+    let procs = processes();
+    let roots = state.roots(&procs, listed, me);
+    let first = unmarked(map, &procs, &roots, me);
     if first.is_empty() {
-        return Swept {
-            removed,
-            ..Swept::default()
-        };
+        return swept;
     }
     std::thread::sleep(SETTLE);
-    // Still unmarked after the settle (the fork program had its moment), and still the job's.
-    let again = unmarked(map, &roots, me);
-    let (mut children, mut threads) = (0, 0);
-    for (task, kind) in first.iter().take(MARKED_MAX) {
-        if again.get(task) != Some(kind) || map.set(*task, true).is_err() {
+    // Still unmarked after the settle (the fork program had its moment), still the job's.
+    let again: BTreeSet<(u32, Kind)> = unmarked(map, &processes(), &roots, me)
+        .into_iter()
+        .map(|(t, k, _)| (t, k))
+        .collect();
+    // Parents before children: a child is kept only under a parent marked by now.
+    for (task, kind, start) in first {
+        if !again.contains(&(task, kind)) || map.set(task, true).is_err() {
             continue;
         }
-        // The pid may have been given to another task since the listing: kept only while it
-        // is there and its parent process is the job's.
-        if !still_the_jobs(map, *task, *kind) {
-            let _ = map.set(*task, false);
+        // The task may have begun its exit, or its pid been given to another task, since the
+        // listing: kept only while it is the same live task under a marked parent. A task
+        // found live here is unmarked by its exit program later, as any other.
+        if !still_the_jobs(map, task, kind, start) {
+            let _ = map.set(task, false);
             continue;
         }
         match kind {
-            Kind::Child => children += 1,
-            Kind::Thread(_) => threads += 1,
+            Kind::Child => swept.children += 1,
+            Kind::Thread(_) => swept.threads += 1,
         }
     }
-    counts.children_marked.fetch_add(children, Relaxed);
-    counts.threads_marked.fetch_add(threads, Relaxed);
-    Swept {
-        removed,
-        children,
-        threads,
-    }
+    state.children_marked.fetch_add(swept.children, Relaxed);
+    state.threads_marked.fetch_add(swept.threads, Relaxed);
+    swept
 }
 
 /// How an unmarked task belongs to the job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
-    /// A descendant process of a marked one.
+    /// A descendant process of a root.
     Child,
-    /// A thread of the marked or descendant process (its tgid).
+    /// A thread of a root or descendant process (its tgid).
     Thread(u32),
 }
 
-/// The job's tasks not marked now: descendants of the marked processes (not through `me`)
-/// and the threads of those processes.
-fn unmarked(map: &JobMap, roots: &[u32], me: u32) -> BTreeMap<u32, Kind> {
-    let tree = crate::correlate::descendants(roots);
-    let mut out = BTreeMap::new();
-    let roots: BTreeSet<u32> = roots.iter().copied().collect();
-    for p in tree.into_iter().filter(|p| *p != me) {
-        if !roots.contains(&p) && !map.get(p) {
-            out.insert(p, Kind::Child);
+/// A process or thread as /proc/PID/stat shows it.
+#[derive(Debug, Clone, Copy)]
+struct Task {
+    ppid: u32,
+    start: u64,
+    /// Neither exiting nor a zombie.
+    live: bool,
+}
+
+fn stat(path: &str) -> Option<Task> {
+    use procfs::FromRead as _;
+    let s = procfs::process::Stat::from_read(std::fs::File::open(path).ok()?).ok()?;
+    Some(Task {
+        ppid: u32::try_from(s.ppid).unwrap_or(0),
+        start: s.starttime,
+        live: !matches!(s.state, 'Z' | 'X' | 'x') && s.flags & PF_EXITING == 0,
+    })
+}
+
+/// Every process on the node (the /proc listing holds processes, not threads).
+fn processes() -> BTreeMap<u32, Task> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return BTreeMap::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| Some((p, stat(&format!("/proc/{p}/stat"))?)))
+        .collect()
+}
+
+/// The job's tasks not marked now, parents before children: the live descendant processes of
+/// `roots` (never through `me`) and the live threads of the roots and those processes, each
+/// with its start time.
+fn unmarked(
+    map: &JobMap,
+    procs: &BTreeMap<u32, Task>,
+    roots: &[u32],
+    me: u32,
+) -> Vec<(u32, Kind, u64)> {
+    let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for (pid, t) in procs {
+        children.entry(t.ppid).or_default().push(*pid);
+    }
+    let mut out = Vec::new();
+    let mut seen: BTreeSet<u32> = BTreeSet::new();
+    let mut queue: std::collections::VecDeque<(u32, bool)> =
+        roots.iter().map(|r| (*r, true)).collect();
+    while let Some((p, root)) = queue.pop_front() {
+        if p == me || !seen.insert(p) || out.len() >= MARKED_MAX {
+            continue;
+        }
+        let Some(task) = procs.get(&p).filter(|t| t.live) else {
+            continue;
+        };
+        if !root && !map.get(p) {
+            out.push((p, Kind::Child, task.start));
         }
         for t in crate::correlate::threads(p) {
-            if t != p && !map.get(t) && !out.contains_key(&t) {
-                out.insert(t, Kind::Thread(p));
+            if t != p && !map.get(t) {
+                if let Some(th) = stat(&format!("/proc/{p}/task/{t}/stat")).filter(|th| th.live) {
+                    out.push((t, Kind::Thread(p), th.start));
+                }
             }
         }
-        if out.len() >= MARKED_MAX {
-            break;
-        }
+        queue.extend(children.get(&p).into_iter().flatten().map(|c| (*c, false)));
     }
     out
 }
 
-/// `pid` is a process (its thread group's leader), not another thread.
-fn is_process(pid: u32) -> bool {
-    procfs::process::Process::new(pid as i32)
-        .and_then(|p| p.status())
-        .is_ok_and(|s| s.tgid == pid as i32)
-}
-
-/// After marking `task`: it still exists, and its parent process (a child's) or its process
-/// (a thread's) is marked.
-fn still_the_jobs(map: &JobMap, task: u32, kind: Kind) -> bool {
+/// After marking `task`: it is the same live task (its start time), and its parent process (a
+/// child's) or its process (a thread's) is marked.
+fn still_the_jobs(map: &JobMap, task: u32, kind: Kind, start: u64) -> bool {
     match kind {
         Kind::Thread(tgid) => {
-            map.get(tgid) && std::path::Path::new(&format!("/proc/{tgid}/task/{task}")).exists()
+            map.get(tgid)
+                && stat(&format!("/proc/{tgid}/task/{task}/stat"))
+                    .is_some_and(|t| t.live && t.start == start)
         }
-        Kind::Child => procfs::process::Process::new(task as i32)
-            .and_then(|p| p.stat())
-            .is_ok_and(|s| s.ppid > 0 && map.get(s.ppid as u32)),
+        Kind::Child => stat(&format!("/proc/{task}/stat"))
+            .is_some_and(|t| t.live && t.start == start && t.ppid > 0 && map.get(t.ppid)),
     }
 }

@@ -114,7 +114,7 @@ pub struct Probes {
     pub status: Vec<ProbeStatus>,
     job_map: std::sync::Arc<jobmap::JobMap>,
     /// What the sweeps of the membership map did (`sweep_marks`).
-    mark_counts: std::sync::Arc<marks::MarkCounts>,
+    mark_state: std::sync::Arc<marks::MarkState>,
     drops: PerCpuArray<MapData, u64>,
     bio_hist: PerCpuArray<MapData, BioHistSlot>,
     block_stats: PerCpuArray<MapData, u64>,
@@ -159,11 +159,15 @@ impl Probes {
     }
 
     /// Mark `pid` (and, through the fork probe, its future children) as the job's.
+    /// Userspace's marks are the roots the sweep mends the job's trees from (`sweep_marks`).
     pub fn add_job_pid(&mut self, pid: u32) -> Result<(), ProbeError> {
-        self.job_map.set(pid, true)
+        self.job_map.set(pid, true)?;
+        self.mark_state.seed(pid);
+        Ok(())
     }
 
     pub fn remove_job_pid(&mut self, pid: u32) -> Result<(), ProbeError> {
+        self.mark_state.unseed(pid);
         self.job_map.set(pid, false)
     }
 
@@ -279,7 +283,7 @@ impl Probes {
     pub fn membership_losses(&self) -> BTreeMap<&'static str, u64> {
         use std::sync::atomic::Ordering::Relaxed;
         let sum = |ps: &[&str]| ps.iter().filter_map(|p| self.recursion_misses(p)).sum();
-        let c = &self.mark_counts;
+        let c = &self.mark_state;
         BTreeMap::from([
             (
                 "exit_runs_skipped_nested",
@@ -292,15 +296,17 @@ impl Probes {
             ("stale_marks_removed", c.stale_removed.load(Relaxed)),
             ("unmarked_children_marked", c.children_marked.load(Relaxed)),
             ("unmarked_threads_marked", c.threads_marked.load(Relaxed)),
+            ("roots_not_followed", c.roots_not_kept.load(Relaxed)),
         ])
     }
 
     /// Mend the membership map from /proc (`marks::sweep`): remove the marks of tasks that no
     /// longer exist (their exit program did not run), so that a task given the pid later is
-    /// not taken as the job's, and mark the job's processes and threads the fork program did
-    /// not. The sweep thread runs it every few seconds.
+    /// not taken as the job's, and mark the processes and threads of the trees of the pids
+    /// marked here (`add_job_pid`) the fork program did not. The sweep thread runs it every
+    /// few seconds.
     pub fn sweep_marks(&self) -> marks::Swept {
-        marks::sweep(&self.job_map, &self.mark_counts)
+        marks::sweep(&self.job_map, &self.mark_state)
     }
 
     pub fn attached(&self) -> usize {

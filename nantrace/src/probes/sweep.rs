@@ -33,7 +33,7 @@ pub(super) fn sweep(map: &mut HashMap<MapData, BioKey, BioStart>, now: u64) -> u
 }
 
 /// The job membership map and the counts of its sweeps (`Probes::sweep_marks`).
-type Marks = (Arc<super::jobmap::JobMap>, Arc<super::marks::MarkCounts>);
+type Marks = (Arc<super::jobmap::JobMap>, Arc<super::marks::MarkState>);
 
 /// Sweep every few seconds while `alive()`; the count of removed entries in `removed`. The
 /// membership map's upkeep too (`marks`).
@@ -67,7 +67,7 @@ impl super::Probes {
                 .map_err(|e| crate::say!("nantrace: WARNING: JOB_QUEUED: {e}; a job's requests merged before dispatch are not swept"))
                 .ok()
         });
-        let marks = (self.job_map.clone(), self.mark_counts.clone());
+        let marks = (self.job_map.clone(), self.mark_state.clone());
         spawn(queued, self.queued_swept.clone(), marks, alive);
     }
 }
