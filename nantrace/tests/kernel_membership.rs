@@ -280,10 +280,10 @@ fn the_jobs_tasks_the_fork_program_missed_are_marked_by_the_sweep() {
         .arg("-c")
         .arg(format!(
             "while [ ! -e {go} ]; do sleep 0.02; done; \
-             {BIN} bench-internal synth-gen --rate 100 --seconds 6 --burst 1 --threads 3 >/dev/null & echo $! > {kid}; \
-             sleep 6 & echo $! > {sleeper}; \
-             sh -c 'sleep 0.1 & echo $! > {zombie}; exec sleep 6' & \
-             (setsid sh -c 'sleep 6 & echo $! > {away_kid}; exec sleep 6' & echo $! > {away}); \
+             {BIN} bench-internal synth-gen --rate 100 --seconds 30 --burst 1 --threads 3 >/dev/null & echo $! > {kid}; \
+             sleep 30 & echo $! > {sleeper}; \
+             sh -c 'sleep 0.1 & echo $! > {zombie}; exec sleep 30' & \
+             (setsid sh -c 'sleep 30 & echo $! > {away_kid}; exec sleep 30' & echo $! > {away}); \
              wait; exit 0",
             go = f("go"),
             kid = f("kid"),
@@ -300,6 +300,7 @@ fn the_jobs_tasks_the_fork_program_missed_are_marked_by_the_sweep() {
         .unwrap();
     let root_pid = root.id();
     probes.add_job_pid(root_pid).unwrap();
+    let at_start = probes.membership_losses();
     std::fs::write(dir.join("go"), "").unwrap();
     let pid = |n: &str| pid_from(&dir.join(n), n);
     let (child, sleep_pid, zombie, away, away_kid) = (
@@ -329,10 +330,26 @@ fn the_jobs_tasks_the_fork_program_missed_are_marked_by_the_sweep() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(
-        probes.is_job_pid(away),
-        "the fork program did not mark {away}, forked in the job"
-    );
+    // The tree is still now (no task starts or ends until the test ends it). What the
+    // kernel itself missed so far (a run skipped on 7.3) is mended first, and is allowed only
+    // with a skipped run counted during the test.
+    let skipped = |l: &std::collections::BTreeMap<&str, u64>| {
+        l["fork_runs_skipped_nested"] + l["exit_runs_skipped_nested"]
+            - at_start["fork_runs_skipped_nested"]
+            - at_start["exit_runs_skipped_nested"]
+    };
+    let pre = probes.sweep_marks();
+    if pre != nantrace::probes::Swept::default() || !probes.is_job_pid(away) {
+        let losses = probes.membership_losses();
+        assert!(
+            skipped(&losses) > 0,
+            "before any mark was cleared the sweep mended {pre:?} (or {away}, forked in the job, is not marked), and the kernel skipped no run: {losses:?}"
+        );
+        eprintln!(
+            "KNOWN: the kernel skipped runs of the fork or exit program ({losses:?}); mended first: {pre:?}; {away} marked: {}",
+            probes.is_job_pid(away)
+        );
+    }
     let before = probes.membership_losses();
     // As skipped runs of the fork program leave them: the generator (a process) and its
     // threads, the sleep, and the double-forked process's child unmarked; the zombie as its
@@ -362,7 +379,8 @@ fn the_jobs_tasks_the_fork_program_missed_are_marked_by_the_sweep() {
     );
     assert!(
         !probes.is_job_pid(away_kid),
-        "the sweep followed {away}, marked but outside the job's tree, to its child {away_kid}"
+        "the sweep followed {away} (marked: {}), outside the job's tree, to its child {away_kid}",
+        probes.is_job_pid(away)
     );
     assert!(
         !probes.is_job_pid(outsider.id()),
@@ -381,8 +399,12 @@ fn the_jobs_tasks_the_fork_program_missed_are_marked_by_the_sweep() {
     assert_eq!(probes.sweep_marks(), nantrace::probes::Swept::default());
     let _ = outsider.kill();
     let _ = outsider.wait();
-    for p in [away, away_kid] {
-        // SAFETY: plain kill(2) of the test's own double-forked processes.
+    let zombies_parent = ppid(zombie);
+    for p in [child, sleep_pid, away, away_kid]
+        .into_iter()
+        .chain(zombies_parent)
+    {
+        // SAFETY: plain kill(2) of the test's own processes.
         unsafe { libc::kill(p as i32, libc::SIGKILL) };
     }
     assert!(root.wait().unwrap().success());

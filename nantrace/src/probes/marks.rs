@@ -51,6 +51,14 @@ pub struct MarkState {
 impl MarkState {
     /// Userspace marked `pid`: a root of the job's trees, while it is the same process.
     pub fn seed(&self, pid: u32) {
+        // Processes only: a thread's id is never a root (the agent and `watch` mark every
+        // thread too; they would take roots' places until the next sweep).
+        let tgid = procfs::process::Process::new(pid as i32)
+            .and_then(|p| p.status())
+            .map(|s| s.tgid);
+        if tgid.ok() != Some(pid as i32) {
+            return;
+        }
         let Some(start) = stat(&format!("/proc/{pid}/stat")).map(|t| t.start) else {
             return;
         };
@@ -75,7 +83,7 @@ impl MarkState {
     /// The roots that are still the processes marked: the others (gone, a pid given to
     /// another process, a thread's id) are forgotten, unless marked after `listed` (the
     /// process listing may predate them).
-    fn roots(&self, procs: &BTreeMap<u32, Task>, listed: u64, me: u32) -> Vec<u32> {
+    fn roots(&self, map: &JobMap, procs: &BTreeMap<u32, Task>, listed: u64, me: u32) -> Vec<u32> {
         let mut s = self
             .seeded
             .lock()
@@ -86,7 +94,9 @@ impl MarkState {
         let mut roots: Vec<u32> = s
             .iter()
             .filter(|(pid, (start, _))| {
-                **pid != me && procs.get(pid).is_some_and(|t| t.start == *start)
+                // Still marked: the exit program clears a root's mark, so a pid given to
+                // another process within one tick of the start time is not taken.
+                **pid != me && map.get(**pid) && procs.get(pid).is_some_and(|t| t.start == *start)
             })
             .map(|(pid, _)| *pid)
             .collect();
@@ -137,7 +147,7 @@ pub fn sweep(map: &JobMap, state: &MarkState) -> Swept {
     let me = std::process::id();
     let listed = crate::clock::monotonic_ns();
     let procs = processes();
-    let roots = state.roots(&procs, listed, me);
+    let roots = state.roots(map, &procs, listed, me);
     let first = unmarked(map, &procs, &roots, me);
     if first.is_empty() {
         return swept;

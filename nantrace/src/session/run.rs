@@ -128,12 +128,8 @@ fn load_kernel(job: &Job, opts: &SessionOpts) -> Kernel {
     match job {
         _ if opts.no_probes => Kernel::none("disabled with --no-probes"),
         Job::Attach { pid, .. } => Kernel::load(&[*pid], opts.slow_io_ms, false),
-        // In run mode the probes follow the job from nantrace's own fork of it (below).
-        Job::Spawn(_) => {
-            let k = Kernel::load(&[], opts.slow_io_ms, true);
-            k.add_pid(std::process::id());
-            k
-        }
+        // In run mode the probes follow the job from nantrace's own fork of it (`spawn_job`).
+        Job::Spawn(_) => Kernel::load(&[], opts.slow_io_ms, true),
     }
 }
 
@@ -165,7 +161,10 @@ fn spawn_job(
     anyhow::ensure!(!argv.is_empty(), "no command given after --");
     let (mut cmd, merged) = job_command(argv, opts);
     // nantrace's own pid is in the job map while it forks the child, so the kernel map
-    // holds the child from its first instruction (no race with early worker forks).
+    // holds the child from its first instruction (no race with early worker forks); only
+    // then: a thread nantrace starts while its pid is marked is marked too (by tid), and the
+    // exit and signal programs take a marked tid as the job's.
+    kernel.add_pid(std::process::id());
     let spawned = cmd.spawn();
     if let Some(pid) = spawned.as_ref().ok().and_then(tokio::process::Child::id) {
         kernel.add_pid(pid);
