@@ -319,17 +319,16 @@ pub fn snapshot_with(job: &BTreeSet<u32>, pyspy: Result<&PathBuf, &String>) -> V
                 .take(PYSPY_PROCS)
                 .map(|p| (p, starttime(p)))
                 .collect::<Vec<_>>();
-            for (pid, started) in &rank_mains {
+            for (pid, started) in rank_mains {
                 // The rank may have been killed since the samples and its pid reused: root
                 // never dumps another process's Python.
-                let dump = if started.is_some() && starttime(*pid) == *started {
-                    pyspy_dump(tool, *pid, false)
+                let dump = if started.is_some() && starttime(pid) == started {
+                    pyspy_dump(tool, pid)
                 } else {
                     json!({ "error": "the process was gone before py-spy" })
                 };
                 py.insert(pid.to_string(), dump);
             }
-            native_dumps(tool, &out["processes"], &rank_mains, &mut py);
             out["python"] = json!({ "tool": tool.display().to_string(), "dumps": py });
         }
         Err(why) => out["python"] = json!({ "unavailable": why }),
@@ -338,56 +337,10 @@ pub fn snapshot_with(job: &BTreeSet<u32>, pyspy: Result<&PathBuf, &String>) -> V
     out
 }
 
-/// Time the native dumps may take in all, after the Python ones: the hung ranks are killed
-/// within seconds of the others' timeouts.
-const NATIVE_BUDGET: Duration = Duration::from_secs(10);
-
-/// Where it works, each rank's native frames too (`py-spy dump --native`: the C++ and
-/// library frames between the Python ones, e.g. `c10d::TCPStore::waitForWorkers
-/// (libtorch_cpu.so)`, `cudaStreamSynchronize`): taken after every Python dump, as py-spy
-/// stops the process for it (ptrace; under a second measured here on a torch process). Never
-/// for a rank whose main thread was in D state (a task in D state never stops for ptrace:
-/// py-spy would wait until killed), and not past [`NATIVE_BUDGET`]; each skip says why.
-fn native_dumps(
-    tool: &Path,
-    procs: &Value,
-    rank_mains: &[(u64, Option<u64>)],
-    py: &mut Map<String, Value>,
-) {
-    let t0 = Instant::now();
-    for (pid, started) in rank_mains {
-        let in_d = procs.as_array().into_iter().flatten().any(|p| {
-            p["pid"] == *pid
-                && p["threads"].as_array().into_iter().flatten().any(|t| {
-                    t["tid"] == *pid
-                        && t["state"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .any(|s| s == "D")
-                })
-        });
-        let native = if in_d {
-            json!({ "skipped": "its main thread was in D state, where ptrace waits for it" })
-        } else if t0.elapsed() >= NATIVE_BUDGET {
-            json!({ "skipped": format!("the snapshot's {} s for native stacks were spent", NATIVE_BUDGET.as_secs()) })
-        } else if started.is_none() || starttime(*pid) != *started {
-            json!({ "error": "the process was gone before py-spy" })
-        } else {
-            pyspy_dump(tool, *pid, true)
-        };
-        if let Some(d) = py.get_mut(&pid.to_string()) {
-            d["native"] = native;
-        }
-    }
-}
-
-/// `py-spy dump --pid P --nonblocking` (or `--native`, which stops the process), bounded in
-/// time and output.
-fn pyspy_dump(tool: &Path, pid: u64, native: bool) -> Value {
-    let mode = if native { "--native" } else { "--nonblocking" };
+/// `py-spy dump --pid P --nonblocking`, bounded in time and output.
+fn pyspy_dump(tool: &Path, pid: u64) -> Value {
     let child = std::process::Command::new(tool)
-        .args(["dump", "--pid", &pid.to_string(), mode])
+        .args(["dump", "--pid", &pid.to_string(), "--nonblocking"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

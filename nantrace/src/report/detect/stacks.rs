@@ -77,39 +77,6 @@ fn python_frame(stacks: &Value, pid: u64) -> Option<String> {
     None
 }
 
-/// The innermost native frame of the main thread above its first Python frame, from py-spy's
-/// `--native` dump (`    c10d::TCPStore::waitForWorkers (libtorch_cpu.so)`): the library
-/// code the rank waited in. The C library's and the C++ runtime's own frames (a sleep, a
-/// condition variable) and bare addresses say nothing of where, and are passed over.
-fn native_frame(stacks: &Value, pid: u64) -> Option<String> {
-    const GENERIC: [&str; 6] = ["libc.so", "libpthread", "ld-linux", "libstdc++", "libgcc_s", "linux-vdso"];
-    let lines = stacks["python"]["dumps"][pid.to_string()]["native"]["lines"].as_array()?;
-    let mut in_main = false;
-    for l in lines.iter().filter_map(Value::as_str) {
-        if l.starts_with("Thread ") {
-            in_main = l.starts_with(&format!("Thread {pid} ")) || l.contains("\"MainThread\"");
-            continue;
-        }
-        if !in_main || !l.starts_with("    ") {
-            continue;
-        }
-        let Some((func, at)) = l.trim().rsplit_once(" (") else {
-            continue;
-        };
-        let at = at.trim_end_matches(')');
-        if at.contains(".py:") {
-            // The first Python frame: the native ones above it were all generic.
-            return None;
-        }
-        if func.starts_with("0x") || GENERIC.iter().any(|g| at.starts_with(g)) {
-            continue;
-        }
-        let func: String = func.chars().take(100).collect();
-        return Some(format!("{func} ({at})"));
-    }
-    None
-}
-
 /// Where rank `rank`'s main process stood at the trigger, in a clause (`pid 4121: main
 /// thread S in futex_wait_queue, from train.py:211 log_metrics`), when the stacks have it.
 pub(crate) fn rank_state(stacks: &Value, rank: u32) -> Option<String> {
@@ -128,8 +95,7 @@ pub(crate) fn rank_state(stacks: &Value, rank: u32) -> Option<String> {
         .filter(|w| !w.is_empty() && *w != "0")
         .map_or(String::new(), |w| format!(" in {w}"));
     let py = python_frame(stacks, pid).map_or(String::new(), |f| format!(", from {f}"));
-    let native = native_frame(stacks, pid).map_or(String::new(), |f| format!(", in {f}"));
-    Some(format!("pid {pid}: main thread {state}{wchan}{py}{native}"))
+    Some(format!("pid {pid}: main thread {state}{wchan}{py}"))
 }
 
 /// The ranks' main threads at the trigger, grouped by where they stood (state, wait channel,
@@ -449,24 +415,6 @@ mod tests {
             python_frame(&s, 9).as_deref(),
             Some("train.py:211 log_metrics")
         );
-    }
-
-    /// py-spy's `--native` lines as it printed them for a torch rank waiting for its peers
-    /// at rendezvous (measured here, the pybind11 frames shortened): the library frame is
-    /// said; a rank in a plain sleep has only the C library's frames above Python: nothing.
-    #[test]
-    fn the_native_frame_is_the_library_code_above_the_first_python_frame() {
-        let dump = |lines: &[&str]| json!({ "processes": [{ "pid": 9, "rank": 0, "rank_main": true, "threads": [{ "tid": 9, "state": ["S", "S"], "wchan": ["hrtimer_nanosleep", "hrtimer_nanosleep"] }] }], "python": { "dumps": { "9": { "lines": ["Thread 9 (idle): \"MainThread\"", "    <module> (w2.py:3)"], "native": { "lines": lines } } } } });
-        let tcp = ["Process 9: python w2.py", "Thread 12 (idle): \"pt_watchdog\"", "    c10d::Other::run (libtorch_cpu.so)", "Thread 9 (idle): \"MainThread\"", "    clock_nanosleep (libc.so.6)", "    nanosleep (libc.so.6)", "    c10d::TCPStore::waitForWorkers (libtorch_cpu.so)", "    c10d::TCPStore::TCPStore (libtorch_cpu.so)", "    pybind11::cpp_function::dispatcher (libtorch_python.so)", "    _create_c10d_store (torch/distributed/rendezvous.py:215)", "    <module> (w2.py:3)", "    0x7fdf4782524a (libc.so.6)"];
-        assert_eq!(
-            rank_state(&dump(&tcp), 0).as_deref(),
-            Some("pid 9: main thread S in hrtimer_nanosleep, from w2.py:3 <module>, in c10d::TCPStore::waitForWorkers (libtorch_cpu.so)")
-        );
-        let sleep = ["Thread 9 (idle): \"MainThread\"", "    clock_nanosleep (libc.so.6)", "    wait_here (w.py:4)", "    0x7f9f2a86a24a (libc.so.6)"];
-        assert_eq!(native_frame(&dump(&sleep), 9), None);
-        let mut skipped = dump(&[]);
-        skipped["python"]["dumps"]["9"]["native"] = json!({ "skipped": "its main thread was in D state, where ptrace waits for it" });
-        assert_eq!(native_frame(&skipped, 9), None);
     }
 
     /// Two pipeline stages (process groups 1 and 2) stand in different places by design:
